@@ -1,0 +1,78 @@
+// Storage types of the CPU engine and their conversions to and from float32.
+// All arithmetic happens in float32; bf16/fp16 only live in memory.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace fusedattn::cpu {
+
+struct bf16 { uint16_t bits; };
+struct fp16 { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(bf16 x) {
+  uint32_t u = uint32_t{x.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float to_float(fp16 x) {
+  // Branch-free half -> float (IEEE 754 binary16), denormals and inf/NaN included.
+  uint32_t h = x.bits;
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp_mant = h & 0x7fffu;
+  uint32_t u = exp_mant << 13;                // mantissa and exponent in place
+  float f;
+  std::memcpy(&f, &u, 4);
+  constexpr uint32_t kScaleBits = (254u - 15u) << 23;  // 2^112
+  float scale;
+  std::memcpy(&scale, &kScaleBits, 4);
+  f *= scale;                                 // rebias the exponent, handles denormals
+  std::memcpy(&u, &f, 4);
+  if (exp_mant >= 0x7c00u) u |= 0x7f800000u;  // inf / NaN keep an all-ones exponent
+  u |= sign;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <class T>
+T from_float(float f);
+
+template <>
+inline float from_float<float>(float f) { return f; }
+
+template <>
+inline bf16 from_float<bf16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return bf16{uint16_t(u >> 16)};
+}
+
+template <>
+inline fp16 from_float<fp16>(float f) {
+  // float -> half, round to nearest even, overflow to inf, NaN kept.
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return fp16{uint16_t(sign | 0x7e00u)};
+  if (u >= 0x477ff000u) return fp16{uint16_t(sign | 0x7c00u)};  // >= 65520 rounds to inf
+  if (u < 0x38800000u) {                                         // result is a half denormal
+    float a;
+    std::memcpy(&a, &u, 4);
+    a += 0.5f;  // the float add rounds to the 2^-24 grid (round to nearest even)
+    uint32_t r;
+    std::memcpy(&r, &a, 4);
+    return fp16{uint16_t(sign | (r - 0x3f000000u))};
+  }
+  uint32_t mant_odd = (u >> 13) & 1u;
+  u += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
+  return fp16{uint16_t(sign | (u >> 13))};
+}
+
+}  // namespace fusedattn::cpu

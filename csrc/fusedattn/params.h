@@ -1,0 +1,108 @@
+// AttnParams: the one struct that describes an attention call, from the FFI
+// handler (or the Python query API) down to the kernel.
+//
+// It is a plain C struct on purpose: Python mirrors it with ctypes to ask
+// validate() and select_backend() the same questions the FFI handlers ask, so
+// the two sides can never disagree. Enum values are part of that ABI; Python
+// checks them against fa_enum_value() in its tests.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum FaDType { FA_FLOAT32 = 0, FA_BFLOAT16 = 1, FA_FLOAT16 = 2 };
+
+enum FaQKVLayout {
+  FA_BS3HD = 0,
+  FA_BSHD_BS2HD = 1,
+  FA_BSHD_BSHD_BSHD = 2,
+  FA_T3HD = 3,
+  FA_THD_T2HD = 4,
+  FA_THD_THD_THD = 5,
+};
+
+enum FaMaskType {
+  FA_NO_MASK = 0,
+  FA_PADDING_MASK = 1,
+  FA_CAUSAL_MASK = 2,
+  FA_PADDING_CAUSAL_MASK = 3,
+  FA_CAUSAL_BOTTOM_RIGHT_MASK = 4,
+  FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK = 5,
+};
+
+enum FaBiasType { FA_NO_BIAS = 0, FA_PRE_SCALE_BIAS = 1, FA_POST_SCALE_BIAS = 2 };
+
+enum FaSoftmaxType {
+  FA_VANILLA_SOFTMAX = 0,
+  FA_OFF_BY_ONE_SOFTMAX = 1,
+  FA_LEARNABLE_SOFTMAX = 2,
+};
+
+enum FaPlatform { FA_PLATFORM_CPU = 0, FA_PLATFORM_CUDA = 1 };
+
+enum FaBackend {
+  FA_BACKEND_NONE = 0,
+  FA_BACKEND_CPU_FLASH = 1,      // csrc/fusedattn/cpu: tiled online-softmax attention
+  FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
+};
+
+enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2 };
+
+// Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],
+// v [B, Skv, Hkv, Dv], out [B, Sq, Hq, Dv]. `batch` counts every leading
+// dimension (vmap adds leading dimensions; the kernels fold them into B).
+typedef struct FaAttnParams {
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_kv;
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim_qk;
+  int64_t head_dim_v;
+  int64_t window_left;   // -1: unbounded
+  int64_t window_right;  // -1: unbounded
+  int32_t dtype;         // FaDType of q, k, v and out
+  int32_t layout;        // FaQKVLayout
+  int32_t mask_type;     // FaMaskType
+  int32_t bias_type;     // FaBiasType
+  int32_t softmax_type;  // FaSoftmaxType
+  int32_t is_training;
+  float scale;
+  float dropout;
+} FaAttnParams;
+
+#ifdef __cplusplus
+}  // extern "C"
+
+namespace fusedattn {
+
+using AttnParams = FaAttnParams;
+
+// The largest sequence length the engine accepts (keeps every index in int64
+// arithmetic far from overflow and rejects shapes that are surely mistakes).
+constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
+constexpr int64_t kMaxHeadDim = 256;
+
+inline bool has_padding(int32_t mask) {
+  return mask == FA_PADDING_MASK || mask == FA_PADDING_CAUSAL_MASK ||
+         mask == FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK;
+}
+inline bool is_causal_top_left(int32_t mask) {
+  return mask == FA_CAUSAL_MASK || mask == FA_PADDING_CAUSAL_MASK;
+}
+inline bool is_causal_bottom_right(int32_t mask) {
+  return mask == FA_CAUSAL_BOTTOM_RIGHT_MASK || mask == FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK;
+}
+
+const char* dtype_name(int32_t dtype);
+const char* layout_name(int32_t layout);
+const char* mask_name(int32_t mask);
+const char* bias_name(int32_t bias);
+const char* softmax_name(int32_t softmax);
+const char* backend_name(int32_t backend);
+
+}  // namespace fusedattn
+#endif
