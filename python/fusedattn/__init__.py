@@ -1,0 +1,17 @@
+"""fusedattn: fused attention for JAX, with a C++/CUDA engine behind XLA FFI."""
+
+from . import _ffi
+from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
+from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from .reference import attention_reference
+from .sequence import SequenceDescriptor
+
+__version__ = _ffi.version()
+set_num_threads = _ffi.set_num_threads
+num_threads = _ffi.num_threads
+
+__all__ = [
+    "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",
+    "SoftmaxType", "attention_reference", "fused_attn", "get_backend",
+    "is_fused_attn_kernel_available", "num_threads", "set_num_threads",
+]

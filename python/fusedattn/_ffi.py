@@ -1,0 +1,109 @@
+"""Loads libfusedattn.so once (ctypes) and registers its XLA FFI handlers.
+
+The library has no Python in it: this module is the only bridge. It also
+mirrors the C struct FaAttnParams so Python can ask the engine's own
+validate() / select_backend() at trace time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import jax
+
+_LIB_FILE = "libfusedattn.so"
+
+# FaDType codes (params.h).
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+STATUS_OK, STATUS_INVALID, STATUS_UNIMPLEMENTED = 0, 1, 2
+PLATFORM_CPU, PLATFORM_CUDA = 0, 1
+
+
+class AttnParams(ctypes.Structure):
+    """Mirror of FaAttnParams in csrc/fusedattn/params.h (same field order)."""
+
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_kv", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("head_dim_qk", ctypes.c_int64),
+        ("head_dim_v", ctypes.c_int64),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("layout", ctypes.c_int32),
+        ("mask_type", ctypes.c_int32),
+        ("bias_type", ctypes.c_int32),
+        ("softmax_type", ctypes.c_int32),
+        ("is_training", ctypes.c_int32),
+        ("scale", ctypes.c_float),
+        ("dropout", ctypes.c_float),
+    ]
+
+
+def _load() -> ctypes.CDLL:
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_FILE)
+    if not os.path.exists(path):
+        raise ImportError(
+            f"fusedattn: {path} is missing; install the package with `pip install .` "
+            "so that CMake builds the engine")
+    lib = ctypes.CDLL(path)
+    lib.fa_version.restype = ctypes.c_char_p
+    lib.fa_backend_name.restype = ctypes.c_char_p
+    lib.fa_backend_name.argtypes = [ctypes.c_int]
+    lib.fa_validate.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_char_p, ctypes.c_int]
+    lib.fa_select_backend.argtypes = [
+        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p, ctypes.c_int]
+    lib.fa_set_num_threads.argtypes = [ctypes.c_int]
+    if lib.fa_params_size() != ctypes.sizeof(AttnParams):
+        raise ImportError(
+            f"fusedattn: {path} has FaAttnParams of {lib.fa_params_size()} bytes, Python "
+            f"expects {ctypes.sizeof(AttnParams)}: the library and the package are out of step")
+    return lib
+
+
+lib = _load()
+
+# FFI target name -> exported handler symbol.
+CPU_TARGETS = {
+    "fusedattn_attn_fwd": lib.fa_cpu_attn_fwd,
+    "fusedattn_attn_bwd": lib.fa_cpu_attn_bwd,
+}
+for _name, _fn in CPU_TARGETS.items():
+    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(_fn), platform="cpu")
+
+
+def validate(params: AttnParams) -> tuple[int, str]:
+    buf = ctypes.create_string_buffer(1024)
+    code = lib.fa_validate(ctypes.byref(params), buf, len(buf))
+    return code, buf.value.decode()
+
+
+def select_backend(params: AttnParams, platform: int) -> tuple[str, int, str]:
+    """Returns (backend name, validate status code, reason)."""
+    status = ctypes.c_int(0)
+    buf = ctypes.create_string_buffer(1024)
+    backend = lib.fa_select_backend(ctypes.byref(params), platform, ctypes.byref(status), buf,
+                                    len(buf))
+    return lib.fa_backend_name(backend).decode(), status.value, buf.value.decode()
+
+
+def version() -> str:
+    return lib.fa_version().decode()
+
+
+def built_with_cuda() -> bool:
+    return bool(lib.fa_built_with_cuda())
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the CPU engine (n < 1: one per hardware thread)."""
+    lib.fa_set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return int(lib.fa_num_threads())
