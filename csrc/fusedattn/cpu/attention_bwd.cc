@@ -7,9 +7,10 @@
 //
 // One task = one (batch, kv head, 64-key tile): it owns its rows of dK and dV
 // (summed over the q heads of its GQA group) and adds its share of dQ into a
-// float32 accumulator private to its thread slot; the slots are summed at the
-// end. Five tile products per (q tile, kv tile), no atomics, deterministic for
-// a fixed thread count.
+// float32 accumulator. Tasks are dealt to chunks by a fixed rule (task % chunks),
+// each chunk has its own accumulator, and the chunks are summed in order at the
+// end: five tile products per (q tile, kv tile), no atomics, and bitwise
+// deterministic for a fixed thread count.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -53,15 +54,14 @@ void backward(const AttnParams& p, const BwdArgs& a) {
     }
   });
 
-  // dq_acc[slot] is [B, Hq, Sqp, Dp] float32, allocated by the first task of that slot.
-  std::vector<std::unique_ptr<Buffer>> dq_acc(max_slots());
+  // dq_acc[chunk] is [B, Hq, Sqp, Dp] float32.
+  const int64_t n_tasks = B * Hkv * n_kt, n_chunks = std::min<int64_t>(max_slots(), n_tasks);
+  std::vector<std::unique_ptr<Buffer>> dq_acc(n_chunks);
 
-  parallel_for(B * Hkv * n_kt, [&](int64_t task, int slot) {
+  auto kv_tile_task = [&](int64_t task, float* dq_chunk) {
     const int64_t kt_i = task % n_kt, hk = (task / n_kt) % Hkv, b = task / (n_kt * Hkv);
     const int64_t k0 = kt_i * kBk, cols = std::min(kBk, Skv - k0);
     const RowMask mask = make_row_mask(p, q_len(b), kv_len(b));
-    if (!dq_acc[slot]) dq_acc[slot] = std::make_unique<Buffer>(B * Hq * Sqp * Dp);
-    float* dq_slot = dq_acc[slot]->data();
 
     Buffer kf(kBk * Dp), kt(Dp * kBk), vt(Dvp * kBk), qf(kBq * Dp), dof(kBq * Dvp);
     Buffer s(kBq * kBk), dp(kBq * kBk), pt(kBk * kBq), dst(kBk * kBq);
@@ -108,7 +108,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
         gemm<true>(kBk, Dvp, kBq, pt.data(), kBq, dof.data(), Dvp, dv_acc.data(), Dvp);
         gemm<true>(kBk, Dp, kBq, dst.data(), kBq, qf.data(), Dp, dk_acc.data(), Dp);
         gemm<true>(kBq, Dp, kBk, dp.data(), kBk, kf.data(), Dp,
-                   dq_slot + ((b * Hq + h) * Sqp + q0) * Dp, Dp);
+                   dq_chunk + ((b * Hq + h) * Sqp + q0) * Dp, Dp);
       }
     }
 
@@ -118,9 +118,13 @@ void backward(const AttnParams& p, const BwdArgs& a) {
       store_row(dk_acc.data() + c * Dp, D, p.scale, dk + b * a.sdk.b + (k0 + c) * a.sdk.s + hk * a.sdk.h);
       store_row(dv_acc.data() + c * Dvp, Dv, 1.0f, dv + b * a.sdv.b + (k0 + c) * a.sdv.s + hk * a.sdv.h);
     }
+  };
+  parallel_for(n_chunks, [&](int64_t chunk, int) {
+    dq_acc[chunk] = std::make_unique<Buffer>(B * Hq * Sqp * Dp);
+    for (int64_t task = chunk; task < n_tasks; task += n_chunks) kv_tile_task(task, dq_acc[chunk]->data());
   });
 
-  // dq = scale * sum over slots of dq_acc
+  // dq = scale * sum over chunks of dq_acc, in chunk order
   T* dq = static_cast<T*>(a.dq);
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
     const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
@@ -128,7 +132,6 @@ void backward(const AttnParams& p, const BwdArgs& a) {
     for (int64_t i = qt * kBq; i < std::min(Sq, (qt + 1) * kBq); ++i) {
       std::fill(row.begin(), row.end(), 0.0f);
       for (auto& acc : dq_acc) {
-        if (!acc) continue;
         const float* src = acc->data() + ((b * Hq + h) * Sqp + i) * Dp;
         for (int64_t c = 0; c < Dp; ++c) row[c] += src[c];
       }
