@@ -20,7 +20,7 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType
 
-VOCAB = 16          # content tokens 0..VOCAB-1; VOCAB itself is SEP
+VOCAB = 32          # content tokens 0..VOCAB-1; VOCAB itself is SEP
 D_MODEL = 64
 HEADS = 4
 MLP_MULT = 4
@@ -104,15 +104,17 @@ def loss_and_metrics(params, batch, dtype):
 
 
 def adam_init(params):
+    """First and second moments shaped like params, and the step count."""
     zeros = jax.tree.map(jnp.zeros_like, params)
     return {"m": zeros, "v": zeros, "t": jnp.zeros((), jnp.int32)}
 
 
 def adam_update(params, grads, state, lr, b1=0.9, b2=0.98, eps=1e-8):
+    """One Adam step (Kingma & Ba) over matching pytrees; lr is a traced scalar."""
     t = state["t"] + 1
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
     v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
-    # Bias correction folded into the step size, as in the Adam paper's Algorithm 1 footnote.
+    # Bias correction folded into the step size (the paper's cheaper form, end of section 2).
     step = lr * jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
     params = jax.tree.map(lambda p, m, v: p - step * m / (jnp.sqrt(v) + eps), params, m, v)
     return params, {"m": m, "v": v, "t": t}
@@ -127,15 +129,16 @@ def lr_schedule(step, peak: float, total: int):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m fusedattn demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=600)
+    ap = argparse.ArgumentParser(prog="python -m fusedattn demo",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=12, help="half length S: sequences are 2S tokens")
+    ap.add_argument("--seq", type=int, default=16, help="half length S: sequences are 2S tokens")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--min-acc", type=float, default=0.5,
                     help="held-out accuracy needed for exit code 0")
     return ap.parse_args(argv)
