@@ -71,7 +71,7 @@ def _enum(enum_cls, value, name: str):
         return enum_cls(value)
     except ValueError:
         allowed = ", ".join(m.name for m in enum_cls)
-        raise ValueError(f"fused_attn: {name}={value!r} is not a {enum_cls.__name__}; "
+        raise ValueError(f"fused_attn: {name}={value!r} is not a valid {enum_cls.__name__}; "
                          f"allowed: {allowed}") from None
 
 
@@ -327,8 +327,9 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, *,
                 platform: str | None = None) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
 
-    platform: "cpu" or "gpu"; None means jax.default_backend(). Never raises for a
-    bad call: it returns name "none" with the error as the reason.
+    platform: "cpu" or "gpu" (anything else raises ValueError); None means
+    jax.default_backend(). A bad attention call does not raise: it returns name
+    "none" with the error as the reason.
     """
     try:
         *_, params = _prepare(

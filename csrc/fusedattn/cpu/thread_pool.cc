@@ -34,7 +34,7 @@ class Pool {
 
   int slots() {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int>(workers_.size()) + 1;
+    return limit_;
   }
 
   void resize(int n) {

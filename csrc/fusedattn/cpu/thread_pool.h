@@ -15,7 +15,7 @@ namespace fusedattn::cpu {
 
 using TaskFn = std::function<void(int64_t task, int slot)>;
 
-// Number of threads (the caller included) one call may use.
+// Number of threads (the caller included) one call may use: the current setting.
 int max_slots();
 // Sets the number of threads; n < 1 means one per hardware thread.
 void set_num_threads(int n);

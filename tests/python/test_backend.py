@@ -1,0 +1,165 @@
+"""Backend queries (get_backend, is_fused_attn_kernel_available) and which backend a call
+really gets: the CPU FFI kernels here, XLA's reference on a GPU (tests marked gpu)."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from conftest import DTYPES, descriptor, qkv, reference_f32
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+
+B, S, H, D = 2, 16, 2, 16
+
+
+def shapes(hq=H, hkv=H, dtype=jnp.float32, d=D):
+    return (jax.ShapeDtypeStruct((B, S, hq, d), dtype), jax.ShapeDtypeStruct((B, S, hkv, d), dtype),
+            jax.ShapeDtypeStruct((B, S, hkv, d), dtype))
+
+
+def available(platform="cpu", **overrides):
+    args = dict(is_training=True, q_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16,
+                qkv_layout=QKVLayout.BSHD_BSHD_BSHD, attn_bias_type=AttnBiasType.NO_BIAS,
+                attn_mask_type=AttnMaskType.CAUSAL_MASK, softmax_type=SoftmaxType.VANILLA_SOFTMAX,
+                dropout_probability=0.0, q_num_heads=4, kv_num_heads=1, q_max_seqlen=128,
+                kv_max_seqlen=256, head_dim_qk=128, head_dim_v=128)
+    args.update(overrides)
+    return fusedattn.is_fused_attn_kernel_available(**args, platform=platform)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("mask", list(AttnMaskType), ids=lambda m: m.name)
+def test_valid_cpu_calls_get_cpu_flash(mask, dtype):
+    sd = descriptor([S, 3], [S, 0]) if mask.is_padding() else None
+    info = fusedattn.get_backend(shapes(hq=4, hkv=1, dtype=dtype), None, sd,
+                                 attn_mask_type=mask, platform="cpu")
+    assert (info.name, info.fused) == ("cpu_flash", True), info
+    assert "cpu_flash" in info.reason
+
+
+def test_default_platform_is_jax_default_backend():
+    expected = {"cpu": "cpu_flash", "gpu": "xla_reference"}[jax.default_backend()]
+    assert fusedattn.get_backend(shapes()).name == expected
+
+
+def test_get_backend_takes_arrays(key):
+    info = fusedattn.get_backend(qkv(key, B, S, S, H, H, D), platform="cpu")
+    assert (info.name, info.fused) == ("cpu_flash", True)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "cuda"])
+def test_gpu_platform_gets_the_xla_reference(platform):
+    info = fusedattn.get_backend(shapes(), platform=platform)
+    assert (info.name, info.fused) == ("xla_reference", False), info
+    assert "xla_reference" in info.reason
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(qkv=shapes(hq=3, hkv=2)), "multiple"),
+    (dict(qkv=shapes(d=300)), "head dim of q and k"),
+    (dict(qkv=shapes(dtype=jnp.int32)), "dtype"),
+    (dict(attn_mask_type=AttnMaskType.PADDING_MASK), "sequence_descriptor"),
+    (dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS), "attn_bias_type=POST_SCALE_BIAS"),
+    (dict(softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX), "softmax_type=OFF_BY_ONE_SOFTMAX"),
+    (dict(dropout_probability=0.2, is_training=True), "dropout_probability"),
+    (dict(window_size=(4, 0)), "window_size"),
+    (dict(qkv_layout=QKVLayout.THD_THD_THD), "qkv_layout=THD_THD_THD"),
+    (dict(max_segments_per_seq=3), "max_segments_per_seq"),
+], ids=lambda x: x if isinstance(x, str) else None)
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_bad_calls_get_none_with_the_reason(kwargs, why, platform):
+    kwargs = dict(kwargs)
+    qkv_ = kwargs.pop("qkv", shapes())
+    info = fusedattn.get_backend(qkv_, platform=platform, **kwargs)
+    assert (info.name, info.fused) == ("none", False), info
+    assert why in info.reason, info.reason
+
+
+def test_unknown_platform_is_an_error():
+    with pytest.raises(ValueError, match="platform='tpu'"):
+        fusedattn.get_backend(shapes(), platform="tpu")
+
+
+def test_kernel_available():
+    assert available() is True
+    assert available(platform=None) is (jax.default_backend() == "cpu")
+    assert available(attn_mask_type=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK) is True
+    assert available(q_dtype=jnp.float32, kv_dtype=jnp.float32, head_dim_qk=256,
+                     head_dim_v=32) is True
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(platform="gpu"),
+    dict(kv_dtype=jnp.float16),
+    dict(q_dtype=jnp.float64, kv_dtype=jnp.float64),
+    dict(q_num_heads=3, kv_num_heads=2),
+    dict(head_dim_qk=512),
+    dict(q_max_seqlen=2 ** 20 + 1),
+    dict(attn_bias_type=AttnBiasType.PRE_SCALE_BIAS),
+    dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX),
+    dict(dropout_probability=0.1),
+    dict(window_size=(16, 0)),
+    dict(qkv_layout=QKVLayout.BS3HD),
+], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_kernel_not_available(overrides):
+    assert available(**overrides) is False
+
+
+def test_cpu_calls_run_the_ffi_kernels(key):
+    # The program lowered for the CPU calls the engine, forward and backward, rather than
+    # the reference.
+    q, k, v = qkv(key, B, S, S, H, H, D)
+    f = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None)
+    lower = lambda g: jax.jit(g).trace(q, k, v).lower(lowering_platforms=("cpu",)).as_text()
+    assert "fusedattn_attn_fwd" in lower(f)
+    text = lower(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2)))
+    assert "fusedattn_attn_fwd" in text and "fusedattn_attn_bwd" in text
+
+
+def test_no_fallback_warning_on_cpu(key):
+    if jax.default_backend() != "cpu":
+        pytest.skip("the fallback warning follows jax.default_backend(), which is not cpu")
+    q, k, v = qkv(key, B, S, S, H, H, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.eval_shape(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None), q, k, v)
+
+
+# ---------------------------------------------------------------------------
+# On a GPU this build computes the reference through XLA (and says so once).
+
+
+@pytest.mark.gpu
+def test_gpu_default_backend_is_the_xla_reference():
+    info = fusedattn.get_backend(shapes())
+    assert (info.name, info.fused) == ("xla_reference", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [AttnMaskType.CAUSAL_MASK,
+                                  AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK],
+                         ids=lambda m: m.name)
+def test_gpu_fallback_matches_the_reference(key, mask):
+    q, k, v = qkv(key, B, 70, 90, 4, 2, 64)
+    lens = ([0, 70], [90, 33]) if mask.is_padding() else (None, None)
+    sd = descriptor(*lens) if mask.is_padding() else None
+    dout = jax.random.normal(jax.random.fold_in(key, 1), (B, 70, 4, 64))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        f = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=mask)
+        out, vjp = jax.vjp(f, q, k, v)
+    ref, ref_vjp = jax.vjp(lambda q, k, v: reference_f32(q, k, v, mask, *lens)[0], q, k, v)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-5)
+    for g, r in zip(vjp(dout), ref_vjp(dout)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_fallback_warns(key):
+    q, k, v = qkv(key, B, 8, 8, 2, 2, 16)
+    fusedattn.attention._warned.clear()
+    with pytest.warns(RuntimeWarning, match="xla_reference"):
+        fusedattn.fused_attn((q, k, v), None, None, None)

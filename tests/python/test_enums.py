@@ -1,0 +1,144 @@
+"""The Python enums and the ctypes AttnParams mirror agree with the C++ engine (params.h).
+
+Nothing new is compiled: the engine's own validate() / select_backend() are asked about
+codes at and past each enum's ends, and their messages must use the Python member names.
+"""
+
+import ctypes
+
+import jax
+import numpy as np
+import pytest
+
+import fusedattn
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _ffi
+from conftest import descriptor, qkv, reference_f32
+
+OK, INVALID, UNIMPLEMENTED = _ffi.STATUS_OK, _ffi.STATUS_INVALID, _ffi.STATUS_UNIMPLEMENTED
+
+# enum class -> (AttnParams field, the name validate() gives the argument, its implemented member)
+ENUMS = {
+    QKVLayout: ("layout", "qkv_layout", QKVLayout.BSHD_BSHD_BSHD),
+    AttnMaskType: ("mask_type", "attn_mask_type", None),  # every mask is implemented
+    AttnBiasType: ("bias_type", "attn_bias_type", AttnBiasType.NO_BIAS),
+    SoftmaxType: ("softmax_type", "softmax_type", SoftmaxType.VANILLA_SOFTMAX),
+}
+
+
+def params(**overrides) -> _ffi.AttnParams:
+    """A valid call: q [2, 64, 4, 32], k/v [2, 80, 2, 32] bfloat16, causal."""
+    p = dict(batch=2, seqlen_q=64, seqlen_kv=80, heads_q=4, heads_kv=2, head_dim_qk=32,
+             head_dim_v=32, window_left=-1, window_right=-1, dtype=_ffi.DTYPE_CODES["bfloat16"],
+             layout=int(QKVLayout.BSHD_BSHD_BSHD), mask_type=int(AttnMaskType.CAUSAL_MASK),
+             bias_type=int(AttnBiasType.NO_BIAS), softmax_type=int(SoftmaxType.VANILLA_SOFTMAX),
+             is_training=1, scale=0.125, dropout=0.0)
+    p.update(overrides)
+    return _ffi.AttnParams(**p)
+
+
+def test_the_default_params_are_valid():
+    assert _ffi.validate(params()) == (OK, "")
+
+
+def test_params_mirror_has_the_library_size():
+    assert _ffi.lib.fa_params_size() == ctypes.sizeof(_ffi.AttnParams)
+
+
+@pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
+def test_codes_past_the_ends_are_not_members(enum):
+    field, arg, _ = ENUMS[enum]
+    article = "an" if enum.__name__[0] in "AEIOU" else "a"
+    for code in (len(enum), len(enum) + 7, -1):
+        status, msg = _ffi.validate(params(**{field: code}))
+        assert status == INVALID, (code, msg)
+        assert msg == f"{arg}: got code {code}, not {article} {enum.__name__}", msg
+
+
+@pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
+def test_every_member_is_known_and_named_alike(enum):
+    field, arg, implemented = ENUMS[enum]
+    assert [int(m) for m in enum] == list(range(len(enum))), "codes must be 0..n-1"
+    for member in enum:
+        status, msg = _ffi.validate(params(**{field: int(member)}))
+        if implemented is None or member == implemented:
+            assert status == OK, (member, msg)
+        else:
+            assert status == UNIMPLEMENTED, (member, msg)
+            assert msg == (f"{arg}={member.name} is not implemented yet; "
+                           f"implemented: {implemented.name}"), msg
+
+
+def test_dtype_codes():
+    for name, code in _ffi.DTYPE_CODES.items():
+        assert _ffi.validate(params(dtype=code)) == (OK, ""), name
+    assert sorted(_ffi.DTYPE_CODES.values()) == list(range(len(_ffi.DTYPE_CODES)))
+    for code in (len(_ffi.DTYPE_CODES), -1):
+        status, msg = _ffi.validate(params(dtype=code))
+        assert status == INVALID and msg.startswith(f"dtype: got code {code}"), msg
+        assert "float32, bfloat16 or float16" in msg
+
+
+def test_platform_and_backend_codes():
+    assert _ffi.select_backend(params(), _ffi.PLATFORM_CPU)[:2] == ("cpu_flash", OK)
+    assert _ffi.select_backend(params(), _ffi.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
+    name, status, reason = _ffi.select_backend(params(), 2)
+    assert (name, status) == ("none", INVALID) and "platform" in reason
+    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(4)]
+    assert names == ["none", "cpu_flash", "xla_reference", "unknown"]
+
+
+# Each field of the ctypes mirror, set to a bad value, must be reported under its own name:
+# a field out of place in the mirror would be read as another one.
+FIELDS = {
+    "batch": (dict(batch=0), "batch: got 0"),
+    "seqlen_q": (dict(seqlen_q=0), "query sequence length: got 0"),
+    "seqlen_kv": (dict(seqlen_kv=(1 << 20) + 1), "key/value sequence length: got 1048577"),
+    "heads_q": (dict(heads_q=3), "q has 3 heads and k/v have 2"),
+    "heads_kv": (dict(heads_kv=0), "k/v heads 0"),
+    "head_dim_qk": (dict(head_dim_qk=300), "head dim of q and k: got 300"),
+    "head_dim_v": (dict(head_dim_v=257), "head dim of v: got 257"),
+    "window_left": (dict(window_left=-5), "window_size: got (-5, -1)"),
+    "window_right": (dict(window_right=-7), "window_size: got (-1, -7)"),
+    "scale": (dict(scale=float("inf")), "scaling_factor: got inf"),
+    "dropout": (dict(dropout=1.5), "dropout_probability: got 1.5"),
+    "is_training": (dict(is_training=1, dropout=0.25), "dropout_probability=0.25 is not"),
+}
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_each_params_field_is_read_as_itself(field):
+    overrides, expected = FIELDS[field]
+    status, msg = _ffi.validate(params(**overrides))
+    assert status in (INVALID, UNIMPLEMENTED) and expected in msg, msg
+
+
+def test_dropout_without_training_is_valid():
+    assert _ffi.validate(params(is_training=0, dropout=0.25)) == (OK, "")
+
+
+def test_mask_codes_mean_the_python_masks(key):
+    # Names alone cannot tell masks apart (validate never prints one): run each code on an
+    # input where all six masks give different outputs, against the reference's rule for
+    # the Python member of that code.
+    Sq, Skv = 24, 16
+    q, k, v = qkv(key, 2, Sq, Skv, 2, 1, 16)
+    q_lens, kv_lens = [20, Sq], [Skv, 9]
+
+    @jax.jit
+    def run(q, k, v):
+        got, ref = [], []
+        for m in AttnMaskType:
+            lens = (q_lens, kv_lens) if m.is_padding() else (None, None)
+            sd = descriptor(*lens) if m.is_padding() else None
+            got.append(fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=int(m)))
+            ref.append(reference_f32(q, k, v, m, *lens)[0])
+        return got, ref
+
+    got, ref = run(q, k, v)
+    for m, g, r in zip(AttnMaskType, got, ref):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5,
+                                   err_msg=m.name)
+    for i in range(len(ref)):
+        for j in range(i):
+            assert not np.allclose(ref[i], ref[j], atol=1e-3), \
+                f"{AttnMaskType(i).name} and {AttnMaskType(j).name} agree on this input"
