@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU machine: installs fusedattn and runs the whole pytest suite there (the `gpu`-marked
+# tests run, the rest run on the CPU device of that machine) and the demo on the GPU.
+# The machine has no network: build the wheel here first and carry it in .whl/:
+#   python -m pip wheel . --no-deps -w .whl        (then run this script there with .whl carried)
+# Without a carried wheel it builds in place (needs jaxlib, scikit-build-core, cmake there).
+# Logs go to $OUT (or ./gpu-logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SITE=/tmp/fusedattn-site
+rm -rf "$SITE"
+if ls .whl/fusedattn-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/fusedattn-*.whl || exit 1
+else
+  "$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" . || exit 1
+fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+"$PY" -c "import jax, fusedattn; print('jax', jax.__version__, jax.devices(), 'fusedattn', fusedattn.__version__, fusedattn.__file__)" | tee -a "$OUT/device.txt"
+status=0
+"$PY" -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -5
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+# shellcheck disable=SC2086  # DEMO_ARGS is a list of words
+"$PY" -m fusedattn demo ${DEMO_ARGS:-} 2>&1 | tee "$OUT/demo.log" | tail -4
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit $status
