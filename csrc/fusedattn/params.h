@@ -49,7 +49,7 @@ enum FaBackend {
   FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
 };
 
-enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2 };
+enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2, FA_INTERNAL = 3 };
 
 // Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],
 // v [B, Skv, Hkv, Dv], out [B, Sq, Hq, Dv]. `batch` counts every leading

@@ -17,6 +17,8 @@ struct Status {
   static Status Ok() { return {}; }
   static Status Invalid(std::string msg) { return {FA_INVALID_ARGUMENT, std::move(msg)}; }
   static Status Unimplemented(std::string msg) { return {FA_UNIMPLEMENTED, std::move(msg)}; }
+  // A failure of the machinery (CUDA, cuDNN), not of the caller's arguments.
+  static Status Internal(std::string msg) { return {FA_INTERNAL, std::move(msg)}; }
 };
 
 }  // namespace fusedattn

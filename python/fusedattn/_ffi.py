@@ -16,7 +16,7 @@ _LIB_FILE = "libfusedattn.so"
 
 # FaDType codes (params.h).
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
-STATUS_OK, STATUS_INVALID, STATUS_UNIMPLEMENTED = 0, 1, 2
+STATUS_OK, STATUS_INVALID, STATUS_UNIMPLEMENTED, STATUS_INTERNAL = 0, 1, 2, 3
 PLATFORM_CPU, PLATFORM_CUDA = 0, 1
 
 
@@ -68,13 +68,27 @@ def _load() -> ctypes.CDLL:
 
 lib = _load()
 
-# FFI target name -> exported handler symbol.
-CPU_TARGETS = {
-    "fusedattn_attn_fwd": lib.fa_cpu_attn_fwd,
-    "fusedattn_attn_bwd": lib.fa_cpu_attn_bwd,
+# The one registration table: FFI target name -> {platform: exported handler symbol}.
+# Python wrappers call a target by its name; XLA picks the handler of the platform
+# the computation runs on. CUDA handlers exist only in a build with CUDA (and
+# registering them needs no GPU: jax keeps them until a CUDA backend starts).
+TARGETS = {
+    "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
+    "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
 }
-for _name, _fn in CPU_TARGETS.items():
-    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(_fn), platform="cpu")
+
+
+def _register(targets) -> None:
+    cuda = bool(lib.fa_built_with_cuda())
+    for name, symbols in targets.items():
+        for platform, symbol in symbols.items():
+            if platform == "CUDA" and not cuda:
+                continue
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                        platform=platform)
+
+
+_register(TARGETS)
 
 
 def validate(params: AttnParams) -> tuple[int, str]:

@@ -7,11 +7,9 @@
 
 #include "../params.h"
 #include "../status.h"
-#include "xla/ffi/api/ffi.h"
+#include "common.h"
 
 namespace fusedattn::ffi_glue {
-
-namespace ffi = xla::ffi;
 
 // The attributes every attention handler takes (Python passes them by name).
 struct AttnAttrs {
@@ -31,13 +29,6 @@ struct AttnAttrs {
 Status decode_params(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                      const ffi::AnyBuffer& q_lens, const ffi::AnyBuffer& kv_lens,
                      const AttnAttrs& attrs, AttnParams* p);
-
-// Checks that `buf` has dtype `dtype` and dimensions `lead` + `tail`, naming it in errors.
-Status expect_shape(const char* name, const ffi::AnyBuffer& buf, ffi::DataType dtype,
-                    const ffi::AnyBuffer::Dimensions& lead, std::initializer_list<int64_t> tail);
-
-ffi::Error to_ffi_error(const Status& s);
-ffi::DataType ffi_dtype(int32_t fa_dtype);
 
 }  // namespace fusedattn::ffi_glue
 

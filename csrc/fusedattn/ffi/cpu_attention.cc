@@ -11,12 +11,6 @@ namespace {
 
 using cpu::Strides;
 
-#define FA_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    Status _s = (expr);                     \
-    if (!_s.ok()) return to_ffi_error(_s);  \
-  } while (0)
-
 ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,

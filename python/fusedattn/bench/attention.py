@@ -1,8 +1,6 @@
-"""python -m fusedattn bench: fused_attn against jax.nn.dot_product_attention.
+"""python -m fusedattn bench attention: fused_attn against jax.nn.dot_product_attention.
 
-Method (shared/BENCH.md): random inputs, warm-up first, N back-to-back calls of
-the jitted function blocked once (N so the total is >= 50 ms), repeated, median
-reported. FLOPs: forward 4*B*H*Sq*Skv*D (halved when causal with Sq == Skv),
+Timing method in common.py. FLOPs: forward 4*B*H*Sq*Skv*D (halved when causal with Sq == Skv),
 forward+backward 3.5x forward. Peak memory: the process's resident-set high
 water mark during the timed calls, above what was resident before them
 (Linux /proc/self/clear_refs resets the mark), so the number includes what the
@@ -14,11 +12,7 @@ Prints a table and writes JSON (--json).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,42 +20,7 @@ import jax.numpy as jnp
 import fusedattn
 from fusedattn import AttnMaskType
 
-
-def _rss_reset_and_read() -> int:
-    """Resets the RSS high-water mark and returns the current RSS in bytes."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kb("VmRSS") * 1024
-
-
-def _peak_rss() -> int:
-    return _status_kb("VmHWM") * 1024
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def time_fn(fn, args, min_total_s=0.05, repeats=5):
-    """Median seconds per call of a jitted fn, pipelined; and peak extra RSS bytes."""
-    jax.block_until_ready(fn(*args))  # compile + warm
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    one = max(time.perf_counter() - t0, 1e-6)
-    n = max(1, int(min_total_s / one))
-    base = _rss_reset_and_read()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs = [fn(*args) for _ in range(n)]
-        jax.block_until_ready(outs)
-        times.append((time.perf_counter() - t0) / n)
-        del outs
-    return statistics.median(times), max(0, _peak_rss() - base)
+from .common import run_info, time_fn
 
 
 def attention_flops(B, H, Sq, Skv, D, causal, backward):
@@ -108,7 +67,7 @@ def run_cpu(args):
                     for name, f in _impls(causal).items():
                         fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
                         fargs = (q, k, v, dout) if backward else (q, k, v)
-                        sec, mem = time_fn(fn, fargs, repeats=args.repeats)
+                        sec, mem = time_fn(fn, fargs, repeats=args.repeats, track_rss=True)
                         row[f"{name}_ms"] = sec * 1e3
                         row[f"{name}_gflops"] = attention_flops(B, H, S, S, D, causal, backward) / sec / 1e9
                         row[f"{name}_peak_mib"] = mem / 2**20
@@ -130,7 +89,7 @@ def _fmt_row(r):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fusedattn bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m fusedattn bench attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
@@ -142,10 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the rows to this JSON file")
     args = p.parse_args(argv)
 
-    info = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
-                fusedattn=fusedattn.__version__, backend=jax.default_backend(),
-                device=str(jax.devices()[0].device_kind), cpu=platform.processor() or platform.machine(),
-                threads=fusedattn.num_threads())
+    info = run_info()
     print(" ".join(f"{k}={v}" for k, v in info.items()))
     print(f"B={args.batch} H={args.heads} D={args.head_dim}; speedup = xla time / ours")
     print(_HEADER)
