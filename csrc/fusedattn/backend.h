@@ -16,6 +16,18 @@ struct BackendChoice {
   std::string reason;                 // why this backend, and why not the others
 };
 
-BackendChoice select_backend(const AttnParams& p, int32_t platform);
+// What the CUDA rules depend on (cuda/platform.h reads it off a device).
+struct PlatformInfo {
+  bool cuda_built = false;     // this library has its CUDA kernels
+  int64_t cudnn_version = 0;   // loaded cuDNN (e.g. 91900); 0: none could be loaded
+  int32_t sm = 0;              // compute capability * 10 (90 for an H100)
+  std::string cudnn_error;     // why no cuDNN could be loaded
+};
+
+BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info = {});
+
+// Why cuDNN cannot serve p (empty when it can, as far as static rules tell: the
+// graph's own support check, run at trace time, has the last word).
+std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& info);
 
 }  // namespace fusedattn

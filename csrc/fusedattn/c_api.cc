@@ -7,6 +7,10 @@
 #include "backend.h"
 #include "cpu/thread_pool.h"
 #include "validate.h"
+#ifdef FUSEDATTN_WITH_CUDA
+#include "cuda/cudnn/sdpa_config.h"
+#include "cuda/platform.h"
+#endif
 
 namespace {
 
@@ -41,12 +45,36 @@ int fa_validate(const FaAttnParams* p, char* msg, int msg_len) {
 }
 
 // Returns an FaBackend; *status gets validate()'s code, reason the explanation.
-int fa_select_backend(const FaAttnParams* p, int platform, int* status, char* reason,
+// `device` is the CUDA device whose capabilities decide a CUDA platform query.
+int fa_select_backend(const FaAttnParams* p, int platform, int device, int* status, char* reason,
                       int reason_len) {
-  const fusedattn::BackendChoice c = fusedattn::select_backend(*p, platform);
+  fusedattn::PlatformInfo info;
+#ifdef FUSEDATTN_WITH_CUDA
+  if (platform == FA_PLATFORM_CUDA) {
+    const fusedattn::Status s = fusedattn::cuda::platform_info(device, &info);
+    if (!s.ok()) info.cudnn_error = s.message;
+  }
+#endif
+  const fusedattn::BackendChoice c = fusedattn::select_backend(*p, platform, info);
   if (status) *status = c.status.code;
   copy_message(c.reason, reason, reason_len);
   return c.backend;
+}
+
+// Builds (or finds in the cache) the cuDNN graph that will serve p on `device`, forward
+// or backward: the last word on whether cuDNN supports a call. Returns an FaStatus.
+int fa_cudnn_check(const FaAttnParams* p, int device, int want_max_logit, int backward, char* msg,
+                   int msg_len) {
+#ifdef FUSEDATTN_WITH_CUDA
+  std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
+  const fusedattn::Status s = fusedattn::cudnn::get_graph(
+      fusedattn::cudnn::make_config(*p, want_max_logit != 0), backward != 0, device, &g);
+  copy_message(s.message, msg, msg_len);
+  return s.code;
+#else
+  copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
+  return FA_UNIMPLEMENTED;
+#endif
 }
 
 const char* fa_backend_name(int backend) { return fusedattn::backend_name(backend); }

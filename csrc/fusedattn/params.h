@@ -47,6 +47,7 @@ enum FaBackend {
   FA_BACKEND_NONE = 0,
   FA_BACKEND_CPU_FLASH = 1,      // csrc/fusedattn/cpu: tiled online-softmax attention
   FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
+  FA_BACKEND_CUDNN = 3,          // csrc/fusedattn/cuda/cudnn: a cuDNN SDPA graph
 };
 
 enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2, FA_INTERNAL = 3 };

@@ -1,0 +1,24 @@
+// From an AttnParams to the cuDNN graph that serves it. Everything here is a pure
+// function of the params, so the trace-time support check (c_api.cc) and the FFI
+// handlers describe the very same graph.
+#pragma once
+
+#include "../../params.h"
+#include "../../status.h"
+#include "sdpa_graph.h"
+
+namespace fusedattn::cudnn {
+
+// Whether the graph covers all vmap slices at once (batch folded) or one slice per
+// execution: per-slice inputs (seed, softmax offset, a batch-broadcast bias) cannot be
+// told apart inside one graph.
+bool graph_per_slice(const AttnParams& p);
+
+// The graph batch: folded batch entries (or one slice's), times M segments for THD.
+SdpaConfig make_config(const AttnParams& p, bool want_max_logit);
+
+// Whether some query row may keep no key, so the forward must be followed by the
+// row fix-up (zero out, lse -inf) and the backward must read the fixed lse.
+bool rows_may_be_empty(const AttnParams& p);
+
+}  // namespace fusedattn::cudnn

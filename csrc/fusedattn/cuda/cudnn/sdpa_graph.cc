@@ -1,0 +1,276 @@
+#include "sdpa_graph.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "../check.h"
+#include "frontend.h"
+#include "handle.h"
+
+namespace fusedattn::cudnn {
+namespace {
+
+using Tensor = std::shared_ptr<fe::graph::Tensor_attributes>;
+using fe::graph::Tensor_attributes;
+
+int64_t float_bits(float f) {
+  int32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+fe::DataType_t io_type(int32_t dtype) {
+  return dtype == FA_FLOAT16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+// Builds one graph's tensors; every token tensor of a THD config carries its ragged offsets.
+class Builder {
+ public:
+  explicit Builder(const SdpaConfig& c) : c_(c), g_(std::make_shared<fe::graph::Graph>()) {
+    g_->set_io_data_type(io_type(c.dtype))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+  }
+
+  std::shared_ptr<fe::graph::Graph> graph() const { return g_; }
+
+  Tensor input(const char* name, Uid uid, int64_t heads, int64_t seq, int64_t dim, const View& v,
+               Uid ragged_uid) {
+    auto t = g_->tensor(Tensor_attributes().set_name(name).set_uid(uid));
+    set_layout(t, heads, seq, dim, v, ragged_uid);
+    return t;
+  }
+
+  // A graph output created by the SDPA node, given its uid, layout and ragged offsets.
+  void output(const Tensor& t, Uid uid, int64_t heads, int64_t seq, int64_t dim, const View& v,
+              Uid ragged_uid) {
+    t->set_output(true).set_uid(uid);
+    set_layout(t, heads, seq, dim, v, ragged_uid);
+  }
+
+  // [B, Hq, Sq, 1] float32 rows (stats, max, sum_exp), ragged like q under THD.
+  Tensor row_stat(const char* name, Uid uid) {
+    auto t = g_->tensor(Tensor_attributes().set_name(name).set_uid(uid));
+    t->set_output(true).set_data_type(fe::DataType_t::FLOAT);
+    set_layout(t, c_.heads_q, c_.seq_q, 1, c_.lse, kRagStats);
+    return t;
+  }
+
+  Tensor int_vector(const char* name, Uid uid, int64_t n) {
+    return g_->tensor(Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({n, 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::INT32));
+  }
+
+  Tensor bias() {
+    return g_->tensor(Tensor_attributes()
+                          .set_name("bias")
+                          .set_uid(kBias)
+                          .set_dim({c_.bias_b, c_.bias_h, c_.seq_q, c_.seq_kv})
+                          .set_stride({c_.bias_view.b, c_.bias_view.h, c_.bias_view.s, 1}));
+  }
+
+  Tensor head_vector(const char* name, Uid uid) {
+    return g_->tensor(Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({1, c_.heads_q, 1, 1})
+                          .set_stride({c_.heads_q, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::FLOAT));
+  }
+
+  // Philox seed (device, the caller's 8 seed bytes) and offset (host value 0).
+  std::pair<Tensor, Tensor> dropout_rng() {
+    auto seed = g_->tensor(Tensor_attributes()
+                               .set_name("seed")
+                               .set_uid(kSeed)
+                               .set_dim({1, 1, 1, 1})
+                               .set_stride({1, 1, 1, 1})
+                               .set_data_type(fe::DataType_t::INT64));
+    auto offset = g_->tensor(Tensor_attributes()
+                                 .set_name("offset")
+                                 .set_uid(kOffset)
+                                 .set_dim({1, 1, 1, 1})
+                                 .set_stride({1, 1, 1, 1})
+                                 .set_is_pass_by_value(true)
+                                 .set_data_type(fe::DataType_t::INT64));
+    return {seed, offset};
+  }
+
+ private:
+  void set_layout(const Tensor& t, int64_t heads, int64_t seq, int64_t dim, const View& v,
+                  Uid ragged_uid) {
+    t->set_dim({c_.batch, heads, seq, dim}).set_stride({v.b, v.h, v.s, 1});
+    if (c_.ragged) t->set_ragged_offset(ragged(ragged_uid));
+  }
+
+  Tensor ragged(Uid uid) {
+    auto it = ragged_.find(uid);
+    if (it != ragged_.end()) return it->second;
+    return ragged_[uid] = int_vector("ragged_offset", uid, c_.batch + 1);
+  }
+
+  const SdpaConfig& c_;
+  std::shared_ptr<fe::graph::Graph> g_;
+  std::map<Uid, Tensor> ragged_;
+};
+
+// The options both directions share: scale, padding, diagonal band, bias, sink, dropout.
+template <class Attrs>
+void common_options(const SdpaConfig& c, Builder& b, Attrs& o) {
+  o.set_attn_scale(c.scale);
+  if (c.padding)
+    o.set_padding_mask(true)
+        .set_seq_len_q(b.int_vector("seq_len_q", kSeqQ, c.batch))
+        .set_seq_len_kv(b.int_vector("seq_len_kv", kSeqKV, c.batch));
+  if (c.diag != Diag::kNone)
+    o.set_diagonal_alignment(c.diag == Diag::kBottomRight ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                          : fe::DiagonalAlignment_t::TOP_LEFT);
+  if (c.left_bound >= 0) o.set_diagonal_band_left_bound(static_cast<int>(c.left_bound));
+  if (c.right_bound >= 0) o.set_diagonal_band_right_bound(static_cast<int>(c.right_bound));
+  if (c.bias) o.set_bias(b.bias());
+  if (c.sink) o.set_sink_token(b.head_vector("sink", kSink));
+  if (c.dropout > 0.0f) {
+    auto [seed, offset] = b.dropout_rng();
+    o.set_dropout(c.dropout, seed, offset);
+  }
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaConfig& c) {
+  Builder b(c);
+  auto q = b.input("q", kQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
+  auto k = b.input("k", kK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
+  auto v = b.input("v", kV, c.heads_kv, c.seq_kv, c.dim_v, c.v, kRagV);
+  auto opts = fe::graph::SDPA_attributes().set_name("sdpa_fwd").set_generate_stats(c.gen_stats);
+  common_options(c, b, opts);
+  if (c.max_sum) {
+    opts.set_logit_max(b.row_stat("max", kMax));
+    opts.set_score_sum_exp(b.row_stat("sum_exp", kSumExp));
+  }
+  auto [o, stats] = b.graph()->sdpa(q, k, v, std::move(opts));
+  b.output(o, kO, c.heads_q, c.seq_q, c.dim_v, c.o, kRagO);
+  if (c.gen_stats) {
+    stats->set_data_type(fe::DataType_t::FLOAT);
+    b.output(stats, kStats, c.heads_q, c.seq_q, 1, c.lse, kRagStats);
+  }
+  return b.graph();
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaConfig& c) {
+  Builder b(c);
+  auto q = b.input("q", kQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
+  auto k = b.input("k", kK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
+  auto v = b.input("v", kV, c.heads_kv, c.seq_kv, c.dim_v, c.v, kRagV);
+  auto o = b.input("o", kO, c.heads_q, c.seq_q, c.dim_v, c.o, kRagO);
+  auto dO = b.input("dO", kDO, c.heads_q, c.seq_q, c.dim_v, c.o, kRagO);
+  auto stats = b.input("stats", kStats, c.heads_q, c.seq_q, 1, c.lse, kRagStats);
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_bwd");
+  common_options(c, b, opts);
+  if (c.ragged) opts.set_max_total_seq_len_q(c.total_q).set_max_total_seq_len_kv(c.total_kv);
+  if (c.bias) {
+    auto db = b.graph()->tensor(Tensor_attributes()
+                                    .set_name("dbias")
+                                    .set_uid(kDBias)
+                                    .set_dim({c.bias_b, c.bias_h, c.seq_q, c.seq_kv})
+                                    .set_stride({c.bias_view.b, c.bias_view.h, c.bias_view.s, 1}));
+    opts.set_dbias(db);
+  }
+  if (c.sink) opts.set_dsink_token(b.head_vector("dsink", kDSink));
+  auto [dq, dk, dv] = b.graph()->sdpa_backward(q, k, v, o, dO, stats, std::move(opts));
+  b.output(dq, kDQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
+  b.output(dk, kDK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
+  b.output(dv, kDV, c.heads_kv, c.seq_kv, c.dim_v, c.v, kRagV);
+  return b.graph();
+}
+
+Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* out) {
+  try {
+    auto g = backward ? backward_graph(c) : forward_graph(c);
+    std::lock_guard<std::mutex> lock(h->mu);
+    FA_FE_RETURN_IF_ERROR(g->validate(), "graph validation");
+    FA_FE_RETURN_IF_ERROR(g->build_operation_graph(h->handle), "operation graph");
+    FA_FE_RETURN_IF_ERROR(g->create_execution_plans({fe::HeurMode_t::A}), "execution plans");
+    FA_FE_RETURN_IF_ERROR(g->check_support(h->handle), "support check");
+    FA_FE_RETURN_IF_ERROR(g->build_plans(h->handle), "plan build");
+    int64_t ws = 0;
+    FA_FE_RETURN_IF_ERROR(g->get_workspace_size(ws), "workspace size");
+    out->graph = std::move(g);
+    out->workspace_bytes = ws;
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("cuDNN graph build threw: ") + e.what());
+  }
+}
+
+struct CacheEntry {
+  std::once_flag once;
+  Status status;
+  std::shared_ptr<const BuiltGraph> graph;
+};
+
+}  // namespace
+
+std::vector<int64_t> SdpaConfig::key() const {
+  return {dtype, batch, heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v,
+          q.b, q.h, q.s, k.b, k.h, k.s, v.b, v.h, v.s, o.b, o.h, o.s, lse.b, lse.h, lse.s,
+          ragged, total_q, total_kv, padding, static_cast<int64_t>(diag), left_bound, right_bound,
+          float_bits(scale), bias, bias_b, bias_h, bias_view.b, bias_view.h, bias_view.s, sink,
+          float_bits(dropout), gen_stats, max_sum};
+}
+
+Status get_graph(const SdpaConfig& cfg, bool backward, int device,
+                 std::shared_ptr<const BuiltGraph>* out) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::vector<int64_t>, std::shared_ptr<CacheEntry>>();
+  std::vector<int64_t> key = cfg.key();
+  key.push_back(backward);
+  key.push_back(device);
+  std::shared_ptr<CacheEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = (*cache)[key];
+    if (!slot) slot = std::make_shared<CacheEntry>();
+    entry = slot;
+  }
+  // Other keys build concurrently; callers of this key wait for its one build.
+  std::call_once(entry->once, [&] {
+    DeviceHandle* h = nullptr;
+    entry->status = device_handle(device, &h);
+    if (!entry->status.ok()) return;
+    auto built = std::make_shared<BuiltGraph>();
+    int current = 0;
+    entry->status = cuda::cuda_status(cudaGetDevice(&current), "cudaGetDevice");
+    if (!entry->status.ok()) return;
+    if (current != device) cudaSetDevice(device);
+    entry->status = build(cfg, backward, h, built.get());
+    if (current != device) cudaSetDevice(current);
+    if (entry->status.ok()) entry->graph = std::move(built);
+  });
+  if (!entry->status.ok()) return entry->status;
+  *out = entry->graph;
+  return Status::Ok();
+}
+
+Status execute(const BuiltGraph& g, int device, cudaStream_t stream,
+               std::unordered_map<int64_t, void*> pack, void* workspace) {
+  DeviceHandle* h = nullptr;
+  Status s = device_handle(device, &h);
+  if (!s.ok()) return s;
+  static int64_t kDropoutOffset = 0;  // pass-by-value: the Philox stream is the seed's alone
+  pack[kOffset] = &kDropoutOffset;
+  std::lock_guard<std::mutex> lock(h->mu);
+  s = set_stream(h->handle, stream);
+  if (!s.ok()) return s;
+  try {
+    return fe_status(g.graph->execute(h->handle, pack, workspace), "graph execution");
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("cuDNN graph execution threw: ") + e.what());
+  }
+}
+
+}  // namespace fusedattn::cudnn

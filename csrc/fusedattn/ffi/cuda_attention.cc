@@ -1,0 +1,340 @@
+// XLA FFI handlers of attention on NVIDIA GPUs, through cuDNN SDPA graphs
+// (operands and results as the CPU handlers: attn_decode.h):
+//   fa_cuda_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
+//                     q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
+//   fa_cuda_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+// Each decodes one AttnParams and AttnTensors (the same code as the CPU), maps the
+// params to a cached cuDNN graph (cuda/cudnn/sdpa_config.h), takes every temporary
+// from XLA's scratch allocator, and enqueues on XLA's stream.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "../backend.h"
+#include "../cuda/attn_fixup.h"
+#include "../cuda/check.h"
+#include "../cuda/cudnn/sdpa_config.h"
+#include "attn_decode.h"
+#include "../cuda/platform.h"
+
+namespace fusedattn::ffi_glue {
+namespace {
+
+using cudnn::SdpaConfig;
+using Pack = std::unordered_map<int64_t, void*>;
+
+// Carves 256-byte aligned regions out of one scratch allocation.
+class ScratchPlan {
+ public:
+  size_t add(size_t bytes) {
+    const size_t at = total_;
+    total_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  Status allocate(ffi::ScratchAllocator& scratch) {
+    if (total_ == 0) return Status::Ok();
+    auto mem = scratch.Allocate(total_, 256);
+    if (!mem.has_value())
+      return Status::Internal("scratch allocation of " + std::to_string(total_) + " bytes failed");
+    base_ = static_cast<char*>(*mem);
+    return Status::Ok();
+  }
+  template <class T>
+  T* at(size_t offset) const { return reinterpret_cast<T*>(base_ + offset); }
+
+ private:
+  size_t total_ = 0;
+  char* base_ = nullptr;
+};
+
+template <class T>
+T* offset(T* p, int64_t elements, int64_t elem_bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return p ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + elements * elem_bytes) : nullptr;
+}
+
+// The cuDNN backend must be the one select_backend() names for this call; Python
+// only routes a call here when it is, so anything else is a caller error.
+Status check_backend(const AttnParams& p, int device) {
+  PlatformInfo info;
+  FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, info);
+  if (!c.status.ok()) return c.status;
+  if (c.backend != FA_BACKEND_CUDNN)
+    return Status::Unimplemented("the CUDA attention handler serves cuDNN calls only; " + c.reason);
+  return Status::Ok();
+}
+
+// Sequence tensors (lengths, ragged offsets) of one slice's graph, in scratch.
+struct SeqScratch {
+  size_t seq_q = 0, seq_kv = 0, ragged[5] = {0, 0, 0, 0, 0};
+  bool used = false;
+
+  void plan(const SdpaConfig& c, ScratchPlan& plan) {
+    used = c.padding || c.ragged;
+    if (!used) return;
+    seq_q = plan.add(c.batch * 4);
+    seq_kv = plan.add(c.batch * 4);
+    if (c.ragged)
+      for (auto& r : ragged) r = plan.add((c.batch + 1) * 4);
+  }
+
+  // Fills them for rows [row0, row0 + rows) and binds them into the pack.
+  Status prepare(const AttnParams& p, const SdpaConfig& c, const AttnTensors& t, int64_t row0,
+                 int64_t rows, const ScratchPlan& plan, cudaStream_t stream, Pack& pack) const {
+    if (!used) return Status::Ok();
+    const int64_t M = p.max_segments;
+    const cuda::RowRule rule = cuda::make_row_rule(
+        p, offset(t.q_seqlens, row0 * M, 4), offset(t.kv_seqlens, row0 * M, 4),
+        offset(t.q_offsets, row0 * (M + 1), 4), offset(t.kv_offsets, row0 * (M + 1), 4));
+    cuda::SequenceArgs a{};
+    a.rows = rows;
+    a.seq_q = plan.at<int32_t>(seq_q);
+    a.seq_kv = plan.at<int32_t>(seq_kv);
+    pack[cudnn::kSeqQ] = a.seq_q;
+    pack[cudnn::kSeqKV] = a.seq_kv;
+    if (c.ragged) {
+      const cudnn::Uid uids[5] = {cudnn::kRagQ, cudnn::kRagK, cudnn::kRagV, cudnn::kRagO,
+                                  cudnn::kRagStats};
+      const int64_t token[5] = {c.q.s, c.k.s, c.v.s, c.o.s, c.lse.s};
+      for (int r = 0; r < 5; ++r) {
+        a.ragged[r] = plan.at<int32_t>(ragged[r]);
+        a.token_stride[r] = token[r];
+        a.ragged_is_kv[r] = r == 1 || r == 2;
+        pack[uids[r]] = a.ragged[r];
+      }
+    }
+    return cuda::prepare_sequences(rule, a, stream);
+  }
+};
+
+Status attn_fwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
+                const AttnOperands& in, ffi::AnyBuffer* out, ffi::AnyBuffer* lse,
+                ffi::AnyBuffer* max_logit, const AttnAttrs& attrs) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  const bool want_max = attrs.want_max_logit != 0;
+  const SdpaConfig c = cudnn::make_config(p, want_max);
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
+
+  const int64_t slices = cudnn::graph_per_slice(p) ? p.num_slices : 1;
+  const int64_t rows = p.batch / slices, H = p.heads_q;
+  const int64_t rows_lse = p.batch * H * p.seqlen_q;
+  ScratchPlan plan;
+  const size_t ws = plan.add(g->workspace_bytes);
+  SeqScratch seq;
+  seq.plan(c, plan);
+  const size_t max_at = want_max ? plan.add(rows_lse * 4) : 0;
+  const size_t sum_at = want_max ? plan.add(rows_lse * 4) : 0;
+  const size_t sink_at = p.softmax_type == FA_OFF_BY_ONE_SOFTMAX ? plan.add(H * 4) : 0;
+  FA_RETURN_IF_NOT_OK(plan.allocate(scratch));
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)
+    FA_RETURN_IF_NOT_OK(cuda::cuda_status(
+        cudaMemsetAsync(plan.at<float>(sink_at), 0, H * 4, stream), "cudaMemsetAsync(sink)"));
+
+  const int64_t eb = 2;  // cuDNN serves bf16 / fp16 only
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t r0 = s * rows;
+    Pack pack;
+    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
+    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
+    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
+    pack[cudnn::kO] = offset(t.out, r0 * c.o.b, eb);
+    if (c.gen_stats) pack[cudnn::kStats] = offset(t.lse, r0 * c.lse.b, 4);
+    if (c.max_sum) {
+      pack[cudnn::kMax] = plan.at<float>(max_at) + r0 * c.lse.b;
+      pack[cudnn::kSumExp] = plan.at<float>(sum_at) + r0 * c.lse.b;
+    }
+    if (c.bias) pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
+    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
+    if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
+      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) pack[cudnn::kSink] = plan.at<float>(sink_at);
+    FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
+    FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
+  }
+
+  if (!want_max)  // not returned to the caller; NaN makes any misuse visible
+    FA_RETURN_IF_NOT_OK(cuda::cuda_status(
+        cudaMemsetAsync(t.max_logit, 0xff, p.batch * H * 4, stream), "cudaMemsetAsync(max_logit)"));
+  if (want_max || cudnn::rows_may_be_empty(p)) {
+    cuda::FinalizeArgs a{};
+    a.batch = p.batch;
+    a.heads = H;
+    a.dtype = p.dtype;
+    a.head_dim_v = p.head_dim_v;
+    a.out = t.out;
+    a.so = {t.so.b, t.so.s, t.so.h};
+    a.lse = t.lse;
+    a.slse = {t.slse.b, t.slse.s, t.slse.h};
+    a.max = want_max ? plan.at<float>(max_at) : nullptr;
+    a.sum_exp = want_max ? plan.at<float>(sum_at) : nullptr;
+    a.max_logit = want_max ? t.max_logit : nullptr;
+    a.softmax_type = p.softmax_type;
+    a.sink = t.softmax_offset;
+    a.rows_per_slice = p.batch / p.num_slices;
+    const cuda::RowRule rule =
+        cuda::make_row_rule(p, t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets);
+    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(rule, a, stream));
+  }
+  return Status::Ok();
+}
+
+Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what) {
+  if (!p || bytes == 0) return Status::Ok();
+  return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
+}
+
+Status attn_bwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
+                const AttnOperands& in, const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout,
+                const ffi::AnyBuffer& lse, ffi::AnyBuffer* dq, ffi::AnyBuffer* dk,
+                ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias, ffi::AnyBuffer* dsoftmax_offset,
+                const AttnAttrs& attrs) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(
+      decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  const SdpaConfig c = cudnn::make_config(p, /*want_max_logit=*/false);
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
+
+  const int64_t slices = cudnn::graph_per_slice(p) ? p.num_slices : 1;
+  const int64_t rows = p.batch / slices, H = p.heads_q;
+  const int64_t n_lse = p.batch * H * p.seqlen_q;
+  const bool fix_lse = cudnn::rows_may_be_empty(p);
+  ScratchPlan plan;
+  const size_t ws = plan.add(g->workspace_bytes);
+  SeqScratch seq;
+  seq.plan(c, plan);
+  const size_t lse_at = fix_lse ? plan.add(n_lse * 4) : 0;
+  const size_t sink_at = p.softmax_type == FA_OFF_BY_ONE_SOFTMAX ? plan.add(2 * H * 4) : 0;
+  FA_RETURN_IF_NOT_OK(plan.allocate(scratch));
+
+  // cuDNN writes no gradient for padding and THD gaps: those stay zero.
+  if (c.padding || c.ragged) {
+    for (ffi::AnyBuffer* b : {dq, dk, dv, dbias})
+      FA_RETURN_IF_NOT_OK(memset_async(b->untyped_data(), b->size_bytes(), stream,
+                                             "cudaMemsetAsync(gradients)"));
+  }
+  // dsoftmax_offset [B, Hq]: cuDNN sums a slice's batch into the slice's first row.
+  FA_RETURN_IF_NOT_OK(memset_async(t.dsoftmax_offset, t.dsoftmax_offset ? p.batch * H * 4 : 0,
+                                         stream, "cudaMemsetAsync(dsoftmax_offset)"));
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)
+    FA_RETURN_IF_NOT_OK(memset_async(plan.at<float>(sink_at), H * 4, stream,
+                                           "cudaMemsetAsync(sink)"));
+  const float* lse_in = t.lse;
+  if (fix_lse) {
+    FA_RETURN_IF_NOT_OK(cuda::backward_lse(t.lse, plan.at<float>(lse_at), n_lse, stream));
+    lse_in = plan.at<float>(lse_at);
+  }
+
+  const int64_t eb = 2;
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t r0 = s * rows;
+    Pack pack;
+    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
+    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
+    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
+    pack[cudnn::kO] = const_cast<void*>(offset(t.out, r0 * c.o.b, eb));
+    pack[cudnn::kDO] = const_cast<void*>(offset(t.dout, r0 * c.o.b, eb));
+    pack[cudnn::kStats] = const_cast<float*>(lse_in) + r0 * c.lse.b;
+    pack[cudnn::kDQ] = offset(t.dq, r0 * c.q.b, eb);
+    pack[cudnn::kDK] = offset(t.dk, r0 * c.k.b, eb);
+    pack[cudnn::kDV] = offset(t.dv, r0 * c.v.b, eb);
+    if (c.bias) {
+      pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
+      pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
+    }
+    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
+    if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {
+      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
+      pack[cudnn::kDSink] = t.dsoftmax_offset + H * r0;
+    }
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) {
+      pack[cudnn::kSink] = plan.at<float>(sink_at);
+      pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;  // the constant's gradient: discarded
+    }
+    FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
+    FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
+  }
+  return Status::Ok();
+}
+
+ffi::Error attn_fwd_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                         ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return to_ffi_error(attn_fwd(stream, scratch, device, in, &*out, &*lse, &*max_logit, attrs));
+}
+
+ffi::Error attn_bwd_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                         ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                         ffi::Result<ffi::AnyBuffer> dbias,
+                         ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return to_ffi_error(attn_bwd(stream, scratch, device, in, out, dout, lse, &*dq, &*dk, &*dv,
+                               &*dbias, &*dsoftmax_offset, attrs));
+}
+
+}  // namespace
+}  // namespace fusedattn::ffi_glue
+
+namespace ffi = xla::ffi;
+using fusedattn::ffi_glue::AttnAttrs;
+
+#define FA_CUDA_ATTN_OPERANDS        \
+  .Arg<ffi::AnyBuffer>() /* q */     \
+      .Arg<ffi::AnyBuffer>() /* k */ \
+      .Arg<ffi::AnyBuffer>() /* v */ \
+      .Arg<ffi::AnyBuffer>() /* bias */ \
+      .Arg<ffi::AnyBuffer>() /* softmax_offset */ \
+      .Arg<ffi::AnyBuffer>() /* seed */ \
+      .Arg<ffi::AnyBuffer>() /* q_seqlens */ \
+      .Arg<ffi::AnyBuffer>() /* kv_seqlens */ \
+      .Arg<ffi::AnyBuffer>() /* q_offsets */ \
+      .Arg<ffi::AnyBuffer>() /* kv_offsets */
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Attrs<AttnAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Attrs<AttnAttrs>());
