@@ -93,6 +93,10 @@ SdpaConfig make_config(const AttnParams& p, bool want_max_logit) {
 }
 
 bool rows_may_be_empty(const AttnParams& p) {
+  if (has_padding(p.mask_type) || is_thd(p.layout)) return true;  // padding, THD gaps, length 0
+  // Otherwise query i keeps key i itself whenever i < Skv (top-left diagonal; bottom-right
+  // with Sq <= Skv only shifts it right), and a plain causal or unmasked row keeps key 0.
+  if (p.seqlen_q <= p.seqlen_kv) return false;
   const bool plain = p.mask_type == FA_NO_MASK || p.mask_type == FA_CAUSAL_MASK;
   return !plain || p.window_left >= 0 || p.window_right >= 0;
 }

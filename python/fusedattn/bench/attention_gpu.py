@@ -1,0 +1,211 @@
+"""python -m fusedattn bench attention (on a GPU): the grid of shared/BENCH.md.
+
+fused_attn (cuDNN graphs driven from C++) beside jax.nn.dot_product_attention with
+implementation="cudnn" (XLA's own cuDNN fusion) and "xla", in the same run, bf16:
+head dims 64/128/256, B*S = 16384 tokens with S in {1024, 4096, 16384}, H = 2048 / D,
+causal and not, forward and forward+backward; plus GQA (Hq = 4 Hkv), THD packed
+ragged sequences (jax's anchor: the same sequences padded, with seq lengths) and a
+sliding window of 256. TFLOP/s count the kept (query, key) pairs: 4*B*H*D per pair
+(full: Sq*Skv, causal: S*(S+1)/2 ~ half), forward+backward 3.5x forward.
+ratio = the jax cudnn anchor's time / ours (>= 1: we are faster).
+Prints a table, writes JSON (--json) and a PNG (--plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fusedattn
+from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor
+
+from .common import copy_bandwidth, matmul_flops, run_info, time_fn
+
+
+def _kept_pairs(S, causal, window=None):
+    """Kept (query, key) pairs of one S x S head."""
+    if window is not None:  # causal window (left, 0): row i keeps min(i, left) + 1 keys
+        left = window
+        return sum(min(i, left) + 1 for i in range(S))
+    return S * (S + 1) // 2 if causal else S * S
+
+
+def _case_list(args):
+    cases = []
+    for D in args.head_dims:
+        H = 2048 // D
+        for S in args.seqlens:
+            for causal in (False, True):
+                cases.append(dict(kind="mha", D=D, Hq=H, Hkv=H, S=S, B=args.tokens // S, causal=causal))
+    D, H = 128, 16
+    for S in (4096,):
+        B = args.tokens // S
+        cases.append(dict(kind="gqa", D=D, Hq=H, Hkv=H // 4, S=S, B=B, causal=True))
+        cases.append(dict(kind="window256", D=D, Hq=H, Hkv=H, S=S, B=B, causal=True, window=256))
+        cases.append(dict(kind="thd", D=D, Hq=H, Hkv=H, S=S, B=B, causal=True, segments=4))
+    return cases
+
+
+def _inputs(c, key):
+    kq, kk, kv, kd = jax.random.split(key, 4)
+    B, S, D = c["B"], c["S"], c["D"]
+    n = lambda k, h: (jax.random.normal(k, (B, S, h, D), jnp.float32)).astype(jnp.bfloat16)
+    return n(kq, c["Hq"]), n(kk, c["Hkv"]), n(kv, c["Hkv"]), n(kd, c["Hq"])
+
+
+def _thd_lengths(c, rng):
+    """Ragged segment lengths per row (summing to < S), their offsets, and the pairs kept."""
+    B, S, M = c["B"], c["S"], c["segments"]
+    lens = np.zeros((B, M), np.int32)
+    for b in range(B):
+        cuts = np.sort(rng.choice(np.arange(1, S - 64), M - 1, replace=False))
+        edges = np.concatenate([[0], cuts, [S - 64]])  # a padded tail of 64 tokens
+        lens[b] = np.diff(edges)
+    offs = np.concatenate([np.zeros((B, 1), np.int32), np.cumsum(lens, 1)], 1).astype(np.int32)
+    pairs = int(sum(l * (l + 1) // 2 for l in lens.ravel()))
+    return lens, offs, pairs
+
+
+def _impls(c, q, k, v, dout, thd=None):
+    """name -> (fn, (q, k, v, dout)): each implementation with the inputs it runs on."""
+    mask = AttnMaskType.CAUSAL_MASK if c["causal"] else AttnMaskType.NO_MASK
+    window = (c["window"], 0) if "window" in c else None
+    if thd is not None:
+        lens, offs = thd
+        sd = SequenceDescriptor.from_seqlens_and_offsets(jnp.asarray(lens), jnp.asarray(offs))
+
+        def ours(q, k, v):
+            return fusedattn.fused_attn((q, k, v), None, sd, None, qkv_layout=QKVLayout.THD_THD_THD,
+                                        attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+                                        max_segments_per_seq=c["segments"])
+
+        # jax has no packed layout: its anchor runs every segment as one padded sequence
+        # of length S with its true length (B*M sequences), as a jax user without THD must.
+        seg = jnp.asarray(lens.reshape(-1))
+        n = lambda x: jnp.repeat(x, c["segments"], axis=0)
+
+        def anchor(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",
+                                                query_seq_lengths=seg, key_value_seq_lengths=seg)
+        return {"fusedattn": (ours, (q, k, v, dout)),
+                "jax_cudnn": (anchor, (n(q), n(k), n(v), n(dout)))}
+
+    def ours(q, k, v):
+        return fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                    window_size=window)
+
+    impls = {"fusedattn": (ours, (q, k, v, dout))}
+    for impl in ("cudnn", "xla"):
+        def anchor(q, k, v, impl=impl):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=c["causal"], implementation=impl,
+                                                local_window_size=window)
+        impls[f"jax_{impl}"] = (anchor, (q, k, v, dout))
+    return impls
+
+
+def _fwd_bwd(f):
+    def loss(q, k, v, dout):
+        return jnp.sum(f(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def run(args):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, c in enumerate(_case_list(args)):
+        q, k, v, dout = _inputs(c, jax.random.PRNGKey(i))
+        thd = None
+        if c["kind"] == "thd":
+            lens, offs, pairs = _thd_lengths(c, rng)
+            thd = (lens, offs)
+        else:
+            pairs = _kept_pairs(c["S"], c["causal"], c.get("window"))
+        for mode in args.modes:
+            backward = mode == "fwd+bwd"
+            flops = 4.0 * c["B"] * c["Hq"] * c["D"] * pairs * (3.5 if backward else 1.0)
+            row = dict(c, mode=mode)
+            for name, (f, inputs) in _impls(c, q, k, v, dout, thd).items():
+                if name == "jax_xla" and c["S"] > args.xla_max_seq:
+                    continue  # materializes B*H*S*S scores: out of memory or minutes
+                fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
+                fargs = inputs if backward else inputs[:3]
+                try:
+                    sec, _ = time_fn(fn, fargs, repeats=args.repeats)
+                except Exception as e:  # an anchor that rejects the shape: say so in the row
+                    row[f"{name}_error"] = str(e).splitlines()[0][:160]
+                    continue
+                row[f"{name}_ms"] = sec * 1e3
+                row[f"{name}_tflops"] = flops / sec / 1e12
+            if "jax_cudnn_ms" in row and "fusedattn_ms" in row:
+                row["ratio"] = row["jax_cudnn_ms"] / row["fusedattn_ms"]
+            rows.append(row)
+            print(_fmt(row), flush=True)
+    return rows
+
+
+_HEADER = (f"{'case':10} {'D':>4} {'S':>6} {'B':>3} {'causal':>6} {'mode':8} | {'ours TF/s':>9} | "
+           f"{'cudnn TF/s':>10} {'xla TF/s':>8} | {'ratio':>6}")
+
+
+def _fmt(r):
+    g = lambda k: f"{r[k]:.0f}" if k in r else "-"
+    ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
+    return (f"{r['kind']:10} {r['D']:4d} {r['S']:6d} {r['B']:3d} {str(r['causal']):>6} {r['mode']:8} | "
+            f"{g('fusedattn_tflops'):>9} | {g('jax_cudnn_tflops'):>10} {g('jax_xla_tflops'):>8} | {ratio:>6}")
+
+
+def _plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
+        sel = [r for r in rows if r["mode"] == mode]
+        labels = [f"{r['kind']} D{r['D']} S{r['S']}{' c' if r['causal'] else ''}" for r in sel]
+        x = np.arange(len(sel))
+        for j, (name, color) in enumerate((("fusedattn", "C0"), ("jax_cudnn", "C1"), ("jax_xla", "C2"))):
+            ax.bar(x + (j - 1) * 0.27, [r.get(f"{name}_tflops", 0) for r in sel], 0.27, label=name,
+                   color=color)
+        ax.set_xticks(x, labels, rotation=90, fontsize=7)
+        ax.set_title(f"bf16 attention, {mode}")
+        ax.set_ylabel("TFLOP/s")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusedattn bench attention", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=16384, help="B * S")
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--xla-max-seq", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    args = p.parse_args(argv)
+    info = run_info()
+    info["copy_tbps"] = copy_bandwidth() / 1e12
+    info["matmul_tflops"] = matmul_flops() / 1e12
+    print(" ".join(f"{k}={v}" for k, v in info.items()))
+    print(_HEADER)
+    rows = run(args)
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    if ratios:
+        info["ratio_geomean"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        info["ratio_min"] = min(ratios)
+        print(f"ratio vs jax cudnn: geomean {info['ratio_geomean']:.3f}, min {info['ratio_min']:.3f} "
+              f"over {len(ratios)} points")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(info=info, rows=rows), f, indent=1)
+    if args.plot:
+        _plot(rows, args.plot)
+    return 0
