@@ -1,0 +1,65 @@
+// Host entry of the CUDA softmax: SoftmaxParams -> kernel arguments -> the
+// launcher of the dtype (instantiated in softmax_{f32,bf16,f16}.cu).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_softmax.h"
+#include "kernels.cuh"
+
+namespace fusedattn::softmax {
+namespace cuda {
+template <class T> Status launch_fwd(const FwdArgs& a, cudaStream_t stream);
+template <class T> Status launch_bwd(const BwdArgs& a, cudaStream_t stream);
+}  // namespace cuda
+
+namespace {
+
+template <class F>
+Status dispatch(int32_t dtype, F&& f) {
+  switch (dtype) {
+    case FA_FLOAT32: return f(float{});
+    case FA_BFLOAT16: return f(__nv_bfloat16{});
+    case FA_FLOAT16: return f(__half{});
+  }
+  return Status::Invalid("dtype: got code " + std::to_string(dtype) +
+                         "; logits must be float32, bfloat16 or float16");
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace
+
+Status cuda_softmax_fwd(const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y,
+                        cudaStream_t stream) {
+  cuda::FwdArgs a;
+  a.x = x;
+  a.mask = p.has_mask ? mask : nullptr;
+  a.y = y;
+  a.row0 = 0;
+  a.rows = softmax_rows(p);
+  a.rows32 = a.rows <= int64_t{UINT32_MAX};
+  a.sq = softmax_q(p);
+  a.skv = static_cast<int32_t>(softmax_kv(p));  // <= kMaxSeqLen (validate)
+  a.scale_log2e = p.scale * kLog2e;
+  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
+  a.mask_rows = p.has_mask ? make_mask_rows(p) : MaskRows{};
+  return dispatch(p.dtype, [&](auto t) { return cuda::launch_fwd<decltype(t)>(a, stream); });
+}
+
+Status cuda_softmax_bwd(const SoftmaxParams& p, const void* y, const void* dy, void* dx,
+                        cudaStream_t stream) {
+  cuda::BwdArgs a;
+  a.y = y;
+  a.dy = dy;
+  a.dx = dx;
+  a.row0 = 0;
+  a.rows = softmax_rows(p);
+  a.rows32 = a.rows <= int64_t{UINT32_MAX};
+  a.sq = softmax_q(p);
+  a.skv = static_cast<int32_t>(softmax_kv(p));  // <= kMaxSeqLen (validate)
+  a.scale = p.scale;
+  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
+  return dispatch(p.dtype, [&](auto t) { return cuda::launch_bwd<decltype(t)>(a, stream); });
+}
+
+}  // namespace fusedattn::softmax
