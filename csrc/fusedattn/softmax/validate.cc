@@ -79,9 +79,9 @@ Status validate_call(const SoftmaxParams& p) {
     for (int i = 0; ok && i + 1 < p.rank; ++i)
       ok = p.mask_dims[i] == 1 || p.mask_dims[i] == p.dims[i];
     if (!ok) {
-      os << "mask: got shape " << shape_str(p.mask_dims, p.rank) << " for logits " << shape
-         << "; each mask dimension must be 1 or the logits' one, and the last (kv_seqlen) "
-            "must equal the logits' one";
+      os << "mask: shape " << shape_str(p.mask_dims, p.rank) << " does not broadcast to logits "
+         << shape << ": each mask dimension must be 1 or the logits' one, and the last "
+         << "(kv_seqlen) must equal the logits' one";
       return Status::Invalid(os.str());
     }
   }
