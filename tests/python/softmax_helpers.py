@@ -26,21 +26,23 @@ MASKED = SoftmaxFusionType.SCALED_MASKED
 CAUSAL = SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED
 
 
-def keep_np(shape, mask, kind):
-    """bool array broadcast to shape: the elements a row keeps."""
+def keep_np(shape, mask, kind, q_index=None):
+    """bool array broadcast to shape: the elements a row keeps. q_index: the query index
+    of each position of the second-to-last axis (default 0..Sq-1; a sample of rows of a
+    larger call passes its own)."""
     if kind == MASKED:
         return np.broadcast_to(~np.asarray(mask, bool), shape)
     if kind == CAUSAL:
-        i = np.arange(shape[-2])[:, None]
+        i = (np.arange(shape[-2]) if q_index is None else np.asarray(q_index))[:, None]
         j = np.arange(shape[-1])[None, :]
         return np.broadcast_to(j <= i, shape)
     return np.ones(shape, bool)
 
 
-def reference(x, mask, scale, kind, dy=None):
+def reference(x, mask, scale, kind, dy=None, q_index=None):
     """(y, dx) in float64 from the (already rounded) inputs; dx is None without dy."""
     x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-    keep = keep_np(x.shape, mask, kind)
+    keep = keep_np(x.shape, mask, kind, q_index)
     s = np.where(keep, scale * x, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)
@@ -54,11 +56,11 @@ def reference(x, mask, scale, kind, dy=None):
     return y, dx
 
 
-def lowp_baseline(x, mask, scale, kind, dy):
+def lowp_baseline(x, mask, scale, kind, dy, q_index=None):
     """(y, dx) by XLA in x.dtype: jax.nn.softmax of the scaled, masked logits and its vjp.
     Rows that keep nothing give 0 (not NaN) so the comparison stays finite."""
     dt = x.dtype
-    keep = jnp.asarray(keep_np(x.shape, mask, kind))
+    keep = jnp.asarray(keep_np(x.shape, mask, kind, q_index))
 
     row_keeps = keep.any(axis=-1, keepdims=True)
 
@@ -89,18 +91,20 @@ def run_softmax(x, mask, scale, kind, dy):
     return run(x, mask, dy)
 
 
-def check(x, mask, scale, kind, dy, y=None, dx=None):
+def check(x, mask, scale, kind, dy, y=None, dx=None, q_index=None):
     """Checks y and dx of fusedattn.softmax (computed here unless given) on these inputs:
-    no NaN, exact zeros where a row keeps nothing or an element is dropped, close elsewhere."""
+    no NaN, exact zeros where a row keeps nothing or an element is dropped, close elsewhere.
+    q_index: see keep_np (x, dy, y, dx are then rows sampled from a larger call)."""
     if y is None:
         y, dx = run_softmax(x, mask, scale, kind, dy)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert dx.dtype == x.dtype and dx.shape == x.shape
-    y_ref, dx_ref = reference(x, mask, scale, kind, dy)
-    lowp = (None, None) if x.dtype == jnp.float32 else lowp_baseline(x, mask, scale, kind, dy)
+    y_ref, dx_ref = reference(x, mask, scale, kind, dy, q_index)
+    lowp = ((None, None) if x.dtype == jnp.float32
+            else lowp_baseline(x, mask, scale, kind, dy, q_index))
     assert_close("y", y, y_ref, lowp[0], dtype=x.dtype)
     assert_close("dx", dx, dx_ref, lowp[1], dtype=x.dtype)
-    dropped = ~keep_np(x.shape, mask, kind)
+    dropped = ~keep_np(x.shape, mask, kind, q_index)
     y32, dx32 = np.asarray(y, np.float32), np.asarray(dx, np.float32)
     assert not y32[dropped].any(), "y must be exactly 0 where an element is dropped"
     assert not dx32[dropped].any(), "dx must be exactly 0 where an element is dropped"
