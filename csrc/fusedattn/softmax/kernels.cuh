@@ -50,6 +50,39 @@ struct BwdArgs {
   int32_t causal;
 };
 
+// The arguments of a call described by p (assumes validate(p) passed).
+inline FwdArgs make_fwd_args(const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  FwdArgs a;
+  a.x = x;
+  a.mask = p.has_mask ? mask : nullptr;
+  a.y = y;
+  a.row0 = 0;
+  a.rows = softmax_rows(p);
+  a.rows32 = a.rows <= int64_t{UINT32_MAX};
+  a.sq = softmax_q(p);
+  a.skv = static_cast<int32_t>(softmax_kv(p));  // <= kMaxSeqLen (validate)
+  a.scale_log2e = p.scale * kLog2e;
+  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
+  a.mask_rows = p.has_mask ? make_mask_rows(p) : MaskRows{};
+  return a;
+}
+
+inline BwdArgs make_bwd_args(const SoftmaxParams& p, const void* y, const void* dy, void* dx) {
+  BwdArgs a;
+  a.y = y;
+  a.dy = dy;
+  a.dx = dx;
+  a.row0 = 0;
+  a.rows = softmax_rows(p);
+  a.rows32 = a.rows <= int64_t{UINT32_MAX};
+  a.sq = softmax_q(p);
+  a.skv = static_cast<int32_t>(softmax_kv(p));
+  a.scale = p.scale;
+  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
+  return a;
+}
+
 // Storage bits of each dtype and their conversions (round to nearest even).
 template <class T>
 struct Elem;
@@ -89,9 +122,13 @@ union Pack {
 };
 
 __device__ __forceinline__ float ex2(float x) {
+#ifdef __CUDA_ARCH__
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;  // ex2(-inf) = +0, ex2(NaN) = NaN
+#else
+  return exp2f(x);  // the host emulation of the kernels (tests/cpp/cuda_emulation.h)
+#endif
 }
 
 struct MaxOp {
@@ -112,7 +149,7 @@ struct Group {
 // Reduces v over the TPR threads of a row group; every thread gets the result.
 // smem: kWarps floats, used only when TPR > 32, once per kernel (no reuse to sync).
 template <int TPR, class Op>
-__device__ __forceinline__ float group_reduce(float v, float* smem, Op op, float identity) {
+__device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
 #pragma unroll
   for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (TPR > 32) {
@@ -120,7 +157,9 @@ __device__ __forceinline__ float group_reduce(float v, float* smem, Op op, float
     const int lane = threadIdx.x % 32;
     if (lane == 0) smem[threadIdx.x / 32] = v;
     __syncthreads();
-    v = lane < kW ? smem[lane] : identity;
+    // Each aligned run of kW lanes holds all kW partials, so the butterfly below leaves
+    // the total in every lane (not only in lanes < kW).
+    v = smem[lane % kW];
 #pragma unroll
     for (int o = kW / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   }
@@ -181,7 +220,7 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
       m = fmaxf(m, v[k][e]);  // fmaxf skips NaN; the NaN still poisons the sum below
     }
   }
-  m = group_reduce<TPR>(m, smem_max, MaxOp{}, -INFINITY);
+  m = group_reduce<TPR>(m, smem_max, MaxOp{});
   if (m == -INFINITY) m = 0.0f;  // nothing kept: every exp is 0 and the row is 0, not NaN
 
   float s = 0.0f;
@@ -192,7 +231,7 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
       v[k][e] = ex2(v[k][e] - m);
       s += v[k][e];
     }
-  s = group_reduce<TPR>(s, smem_sum, SumOp{}, 0.0f);
+  s = group_reduce<TPR>(s, smem_sum, SumOp{});
   const float inv = s == 0.0f ? 0.0f : 1.0f / s;  // NaN logits: s is NaN, so is the row
 
   B* y = static_cast<B*>(a.y) + row * a.skv;
@@ -253,7 +292,7 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_bwd_kernel(const B
     for (int e = 0; e < VEC; ++e)
       if (c + e < n) d += Elem<T>::to_f(yv[k].v[e]) * Elem<T>::to_f(dyv[k].v[e]);
   }
-  d = group_reduce<TPR>(d, smem_sum, SumOp{}, 0.0f);
+  d = group_reduce<TPR>(d, smem_sum, SumOp{});
 
   R* dx = reinterpret_cast<R*>(static_cast<B*>(a.dx) + row * a.skv);
 #pragma unroll

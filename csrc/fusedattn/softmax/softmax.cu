@@ -25,40 +25,17 @@ Status dispatch(int32_t dtype, F&& f) {
                          "; logits must be float32, bfloat16 or float16");
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 }  // namespace
 
 Status cuda_softmax_fwd(const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y,
                         cudaStream_t stream) {
-  cuda::FwdArgs a;
-  a.x = x;
-  a.mask = p.has_mask ? mask : nullptr;
-  a.y = y;
-  a.row0 = 0;
-  a.rows = softmax_rows(p);
-  a.rows32 = a.rows <= int64_t{UINT32_MAX};
-  a.sq = softmax_q(p);
-  a.skv = static_cast<int32_t>(softmax_kv(p));  // <= kMaxSeqLen (validate)
-  a.scale_log2e = p.scale * kLog2e;
-  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
-  a.mask_rows = p.has_mask ? make_mask_rows(p) : MaskRows{};
+  const cuda::FwdArgs a = cuda::make_fwd_args(p, x, mask, y);
   return dispatch(p.dtype, [&](auto t) { return cuda::launch_fwd<decltype(t)>(a, stream); });
 }
 
 Status cuda_softmax_bwd(const SoftmaxParams& p, const void* y, const void* dy, void* dx,
                         cudaStream_t stream) {
-  cuda::BwdArgs a;
-  a.y = y;
-  a.dy = dy;
-  a.dx = dx;
-  a.row0 = 0;
-  a.rows = softmax_rows(p);
-  a.rows32 = a.rows <= int64_t{UINT32_MAX};
-  a.sq = softmax_q(p);
-  a.skv = static_cast<int32_t>(softmax_kv(p));  // <= kMaxSeqLen (validate)
-  a.scale = p.scale;
-  a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
+  const cuda::BwdArgs a = cuda::make_bwd_args(p, y, dy, dx);
   return dispatch(p.dtype, [&](auto t) { return cuda::launch_bwd<decltype(t)>(a, stream); });
 }
 
