@@ -67,8 +67,8 @@ struct Block {
     for (int w = 0; w < (threads + 31) / 32; ++w)
       warps.emplace_back(new Barrier(std::min(32, threads - 32 * w)));
   }
-  Barrier barrier;                               // __syncthreads
-  std::vector<std::unique_ptr<Barrier>> warps;   // a shuffle waits for its warp only
+  Barrier barrier;                              // __syncthreads
+  std::vector<std::unique_ptr<Barrier>> warps;  // a shuffle waits for its warp only
   std::vector<float> slots;
 };
 
@@ -115,9 +115,13 @@ inline float __shfl_xor_sync(unsigned int, float v, int lane_mask) {
 }
 
 template <class T>
-inline T __ldcs(const T* p) { return *p; }
+inline T __ldcs(const T* p) {
+  return *p;
+}
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}
 
 inline float __uint_as_float(unsigned int u) {
   float f;

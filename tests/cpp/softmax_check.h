@@ -84,7 +84,9 @@ class Tensor {
   }
 
  private:
-  struct alignas(16) Word { unsigned char b[16]; };
+  struct alignas(16) Word {
+    unsigned char b[16];
+  };
   unsigned char* bytes() { return words_.data()->b; }
   const unsigned char* bytes() const { return words_.data()->b; }
 
@@ -153,8 +155,9 @@ inline int64_t mask_index(const Case& c, int64_t row, int64_t j) {
   return idx;
 }
 
-inline std::vector<double> reference_fwd(const Case& c, const Tensor& x, const std::vector<uint8_t>& mask,
-                                  int64_t rows, int64_t sq, int64_t skv) {
+inline std::vector<double> reference_fwd(const Case& c, const Tensor& x,
+                                         const std::vector<uint8_t>& mask, int64_t rows, int64_t sq,
+                                         int64_t skv) {
   std::vector<double> y(rows * skv, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<bool> keep(skv, true);
@@ -214,8 +217,10 @@ inline void check_case(const Kernels& k, const Case& c, int32_t dtype, uint32_t 
     const double rel = u + 2e-6 + 2.4e-7 * 2 * row_max[i / skv];
     const double tol = rel * want + subnormal_floor(dtype) + 1e-7 * (dtype == FA_FLOAT32);
     ASSERT_FALSE(std::isnan(got)) << "y[" << i << "] is NaN (unwritten?)";
-    if (want == 0.0) ASSERT_EQ(got, 0.0) << "y[" << i << "] of a dropped element";
-    else ASSERT_NEAR(got, want, tol) << "y[" << i << "] (row " << i / skv << ")";
+    if (want == 0.0)
+      ASSERT_EQ(got, 0.0) << "y[" << i << "] of a dropped element";
+    else
+      ASSERT_NEAR(got, want, tol) << "y[" << i << "] (row " << i / skv << ")";
   }
 
   // Backward from the kernel's own (rounded) y, as softmax() runs it.
@@ -223,7 +228,8 @@ inline void check_case(const Kernels& k, const Case& c, int32_t dtype, uint32_t 
   dx.poison();
   k.bwd(p, y.data(), dy.data(), dx.data());
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t kept = c.type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED ? std::min(r % sq + 1, skv) : skv;
+    const int64_t kept =
+        c.type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED ? std::min(r % sq + 1, skv) : skv;
     double d = 0.0, mag = 0.0;
     for (int64_t j = 0; j < kept; ++j) {
       d += y.get(r * skv + j) * dy.get(r * skv + j);
@@ -236,8 +242,10 @@ inline void check_case(const Kernels& k, const Case& c, int32_t dtype, uint32_t 
       const double tol = u * std::abs(want) + subnormal_floor(dtype) +
                          4e-6 * std::abs(c.scale) * (std::abs(yi) * (std::abs(dyi) + mag));
       ASSERT_FALSE(std::isnan(dx.get(i))) << "dx[" << i << "] is NaN (unwritten?)";
-      if (j >= kept) ASSERT_EQ(dx.get(i), 0.0) << "dx[" << i << "] past the diagonal";
-      else ASSERT_NEAR(dx.get(i), want, tol) << "dx[" << i << "] (row " << r << ")";
+      if (j >= kept)
+        ASSERT_EQ(dx.get(i), 0.0) << "dx[" << i << "] past the diagonal";
+      else
+        ASSERT_NEAR(dx.get(i), want, tol) << "dx[" << i << "] (row " << r << ")";
     }
   }
 }

@@ -28,9 +28,13 @@ const int32_t kDtypes[] = {FA_FLOAT32, FA_BFLOAT16, FA_FLOAT16};
 TEST(CpuSoftmax, ScaledShapes) {
   uint32_t seed = 1;
   for (int32_t dt : kDtypes)
-    for (const auto& dims : std::vector<std::vector<int64_t>>{
-             {2, 3, 5, 7}, {1, 2, 4, 1}, {1, 1, 3, 16}, {2, 2, 9, 33}, {1, 2, 3, 1000},
-             {1, 1, 2, 4099}, {6, 17, 129}})
+    for (const auto& dims : std::vector<std::vector<int64_t>>{{2, 3, 5, 7},
+                                                              {1, 2, 4, 1},
+                                                              {1, 1, 3, 16},
+                                                              {2, 2, 9, 33},
+                                                              {1, 2, 3, 1000},
+                                                              {1, 1, 2, 4099},
+                                                              {6, 17, 129}})
       check_case(kCpu, {dims, {}, FA_SOFTMAX_SCALED, 0.7f}, dt, seed++);
 }
 
@@ -38,13 +42,19 @@ TEST(CpuSoftmax, MaskedBroadcasts) {
   uint32_t seed = 100;
   const std::vector<int64_t> dims = {3, 4, 6, 37};
   for (int32_t dt : kDtypes)
-    for (const auto& md : std::vector<std::vector<int64_t>>{
-             {3, 4, 6, 37}, {3, 1, 6, 37}, {1, 4, 6, 37}, {1, 1, 6, 37}, {3, 1, 1, 37},
-             {1, 4, 1, 37}, {1, 1, 1, 37}})
+    for (const auto& md : std::vector<std::vector<int64_t>>{{3, 4, 6, 37},
+                                                            {3, 1, 6, 37},
+                                                            {1, 4, 6, 37},
+                                                            {1, 1, 6, 37},
+                                                            {3, 1, 1, 37},
+                                                            {1, 4, 1, 37},
+                                                            {1, 1, 1, 37}})
       check_case(kCpu, {dims, md, FA_SOFTMAX_SCALED_MASKED, 0.5f}, dt, seed++);
   // Five dims as vmap makes them (a leading batch of 2): broadcast in the middle.
-  check_case(kCpu, {{2, 3, 4, 6, 40}, {2, 1, 4, 1, 40}, FA_SOFTMAX_SCALED_MASKED, 1.0f}, FA_FLOAT32, seed++);
-  check_case(kCpu, {{2, 3, 4, 6, 40}, {1, 3, 1, 6, 40}, FA_SOFTMAX_SCALED_MASKED, 1.0f}, FA_BFLOAT16, seed++);
+  check_case(kCpu, {{2, 3, 4, 6, 40}, {2, 1, 4, 1, 40}, FA_SOFTMAX_SCALED_MASKED, 1.0f}, FA_FLOAT32,
+             seed++);
+  check_case(kCpu, {{2, 3, 4, 6, 40}, {1, 3, 1, 6, 40}, FA_SOFTMAX_SCALED_MASKED, 1.0f},
+             FA_BFLOAT16, seed++);
 }
 
 TEST(CpuSoftmax, Causal) {
@@ -57,10 +67,13 @@ TEST(CpuSoftmax, Causal) {
 
 TEST(CpuSoftmax, LongRowsAndScales) {
   check_case(kCpu, {{1, 1, 2, 20001}, {}, FA_SOFTMAX_SCALED, 1.0f}, FA_BFLOAT16, 300);
-  check_case(kCpu, {{1, 1, 3, 16384}, {1, 1, 1, 16384}, FA_SOFTMAX_SCALED_MASKED, 0.25f}, FA_FLOAT16, 301);
-  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, -1.5f}, FA_FLOAT32, 302);  // negative scale
-  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, 0.0f}, FA_FLOAT32, 303);   // uniform rows
-  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, 1.0f}, FA_FLOAT32, 304, 30.0f);  // wide logits
+  check_case(kCpu, {{1, 1, 3, 16384}, {1, 1, 1, 16384}, FA_SOFTMAX_SCALED_MASKED, 0.25f},
+             FA_FLOAT16, 301);
+  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, -1.5f}, FA_FLOAT32,
+             302);  // negative scale
+  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, 0.0f}, FA_FLOAT32, 303);  // uniform rows
+  check_case(kCpu, {{1, 2, 3, 50}, {}, FA_SOFTMAX_SCALED, 1.0f}, FA_FLOAT32, 304,
+             30.0f);  // wide logits
 }
 
 // Rows that keep nothing come out 0 (y and dx), in every dtype; the others are right.

@@ -30,13 +30,19 @@ Status emulate(const Args& a, const void* p0, const void* p1, const void* p2, co
     const bool vec = kFwd ? cuda::vectorizable<T>(a.skv, {p0, p1}, mask)
                           : cuda::vectorizable<T>(a.skv, {p0, p1, p2}, nullptr);
     if constexpr (kFwd) {
-      if (vec) return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a), Status::Ok();
+      if (vec)
+        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a),
+               Status::Ok();
       if constexpr (cuda::kScalarServed<T, TPR, BPT>)
-        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a), Status::Ok();
+        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a),
+               Status::Ok();
     } else {
-      if (vec) return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a), Status::Ok();
+      if (vec)
+        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a),
+               Status::Ok();
       if constexpr (cuda::kScalarServed<T, TPR, BPT>)
-        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a), Status::Ok();
+        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a),
+               Status::Ok();
     }
     return cuda::scalar_not_served(a.skv);
   });
@@ -44,27 +50,29 @@ Status emulate(const Args& a, const void* p0, const void* p1, const void* p2, co
 
 template <class F>
 void with_type(int32_t dtype, F&& f) {
-  if (dtype == FA_FLOAT32) f(float{});
-  else if (dtype == FA_BFLOAT16) f(__nv_bfloat16{});
-  else f(__half{});
+  if (dtype == FA_FLOAT32)
+    f(float{});
+  else if (dtype == FA_BFLOAT16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
 }
 
-const Kernels kEmulated{
-    [](const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
-      ASSERT_TRUE(choose_kernel(p, FA_PLATFORM_CUDA, true).available);
-      const cuda::FwdArgs a = cuda::make_fwd_args(p, x, mask, y);
-      with_type(p.dtype, [&](auto t) {
-        const Status s = emulate<decltype(t), true>(a, x, y, nullptr, a.mask);
-        ASSERT_TRUE(s.ok()) << s.message;
-      });
-    },
-    [](const SoftmaxParams& p, const void* y, const void* dy, void* dx) {
-      const cuda::BwdArgs a = cuda::make_bwd_args(p, y, dy, dx);
-      with_type(p.dtype, [&](auto t) {
-        const Status s = emulate<decltype(t), false>(a, y, dy, dx, nullptr);
-        ASSERT_TRUE(s.ok()) << s.message;
-      });
-    }};
+const Kernels kEmulated{[](const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
+                          ASSERT_TRUE(choose_kernel(p, FA_PLATFORM_CUDA, true).available);
+                          const cuda::FwdArgs a = cuda::make_fwd_args(p, x, mask, y);
+                          with_type(p.dtype, [&](auto t) {
+                            const Status s = emulate<decltype(t), true>(a, x, y, nullptr, a.mask);
+                            ASSERT_TRUE(s.ok()) << s.message;
+                          });
+                        },
+                        [](const SoftmaxParams& p, const void* y, const void* dy, void* dx) {
+                          const cuda::BwdArgs a = cuda::make_bwd_args(p, y, dy, dx);
+                          with_type(p.dtype, [&](auto t) {
+                            const Status s = emulate<decltype(t), false>(a, y, dy, dx, nullptr);
+                            ASSERT_TRUE(s.ok()) << s.message;
+                          });
+                        }};
 
 const int32_t kKinds[] = {FA_SOFTMAX_SCALED, FA_SOFTMAX_SCALED_MASKED,
                           FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED};
@@ -93,13 +101,15 @@ void check_lengths(int32_t dtype, const std::vector<int64_t>& lengths) {
 }
 
 TEST(EmulatedCudaSoftmax, Float32RowLengths) {
-  check_lengths(FA_FLOAT32, {1, 3, 4, 5, 8, 9, 16, 31, 32, 64, 100, 128, 129, 256, 257, 500,
-                             512, 1000, 1024, 1025, 2048, 4096, 4097, 8192, 16383, 16384});
+  check_lengths(FA_FLOAT32,
+                {1,   3,   4,   5,   8,    9,    16,   31,   32,   64,   100,  128,   129,
+                 256, 257, 500, 512, 1000, 1024, 1025, 2048, 4096, 4097, 8192, 16383, 16384});
 }
 
 TEST(EmulatedCudaSoftmax, Bfloat16RowLengths) {
-  check_lengths(FA_BFLOAT16, {1, 2, 7, 8, 15, 16, 17, 64, 128, 250, 256, 512, 513, 1024,
-                              2048, 2049, 4096, 8192, 8200, 16383, 16384, 16392, 32768});
+  check_lengths(FA_BFLOAT16,
+                {1,   2,    7,    8,    15,   16,   17,   64,    128,   250,   256,  512,
+                 513, 1024, 2048, 2049, 4096, 8192, 8200, 16383, 16384, 16392, 32768});
 }
 
 TEST(EmulatedCudaSoftmax, Float16RowLengths) {
@@ -117,7 +127,8 @@ TEST(EmulatedCudaSoftmax, EveryKindAtTheLongestRows) {
 // Many short rows: several blocks, the last one partly filled (dead row groups).
 TEST(EmulatedCudaSoftmax, ManyRowsPerBlock) {
   check_case(kEmulated, make_case({3, 7, 11, 3}, FA_SOFTMAX_SCALED_MASKED), FA_FLOAT32, 3000);
-  check_case(kEmulated, make_case({5, 100, 24}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED), FA_BFLOAT16, 3001);
+  check_case(kEmulated, make_case({5, 100, 24}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED), FA_BFLOAT16,
+             3001);
   check_case(kEmulated, make_case({2, 3, 45, 40}, FA_SOFTMAX_SCALED), FA_FLOAT16, 3002);
 }
 
@@ -135,7 +146,8 @@ TEST(EmulatedCudaSoftmax, MaskBroadcasts) {
   uint32_t seed = 5000;
   for (const auto& md : std::vector<std::vector<int64_t>>{
            {2, 3, 5, 264}, {2, 1, 5, 264}, {1, 3, 1, 264}, {1, 1, 1, 264}, {2, 3, 1, 264}})
-    check_case(kEmulated, {{2, 3, 5, 264}, md, FA_SOFTMAX_SCALED_MASKED, 0.5f}, FA_BFLOAT16, seed++);
+    check_case(kEmulated, {{2, 3, 5, 264}, md, FA_SOFTMAX_SCALED_MASKED, 0.5f}, FA_BFLOAT16,
+               seed++);
   check_case(kEmulated, {{2, 3, 4, 6, 72}, {2, 1, 4, 1, 72}, FA_SOFTMAX_SCALED_MASKED, 1.0f},
              FA_FLOAT32, seed++);
 }

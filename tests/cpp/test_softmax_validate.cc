@@ -21,7 +21,8 @@ SoftmaxParams make(std::vector<int64_t> dims, int32_t type = FA_SOFTMAX_SCALED,
   p.rank = static_cast<int32_t>(dims.size());
   for (size_t i = 0; i < dims.size() && i < FA_SOFTMAX_MAX_RANK; ++i) p.dims[i] = dims[i];
   p.has_mask = !mask_dims.empty();
-  for (size_t i = 0; i < mask_dims.size() && i < FA_SOFTMAX_MAX_RANK; ++i) p.mask_dims[i] = mask_dims[i];
+  for (size_t i = 0; i < mask_dims.size() && i < FA_SOFTMAX_MAX_RANK; ++i)
+    p.mask_dims[i] = mask_dims[i];
   p.softmax_type = type;
   p.dtype = dtype;
   p.scale = 0.125f;
@@ -37,8 +38,10 @@ void expect_invalid(const SoftmaxParams& p, const std::string& needle) {
 TEST(SoftmaxValidate, GoodCalls) {
   EXPECT_TRUE(validate(make({2, 3, 5, 7})).ok());
   EXPECT_TRUE(validate(make({6, 5, 5}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED)).ok());
-  EXPECT_TRUE(validate(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED, FA_FLOAT32, {2, 1, 5, 7})).ok());
-  EXPECT_TRUE(validate(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED, FA_FLOAT16, {1, 3, 1, 7})).ok());
+  EXPECT_TRUE(
+      validate(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED, FA_FLOAT32, {2, 1, 5, 7})).ok());
+  EXPECT_TRUE(
+      validate(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED, FA_FLOAT16, {1, 3, 1, 7})).ok());
 }
 
 TEST(SoftmaxValidate, EachArgumentIsNamed) {
@@ -54,10 +57,13 @@ TEST(SoftmaxValidate, EachArgumentIsNamed) {
   SoftmaxParams p = make({2, 3, 5, 7});
   p.scale = std::numeric_limits<float>::quiet_NaN();
   expect_invalid(p, "scale_factor: got nan");
-  expect_invalid(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED), "mask: softmax_type=SCALED_MASKED needs a mask");
-  expect_invalid(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED, FA_BFLOAT16, {2, 1, 5, 7}),
-                 "mask: softmax_type=SCALED_UPPER_TRIANG_MASKED takes no mask");
-  for (auto md : std::vector<std::vector<int64_t>>{{2, 3, 5, 1}, {2, 2, 5, 7}, {3, 1, 5, 7}, {2, 1, 4, 7}})
+  expect_invalid(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED),
+                 "mask: softmax_type=SCALED_MASKED needs a mask");
+  expect_invalid(
+      make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED, FA_BFLOAT16, {2, 1, 5, 7}),
+      "mask: softmax_type=SCALED_UPPER_TRIANG_MASKED takes no mask");
+  for (auto md :
+       std::vector<std::vector<int64_t>>{{2, 3, 5, 1}, {2, 2, 5, 7}, {3, 1, 5, 7}, {2, 1, 4, 7}})
     expect_invalid(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED_MASKED, FA_BFLOAT16, md),
                    "does not broadcast to logits [2, 3, 5, 7]");
 }
@@ -67,7 +73,8 @@ TEST(SoftmaxChooseKernel, Cpu) {
   EXPECT_TRUE(c.status.ok());
   EXPECT_TRUE(c.available) << c.reason;
   // A float dtype the kernels do not take: valid, but the fallback runs.
-  const KernelChoice f = choose_kernel(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED, -1), FA_PLATFORM_CPU, true);
+  const KernelChoice f =
+      choose_kernel(make({2, 3, 5, 7}, FA_SOFTMAX_SCALED, -1), FA_PLATFORM_CPU, true);
   EXPECT_TRUE(f.status.ok());
   EXPECT_FALSE(f.available);
   EXPECT_NE(f.reason.find("fallback"), std::string::npos) << f.reason;
@@ -75,13 +82,14 @@ TEST(SoftmaxChooseKernel, Cpu) {
 
 TEST(SoftmaxChooseKernel, CudaRowLimits) {
   auto cuda = [](int64_t skv, int32_t dtype) {
-    const KernelChoice c = choose_kernel(make({1, 2, 3, skv}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED, dtype),
-                                         FA_PLATFORM_CUDA, true);
+    const KernelChoice c = choose_kernel(
+        make({1, 2, 3, skv}, FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED, dtype), FA_PLATFORM_CUDA, true);
     EXPECT_TRUE(c.status.ok()) << c.status.message;
     return c.available;
   };
   for (int32_t dt : {FA_FLOAT32, FA_BFLOAT16, FA_FLOAT16})
-    for (int64_t skv : {1, 3, 7, 1000, 4097, 16383, 16384}) EXPECT_TRUE(cuda(skv, dt)) << dt << " " << skv;
+    for (int64_t skv : {1, 3, 7, 1000, 4097, 16383, 16384})
+      EXPECT_TRUE(cuda(skv, dt)) << dt << " " << skv;
   EXPECT_FALSE(cuda(16385, FA_FLOAT32));
   EXPECT_FALSE(cuda(16388, FA_FLOAT32));
   for (int32_t dt : {FA_BFLOAT16, FA_FLOAT16}) {
@@ -136,7 +144,8 @@ TEST(SoftmaxMaskRows, CommonMasksFoldToFewSteps) {
   // The logits' own shape: one step.
   EXPECT_EQ(make_mask_rows(make({4, 8, 16, 32}, FA_SOFTMAX_SCALED_MASKED, 1, {4, 8, 16, 32})).n, 1);
   // One mask row for everything: one broadcast step.
-  const MaskRows all = make_mask_rows(make({4, 8, 16, 32}, FA_SOFTMAX_SCALED_MASKED, 1, {1, 1, 1, 32}));
+  const MaskRows all =
+      make_mask_rows(make({4, 8, 16, 32}, FA_SOFTMAX_SCALED_MASKED, 1, {1, 1, 1, 32}));
   EXPECT_EQ(all.n, 1);
   EXPECT_EQ(all.stride[0], 0);
 }

@@ -8,8 +8,8 @@
 namespace fusedattn::ffi_glue {
 namespace {
 
-ffi::Error softmax_fwd_cpu(ffi::AnyBuffer x, ffi::RemainingArgs rest,
-                           ffi::Result<ffi::AnyBuffer> y, int32_t softmax_type, float scale) {
+ffi::Error softmax_fwd_cpu(ffi::AnyBuffer x, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> y,
+                           int32_t softmax_type, float scale) {
   SoftmaxFwdCall c;
   FA_RETURN_IF_ERROR(decode_softmax_fwd(x, rest, *y, softmax_type, scale, &c));
   softmax::cpu_softmax_fwd(c.p, c.x, c.mask, c.y);

@@ -33,8 +33,8 @@ int fa_softmax_validate(const FaSoftmaxParams* p, char* msg, int msg_len) {
 
 // Returns 1 when our kernel serves the call on `platform` (FaPlatform), else 0
 // (the pure-JAX fallback runs, or the call is invalid: then *status is not FA_OK).
-int fa_softmax_kernel_available(const FaSoftmaxParams* p, int platform, int* status,
-                                char* reason, int reason_len) {
+int fa_softmax_kernel_available(const FaSoftmaxParams* p, int platform, int* status, char* reason,
+                                int reason_len) {
 #ifdef FUSEDATTN_WITH_CUDA
   constexpr bool kCudaBuilt = true;
 #else

@@ -135,8 +135,8 @@ float dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 
 // dx = scale * y * (dy - dot)
 template <class T>
-void softmax_grad(const T* __restrict y, const T* __restrict dy, int64_t n, float dot,
-                  float scale, T* __restrict dx) {
+void softmax_grad(const T* __restrict y, const T* __restrict dy, int64_t n, float dot, float scale,
+                  T* __restrict dx) {
   for (int64_t j = 0; j < n; ++j)
     dx[j] = from_float<T>(scale * to_float(y[j]) * (to_float(dy[j]) - dot));
 }
@@ -156,8 +156,10 @@ void forward(const SoftmaxParams& p, const void* xv, const uint8_t* mask, void* 
     const T* xr = x + row * r.skv;
     T* yr = y + row * r.skv;
     const uint8_t* mr = mask ? mask + mask_row_offset(mrows, row) : nullptr;
-    if (mr) load_scaled_masked(xr, mr, n, scale, t);
-    else load_scaled(xr, n, scale, t);
+    if (mr)
+      load_scaled_masked(xr, mr, n, scale, t);
+    else
+      load_scaled(xr, n, scale, t);
     float m = row_max(t, n);
     // A row with nothing kept (all masked, or all -inf) keeps m finite so that
     // every exp is 0 and the row comes out 0, not NaN.

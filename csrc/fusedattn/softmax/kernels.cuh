@@ -30,8 +30,8 @@ struct FwdArgs {
   void* y;
   int64_t row0, rows;  // this launch's first row; all rows
   int64_t sq;
-  int32_t skv;         // <= kMaxSeqLen: in-row indices are 32-bit
-  int32_t rows32;      // rows < 2^32: row arithmetic (%, /) in 32 bits
+  int32_t skv;        // <= kMaxSeqLen: in-row indices are 32-bit
+  int32_t rows32;     // rows < 2^32: row arithmetic (%, /) in 32 bits
   float scale_log2e;  // scale * log2(e)
   int32_t causal;
   MaskRows mask_rows;
@@ -95,23 +95,45 @@ struct Elem<float> {
 template <>
 struct Elem<__nv_bfloat16> {
   using Bits = unsigned short;
-  static __device__ __forceinline__ float to_f(Bits b) { return __uint_as_float(uint32_t{b} << 16); }
-  static __device__ __forceinline__ Bits from_f(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+  static __device__ __forceinline__ float to_f(Bits b) {
+    return __uint_as_float(uint32_t{b} << 16);
+  }
+  static __device__ __forceinline__ Bits from_f(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
 };
 template <>
 struct Elem<__half> {
   using Bits = unsigned short;
   static __device__ __forceinline__ float to_f(Bits b) { return __half2float(__ushort_as_half(b)); }
-  static __device__ __forceinline__ Bits from_f(float f) { return __half_as_ushort(__float2half_rn(f)); }
+  static __device__ __forceinline__ Bits from_f(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+  }
 };
 
 // The machine type of an N-byte load or store.
-template <int N> struct Raw;
-template <> struct Raw<16> { using type = int4; };
-template <> struct Raw<8> { using type = int2; };
-template <> struct Raw<4> { using type = int; };
-template <> struct Raw<2> { using type = unsigned short; };
-template <> struct Raw<1> { using type = unsigned char; };
+template <int N>
+struct Raw;
+template <>
+struct Raw<16> {
+  using type = int4;
+};
+template <>
+struct Raw<8> {
+  using type = int2;
+};
+template <>
+struct Raw<4> {
+  using type = int;
+};
+template <>
+struct Raw<2> {
+  using type = unsigned short;
+};
+template <>
+struct Raw<1> {
+  using type = unsigned char;
+};
 
 // N elements of trivially copyable type B, moved as one load/store.
 template <class B, int N>
@@ -141,7 +163,7 @@ struct SumOp {
 template <int TPR>
 struct Group {
   static constexpr int kBlock = TPR < 128 ? 128 : TPR;  // threads per block
-  static constexpr int kRows = kBlock / TPR;             // rows per block
+  static constexpr int kRows = kBlock / TPR;            // rows per block
   static constexpr int kWarps = kBlock / 32;
   static_assert(TPR <= 32 || kRows == 1, "groups wider than a warp own their block");
 };
@@ -151,7 +173,8 @@ struct Group {
 template <int TPR, class Op>
 __device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
 #pragma unroll
-  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o /= 2)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (TPR > 32) {
     constexpr int kW = TPR / 32;
     const int lane = threadIdx.x % 32;
@@ -167,9 +190,11 @@ __device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
 }
 
 // Elements of a row that can be kept: Skv, or min(i + 1, Skv) for causal row i.
-__device__ __forceinline__ int kept_len(int64_t row, int64_t sq, int skv, bool causal, bool rows32) {
+__device__ __forceinline__ int kept_len(int64_t row, int64_t sq, int skv, bool causal,
+                                        bool rows32) {
   if (!causal) return skv;
-  const int64_t i = rows32 ? int64_t{static_cast<uint32_t>(row) % static_cast<uint32_t>(sq)} : row % sq;
+  const int64_t i =
+      rows32 ? int64_t{static_cast<uint32_t>(row) % static_cast<uint32_t>(sq)} : row % sq;
   return static_cast<int>(min(i + 1, int64_t{skv}));
 }
 
@@ -177,8 +202,9 @@ __device__ __forceinline__ int64_t mask_offset(const MaskRows& m, int64_t row, b
   return rows32 ? mask_row_offset(m, static_cast<uint32_t>(row)) : mask_row_offset(m, row);
 }
 
-// Forward: y = softmax over kept elements of x * scale; 0 elsewhere and on rows
-// that keep nothing.
+// Forward: x [rows, Skv] T -> y [rows, Skv] T, mask rows [.., Skv] bool (a.mask_rows
+// maps a row to its mask row) or none. y = softmax over the kept elements of
+// x * scale; 0 elsewhere and on rows that keep nothing. One row per TPR threads.
 template <class T, int TPR, int E, int VEC>
 __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const FwdArgs a) {
   using G = Group<TPR>;
@@ -194,7 +220,8 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   const bool live = row < a.rows;  // dead threads still join the group's reductions
   const int n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
   const B* x = static_cast<const B*>(a.x) + row * a.skv;
-  const uint8_t* mrow = (a.mask && live) ? a.mask + mask_offset(a.mask_rows, row, a.rows32) : nullptr;
+  const uint8_t* mrow =
+      (a.mask && live) ? a.mask + mask_offset(a.mask_rows, row, a.rows32) : nullptr;
 
   // Every load is issued before any is used: a whole row is in flight at once.
   P in[kIters];
@@ -247,8 +274,9 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   }
 }
 
-// Backward: dx = scale * y * (dy - sum_j y dy) over the kept elements; 0 after a
-// causal row's diagonal (y is 0 there, so nothing past it is read).
+// Backward: y, dy [rows, Skv] T -> dx [rows, Skv] T, dx = scale * y * (dy - sum_j y dy)
+// over the kept elements; 0 after a causal row's diagonal (y is 0 there, so nothing
+// past it is read). One row per TPR threads.
 template <class T, int TPR, int E, int VEC>
 __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_bwd_kernel(const BwdArgs a) {
   using G = Group<TPR>;

@@ -22,9 +22,9 @@
 namespace fusedattn::softmax {
 
 struct MaskRows {
-  int32_t n = 0;                              // steps, innermost first
-  int64_t size[FA_SOFTMAX_MAX_RANK] = {};     // extent of the step's (merged) dims in the logits
-  int64_t stride[FA_SOFTMAX_MAX_RANK] = {};   // mask elements per index of that step (0: broadcast)
+  int32_t n = 0;                             // steps, innermost first
+  int64_t size[FA_SOFTMAX_MAX_RANK] = {};    // extent of the step's (merged) dims in the logits
+  int64_t stride[FA_SOFTMAX_MAX_RANK] = {};  // mask elements per index of that step (0: broadcast)
 };
 
 // Element offset of row `row`'s mask row (of Skv elements). I is the index type:

@@ -8,8 +8,10 @@
 
 namespace fusedattn::softmax {
 namespace cuda {
-template <class T> Status launch_fwd(const FwdArgs& a, cudaStream_t stream);
-template <class T> Status launch_bwd(const BwdArgs& a, cudaStream_t stream);
+template <class T>
+Status launch_fwd(const FwdArgs& a, cudaStream_t stream);
+template <class T>
+Status launch_bwd(const BwdArgs& a, cudaStream_t stream);
 }  // namespace cuda
 
 namespace {
@@ -17,9 +19,12 @@ namespace {
 template <class F>
 Status dispatch(int32_t dtype, F&& f) {
   switch (dtype) {
-    case FA_FLOAT32: return f(float{});
-    case FA_BFLOAT16: return f(__nv_bfloat16{});
-    case FA_FLOAT16: return f(__half{});
+    case FA_FLOAT32:
+      return f(float{});
+    case FA_BFLOAT16:
+      return f(__nv_bfloat16{});
+    case FA_FLOAT16:
+      return f(__half{});
   }
   return Status::Invalid("dtype: got code " + std::to_string(dtype) +
                          "; logits must be float32, bfloat16 or float16");

@@ -7,9 +7,12 @@ namespace fusedattn {
 
 const char* softmax_type_name(int32_t type) {
   switch (type) {
-    case FA_SOFTMAX_SCALED: return "SCALED";
-    case FA_SOFTMAX_SCALED_MASKED: return "SCALED_MASKED";
-    case FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED: return "SCALED_UPPER_TRIANG_MASKED";
+    case FA_SOFTMAX_SCALED:
+      return "SCALED";
+    case FA_SOFTMAX_SCALED_MASKED:
+      return "SCALED_MASKED";
+    case FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED:
+      return "SCALED_UPPER_TRIANG_MASKED";
   }
   return "unknown";
 }
@@ -36,7 +39,8 @@ bool kernel_dtype(int32_t dtype) {
 // Everything but the dtype.
 Status validate_call(const SoftmaxParams& p) {
   std::ostringstream os;
-  if (p.softmax_type < FA_SOFTMAX_SCALED || p.softmax_type > FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED) {
+  if (p.softmax_type < FA_SOFTMAX_SCALED ||
+      p.softmax_type > FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED) {
     os << "softmax_type: got code " << p.softmax_type << ", not a SoftmaxFusionType";
     return Status::Invalid(os.str());
   }
@@ -68,7 +72,8 @@ Status validate_call(const SoftmaxParams& p) {
     return Status::Invalid(os.str());
   }
   const bool masked = p.softmax_type == FA_SOFTMAX_SCALED_MASKED;
-  if (masked && !p.has_mask) return Status::Invalid("mask: softmax_type=SCALED_MASKED needs a mask");
+  if (masked && !p.has_mask)
+    return Status::Invalid("mask: softmax_type=SCALED_MASKED needs a mask");
   if (!masked && p.has_mask) {
     os << "mask: softmax_type=" << softmax_type_name(p.softmax_type)
        << " takes no mask; use SCALED_MASKED for a mask";
