@@ -8,6 +8,8 @@ write y; backward = read y and dy + write dx. Causal rows count in full although
 kernel reads only the kept half (it still writes every element): its TB/s is effective.
 Reported: ms, TB/s, fraction of the measured copy bandwidth, speedup = XLA time / ours,
 and whether our custom call is in the compiled program (kernel=yes) or the fallback ran.
+Causal rows also time XLA's *masked* softmax fed the causal mask as a [1, 1, S, S] bool
+array (the way an unfused model often runs causal attention): "vs mask" = its time / ours.
 
 GPU grid: BENCH.md's [16, 16, 2048, 2048] and [4, 16, 4096, 4096] bf16. CPU grid (when jax
 has no GPU): smaller shapes that run on a 2-core machine. Prints a table; --json writes it.
@@ -16,6 +18,7 @@ has no GPU): smaller shapes that run on a 2-core machine. Prints a table; --json
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 
@@ -47,14 +50,24 @@ def _inputs(shape, dtype, kind, seed=0):
 
 
 def _fns(kind, x, mask):
-    """jitted (ours_fwd, xla_fwd, ours_bwd, xla_bwd) and whether ours runs our custom calls."""
+    """{(impl, mode): (jitted fn, needs)} and whether ours runs our custom calls. needs
+    names the inputs: "x" (logits, mask), "y" (y, dy), "xm" (logits, the causal mask)."""
     cfg = sm._check(x, mask, SCALE, kind)
-    ours_fwd = jax.jit(lambda x, m: fusedattn.softmax(x, m, SCALE, kind))
-    xla_fwd = jax.jit(lambda x, m: fusedattn.softmax_fallback(x, m, SCALE, kind))
-    ours_bwd = jax.jit(lambda y, dy: sm._backward(y, dy, cfg))
-    xla_bwd = jax.jit(lambda y, dy: sm._softmax_grad_fallback(y, dy, cfg))
-    hlo = ours_fwd.lower(x, mask).compile().as_text()
-    return ours_fwd, xla_fwd, ours_bwd, xla_bwd, "fusedattn_softmax_fwd" in hlo
+    fns = {
+        ("ours", "fwd"): (jax.jit(lambda x, m: fusedattn.softmax(x, m, SCALE, kind)), "x"),
+        ("xla", "fwd"): (jax.jit(lambda x, m: fusedattn.softmax_fallback(x, m, SCALE, kind)), "x"),
+        ("ours", "bwd"): (jax.jit(lambda y, dy: sm._backward(y, dy, cfg)), "y"),
+        ("xla", "bwd"): (jax.jit(lambda y, dy: sm._softmax_grad_fallback(y, dy, cfg)), "y"),
+    }
+    if kind == SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED:
+        masked = SoftmaxFusionType.SCALED_MASKED
+        cfg_m = dataclasses.replace(cfg, softmax_type=masked)
+        fns[("xla_mask", "fwd")] = (
+            jax.jit(lambda x, m: fusedattn.softmax_fallback(x, m, SCALE, masked)), "xm")
+        fns[("xla_mask", "bwd")] = (
+            jax.jit(lambda y, dy: sm._softmax_grad_fallback(y, dy, cfg_m)), "y")
+    hlo = fns[("ours", "fwd")][0].lower(x, mask).compile().as_text()
+    return fns, "fusedattn_softmax_fwd" in hlo
 
 
 def run(shapes, dtypes, kinds, modes, repeats, copy_bw):
@@ -69,40 +82,44 @@ def run(shapes, dtypes, kinds, modes, repeats, copy_bw):
             for kind_name in kinds:
                 kind = KINDS[kind_name]
                 x, dy, mask = _inputs(shape, dtype, kind)
-                ours_fwd, xla_fwd, ours_bwd, xla_bwd, kernel = _fns(kind, x, mask)
-                y = jax.block_until_ready(ours_fwd(x, mask))
+                fns, kernel = _fns(kind, x, mask)
+                y = jax.block_until_ready(fns[("ours", "fwd")][0](x, mask))
+                causal_mask = jnp.arange(shape[-1])[None, :] > jnp.arange(shape[-2])[:, None]
+                inputs = {"x": (x, mask), "y": (y, dy), "xm": (x, causal_mask[None, None])}
                 for mode in modes:
-                    if mode == "fwd":
-                        nbytes = 2 * n * dtype.itemsize + (0 if mask is None else mask.size)
-                        pairs = {"ours": (ours_fwd, (x, mask)), "xla": (xla_fwd, (x, mask))}
-                    else:
-                        nbytes = 3 * n * dtype.itemsize
-                        pairs = {"ours": (ours_bwd, (y, dy)), "xla": (xla_bwd, (y, dy))}
+                    nbytes = (2 * n * dtype.itemsize + (0 if mask is None else mask.size)
+                              if mode == "fwd" else 3 * n * dtype.itemsize)
                     row = dict(dtype=dtype_name, shape=list(shape), kind=kind_name, mode=mode,
                                kernel=kernel, bytes=nbytes)
-                    for name, (fn, args) in pairs.items():
-                        sec, _ = time_fn(fn, args, repeats=repeats, hold_outputs=hold)
+                    for (name, fmode), (fn, needs) in fns.items():
+                        if fmode != mode:
+                            continue
+                        sec, _ = time_fn(fn, inputs[needs], repeats=repeats, hold_outputs=hold)
                         row[f"{name}_ms"] = sec * 1e3
                         row[f"{name}_tbs"] = nbytes / sec / 1e12
                         row[f"{name}_of_copy"] = nbytes / sec / copy_bw
                     row["speedup"] = row["xla_ms"] / row["ours_ms"]
+                    if "xla_mask_ms" in row:
+                        row["speedup_vs_mask"] = row["xla_mask_ms"] / row["ours_ms"]
                     rows.append(row)
                     print(_fmt_row(row), flush=True)
-                del x, dy, mask, y
+                del x, dy, mask, y, inputs
     return rows
 
 
 _HEADER = (f"{'dtype':8} {'shape':>20} {'kind':7} {'mode':4} {'kernel':6} | {'ours ms':>8} "
            f"{'TB/s':>6} {'of copy':>7} | {'xla ms':>8} {'TB/s':>6} {'of copy':>7} | "
-           f"{'speedup':>7}")
+           f"{'speedup':>7} | {'mask ms':>8} {'vs mask':>7}")
 
 
 def _fmt_row(r):
     shape = "x".join(map(str, r["shape"]))
+    mask = (f"{r['xla_mask_ms']:8.3f} {r['speedup_vs_mask']:6.2f}x" if "xla_mask_ms" in r
+            else f"{'-':>8} {'-':>7}")
     return (f"{r['dtype']:8} {shape:>20} {r['kind']:7} {r['mode']:4} "
             f"{'yes' if r['kernel'] else 'NO':6} | {r['ours_ms']:8.3f} {r['ours_tbs']:6.3f} "
             f"{r['ours_of_copy']:6.1%} | {r['xla_ms']:8.3f} {r['xla_tbs']:6.3f} "
-            f"{r['xla_of_copy']:6.1%} | {r['speedup']:6.2f}x")
+            f"{r['xla_of_copy']:6.1%} | {r['speedup']:6.2f}x | {mask}")
 
 
 def main(argv=None) -> int:
