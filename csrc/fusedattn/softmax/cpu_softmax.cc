@@ -3,8 +3,9 @@
 //
 // One task = a run of consecutive rows (about kTaskElements elements), so short
 // rows still make tasks worth a thread. A row is converted once into a float32
-// scratch row (scaled, -inf where not kept), then max, exp and sum, and the
-// normalized row is written back: three sweeps over data that stays in L1/L2.
+// scratch row (scaled, -inf where not kept; per thread, kept between calls), then
+// max, exp with the sum, and the normalized store: the sweeps after the first
+// read data that stays in L1/L2, so memory sees one pass.
 // Causal rows touch only their first min(i + 1, Skv) elements and write zeros
 // after them.
 #include "cpu_softmax.h"
