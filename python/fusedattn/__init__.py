@@ -2,9 +2,10 @@
 
 from . import _ffi
 from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
-from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
 from .reference import attention_reference
 from .sequence import SequenceDescriptor
+from .softmax import is_softmax_kernel_available, softmax, softmax_fallback
 
 __version__ = _ffi.version()
 set_num_threads = _ffi.set_num_threads
@@ -12,6 +13,7 @@ num_threads = _ffi.num_threads
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",
-    "SoftmaxType", "attention_reference", "fused_attn", "get_backend",
-    "is_fused_attn_kernel_available", "num_threads", "set_num_threads",
+    "SoftmaxFusionType", "SoftmaxType", "attention_reference", "fused_attn", "get_backend",
+    "is_fused_attn_kernel_available", "is_softmax_kernel_available", "num_threads",
+    "set_num_threads", "softmax", "softmax_fallback",
 ]

@@ -44,6 +44,23 @@ class AttnParams(ctypes.Structure):
     ]
 
 
+SOFTMAX_MAX_RANK = 8
+
+
+class SoftmaxParams(ctypes.Structure):
+    """Mirror of FaSoftmaxParams in csrc/fusedattn/softmax/params.h (same field order)."""
+
+    _fields_ = [
+        ("dims", ctypes.c_int64 * SOFTMAX_MAX_RANK),
+        ("mask_dims", ctypes.c_int64 * SOFTMAX_MAX_RANK),
+        ("rank", ctypes.c_int32),
+        ("has_mask", ctypes.c_int32),
+        ("softmax_type", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("scale", ctypes.c_float),
+    ]
+
+
 def _load() -> ctypes.CDLL:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_FILE)
     if not os.path.exists(path):
@@ -59,10 +76,20 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
-    if lib.fa_params_size() != ctypes.sizeof(AttnParams):
-        raise ImportError(
-            f"fusedattn: {path} has FaAttnParams of {lib.fa_params_size()} bytes, Python "
-            f"expects {ctypes.sizeof(AttnParams)}: the library and the package are out of step")
+    lib.fa_softmax_type_name.restype = ctypes.c_char_p
+    lib.fa_softmax_type_name.argtypes = [ctypes.c_int]
+    lib.fa_softmax_validate.argtypes = [ctypes.POINTER(SoftmaxParams), ctypes.c_char_p,
+                                        ctypes.c_int]
+    lib.fa_softmax_kernel_available.argtypes = [
+        ctypes.POINTER(SoftmaxParams), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p, ctypes.c_int]
+    for name, struct in (("fa_params_size", AttnParams),
+                         ("fa_softmax_params_size", SoftmaxParams)):
+        size = getattr(lib, name)()
+        if size != ctypes.sizeof(struct):
+            raise ImportError(
+                f"fusedattn: {path} has {struct.__name__} of {size} bytes, Python expects "
+                f"{ctypes.sizeof(struct)}: the library and the package are out of step")
     return lib
 
 
@@ -75,6 +102,8 @@ lib = _load()
 TARGETS = {
     "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
+    "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
+    "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
 }
 
 
@@ -104,6 +133,21 @@ def select_backend(params: AttnParams, platform: int) -> tuple[str, int, str]:
     backend = lib.fa_select_backend(ctypes.byref(params), platform, ctypes.byref(status), buf,
                                     len(buf))
     return lib.fa_backend_name(backend).decode(), status.value, buf.value.decode()
+
+
+def softmax_validate(params: SoftmaxParams) -> tuple[int, str]:
+    buf = ctypes.create_string_buffer(1024)
+    code = lib.fa_softmax_validate(ctypes.byref(params), buf, len(buf))
+    return code, buf.value.decode()
+
+
+def softmax_kernel_available(params: SoftmaxParams, platform: int) -> tuple[bool, int, str]:
+    """Returns (our kernel serves it, validate status code, reason)."""
+    status = ctypes.c_int(0)
+    buf = ctypes.create_string_buffer(1024)
+    ok = lib.fa_softmax_kernel_available(ctypes.byref(params), platform, ctypes.byref(status),
+                                         buf, len(buf))
+    return bool(ok), status.value, buf.value.decode()
 
 
 def version() -> str:

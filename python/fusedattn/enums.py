@@ -46,3 +46,17 @@ class SoftmaxType(IntEnum):
     VANILLA_SOFTMAX = 0
     OFF_BY_ONE_SOFTMAX = 1
     LEARNABLE_SOFTMAX = 2
+
+
+class SoftmaxFusionType(IntEnum):
+    """The fused softmax of fusedattn.softmax(): which elements a row keeps.
+
+    SCALED keeps every element; SCALED_MASKED keeps those where the mask is False
+    (True = masked out); SCALED_UPPER_TRIANG_MASKED keeps j <= i (causal). The
+    lower-case names ("scaled", "scaled_masked", "scaled_upper_triang_masked") are
+    accepted wherever a SoftmaxFusionType is.
+    """
+
+    SCALED = 0
+    SCALED_MASKED = 1
+    SCALED_UPPER_TRIANG_MASKED = 2

@@ -21,6 +21,10 @@
 #include "fusedattn/cpu/fast_math.h"
 #include "fusedattn/cpu/thread_pool.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr
+#endif
+
 namespace fusedattn::cpu {
 namespace {
 
@@ -81,6 +85,25 @@ TEST(Fp16, EveryBitPatternToFloatMatchesIeee) {
     }
   }
 }
+
+#if defined(__SSE__)
+// XLA runs custom calls with MXCSR's flush-to-zero and denormals-are-zero bits set:
+// the conversions must not go through float denormals (a half denormal would read as 0).
+TEST(Fp16, ConversionsHoldUnderFlushDenormals) {
+  const unsigned int saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
+  for (uint32_t b = 0; b < 0x7c00u; ++b) {
+    const float got = to_float(fp16{uint16_t(b)});
+    const uint16_t back = from_float<fp16>(got).bits;
+    _mm_setcsr(saved);
+    const float want = ref_fp16_to_float(uint16_t(b));
+    ASSERT_EQ(float_bits(got), float_bits(want)) << "bits 0x" << std::hex << b;
+    ASSERT_EQ(back, b) << "bits 0x" << std::hex << b;
+    _mm_setcsr(saved | 0x8040u);
+  }
+  _mm_setcsr(saved);
+}
+#endif
 
 TEST(Fp16, EveryBitPatternRoundTrips) {
   for (uint32_t b = 0; b < 65536; ++b) {

@@ -20,20 +20,22 @@ inline float to_float(bf16 x) {
 }
 
 inline float to_float(fp16 x) {
-  // Branch-free half -> float (IEEE 754 binary16), denormals and inf/NaN included.
-  uint32_t h = x.bits;
-  uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp_mant = h & 0x7fffu;
-  uint32_t u = exp_mant << 13;                // mantissa and exponent in place
+  // Branch-free half -> float (IEEE 754 binary16), denormals and inf/NaN included,
+  // without any arithmetic on float denormals: XLA runs custom calls on threads
+  // that flush denormal operands to zero (MXCSR DAZ), which would turn every half
+  // denormal into 0 if it went through one. Normal halves only rebias the exponent
+  // (integer add); denormal halves are mant * 2^-24, an exact int -> float and a
+  // multiply whose operands and result are normal floats.
+  const uint32_t h = x.bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp_mant = h & 0x7fffu;
+  uint32_t normal = (exp_mant << 13) + ((127u - 15u) << 23);
+  if (exp_mant >= 0x7c00u) normal = (exp_mant << 13) | 0x7f800000u;  // inf / NaN
+  const float denormal = static_cast<float>(static_cast<int32_t>(exp_mant)) * 0x1p-24f;
+  uint32_t denormal_bits;
+  std::memcpy(&denormal_bits, &denormal, 4);
+  const uint32_t u = (exp_mant < 0x400u ? denormal_bits : normal) | sign;
   float f;
-  std::memcpy(&f, &u, 4);
-  constexpr uint32_t kScaleBits = (254u - 15u) << 23;  // 2^112
-  float scale;
-  std::memcpy(&scale, &kScaleBits, 4);
-  f *= scale;                                 // rebias the exponent, handles denormals
-  std::memcpy(&u, &f, 4);
-  if (exp_mant >= 0x7c00u) u |= 0x7f800000u;  // inf / NaN keep an all-ones exponent
-  u |= sign;
   std::memcpy(&f, &u, 4);
   return f;
 }

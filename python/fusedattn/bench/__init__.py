@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBCOMMANDS = ("attention",)
+SUBCOMMANDS = ("attention", "softmax")
 
 
 def main(argv=None) -> int:

@@ -34,10 +34,14 @@ def _rss_reset_and_read() -> int:
     return _status_kb("VmRSS") * 1024
 
 
-def time_fn(fn, args, min_total_s=0.05, repeats=5, track_rss=False):
+def time_fn(fn, args, min_total_s=0.05, repeats=5, track_rss=False, hold_outputs=True):
     """Median seconds per call of a jitted fn, pipelined; and the peak extra host RSS in
     bytes during the timed calls when track_rss (CPU runs: what the kernels allocate
-    internally counts too), else 0."""
+    internally counts too), else 0. hold_outputs=False drops each call's outputs as the
+    next is queued and blocks on the last one (calls run in order on one device): for
+    outputs so large that N of them would not fit in device memory (on a GPU, whose one
+    stream runs the calls in order; XLA's CPU client may overlap independent calls, so
+    CPU runs hold them)."""
     jax.block_until_ready(fn(*args))  # compile + warm
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
@@ -47,7 +51,11 @@ def time_fn(fn, args, min_total_s=0.05, repeats=5, track_rss=False):
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        outs = [fn(*args) for _ in range(n)]
+        if hold_outputs:
+            outs = [fn(*args) for _ in range(n)]
+        else:
+            for _ in range(n):
+                outs = fn(*args)
         jax.block_until_ready(outs)
         times.append((time.perf_counter() - t0) / n)
         del outs
@@ -58,7 +66,9 @@ def time_fn(fn, args, min_total_s=0.05, repeats=5, track_rss=False):
 def copy_bandwidth(nbytes=1 << 30, repeats=5) -> float:
     """Device copy bandwidth in bytes/s, counting bytes read + written (x -> x + 1 in bf16)."""
     x = jax.random.normal(jax.random.PRNGKey(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16)
-    sec, _ = time_fn(jax.jit(lambda x: x + jnp.bfloat16(1)), (x,), repeats=repeats)
+    # ~70 held outputs of 1 GiB would not fit on a GPU.
+    sec, _ = time_fn(jax.jit(lambda x: x + jnp.bfloat16(1)), (x,), repeats=repeats,
+                     hold_outputs=jax.default_backend() == "cpu")
     return 2 * x.size * 2 / sec
 
 

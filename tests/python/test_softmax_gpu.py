@@ -1,0 +1,129 @@
+"""fusedattn.softmax on an NVIDIA GPU (pytest -m gpu; skipped without one): the CUDA
+kernels against the float64 reference at every launch-configuration boundary of the row
+length (launch.cuh), aligned and odd, in each dtype and SoftmaxFusionType; outputs
+poisoned with NaN (out_init aliased), so an element no thread writes shows; the compiled
+program must contain our custom call (the CUDA kernel ran, not the fallback); rows past
+the kernel's limit take the fallback and are still right."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from softmax_helpers import CAUSAL, MASKED, SCALED, check, random_inputs, reference
+
+pytestmark = pytest.mark.gpu
+sm = importlib.import_module("fusedattn.softmax")
+
+KINDS = [SCALED, MASKED, CAUSAL]
+# Row lengths around every (threads per row, bytes per thread) switch of launch.cuh,
+# in elements; the odd ones run the scalar (unaligned) kernels.
+LENGTHS = {
+    jnp.float32: [1, 3, 4, 5, 8, 17, 32, 64, 127, 128, 129, 255, 256, 257, 511, 512, 1000,
+                  1024, 2047, 2048, 4096, 4099, 8192, 8193, 16383, 16384],
+    jnp.bfloat16: [1, 2, 7, 8, 16, 33, 64, 128, 255, 256, 512, 513, 1000, 1024, 2048, 2049,
+                   4096, 8191, 8192, 16383, 16384, 16392, 24576, 32768],
+    jnp.float16: [1, 9, 64, 256, 1024, 2050, 4096, 16384, 16392, 32768],
+}
+# The kind rotates along the lengths (each length once: the whole grid would compile 180
+# programs); test_causal_square and the mask tests add the kinds' own coverage.
+GRID = [pytest.param(d, n, KINDS[i % 3], id=f"{jnp.dtype(d).name}-{n}-{KINDS[i % 3].name}")
+        for d, lengths in LENGTHS.items() for i, n in enumerate(lengths)]
+
+
+def gpu_run(x, mask, scale, kind, dy):
+    """(y, dx) from the CUDA kernels directly, each output pre-filled with NaN."""
+    cfg = sm._check(x, mask, scale, kind)
+    assert "cuda" in cfg.kernel_on, "the CUDA kernel should serve this call"
+    nan = lambda: jnp.full(x.shape, jnp.nan, x.dtype)
+    y = jax.jit(lambda x, m, o: sm._fwd_ffi(x, m, cfg, out_init=o))(x, mask, nan())
+    dx = jax.jit(lambda y, d, o: sm._bwd_ffi(y, d, cfg, out_init=o))(y, dy, nan())
+    return y, dx
+
+
+@pytest.mark.parametrize("dtype, skv, kind", GRID)
+def test_row_lengths(key, dtype, skv, kind):
+    # 2 x 3 x 5 rows: several row groups per block and a partly filled last one; causal
+    # rows keep 1..5 elements (the whole row when it is shorter).
+    shape = (2, 3, 5, skv)
+    x, dy, mask = random_inputs(key, shape, dtype, (2, 1, 5, skv) if kind == MASKED else None)
+    y, dx = gpu_run(x, mask, 0.7, kind, dy)
+    check(x, mask, 0.7, kind, dy, y, dx)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("s", [33, 256, 1000, 2048, 4104])
+def test_causal_square(key, dtype, s):
+    """Every diagonal position of a row: [B*H, S, S], the causal variant's rank-3 form."""
+    x, dy, _ = random_inputs(key, (2, s, s), dtype)
+    y, dx = gpu_run(x, None, 0.125, CAUSAL, dy)
+    check(x, None, 0.125, CAUSAL, dy, y, dx)
+
+
+@pytest.mark.parametrize("dtype, s", [(jnp.float32, 16384), (jnp.bfloat16, 32768)],
+                         ids=["float32-16384", "bfloat16-32768"])
+def test_causal_square_longest_rows(key, dtype, s):
+    """The longest rows a kernel holds, square causal: every element checked on the device
+    (no NaN, zeros past the diagonal), values on a sample of rows against the reference."""
+    x, dy, _ = random_inputs(key, (1, s, s), dtype)
+    y, dx = gpu_run(x, None, 0.1, CAUSAL, dy)
+    upper = jnp.arange(s)[None, :] > jnp.arange(s)[:, None]
+    for name, out in (("y", y), ("dx", dx)):
+        assert not bool(jnp.isnan(out).any()), f"{name}: NaN (an element left unwritten)"
+        assert not bool(jnp.where(upper, out, 0).any()), f"{name}: nonzero past the diagonal"
+    rows = np.array([0, 1, 7, 8, 9, 255, 1023, 1024, s // 2 - 1, s // 2, s - 9, s - 2, s - 1])
+    take = lambda a: a[:, rows, :]
+    check(take(x), None, 0.1, CAUSAL, take(dy), take(y), take(dx), q_index=rows)
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 4, 6, 520), (3, 1, 6, 520), (1, 4, 1, 520),
+                                        (1, 1, 1, 520)], ids=lambda s: "x".join(map(str, s)))
+def test_mask_broadcasts(key, mask_shape):
+    x, dy, mask = random_inputs(key, (3, 4, 6, 520), jnp.bfloat16, mask_shape)
+    y, dx = gpu_run(x, mask, 0.5, MASKED, dy)
+    check(x, mask, 0.5, MASKED, dy, y, dx)
+
+
+@pytest.mark.parametrize("skv", [40, 1030, 2048, 16392, 32768])
+def test_fully_masked_rows_give_zeros(key, skv):
+    x, dy, mask = random_inputs(key, (2, 3, 4, skv), jnp.bfloat16, (2, 1, 4, skv))
+    mask = mask.at[0, 0, 1].set(True).at[1, 0, 3].set(True)
+    y, dx = gpu_run(x, mask, 1.0, MASKED, dy)
+    assert not np.asarray(y, np.float32)[0, :, 1].any()
+    check(x, mask, 1.0, MASKED, dy, y, dx)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_softmax_runs_the_cuda_kernel(key, kind):
+    """softmax() and its gradient compile to our custom calls on the GPU."""
+    x, dy, mask = random_inputs(key, (2, 4, 64, 2048), jnp.bfloat16,
+                                (2, 1, 64, 2048) if kind == MASKED else None)
+    f = lambda x: fusedattn.softmax(x, mask, 0.125, kind)
+    g = jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32) * dy.astype(jnp.float32)))
+    fwd_hlo = jax.jit(f).lower(x).compile().as_text()
+    bwd_hlo = jax.jit(g).lower(x).compile().as_text()
+    assert 'custom_call_target="fusedattn_softmax_fwd"' in fwd_hlo
+    assert 'custom_call_target="fusedattn_softmax_bwd"' in bwd_hlo
+    assert x.devices() == {jax.devices("gpu")[0]}
+    check(x, mask, 0.125, kind, dy)  # end to end through softmax() and jax.vjp
+
+
+@pytest.mark.parametrize("dtype, skv", [(jnp.float32, 16392), (jnp.bfloat16, 32776),
+                                        (jnp.bfloat16, 16385)])
+def test_rows_past_the_limit_take_the_fallback(key, dtype, skv):
+    x, dy, _ = random_inputs(key, (1, 2, 3, skv), dtype)
+    assert not fusedattn.is_softmax_kernel_available("scaled", 1, 2, 3, skv, dtype)
+    hlo = jax.jit(lambda x: fusedattn.softmax(x, None, 0.5)).lower(x).compile().as_text()
+    assert "fusedattn_softmax" not in hlo
+    check(x, None, 0.5, SCALED, dy)
+
+
+def test_vmap_on_the_gpu(key):
+    x, dy, mask = random_inputs(key, (3, 2, 4, 6, 1024), jnp.float32, (3, 2, 1, 6, 1024))
+    f = jax.jit(jax.vmap(lambda x, m: fusedattn.softmax(x, m, 0.9, MASKED)))
+    np.testing.assert_allclose(np.asarray(f(x, mask)), reference(x, mask, 0.9, MASKED)[0],
+                               rtol=1e-5, atol=1e-6)
