@@ -5,6 +5,7 @@ from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kerne
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
 from .sequence import SequenceDescriptor
+from .small_seq import SmallSeqDescriptor, fused_attn_small_seq
 
 __version__ = _ffi.version()
 set_num_threads = _ffi.set_num_threads
@@ -12,6 +13,7 @@ num_threads = _ffi.num_threads
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",
-    "SoftmaxType", "attention_reference", "fused_attn", "get_backend",
-    "is_fused_attn_kernel_available", "num_threads", "set_num_threads",
+    "SmallSeqDescriptor", "SoftmaxType", "attention_reference", "fused_attn",
+    "fused_attn_small_seq", "get_backend", "is_fused_attn_kernel_available", "num_threads",
+    "set_num_threads",
 ]

@@ -75,6 +75,8 @@ lib = _load()
 TARGETS = {
     "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
+    "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
+    "fusedattn_small_seq_bwd": {"cpu": "fa_cpu_small_seq_bwd", "CUDA": "fa_cuda_small_seq_bwd"},
 }
 
 
