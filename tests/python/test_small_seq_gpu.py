@@ -45,9 +45,12 @@ def test_every_kv_length_to_64(key, dtype, dim):
     check_backward_poisoned(case)
 
 
-# Every chunk size of every head dim and dtype is picked by some width here.
-@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=ids)
+# Every chunk size of every head dim is picked by some width here (launch.cuh).
+WIDTHS = [(jnp.bfloat16, w) for w in [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64]] + [
+    (jnp.float32, w) for w in [1, 2, 5, 17, 64]]
+
+
+@pytest.mark.parametrize("dtype, width", WIDTHS, ids=[f"{ids(d)}-{w}" for d, w in WIDTHS])
 @pytest.mark.parametrize("dim", [64, 128, 256, 512])
 def test_widths(key, dim, dtype, width):
     lens = [width, max(width - 1, 0), 0, width, 1, width // 2]

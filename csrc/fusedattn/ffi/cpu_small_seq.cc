@@ -6,8 +6,14 @@
 #include "../small_seq/cpu_small_seq.h"
 #include "small_seq_decode.h"
 
+#include <cstring>
+
 namespace fusedattn::ffi_glue {
 namespace {
+
+void poison(std::initializer_list<ffi::AnyBuffer*> bufs) {
+  for (ffi::AnyBuffer* b : bufs) std::memset(b->untyped_data(), 0xff, b->size_bytes());
+}
 
 ffi::Error small_seq_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                              ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens,
@@ -18,6 +24,7 @@ ffi::Error small_seq_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer 
   FA_RETURN_IF_ERROR(decode_small_seq(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, attrs, &call));
   FA_RETURN_IF_ERROR(expect_like("out", *out, q));
   FA_RETURN_IF_ERROR(expect_small_seq_aux(call, *probs, *stats));
+  if (attrs.poison) poison({&*out, &*probs, &*stats});
   small_seq::FwdArgs a;
   a.q = q.untyped_data();
   a.k = k.untyped_data();
@@ -45,6 +52,7 @@ ffi::Error small_seq_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer 
   FA_RETURN_IF_ERROR(expect_like("dq", *dq, q));
   FA_RETURN_IF_ERROR(expect_like("dk", *dk, k));
   FA_RETURN_IF_ERROR(expect_like("dv", *dv, v));
+  if (attrs.poison) poison({&*dq, &*dk, &*dv});
   small_seq::BwdArgs a;
   a.q = q.untyped_data();
   a.k = k.untyped_data();

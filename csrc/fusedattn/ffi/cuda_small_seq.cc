@@ -8,11 +8,18 @@
 // kernels clamp them (segments.h), so no value can make them read out of bounds.
 #include <cuda_runtime.h>
 
+#include "../cuda/check.h"
 #include "../small_seq/cuda_small_seq.h"
 #include "small_seq_decode.h"
 
 namespace fusedattn::ffi_glue {
 namespace {
+
+Status poison(cudaStream_t stream, std::initializer_list<ffi::AnyBuffer*> bufs) {
+  for (ffi::AnyBuffer* b : bufs)
+    FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->untyped_data(), 0xff, b->size_bytes(), stream));
+  return Status::Ok();
+}
 
 ffi::Error small_seq_fwd_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                               ffi::AnyBuffer v, ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens,
@@ -23,6 +30,7 @@ ffi::Error small_seq_fwd_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuf
   FA_RETURN_IF_ERROR(decode_small_seq(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, attrs, &call));
   FA_RETURN_IF_ERROR(expect_like("out", *out, q));
   FA_RETURN_IF_ERROR(expect_small_seq_aux(call, *probs, *stats));
+  if (attrs.poison) FA_RETURN_IF_ERROR(poison(stream, {&*out, &*probs, &*stats}));
   small_seq::FwdArgs a;
   a.q = q.untyped_data();
   a.k = k.untyped_data();
@@ -51,6 +59,7 @@ ffi::Error small_seq_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuf
   FA_RETURN_IF_ERROR(expect_like("dq", *dq, q));
   FA_RETURN_IF_ERROR(expect_like("dk", *dk, k));
   FA_RETURN_IF_ERROR(expect_like("dv", *dv, v));
+  if (attrs.poison) FA_RETURN_IF_ERROR(poison(stream, {&*dq, &*dk, &*dv}));
   small_seq::BwdArgs a;
   a.q = q.untyped_data();
   a.k = k.untyped_data();

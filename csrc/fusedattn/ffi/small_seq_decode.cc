@@ -70,6 +70,7 @@ Status decode_small_seq(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const 
   p.mask_type = attrs.mask_type;
   p.bias_type = FA_NO_BIAS;
   p.softmax_type = FA_VANILLA_SOFTMAX;
+  p.window_left = p.window_right = -1;
   p.scale = attrs.scale;
   p.heads_q = qd[rank - 2];
   p.heads_kv = kd[rank - 2];

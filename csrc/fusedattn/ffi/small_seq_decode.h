@@ -23,6 +23,9 @@ struct SmallSeqAttrs {
   float scale;
   int64_t max_seqlen_kv;  // W: THD's promise; BSHD passes Skv
   int32_t save_aux;       // forward: write probs and stats (the backward needs them)
+  // Tests only: fill the outputs with NaN bits before the kernel runs, so an element a
+  // kernel fails to write shows. Never changes a result the kernels compute.
+  int32_t poison;
 };
 
 struct SmallSeqCall {
@@ -50,4 +53,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(fusedattn::ffi_glue::SmallSeqAttrs,
                                       ::xla::ffi::StructMember<int32_t>("mask_type"),
                                       ::xla::ffi::StructMember<float>("scale"),
                                       ::xla::ffi::StructMember<int64_t>("max_seqlen_kv"),
-                                      ::xla::ffi::StructMember<int32_t>("save_aux"));
+                                      ::xla::ffi::StructMember<int32_t>("save_aux"),
+                                      ::xla::ffi::StructMember<int32_t>("poison"));

@@ -12,6 +12,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <string>
+
 #include "../cuda/check.h"
 #include "bwd_kernel.cuh"
 
@@ -32,15 +35,21 @@ inline int chunk_steps(int64_t width, int rows_per_step, int cap) {
 }
 
 // Blocks of `kernel` that stay resident on the current device: the kernels walk
-// their units in a loop, so a larger grid would only queue.
+// their work items in a loop, so a larger grid would only queue. The per-SM figure of
+// each kernel is asked once (it depends on the kernel's registers, not on the call).
 template <class Kernel>
 Status resident_blocks(Kernel kernel, int64_t* blocks) {
-  int device = 0, sms = 0, per_sm = 0;
+  static std::atomic<int> per_sm{0};
+  int device = 0, sms = 0, n = per_sm.load(std::memory_order_relaxed);
   FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  FA_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpsPerBlock * 32, 0));
-  *blocks = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
+  if (n == 0) {
+    FA_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarpsPerBlock * 32, 0));
+    n = n > 0 ? n : 1;
+    per_sm.store(n, std::memory_order_relaxed);
+  }
+  *blocks = int64_t{sms} * n;
   return Status::Ok();
 }
 

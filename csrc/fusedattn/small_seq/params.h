@@ -34,6 +34,8 @@ typedef struct FaSmallSeqParams {
   int64_t head_dim_v;
   int64_t max_seqlen_q;   // promised q rows per segment (BSHD: Sq); the backend serves 1
   int64_t max_seqlen_kv;  // promised kv rows per segment (BSHD: Skv): the width W of P
+  int64_t window_left;    // -1: unbounded (the only value served)
+  int64_t window_right;
   int32_t dtype;          // FaDType of q, k, v, out
   int32_t layout;         // FaQKVLayout: BSHD_BSHD_BSHD or THD_THD_THD
   int32_t mask_type;      // FaMaskType

@@ -65,6 +65,10 @@ Status validate(const SmallSeqParams& p) {
     return (Msg() << "dropout_probability=" << p.dropout
                   << " is not implemented; use 0.0 (or is_training=False)")
         .unimplemented();
+  if (p.window_left != -1 || p.window_right != -1)
+    return (Msg() << "window_size=(" << p.window_left << ", " << p.window_right
+                  << ") is not implemented; use None")
+        .unimplemented();
   if (!std::isfinite(p.scale))
     return (Msg() << "scaling_factor: got " << p.scale << "; must be finite").invalid();
 
