@@ -43,11 +43,14 @@ void store_zero(int64_t n, T* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = from_float<T>(0.0f);
 }
 
+// Eight partial sums: a fixed summation order the compiler may vectorize (head dims are
+// multiples of 64).
 template <class T>
 float dot(const float* a, const T* b, int64_t n) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * to_float(b[i]);
-  return s;
+  float s[8] = {};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int u = 0; u < 8; ++u) s[u] += a[i + u] * to_float(b[i + u]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 // Calls fn(t) for the rows of [own_begin, own_end) outside [begin, begin + len).
