@@ -25,18 +25,19 @@ def every_length(key, n_max, **kw):
 @pytest.mark.parametrize("dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_thd_every_kv_length_to_16(key, dtype, dim):
-    check_forward(every_length(key, 16, heads=HEADS[dim], dim=dim, dtype=dtype))
+    check_forward(every_length(key, 16, heads=HEADS[dim], dim=dim, dtype=dtype),
+                  check_public=dim == 128)
 
 
-@pytest.mark.parametrize("n_max", [32, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
-def test_thd_every_kv_length_to_64(key, dtype, n_max):
-    check_forward(every_length(key, n_max, heads=(2, 1), dim=128, dtype=dtype))
+def test_thd_every_kv_length_to_64(key, dtype):
+    check_forward(every_length(key, 64, heads=(2, 1), dim=128, dtype=dtype))
 
 
-@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64])
+@pytest.mark.parametrize("width", [1, 3, 17, 64])
 def test_thd_widths(key, width):
-    """Each width picks its own chunk size on the GPU; segments fill it or fall short."""
+    """P's width as promised: segments fill it or fall short (test_small_seq_gpu.py runs
+    every chunk size of the CUDA kernels)."""
     lens = [width, max(width - 1, 0), 0, width, 1]
     check_forward(thd_case(key, lens, width=width, heads=(2, 2), dim=64, dtype=jnp.bfloat16))
 
@@ -49,7 +50,8 @@ BSHD_GRID = [(d, dim, [1, 2, 5, 16, 64][(i * 4 + j) % 5])
 @pytest.mark.parametrize("dtype, dim, skv", BSHD_GRID,
                          ids=[f"{ids(d)}-{dim}-{skv}" for d, dim, skv in BSHD_GRID])
 def test_bshd(key, dtype, dim, skv):
-    check_forward(bshd_case(key, 5, skv, heads=HEADS[dim], dim=dim, dtype=dtype))
+    check_forward(bshd_case(key, 5, skv, heads=HEADS[dim], dim=dim, dtype=dtype),
+                  check_public=dim == 128)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -87,7 +89,8 @@ def test_head_groupings(key, heads):
 
 
 def test_lengths_only_packs_segments_back_to_back(key):
-    check_forward(thd_case(key, [2, 7, 0, 5], offsets=False, heads=(2, 2), dim=64))
+    check_forward(thd_case(key, [2, 7, 0, 5], offsets=False, heads=(2, 2), dim=64),
+                  check_public=True)
 
 
 def test_offsets_only_use_whole_slots(key):

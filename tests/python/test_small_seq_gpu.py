@@ -33,7 +33,7 @@ def test_runs_on_the_gpu():
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_every_kv_length_to_16(key, dtype, dim):
     case = every_length(key, 16, heads=HEADS[dim], dim=dim, dtype=dtype)
-    check_forward(case)
+    check_forward(case, check_public=True)
     check_backward_poisoned(case)
 
 
