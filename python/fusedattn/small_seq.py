@@ -34,8 +34,8 @@ import numpy as np
 from . import _ffi
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 
-__all__ = ["SmallSeqDescriptor", "fused_attn_small_seq", "small_seq_eligibility",
-           "small_seq_params"]
+__all__ = ["SmallSeqDescriptor", "fused_attn_eligibility", "fused_attn_small_seq",
+           "small_seq_eligibility", "small_seq_params"]
 
 MAX_SEGMENT_SEQLEN_KV = 64  # kMaxWidth in csrc/fusedattn/small_seq/params.h
 
@@ -143,6 +143,28 @@ def small_seq_params(attn_params: _ffi.AttnParams, *, num_segments: int | None =
         layout=p.layout, mask_type=p.mask_type, bias_type=p.bias_type,
         softmax_type=p.softmax_type, is_training=p.is_training, has_q_seqlens=1,
         has_kv_seqlens=1, has_offsets=1 if thd else 0, scale=p.scale, dropout=p.dropout)
+
+
+def fused_attn_eligibility(attn_params: _ffi.AttnParams, sequence_descriptor=None, *,
+                           tokens_q: int | None = None, tokens_kv: int | None = None,
+                           platform: str | None = None) -> tuple[bool, str]:
+    """For fused_attn's dispatch: whether this backend serves a fused_attn call (its
+    AttnParams), and why (not). BSHD: the shapes are the promise (one query, at most 64
+    keys). THD: the descriptor must state max_segment_seqlen_kv (and may state
+    max_segment_seqlen_q); the segment count comes from its offsets or lengths, the token
+    counts from q and k (tokens_q, tokens_kv)."""
+    sd = sequence_descriptor
+    get = lambda name: getattr(sd, name, None) if sd is not None else None
+    num_segments = None
+    for name, extra in (("q_offsets", 1), ("q_seqlens", 0)):
+        x = get(name)
+        if x is not None and num_segments is None:
+            num_segments = int(np.shape(x)[-1]) - extra
+    params = small_seq_params(attn_params, num_segments=num_segments, tokens_q=tokens_q,
+                              tokens_kv=tokens_kv,
+                              max_segment_seqlen_q=get("max_segment_seqlen_q"),
+                              max_segment_seqlen_kv=get("max_segment_seqlen_kv"))
+    return small_seq_eligibility(params, platform)
 
 
 # ---------------------------------------------------------------------------

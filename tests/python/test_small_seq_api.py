@@ -165,3 +165,19 @@ def test_not_served_says_why(overrides, hints, why):
 def test_eligibility_platform_names():
     with pytest.raises(ValueError, match="platform='tpu'"):
         ss.small_seq_eligibility(ss.small_seq_params(attn_params()), "tpu")
+
+
+def test_fused_attn_eligibility_reads_the_descriptor():
+    thd = attn_params(layout=int(QKVLayout.THD_THD_THD), mask_type=int(AttnMaskType.PADDING_MASK))
+    cu = np.arange(11, dtype=np.int32)
+    sd = SmallSeqDescriptor.from_cu_seqlens(cu, cu * 4, max_segment_seqlen_kv=4)
+    served, reason = ss.fused_attn_eligibility(thd, sd, tokens_q=10, tokens_kv=40, platform="cpu")
+    assert served, reason
+    # Without the promise of THD keys per segment it does not serve, and says so.
+    plain = fusedattn.SequenceDescriptor.from_seqlens(np.ones(10, np.int32))
+    served, reason = ss.fused_attn_eligibility(thd, plain, tokens_q=10, tokens_kv=40,
+                                               platform="cpu")
+    assert not served and "max_segment_seqlen_kv" in reason, reason
+    # BSHD: the shapes are the promise.
+    served, reason = ss.fused_attn_eligibility(attn_params(), None, platform="cpu")
+    assert served, reason

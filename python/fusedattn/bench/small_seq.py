@@ -8,8 +8,8 @@ same run on the same device, jax.nn.dot_product_attention with implementation="x
 backend it picks there; get_backend's name is recorded).
 
 Bytes (every tensor read once, written once): forward q, k, v read + out written;
-backward q, k, v, out, dout read + dq, dk, dv written; "fwd+bwd" counts both. TB/s =
-bytes / median time; "of copy" = that over the device copy bandwidth measured in this
+backward q, k, v, out, dout read + dq, dk, dv written; "fwd+bwd" counts both. GB/s (TB/s in
+the JSON) = bytes / median time; "of copy" = that over the device copy bandwidth measured in this
 run (bf16 x + 1, bytes read + written). Timing: time_pipelined below (common.py's method).
 Prints a table and writes JSON (--json).
 """
