@@ -81,16 +81,19 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
 // Blocks per SM to reserve registers for. Left to itself, ptxas spills to reach a
 // high occupancy, and with a larger minimum it spills to fit; 1 lets it use what the
 // code needs, except where a warp's chunk is small (one 16-byte vector per lane per row,
-// at most 2 rows per sub-group): there 5 blocks (20 warps, <= 102 registers) keep
-// enough bytes in flight, and ptxas still fits without spilling (4 for the float32
-// backward, whose slices are half as wide).
+// at most 2 rows per sub-group): there a warp has little in flight, so more warps must
+// be resident: 6 blocks (24 warps, <= 85 registers) for the one-row forward, 5 (<= 102)
+// elsewhere, 4 for the backward where that still spills (float32, sm_80). All without
+// spills (ptxas -v, sm_80 and sm_90a).
 template <class T, int D, int kCs, bool kBackward>
 constexpr int min_blocks() {
   if (Geo<T, D>::kVpl != 1 || kCs > 2) return 1;
+  if (!kBackward) return kCs == 1 ? 6 : 5;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if (kBackward) return 4;  // sm_80's backward code needs a few more registers
+  return 4;  // sm_80's backward code needs a few more registers
+#else
+  return sizeof(T) == 4 ? 4 : 5;
 #endif
-  return kBackward && sizeof(T) == 4 ? 4 : 5;
 }
 
 // One query row t of head h against the keys [kv.begin, kv.begin + n) of its kv head.
