@@ -46,8 +46,8 @@ def test_every_kv_length_to_64(key, dtype, dim):
 
 
 # Every chunk size of every head dim is picked by some width here (launch.cuh).
-WIDTHS = [(jnp.bfloat16, w) for w in [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64]] + [
-    (jnp.float32, w) for w in [1, 2, 5, 17, 64]]
+WIDTHS = [(jnp.bfloat16, w) for w in [1, 2, 3, 5, 9, 17, 33, 64]] + [
+    (jnp.float32, w) for w in [2, 9, 64]]
 
 
 @pytest.mark.parametrize("dtype, width", WIDTHS, ids=[f"{ids(d)}-{w}" for d, w in WIDTHS])
