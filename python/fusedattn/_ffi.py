@@ -104,6 +104,8 @@ TARGETS = {
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
     "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
     "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
+    "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
+    "fusedattn_small_seq_bwd": {"cpu": "fa_cpu_small_seq_bwd", "CUDA": "fa_cuda_small_seq_bwd"},
 }
 
 
