@@ -63,9 +63,9 @@ def test_gpu_platform_gets_the_xla_reference(platform):
     (dict(qkv=shapes(dtype=jnp.int32)), "dtype"),
     (dict(attn_mask_type=AttnMaskType.PADDING_MASK), "sequence_descriptor"),
     (dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS), "attn_bias_type=POST_SCALE_BIAS"),
-    (dict(softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX), "softmax_type=OFF_BY_ONE_SOFTMAX"),
-    (dict(dropout_probability=0.2, is_training=True), "dropout_probability"),
-    (dict(window_size=(4, 0)), "window_size"),
+    (dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX), "softmax_offset"),
+    (dict(dropout_probability=0.2, is_training=True, seed=None), "seed"),
+    (dict(window_size=(-4, 0)), "window_size"),
     (dict(qkv_layout=QKVLayout.THD_THD_THD), "qkv_layout=THD_THD_THD"),
     (dict(max_segments_per_seq=3), "max_segments_per_seq"),
 ], ids=lambda x: x if isinstance(x, str) else None)
@@ -89,6 +89,25 @@ def test_kernel_available():
     assert available(attn_mask_type=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK) is True
     assert available(q_dtype=jnp.float32, kv_dtype=jnp.float32, head_dim_qk=256,
                      head_dim_v=32) is True
+    assert available(attn_bias_type=AttnBiasType.PRE_SCALE_BIAS) is True
+    assert available(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX, window_size=(16, 0)) is True
+    assert available(dropout_probability=0.1) is True
+    assert available(qkv_layout=QKVLayout.THD_T2HD,
+                     attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK) is True
+
+
+def test_every_feature_gets_cpu_flash():
+    q = jax.ShapeDtypeStruct((B, S, 4, D), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((B, S, 2, 2, D), jnp.bfloat16)
+    sd = fusedattn.SequenceDescriptor.from_seqlens(jnp.array([[5, 3, 8], [16, 0, 0]]))
+    info = fusedattn.get_backend(
+        (q, kv), jax.ShapeDtypeStruct((1, 4, S, S), jnp.bfloat16), sd, 1,
+        attn_bias_type=AttnBiasType.POST_SCALE_BIAS, qkv_layout=QKVLayout.THD_T2HD,
+        attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK, max_segments_per_seq=3,
+        softmax_type=SoftmaxType.LEARNABLE_SOFTMAX,
+        softmax_offset=jax.ShapeDtypeStruct((4,), jnp.float32), dropout_probability=0.1,
+        is_training=True, window_size=(4, 0), platform="cpu")
+    assert (info.name, info.fused) == ("cpu_flash", True), info
 
 
 @pytest.mark.parametrize("overrides", [
@@ -98,11 +117,9 @@ def test_kernel_available():
     dict(q_num_heads=3, kv_num_heads=2),
     dict(head_dim_qk=512),
     dict(q_max_seqlen=2 ** 20 + 1),
-    dict(attn_bias_type=AttnBiasType.PRE_SCALE_BIAS),
-    dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX),
-    dict(dropout_probability=0.1),
-    dict(window_size=(16, 0)),
-    dict(qkv_layout=QKVLayout.BS3HD),
+    dict(window_size=(-16, 0)),
+    dict(qkv_layout=QKVLayout.BS3HD),  # q and kv lengths and heads differ: cannot be packed
+    dict(qkv_layout=QKVLayout.THD_THD_THD),  # THD needs a padding mask
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_kernel_not_available(overrides):
     assert available(**overrides) is False
