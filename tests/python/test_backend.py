@@ -180,3 +180,38 @@ def test_gpu_fallback_warns(key):
     fusedattn.attention._warned.clear()
     with pytest.warns(RuntimeWarning, match="xla_reference"):
         fusedattn.fused_attn((q, k, v), None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# The XLA fallback (platform_dependent's default=, what a GPU runs today) on the CPU: forced
+# here so every feature's fallback forward and backward is checked without a GPU.
+
+FALLBACK_SPECS = {
+    "bs3hd-causal": dict(layout=QKVLayout.BS3HD, mask=AttnMaskType.CAUSAL_MASK, Hkv=4),
+    "bs2hd-window": dict(layout=QKVLayout.BSHD_BS2HD, mask=AttnMaskType.CAUSAL_MASK,
+                         window=(9, 0)),
+    "thd-t2hd-sink-dropout": dict(layout=QKVLayout.THD_T2HD, M=3,
+                                  mask=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+                                  softmax=SoftmaxType.LEARNABLE_SOFTMAX, dropout=0.2),
+    "t3hd": dict(layout=QKVLayout.T3HD, mask=AttnMaskType.PADDING_MASK, Hkv=4, M=3),
+    "bias-off-by-one": dict(mask=AttnMaskType.CAUSAL_MASK, bias_shape=(2, 1, 48, 48),
+                            bias_type=AttnBiasType.PRE_SCALE_BIAS,
+                            softmax=SoftmaxType.OFF_BY_ONE_SOFTMAX),
+}
+
+
+@pytest.mark.parametrize("name", FALLBACK_SPECS)
+def test_fallback_serves_every_feature(key, name, monkeypatch):
+    from features import Spec, check
+    monkeypatch.setattr(jax.lax, "platform_dependent",
+                        lambda *args, cpu, default: default(*args))
+    spec = dict(FALLBACK_SPECS[name])
+    if spec.get("M", 1) > 1:
+        spec["sd"] = fusedattn.SequenceDescriptor.from_seqlens(
+            (jnp.array([[20, 0, 28], [1, 40, 7]]), jnp.array([[10, 30, 8], [48, 0, 0]])))
+    r = check(key, Spec(Sq=48, Skv=48, **spec))
+    q, k, v = qkv(key, B, 48, 48, 4, 2, 32)
+    lowered = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None)).lower(
+        q, k, v).as_text()
+    assert "fusedattn_attn_fwd" not in lowered, "the fallback must not call the engine"
+    assert r is not None
