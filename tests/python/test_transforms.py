@@ -222,3 +222,18 @@ def test_grad_of_vmap_with_a_shared_bias(key):
     one = jax.jit(jax.grad(lambda bias, n: jnp.sum(f(q[n], k[n], v[n], bias) * dout[n])))
     np.testing.assert_allclose(np.asarray(g), sum(np.asarray(one(bias, n)) for n in range(N)),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_of_packed_layouts(key):
+    # Packed layouts pass empty k / v operands, which vmap broadcasts like the others.
+    from fusedattn import QKVLayout
+    qkv_ = normal(key, (N, B, Sq, 3, Hq, D))
+
+    def loss(x):
+        out = fusedattn.fused_attn(x, None, None, None, qkv_layout=QKVLayout.BS3HD,
+                                   attn_mask_type=AttnMaskType.CAUSAL_MASK)
+        return jnp.sum(out ** 2)
+
+    got = jax.jit(jax.vmap(jax.grad(loss)))(qkv_)
+    one = jax.jit(jax.grad(loss))
+    assert_same(got, jnp.stack([one(qkv_[n]) for n in range(N)]), "vmap of BS3HD grads")
