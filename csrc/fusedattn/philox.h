@@ -26,17 +26,27 @@ struct Philox4 {
   uint32_t v[4];
 };
 
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;
+
+// One round on one counter (round r uses the key bumped r times by the Weyl constants).
+FA_HOST_DEVICE void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3,
+                                 uint32_t key0, uint32_t key1) {
+  const uint64_t p0 = uint64_t{kPhiloxMul0} * c0;
+  const uint64_t p1 = uint64_t{kPhiloxMul1} * c2;
+  const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ key0;
+  const uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ key1;
+  c1 = uint32_t(p1);
+  c3 = uint32_t(p0);
+  c0 = n0;
+  c2 = n2;
+}
+
 FA_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{kMul0} * ctr.v[0];
-    const uint64_t p1 = uint64_t{kMul1} * ctr.v[2];
-    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
-    const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
-    ctr = Philox4{{hi1 ^ ctr.v[1] ^ key0, lo1, hi0 ^ ctr.v[3] ^ key1, lo0}};
-    key0 += kWeyl0;
-    key1 += kWeyl1;
+    philox_round(ctr.v[0], ctr.v[1], ctr.v[2], ctr.v[3], key0, key1);
+    key0 += kPhiloxWeyl0;
+    key1 += kPhiloxWeyl1;
   }
   return ctr;
 }

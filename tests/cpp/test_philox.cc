@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
 
+#include "fusedattn/cpu/philox_lanes.h"
 #include "fusedattn/philox.h"
 
 namespace fusedattn {
@@ -28,6 +31,24 @@ TEST(Philox, KnownAnswerVectors) {
     const Philox4 got =
         philox4x32_10(Philox4{{k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]}}, k.key[0], k.key[1]);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], k.out[i]) << "word " << i;
+  }
+}
+
+// The engine's batched Philox (AVX2 where built for it) gives the scalar words.
+TEST(Philox, LanesMatchScalar) {
+  std::mt19937 rng(3);
+  for (int rep = 0; rep < 50; ++rep) {
+    uint32_t c[4][cpu::kPhiloxLanes];
+    for (auto& row : c)
+      for (uint32_t& x : row) x = uint32_t(rng());
+    const uint32_t k0 = uint32_t(rng()), k1 = uint32_t(rng());
+    uint32_t out[4][cpu::kPhiloxLanes];
+    std::memcpy(out, c, sizeof(c));
+    cpu::philox_lanes(out[0], out[1], out[2], out[3], k0, k1);
+    for (int l = 0; l < cpu::kPhiloxLanes; ++l) {
+      const Philox4 want = philox4x32_10(Philox4{{c[0][l], c[1][l], c[2][l], c[3][l]}}, k0, k1);
+      for (int w = 0; w < 4; ++w) ASSERT_EQ(out[w][l], want.v[w]) << "lane " << l << " word " << w;
+    }
   }
 }
 

@@ -155,7 +155,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               dr[c] = pr * (dr[c] - row_delta);
             }
           } else {
-            dropout.fill(q0 + r, k0, c_lo, c_hi, z.data());
+            dropout.fill_row(q0 + r, k0, z.data());
             for (int64_t c = 0; c < kBk; ++c) {
               const bool keep = c >= c_lo && c < c_hi;
               const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;

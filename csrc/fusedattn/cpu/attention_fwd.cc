@@ -100,7 +100,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         float* ar = acc.data() + r * Dvp;
         for (int64_t c = 0; c < Dvp; ++c) ar[c] *= alpha;
         if (dropout.on() && c_lo < c_hi) {
-          dropout.fill(q0 + r, k0, c_lo, c_hi, z.data());
+          dropout.fill_row(q0 + r, k0, z.data());
           for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= z.data()[c];
         }
       }

@@ -11,6 +11,8 @@
 #include "../philox.h"
 #include "attention.h"
 #include "dtypes.h"
+#include "philox_lanes.h"
+#include "tiles.h"
 
 namespace fusedattn::cpu {
 
@@ -62,14 +64,19 @@ class Dropout {
   }
   bool on() const { return on_; }
 
-  // z[c] = z(i, k0 + c) for c in [c_lo, c_hi).
-  void fill(int64_t i, int64_t k0, int64_t c_lo, int64_t c_hi, float* z) const {
-    for (int64_t g = (k0 + c_lo) / 4; g * 4 < k0 + c_hi; ++g) {
-      const Philox4 w = dropout_words(seed_, b_, h_, i, g);
-      for (int t = 0; t < 4; ++t) {
-        const int64_t c = g * 4 + t - k0;
-        if (c >= c_lo && c < c_hi) z[c] = w.v[t] >= threshold_ ? inv_keep_ : 0.0f;
-      }
+  // z[c] = z(i, k0 + c) for the 64 keys c of the tile at k0 (a multiple of 4): one
+  // row of a tile is 16 key groups, whose Philox calls run side by side (philox_lanes.h).
+  void fill_row(int64_t i, int64_t k0, float* z) const {
+    static_assert(kPhiloxLanes * 4 == kBk, "one Philox batch covers one tile row of keys");
+    alignas(32) uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+    for (int l = 0; l < kPhiloxLanes; ++l)
+      c0[l] = uint32_t(k0 / 4 + l), c1[l] = uint32_t(i), c2[l] = uint32_t(h_), c3[l] = uint32_t(b_);
+    philox_lanes(c0, c1, c2, c3, seed_[0], seed_[1]);
+    for (int l = 0; l < kPhiloxLanes; ++l) {
+      z[4 * l + 0] = c0[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 1] = c1[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 2] = c2[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 3] = c3[l] >= threshold_ ? inv_keep_ : 0.0f;
     }
   }
 
