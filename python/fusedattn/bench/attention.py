@@ -15,6 +15,9 @@ forward (the dense causal Sq == Skv case is the usual half of 4*B*H*S*S*D), forw
 resident before them (Linux /proc/self/clear_refs resets the mark), so the number includes
 what the kernels allocate internally, not just XLA's buffers.
 
+--clock process times CPU seconds per call instead of wall time (common.cpu_time_fn): for
+comparing two builds on a shared, loaded machine; its GFLOP/s are work rates, not speeds.
+
 Prints a table and writes JSON (--json).
 """
 
@@ -31,7 +34,7 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor
 
-from .common import run_info, time_fn
+from .common import cpu_time_fn, run_info, time_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +172,10 @@ def run(args):
                 fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
                 fargs = (q, k, v, dout, *extra) if backward else (q, k, v, *extra)
                 try:
-                    sec, mem = time_fn(fn, fargs, repeats=args.repeats, track_rss=not on_gpu)
+                    if args.clock == "process":
+                        sec, mem = cpu_time_fn(fn, fargs, repeats=args.repeats)
+                    else:
+                        sec, mem = time_fn(fn, fargs, repeats=args.repeats, track_rss=not on_gpu)
                 except Exception as e:  # an anchor that does not serve this row
                     r[f"{name}_error"] = str(e).splitlines()[0][:120]
                     continue
@@ -214,6 +220,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="CPU grid only")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="process: CPU seconds per call, min of the repeats (common.cpu_time_fn); "
+                        "steady on a loaded machine, for before/after comparisons")
     p.add_argument("--json", help="write the rows to this JSON file")
     args = p.parse_args(argv)
 
