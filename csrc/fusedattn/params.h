@@ -53,8 +53,15 @@ enum FaBackend {
 enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2, FA_INTERNAL = 3 };
 
 // Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],
-// v [B, Skv, Hkv, Dv], out [B, Sq, Hq, Dv]. `batch` counts every leading
-// dimension (vmap adds leading dimensions; the kernels fold them into B).
+// v [B, Skv, Hkv, Dv], out [B, Sq, Hq, Dv] (packed layouts are views of these).
+// `batch` counts every leading dimension: vmap adds leading dimensions and the
+// kernels fold them into B. `num_slices` says how many independent calls that
+// folding stacked (1 without vmap): folded batch entry b belongs to slice
+// b / (batch / num_slices), whose seed, softmax_offset and (broadcast) bias it reads.
+//
+// THD layouts (THD_THD_THD, T3HD, THD_T2HD) keep the [B, S, H, D] shapes, but each
+// row b holds up to `max_segments` sequences, described by seqlens [B, M] and
+// token offsets [B, M + 1] (see reference.py for the semantics).
 typedef struct FaAttnParams {
   int64_t batch;
   int64_t seqlen_q;
@@ -65,7 +72,11 @@ typedef struct FaAttnParams {
   int64_t head_dim_v;
   int64_t window_left;   // -1: unbounded
   int64_t window_right;  // -1: unbounded
-  int32_t dtype;         // FaDType of q, k, v and out
+  int64_t max_segments;  // segments per row: 1 for BSHD layouts, M for THD layouts
+  int64_t bias_batch;    // 0 without bias, else the bias's batch extent: 1 or batch / num_slices
+  int64_t bias_heads;    // 0 without bias, else the bias's head extent: 1 or heads_q
+  int64_t num_slices;    // vmap slices folded into batch (>= 1, divides batch)
+  int32_t dtype;         // FaDType of q, k, v, out and bias
   int32_t layout;        // FaQKVLayout
   int32_t mask_type;     // FaMaskType
   int32_t bias_type;     // FaBiasType
@@ -97,6 +108,18 @@ inline bool is_causal_top_left(int32_t mask) {
 inline bool is_causal_bottom_right(int32_t mask) {
   return mask == FA_CAUSAL_BOTTOM_RIGHT_MASK || mask == FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK;
 }
+inline bool is_causal(int32_t mask) { return is_causal_top_left(mask) || is_causal_bottom_right(mask); }
+inline bool is_thd(int32_t layout) {
+  return layout == FA_T3HD || layout == FA_THD_T2HD || layout == FA_THD_THD_THD;
+}
+// q, k and v in one tensor [B, S, 3, H, D]
+inline bool is_qkv_packed(int32_t layout) { return layout == FA_BS3HD || layout == FA_T3HD; }
+// k and v in one tensor [B, S, 2, H, D]
+inline bool is_kv_packed(int32_t layout) { return layout == FA_BSHD_BS2HD || layout == FA_THD_T2HD; }
+// Dropout is applied only while training with a positive probability.
+inline bool has_dropout(const FaAttnParams& p) { return p.is_training && p.dropout > 0.0f; }
+// Batch entries per vmap slice.
+inline int64_t slice_batch(const FaAttnParams& p) { return p.batch / p.num_slices; }
 
 const char* dtype_name(int32_t dtype);
 const char* layout_name(int32_t layout);

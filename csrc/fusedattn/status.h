@@ -22,3 +22,10 @@ struct Status {
 };
 
 }  // namespace fusedattn
+
+// Returns a failed Status from the enclosing function (which returns Status).
+#define FA_RETURN_IF_NOT_OK(expr)          \
+  do {                                     \
+    ::fusedattn::Status _fa_st = (expr);   \
+    if (!_fa_st.ok()) return _fa_st;       \
+  } while (0)

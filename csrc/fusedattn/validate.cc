@@ -130,28 +130,56 @@ Status validate(const AttnParams& p) {
     return (Msg() << "window_size: got (" << p.window_left << ", " << p.window_right
                   << "); each side must be -1 (unbounded) or >= 0")
         .invalid();
+  if (p.num_slices < 1 || p.batch % p.num_slices != 0)
+    return (Msg() << "num_slices: got " << p.num_slices << " for batch " << p.batch
+                  << "; must be >= 1 and divide the batch")
+        .invalid();
 
-  // Valid requests that this version of the engine does not serve yet.
-  if (p.layout != FA_BSHD_BSHD_BSHD)
-    return (Msg() << "qkv_layout=" << layout_name(p.layout)
-                  << " is not implemented yet; implemented: BSHD_BSHD_BSHD")
-        .unimplemented();
-  if (p.bias_type != FA_NO_BIAS)
-    return (Msg() << "attn_bias_type=" << bias_name(p.bias_type)
-                  << " is not implemented yet; implemented: NO_BIAS")
-        .unimplemented();
-  if (p.softmax_type != FA_VANILLA_SOFTMAX)
-    return (Msg() << "softmax_type=" << softmax_name(p.softmax_type)
-                  << " is not implemented yet; implemented: VANILLA_SOFTMAX")
-        .unimplemented();
-  if (p.is_training && p.dropout > 0.0f)
-    return (Msg() << "dropout_probability=" << p.dropout
-                  << " is not implemented yet; use 0.0 (or is_training=False)")
-        .unimplemented();
-  if (p.window_left != -1 || p.window_right != -1)
-    return (Msg() << "window_size=(" << p.window_left << ", " << p.window_right
-                  << ") is not implemented yet; use None")
-        .unimplemented();
+  // Layouts: packed tensors force equal extents; THD rows hold several sequences.
+  if (is_qkv_packed(p.layout) &&
+      (p.seqlen_q != p.seqlen_kv || p.heads_q != p.heads_kv || p.head_dim_qk != p.head_dim_v))
+    return (Msg() << "qkv_layout=" << layout_name(p.layout) << ": q, k and v share one tensor "
+                  << "[B, S, 3, H, D], so their sequence lengths, heads and head dims must be "
+                  << "equal; got Sq " << p.seqlen_q << ", Skv " << p.seqlen_kv << ", Hq "
+                  << p.heads_q << ", Hkv " << p.heads_kv << ", D " << p.head_dim_qk << ", Dv "
+                  << p.head_dim_v)
+        .invalid();
+  if (is_kv_packed(p.layout) && p.head_dim_qk != p.head_dim_v)
+    return (Msg() << "qkv_layout=" << layout_name(p.layout) << ": k and v share one tensor "
+                  << "[B, S, 2, H, D], so the head dims of k and v must be equal; got "
+                  << p.head_dim_qk << " and " << p.head_dim_v)
+        .invalid();
+  if (p.max_segments < 1 || p.max_segments > kMaxSeqLen)
+    return (Msg() << "max_segments_per_seq: got " << p.max_segments << "; allowed 1.."
+                  << kMaxSeqLen)
+        .invalid();
+  if (!is_thd(p.layout) && p.max_segments != 1)
+    return (Msg() << "max_segments_per_seq=" << p.max_segments << " needs a THD layout "
+                  << "(THD_THD_THD, T3HD or THD_T2HD); qkv_layout=" << layout_name(p.layout)
+                  << " holds one sequence per row, so max_segments_per_seq must be 1")
+        .invalid();
+  if (is_thd(p.layout) && !has_padding(p.mask_type))
+    return (Msg() << "qkv_layout=" << layout_name(p.layout) << " with attn_mask_type="
+                  << mask_name(p.mask_type) << ": THD layouts take their segments from the "
+                  << "sequence descriptor and need a padding mask; allowed: PADDING_MASK, "
+                  << "PADDING_CAUSAL_MASK, PADDING_CAUSAL_BOTTOM_RIGHT_MASK")
+        .invalid();
+
+  // Bias: [1 | B, 1 | Hq, Sq, Skv].
+  const bool has_bias_tensor = p.bias_batch != 0 || p.bias_heads != 0;
+  if (p.bias_type == FA_NO_BIAS && has_bias_tensor)
+    return (Msg() << "bias: a bias tensor [" << p.bias_batch << ", " << p.bias_heads << ", "
+                  << p.seqlen_q << ", " << p.seqlen_kv << "] was given with attn_bias_type="
+                  << "NO_BIAS; pass no bias or choose PRE_SCALE_BIAS / POST_SCALE_BIAS")
+        .invalid();
+  if (p.bias_type != FA_NO_BIAS &&
+      !((p.bias_batch == 1 || p.bias_batch == slice_batch(p)) &&
+        (p.bias_heads == 1 || p.bias_heads == p.heads_q)))
+    return (Msg() << "bias: attn_bias_type=" << bias_name(p.bias_type) << " got a bias with "
+                  << "batch extent " << p.bias_batch << " and head extent " << p.bias_heads
+                  << "; allowed shapes: [1 or " << slice_batch(p) << ", 1 or " << p.heads_q
+                  << ", " << p.seqlen_q << ", " << p.seqlen_kv << "] (a missing bias has extent 0)")
+        .invalid();
   return Status::Ok();
 }
 

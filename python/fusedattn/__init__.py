@@ -2,9 +2,11 @@
 
 from . import _ffi
 from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
+from .dot_product import dot_product_attention
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
 from .reference import attention_reference
 from .sequence import SequenceDescriptor
+from .small_seq import SmallSeqDescriptor, fused_attn_small_seq
 from .softmax import is_softmax_kernel_available, softmax, softmax_fallback
 
 __version__ = _ffi.version()
@@ -13,7 +15,8 @@ num_threads = _ffi.num_threads
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",
-    "SoftmaxFusionType", "SoftmaxType", "attention_reference", "fused_attn", "get_backend",
+    "SmallSeqDescriptor", "SoftmaxFusionType", "SoftmaxType", "attention_reference",
+    "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
     "is_fused_attn_kernel_available", "is_softmax_kernel_available", "num_threads",
     "set_num_threads", "softmax", "softmax_fallback",
 ]

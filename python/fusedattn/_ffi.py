@@ -33,6 +33,10 @@ class AttnParams(ctypes.Structure):
         ("head_dim_v", ctypes.c_int64),
         ("window_left", ctypes.c_int64),
         ("window_right", ctypes.c_int64),
+        ("max_segments", ctypes.c_int64),
+        ("bias_batch", ctypes.c_int64),
+        ("bias_heads", ctypes.c_int64),
+        ("num_slices", ctypes.c_int64),
         ("dtype", ctypes.c_int32),
         ("layout", ctypes.c_int32),
         ("mask_type", ctypes.c_int32),
@@ -104,6 +108,8 @@ TARGETS = {
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
     "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
     "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
+    "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
+    "fusedattn_small_seq_bwd": {"cpu": "fa_cpu_small_seq_bwd", "CUDA": "fa_cuda_small_seq_bwd"},
 }
 
 

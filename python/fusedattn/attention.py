@@ -12,203 +12,93 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import _ffi
+from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
-from .sequence import SequenceDescriptor
 
 __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    """Static (hashable) part of a call: everything but the arrays."""
-
-    layout: QKVLayout
-    mask_type: AttnMaskType
-    bias_type: AttnBiasType
-    softmax_type: SoftmaxType
-    scale: float
-    dropout: float
-    is_training: bool
-    window: tuple[int, int]
-
-    def ffi_attrs(self) -> dict[str, Any]:
-        # Names and types match AttnAttrs in csrc/fusedattn/ffi/attn_decode.h.
-        return dict(layout=np.int32(self.layout), mask_type=np.int32(self.mask_type),
-                    bias_type=np.int32(self.bias_type), softmax_type=np.int32(self.softmax_type),
-                    is_training=np.int32(self.is_training), scale=np.float32(self.scale),
-                    dropout=np.float32(self.dropout), window_left=np.int64(self.window[0]),
-                    window_right=np.int64(self.window[1]))
-
-    def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
-               head_dim_v) -> _ffi.AttnParams:
-        return _ffi.AttnParams(
-            batch=batch, seqlen_q=seqlen_q, seqlen_kv=seqlen_kv, heads_q=heads_q,
-            heads_kv=heads_kv, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
-            window_left=self.window[0], window_right=self.window[1],
-            dtype=_ffi.DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
-            mask_type=int(self.mask_type), bias_type=int(self.bias_type),
-            softmax_type=int(self.softmax_type), is_training=int(self.is_training),
-            scale=self.scale, dropout=self.dropout)
-
-
-def _raise_for_status(code: int, message: str) -> None:
-    if code == _ffi.STATUS_UNIMPLEMENTED:
-        raise NotImplementedError(f"fused_attn: {message}")
-    if code != _ffi.STATUS_OK:
-        raise ValueError(f"fused_attn: {message}")
-
-
-def _enum(enum_cls, value, name: str):
-    try:
-        return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(m.name for m in enum_cls)
-        raise ValueError(f"fused_attn: {name}={value!r} is not a valid {enum_cls.__name__}; "
-                         f"allowed: {allowed}") from None
-
-
-def _window(window_size) -> tuple[int, int]:
-    if window_size is None:
-        return (-1, -1)
-    try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"fused_attn: window_size must be None or a pair (left, right) of ints; "
-                         f"got {window_size!r}") from None
-    return (left, right)
-
-
-def _split_qkv(qkv, layout: QKVLayout):
-    if layout != QKVLayout.BSHD_BSHD_BSHD:
-        raise NotImplementedError(
-            f"fused_attn: qkv_layout={layout.name} is not implemented yet; implemented: "
-            "BSHD_BSHD_BSHD")
-    if not isinstance(qkv, (tuple, list)) or len(qkv) != 3:
-        raise ValueError("fused_attn: qkv must be a tuple (q, k, v) for qkv_layout=BSHD_BSHD_BSHD")
-    q, k, v = qkv
-    for name, x in zip("qkv", (q, k, v)):
-        if len(x.shape) != 4:
-            raise ValueError(f"fused_attn: {name} must have rank 4 [batch, seq, heads, head_dim]; "
-                             f"got shape {tuple(x.shape)}")
-    dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _ffi.DTYPE_CODES:
-        raise ValueError(f"fused_attn: dtype: got q {q.dtype}, k {k.dtype}, v {v.dtype}; q, k and "
-                         "v must share one dtype among float32, bfloat16 and float16")
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"fused_attn: batch sizes differ: q {q.shape}, k {k.shape}, v {v.shape}")
-    if k.shape[1:3] != v.shape[1:3]:
-        raise ValueError(f"fused_attn: k and v must have the same sequence length and heads; got "
-                         f"k {k.shape}, v {v.shape}")
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"fused_attn: q and k must have the same head dim; got q {q.shape}, "
-                         f"k {k.shape}")
-    return q, k, v
-
-
-def _prepare(qkv, bias, sequence_descriptor, *, attn_bias_type, attn_mask_type, qkv_layout,
-             softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
-             window_size, softmax_offset):
-    """Checks a call and returns (q, k, v, config, params). Raises on bad input."""
-    layout = _enum(QKVLayout, qkv_layout, "qkv_layout")
-    mask_type = _enum(AttnMaskType, attn_mask_type, "attn_mask_type")
-    bias_type = _enum(AttnBiasType, attn_bias_type, "attn_bias_type")
-    softmax = _enum(SoftmaxType, softmax_type, "softmax_type")
-    q, k, v = _split_qkv(qkv, layout)
-    if bias is not None and bias_type == AttnBiasType.NO_BIAS:
-        raise ValueError("fused_attn: bias was given but attn_bias_type=NO_BIAS; pass bias=None "
-                         "or choose PRE_SCALE_BIAS / POST_SCALE_BIAS")
-    if softmax_offset is not None and softmax != SoftmaxType.LEARNABLE_SOFTMAX:
-        raise ValueError("fused_attn: softmax_offset is only used with "
-                         "softmax_type=LEARNABLE_SOFTMAX")
-    if max_segments_per_seq != 1:
-        raise NotImplementedError(
-            f"fused_attn: max_segments_per_seq={max_segments_per_seq} is not implemented yet "
-            "(packed THD sequences); use 1")
-    if mask_type.is_padding() and sequence_descriptor is None:
-        raise ValueError(f"fused_attn: attn_mask_type={mask_type.name} needs a "
-                         "sequence_descriptor (SequenceDescriptor.from_seqlens(...))")
-    if sequence_descriptor is not None and not isinstance(sequence_descriptor, SequenceDescriptor):
-        raise ValueError("fused_attn: sequence_descriptor must be a SequenceDescriptor or None; "
-                         f"got {type(sequence_descriptor).__name__}")
-    scale = float(q.shape[-1] ** -0.5 if scaling_factor is None else scaling_factor)
-    cfg = _Config(layout, mask_type, bias_type, softmax, scale, float(dropout_probability),
-                  bool(is_training), _window(window_size))
-    params = cfg.params(q.dtype, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2],
-                        q.shape[3], v.shape[3])
-    _raise_for_status(*_ffi.validate(params))
-    if sequence_descriptor is not None:
-        for name in ("q_seqlens", "kv_seqlens"):
-            lens = getattr(sequence_descriptor, name)
-            if lens.shape != (q.shape[0],):
-                raise ValueError(f"fused_attn: sequence_descriptor.{name} must have shape "
-                                 f"[{q.shape[0]}] (the batch); got {tuple(lens.shape)}")
-    return q, k, v, cfg, params
-
-
 # ---------------------------------------------------------------------------
-# The differentiable core: (q, k, v, q_lens, kv_lens) -> (out, lse, max_logit per batch)
+# The differentiable core: the ten FFI operands (attn_decode.h) -> (out, lse, max_logit per
+# batch entry). Differentiable in q, k, v (as the layout packs them), bias and softmax_offset.
 
 
-def _fwd_ffi(q, k, v, q_lens, kv_lens, cfg: _Config):
-    B, Sq, Hq, _ = q.shape
-    Dv = v.shape[-1]
+def _fwd_ffi(*ops, cfg: Config, dims: Dims):
+    d = dims
+    lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
     call = jax.ffi.ffi_call(
         "fusedattn_attn_fwd",
-        (jax.ShapeDtypeStruct((B, Sq, Hq, Dv), q.dtype),
-         jax.ShapeDtypeStruct((B, Hq, Sq), jnp.float32),
-         jax.ShapeDtypeStruct((B, Hq), jnp.float32)),
+        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
+         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32)),
         vmap_method="broadcast_all")  # the handler folds vmap's leading dims into the batch
-    return call(q, k, v, q_lens, kv_lens, **cfg.ffi_attrs())
+    return call(*ops, **cfg.ffi_attrs())
 
 
-def _bwd_ffi(q, k, v, out, dout, lse, q_lens, kv_lens, cfg: _Config):
+def _bwd_ffi(*ops_out_dout_lse, cfg: Config, dims: Dims):
+    ops = ops_out_dout_lse[:10]
+    has_offset = ops[4].size > 0
     call = jax.ffi.ffi_call(
         "fusedattn_attn_bwd",
-        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-         jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
+        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),),
         vmap_method="broadcast_all")
-    return call(q, k, v, out, dout, lse, q_lens, kv_lens, **cfg.ffi_attrs())
+    dq, dk, dv, dbias, doffset = call(*ops_out_dout_lse, **cfg.ffi_attrs())
+    # d softmax_offset comes per batch entry [B, Hq]: the offset [Hq] is shared by the batch.
+    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset
 
 
-def _reference(q, k, v, q_lens, kv_lens, cfg: _Config):
-    return attention_reference(q, k, v, attn_mask_type=cfg.mask_type, scaling_factor=cfg.scale,
-                               q_seqlens=q_lens, kv_seqlens=kv_lens)
+def _reference(*ops, cfg: Config, dims: Dims):
+    """The same call by reference.py (XLA's fallback where no fused kernel runs)."""
+    q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs = ops
+    q, k, v = unpack(q_op, k_op, v_op, cfg.layout)
+    out, lse, max_logit = attention_reference(
+        q, k, v, attn_mask_type=cfg.mask_type, scaling_factor=cfg.scale, q_seqlens=q_lens,
+        kv_seqlens=kv_lens, q_offsets=q_offs, kv_offsets=kv_offs, thd=cfg.thd,
+        window_size=cfg.window, bias=bias if bias.size else None, attn_bias_type=cfg.bias_type,
+        softmax_type=cfg.softmax_type, softmax_offset=offset if offset.size else None,
+        dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed)
+    return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
 
 
-def _bwd_reference(q, k, v, out, dout, lse, q_lens, kv_lens, cfg: _Config):
-    _, vjp = jax.vjp(lambda q, k, v: _reference(q, k, v, q_lens, kv_lens, cfg)[0], q, k, v)
+def _bwd_reference(*ops_out_dout_lse, cfg: Config, dims: Dims):
+    ops, dout = ops_out_dout_lse[:10], ops_out_dout_lse[11]
+
+    def out_of(q, k, v, bias, offset):
+        return _reference(q, k, v, bias, offset, *ops[5:], cfg=cfg, dims=dims)[0]
+
+    _, vjp = jax.vjp(out_of, *ops[:5])
     return vjp(dout)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, q_lens, kv_lens, cfg: _Config):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11))
+def _attention(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, cfg, dims):
     return jax.lax.platform_dependent(
-        q, k, v, q_lens, kv_lens,
-        cpu=functools.partial(_fwd_ffi, cfg=cfg),
-        default=functools.partial(_reference, cfg=cfg))
+        q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs,
+        cpu=functools.partial(_fwd_ffi, cfg=cfg, dims=dims),
+        default=functools.partial(_reference, cfg=cfg, dims=dims))
 
 
-def _attention_fwd(q, k, v, q_lens, kv_lens, cfg: _Config):
-    out, lse, max_logit = _attention(q, k, v, q_lens, kv_lens, cfg)
-    return (out, lse, max_logit), (q, k, v, out, lse, q_lens, kv_lens)
+def _attention_fwd(*args):
+    ops, (cfg, dims) = args[:10], args[10:]
+    out, lse, max_logit = _attention(*ops, cfg, dims)
+    return (out, lse, max_logit), (ops, out, lse)
 
 
-def _attention_bwd(cfg: _Config, residuals, cotangents):
-    q, k, v, out, lse, q_lens, kv_lens = residuals
+def _attention_bwd(cfg: Config, dims: Dims, residuals, cotangents):
+    ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
-    dq, dk, dv = jax.lax.platform_dependent(
-        q, k, v, out, dout, lse, q_lens, kv_lens,
-        cpu=functools.partial(_bwd_ffi, cfg=cfg),
-        default=functools.partial(_bwd_reference, cfg=cfg))
-    return dq, dk, dv, None, None
+    grads = jax.lax.platform_dependent(
+        *ops, out, dout, lse,
+        cpu=functools.partial(_bwd_ffi, cfg=cfg, dims=dims),
+        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims))
+    return (*grads, None, None, None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -240,35 +130,38 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                softmax_offset=None,
                return_max_logit=False,
                return_aux=False):
-    """Fused scaled-dot-product attention.
+    """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
-    qkv: (q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv]) for BSHD_BSHD_BSHD;
-      float32, bfloat16 or float16 (all the same); Hq a multiple of Hkv (GQA/MQA).
-    bias: None (attn_bias_type=NO_BIAS).
+    qkv, by qkv_layout (float32, bfloat16 or float16, all the same):
+      BSHD_BSHD_BSHD, THD_THD_THD: (q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv])
+      BSHD_BS2HD, THD_T2HD: (q [B, Sq, Hq, D], kv [B, Skv, 2, Hkv, D])
+      BS3HD, T3HD: qkv [B, S, 3, H, D] (or a 1-tuple of it)
+      Hq a multiple of Hkv (GQA/MQA). THD layouts pack several sequences per row, as the
+      sequence_descriptor says (max_segments_per_seq of them), and need a padding mask.
+    bias: None, or [1|B, 1|Hq, Sq, Skv] with attn_bias_type PRE_SCALE_BIAS / POST_SCALE_BIAS
+      (cast to q's dtype); differentiable.
     sequence_descriptor: SequenceDescriptor (required by the padding masks) or None.
-    seed: dropout seed; unused while dropout_probability == 0.
+    seed: dropout seed (an int, a raw uint32 [2] key or a typed PRNG key); read only when
+      is_training and dropout_probability > 0.
     scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D).
+    window_size: None or (left, right), -1 = unbounded (sliding window attention).
+    softmax_offset: [Hq] or [1, Hq, 1, 1] float, the per-head extra logit of
+      LEARNABLE_SOFTMAX; differentiable.
 
     Returns out [B, Sq, Hq, Dv] in q's dtype, or (out, aux) when return_max_logit or
     return_aux is set: aux["max_logit"] f32 [Hq] (max over batch, queries and kept keys
-    of the scaled logits), aux["softmax_aux"] f32 [B, Hq, Sq, 1] (log-sum-exp of the
-    scaled masked logits; -inf for a fully masked row). Neither carries a gradient.
+    of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
+    for THD layouts): the log-sum-exp of each row (extra softmax logit included; -inf for
+    padding rows). Neither carries a gradient.
     """
-    del seed  # dropout is not implemented yet; _prepare rejects dropout_probability > 0
-    q, k, v, cfg, params = _prepare(
-        qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type,
-        attn_mask_type=attn_mask_type, qkv_layout=qkv_layout, softmax_type=softmax_type,
-        scaling_factor=scaling_factor, dropout_probability=dropout_probability,
-        is_training=is_training, max_segments_per_seq=max_segments_per_seq,
-        window_size=window_size, softmax_offset=softmax_offset)
-    _warn_if_fallback(params)
-    if sequence_descriptor is not None:
-        q_lens, kv_lens = sequence_descriptor.q_seqlens, sequence_descriptor.kv_seqlens
-    else:
-        q_lens = jnp.full((q.shape[0],), q.shape[1], jnp.int32)
-        kv_lens = jnp.full((q.shape[0],), k.shape[1], jnp.int32)
-    out, lse, max_logit = _attention(q, k, v, q_lens.astype(jnp.int32), kv_lens.astype(jnp.int32),
-                                     cfg)
+    call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
+                   attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
+                   softmax_type=softmax_type, scaling_factor=scaling_factor,
+                   dropout_probability=dropout_probability, is_training=is_training,
+                   max_segments_per_seq=max_segments_per_seq, window_size=window_size,
+                   softmax_offset=softmax_offset)
+    _warn_if_fallback(call.params)
+    out, lse, max_logit = _attention(*call.operands, call.cfg, call.dims)
     if not (return_max_logit or return_aux):
         return out
     aux = {}
@@ -313,7 +206,7 @@ def _backend_info(params: _ffi.AttnParams, platform: str | None) -> BackendInfo:
     return BackendInfo(name, name in _FUSED_BACKENDS, reason)
 
 
-def get_backend(qkv, bias=None, sequence_descriptor=None, *,
+def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 attn_bias_type=AttnBiasType.NO_BIAS,
                 attn_mask_type=AttnMaskType.NO_MASK,
                 qkv_layout=QKVLayout.BSHD_BSHD_BSHD,
@@ -332,15 +225,15 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, *,
     "none" with the error as the reason.
     """
     try:
-        *_, params = _prepare(
-            qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type,
-            attn_mask_type=attn_mask_type, qkv_layout=qkv_layout, softmax_type=softmax_type,
-            scaling_factor=scaling_factor, dropout_probability=dropout_probability,
-            is_training=is_training, max_segments_per_seq=max_segments_per_seq,
-            window_size=window_size, softmax_offset=softmax_offset)
+        call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
+                       attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
+                       softmax_type=softmax_type, scaling_factor=scaling_factor,
+                       dropout_probability=dropout_probability, is_training=is_training,
+                       max_segments_per_seq=max_segments_per_seq, window_size=window_size,
+                       softmax_offset=softmax_offset, build=False)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
-    return _backend_info(params, platform)
+    return _backend_info(call.params, platform)
 
 
 def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,
@@ -350,9 +243,11 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
     """True when one of fusedattn's fused kernels serves this configuration."""
     if jnp.dtype(q_dtype) != jnp.dtype(kv_dtype):
         return False
-    cfg = _Config(QKVLayout(qkv_layout), AttnMaskType(attn_mask_type),
-                  AttnBiasType(attn_bias_type), SoftmaxType(softmax_type), 1.0,
-                  float(dropout_probability), bool(is_training), _window(window_size))
+    cfg = Config(QKVLayout(qkv_layout), AttnMaskType(attn_mask_type),
+                 AttnBiasType(attn_bias_type), SoftmaxType(softmax_type), 1.0,
+                 float(dropout_probability), bool(is_training), window(window_size))
+    # A bias of shape [1, Hq, Sq, Skv] stands for any bias of this configuration.
+    bias_extent = (0, 0) if cfg.bias_type == AttnBiasType.NO_BIAS else (1, q_num_heads)
     params = cfg.params(q_dtype, 1, q_max_seqlen, kv_max_seqlen, q_num_heads, kv_num_heads,
-                        head_dim_qk, head_dim_v)
+                        head_dim_qk, head_dim_v, 1, *bias_extent)
     return _backend_info(params, platform).fused

@@ -1,74 +1,209 @@
 """The plain-JAX reference of fused attention: materialized scores, float32 math.
 
-Every backend is tested against it, and XLA runs it where no fused kernel
-serves a call. Semantics (shared with csrc/fusedattn/cpu/mask.h):
+Every backend is tested against it, and XLA runs it where no fused kernel serves a
+call. Semantics (shared with csrc/fusedattn/cpu/mask.h, score_ops.h and philox.h):
 
-* scores s = scaling_factor * q . k, per (batch, q head, query, key); q head h
-  reads kv head h // (Hq // Hkv) (GQA/MQA).
-* Row i keeps the keys j with lo_i <= j < hi_i: padding masks keep i < q_len[b]
-  and j < kv_len[b]; CAUSAL keeps j <= i; CAUSAL_BOTTOM_RIGHT keeps
-  j <= i + (kv_len - q_len).
-* A row that keeps nothing gives output 0 and log-sum-exp -inf.
-* max_logit [H] is the max of kept scores over batch, queries and keys.
+* Scores per (batch, q head, query, key); q head h reads kv head h // (Hq // Hkv):
+  s = scale * q.k (+ bias: POST_SCALE_BIAS s = scale * q.k + bias, PRE_SCALE_BIAS
+  s = scale * (q.k + bias)); bias [1|B, 1|Hq, Sq, Skv] broadcasts.
+* Sequences: row b holds segments s < M; segment s has queries
+  [q_off[b, s], q_off[b, s] + q_len[b, s]) and keys [kv_off[b, s], ... + kv_len[b, s]).
+  BSHD layouts have one segment starting at token 0, whose lengths are the
+  descriptor's under the padding masks and the full extents otherwise. Offsets and
+  lengths are clamped to the tensor's extent. A query attends only to keys of its own
+  segment; tokens outside every segment are padding: output 0, lse -inf, no gradient.
+* Inside a segment, with local positions i, j and diag = 0 (top-left) or
+  kv_len - q_len (the *_BOTTOM_RIGHT masks), key j is kept for query i when
+  i + diag - left <= j <= i + diag + right, where window_size = (left, right) and
+  -1 is unbounded; a causal mask sets right = 0.
+* Softmax: OFF_BY_ONE adds one extra logit 0 to the denominator, LEARNABLE one extra
+  logit softmax_offset[h]; it has no value. lse includes the extra term: a query of a
+  segment that keeps no key has output 0 and lse equal to that logit (-inf under
+  VANILLA). max_logit [B, Hq] is the max of the kept scores (bias included, extra
+  logit not), -inf where nothing is kept.
+* Dropout (dropout_probability > 0 and a seed): the normalized probabilities times
+  keep / (1 - p), keep from Philox4x32-10 exactly as csrc/fusedattn/philox.h: counter
+  (key // 4, query, head, batch), key words (seed[0], seed[1]), word key % 4 kept when
+  >= floor(p * 2^32). So this reference (and the XLA fallback built on it) draws the
+  same mask as the CPU engine; other GPU backends may use their own generator.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .enums import AttnMaskType
+from .enums import AttnBiasType, AttnMaskType, SoftmaxType
+
+# ---------------------------------------------------------------------------
+# Philox4x32-10 on uint32 arrays (no 64-bit integers needed)
+
+
+def _mulhilo(a: int, b):
+    """(hi, lo) 32-bit halves of the 64-bit product of constant a and uint32 array b."""
+    u32 = jnp.uint32
+    a_lo, a_hi = u32(a & 0xFFFF), u32(a >> 16)
+    b_lo, b_hi = b & u32(0xFFFF), b >> u32(16)
+    lolo, hilo, lohi, hihi = a_lo * b_lo, a_hi * b_lo, a_lo * b_hi, a_hi * b_hi
+    cross = (lolo >> u32(16)) + (hilo & u32(0xFFFF)) + lohi  # < 2^32: no overflow
+    hi = hihi + (hilo >> u32(16)) + (cross >> u32(16))
+    return hi, u32(a) * b
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 of counters (c0..c3, uint32 arrays) under key (k0, k1) -> 4 words."""
+    c = [jnp.asarray(x, jnp.uint32) for x in (c0, c1, c2, c3)]
+    k0, k1 = jnp.asarray(k0, jnp.uint32), jnp.asarray(k1, jnp.uint32)
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(0xD2511F53, c[0])
+        hi1, lo1 = _mulhilo(0xCD9E8D57, c[2])
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+        k0 = k0 + jnp.uint32(0x9E3779B9)
+        k1 = k1 + jnp.uint32(0xBB67AE85)
+    return c
+
+
+def dropout_threshold(p: float) -> int:
+    """Words at or above it keep their element (philox.h's dropout_threshold)."""
+    return min(int(float(np.float32(p)) * 2.0 ** 32), 2 ** 32 - 1)
+
+
+def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int):
+    """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p."""
+    seed = jnp.asarray(seed, jnp.uint32)
+    b = jnp.arange(B, dtype=jnp.uint32)[:, None, None, None]
+    h = jnp.arange(H, dtype=jnp.uint32)[None, :, None, None]
+    i = jnp.arange(Sq, dtype=jnp.uint32)[None, None, :, None]
+    j = jnp.arange(Skv, dtype=jnp.uint32)[None, None, None, :]
+    words = philox4x32_10(j >> 2, i, h, b, seed[0], seed[1])
+    word = jnp.select([(j & 3) == t for t in range(3)], words[:3], words[3])
+    return word >= jnp.uint32(dropout_threshold(p))
+
+
+# ---------------------------------------------------------------------------
+# Masks
+
+
+def _segments(lens, offsets, S, M, thd, padding):
+    """Clamped (begin, length) int32 [B, M] of each segment (mask.cc's segment_mask)."""
+    if thd:
+        begin = jnp.clip(jnp.asarray(offsets, jnp.int32)[:, :M], 0, S)
+    else:
+        begin = jnp.zeros((lens.shape[0], M), jnp.int32)
+    length = S - begin
+    if padding:
+        length = jnp.clip(jnp.asarray(lens, jnp.int32), 0, length)
+    return begin, length
+
+
+def _token_segment(begin, length, S):
+    """Segment index of each token [B, S] (-1: padding); a later segment wins on overlap."""
+    t = jnp.arange(S)[None, :, None]
+    inside = (t >= begin[:, None, :]) & (t < (begin + length)[:, None, :])  # [B, S, M]
+    M = begin.shape[1]
+    last = M - 1 - jnp.argmax(inside[..., ::-1], axis=-1)
+    return jnp.where(inside.any(-1), last, -1)
+
+
+def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
+                 kv_offsets=None, thd=False, window_size=None):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]): keep[b, i, j] when query i keeps key j;
+    real[b, i] when query i belongs to a segment (not padding)."""
+    mask_type = AttnMaskType(mask_type)
+    padding = mask_type.is_padding()
+    if padding:
+        q_lens = jnp.asarray(q_seqlens, jnp.int32).reshape(B, -1)
+        kv_lens = jnp.asarray(kv_seqlens, jnp.int32).reshape(B, -1)
+    else:
+        q_lens = kv_lens = jnp.zeros((B, 1), jnp.int32)  # unread
+    M = q_lens.shape[1]
+    qb, ql = _segments(q_lens, q_offsets, Sq, M, thd, padding)
+    kb, kl = _segments(kv_lens, kv_offsets, Skv, M, thd, padding)
+    qs = _token_segment(qb, ql, Sq)   # [B, Sq]
+    ks = _token_segment(kb, kl, Skv)  # [B, Skv]
+    take = lambda x, s: jnp.take_along_axis(x, jnp.maximum(s, 0), axis=1)
+    li = jnp.arange(Sq)[None] - take(qb, qs)  # local positions
+    lj = jnp.arange(Skv)[None] - take(kb, ks)
+    diag = take(kl - ql, qs) if mask_type.is_bottom_right() else jnp.zeros_like(qs)
+    left, right = (-1, -1) if window_size is None else window_size
+    if mask_type.is_causal():
+        right = 0
+    keep = (qs[:, :, None] >= 0) & (qs[:, :, None] == ks[:, None, :])
+    pos = li[:, :, None] + diag[:, :, None]  # the diagonal key of each query
+    if left >= 0:
+        keep &= lj[:, None, :] >= pos - left
+    if right >= 0:
+        keep &= lj[:, None, :] <= pos + right
+    return keep, qs >= 0
 
 
 def attention_mask(mask_type: AttnMaskType, batch: int, seqlen_q: int, seqlen_kv: int,
                    q_seqlens=None, kv_seqlens=None) -> jax.Array:
-    """bool [B, 1, Sq, Skv], True = the key is kept."""
-    mask_type = AttnMaskType(mask_type)
-    if mask_type.is_padding():
-        q_len = jnp.clip(jnp.asarray(q_seqlens, jnp.int32), 0, seqlen_q)
-        kv_len = jnp.clip(jnp.asarray(kv_seqlens, jnp.int32), 0, seqlen_kv)
-    else:
-        q_len = jnp.full((batch,), seqlen_q, jnp.int32)
-        kv_len = jnp.full((batch,), seqlen_kv, jnp.int32)
-    i = jnp.arange(seqlen_q)[None, :, None]
-    j = jnp.arange(seqlen_kv)[None, None, :]
-    q_len = q_len[:, None, None]
-    kv_len = kv_len[:, None, None]
-    keep = (i < q_len) & (j < kv_len)
-    if mask_type.is_causal():
-        diag = kv_len - q_len if mask_type.is_bottom_right() else 0
-        keep &= j <= i + diag
-    return keep[:, None]
+    """bool [B, 1, Sq, Skv] of a BSHD call without window, True = the key is kept."""
+    return segment_mask(mask_type, batch, seqlen_q, seqlen_kv, q_seqlens, kv_seqlens)[0][:, None]
+
+
+# ---------------------------------------------------------------------------
+# Attention
 
 
 def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling_factor=None,
-                        q_seqlens=None, kv_seqlens=None):
-    """q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv].
+                        q_seqlens=None, kv_seqlens=None, q_offsets=None, kv_offsets=None,
+                        thd=False, window_size=None, bias=None,
+                        attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+                        softmax_type=SoftmaxType.VANILLA_SOFTMAX, softmax_offset=None,
+                        dropout_probability=0.0, seed=None):
+    """q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv]; q_seqlens / kv_seqlens
+    int [B] or [B, M]; q_offsets / kv_offsets int [B, M + 1] (read when thd); bias
+    [1|B, 1|Hq, Sq, Skv] (with attn_bias_type); softmax_offset [Hq] (LEARNABLE_SOFTMAX);
+    seed uint32 [2] (dropout_probability > 0: dropout on).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
     """
     B, Sq, Hq, D = q.shape
     _, Skv, Hkv, _ = k.shape
-    if scaling_factor is None:
-        scaling_factor = D ** -0.5
+    scale = D ** -0.5 if scaling_factor is None else scaling_factor
     group = Hq // Hkv
     qf = q.astype(jnp.float32).reshape(B, Sq, Hkv, group, D)
-    kf = k.astype(jnp.float32)
-    vf = v.astype(jnp.float32)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, kf, precision="highest") * scaling_factor
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(jnp.float32), precision="highest")
     s = s.reshape(B, Hq, Sq, Skv)
-    keep = attention_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens)
+    if bias is not None:
+        bias = jnp.broadcast_to(bias.astype(jnp.float32), (B, Hq, Sq, Skv))
+        s = (s + bias) * scale if AttnBiasType(attn_bias_type) == AttnBiasType.PRE_SCALE_BIAS \
+            else s * scale + bias
+    else:
+        s = s * scale
+    keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
+                              kv_offsets, thd, window_size)
+    keep = keep[:, None]  # [B, 1, Sq, Skv]
     neg_inf = jnp.float32(-jnp.inf)
-    m = jnp.max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
-    row_kept = jnp.isfinite(m)
-    m_safe = jax.lax.stop_gradient(jnp.where(row_kept, m, 0.0))
+    m_keys = jnp.max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
+    softmax_type = SoftmaxType(softmax_type)
+    if softmax_type == SoftmaxType.VANILLA_SOFTMAX:
+        sink = None
+        m = m_keys
+    else:
+        sink = (jnp.zeros((Hq,), jnp.float32) if softmax_type == SoftmaxType.OFF_BY_ONE_SOFTMAX
+                else jnp.asarray(softmax_offset, jnp.float32).reshape(Hq))
+        sink = sink[None, :, None, None]
+        m = jnp.maximum(m_keys, jax.lax.stop_gradient(sink))
+    row_live = jnp.isfinite(m)
+    m_safe = jax.lax.stop_gradient(jnp.where(row_live, m, 0.0))
     # The inner where keeps masked entries out of exp (no inf, no NaN gradients).
     p = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - m_safe), 0.0)
     l = jnp.sum(p, axis=-1, keepdims=True)
-    l_safe = jnp.where(row_kept, l, 1.0)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", (p / l_safe).reshape(B, Hkv, group, Sq, Skv), vf,
-                     precision="highest").reshape(B, Sq, Hq, -1)
-    lse = jnp.where(row_kept, m_safe + jnp.log(l_safe), neg_inf)[..., 0]
-    max_logit = jnp.max(m[..., 0], axis=-1)
+    if sink is not None:
+        l = l + jnp.exp(sink - m_safe)
+    l_safe = jnp.where(l > 0, l, 1.0)
+    probs = p / l_safe
+    if dropout_probability > 0.0:
+        keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
+        probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
+                     v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)
+    live = (l > 0)[..., 0] & real[:, None, :]
+    lse = jnp.where(live, (m_safe + jnp.log(l_safe))[..., 0], neg_inf)
+    max_logit = jnp.max(m_keys[..., 0], axis=-1)
     return out.astype(q.dtype), lse, max_logit

@@ -1,4 +1,13 @@
-"""SequenceDescriptor: how long each sequence of a batch really is."""
+"""SequenceDescriptor: where the sequences of each batch row are, and how long.
+
+Every row b of a batch holds M = max_segments_per_seq segments (M = 1 for the BSHD
+layouts): segment s has q_seqlens[b, s] query tokens starting at token q_offsets[b, s]
+of the row, and kv_seqlens[b, s] key/value tokens starting at kv_offsets[b, s]. The
+query tokens of segment s attend only to the key tokens of segment s; tokens outside
+every segment are padding (output 0). BSHD layouts read only the lengths: their one
+segment starts at token 0. Lengths and offsets are clamped to the tensors' extents by
+the kernels; segments of one row must not overlap.
+"""
 
 from __future__ import annotations
 
@@ -8,40 +17,131 @@ import jax
 import jax.numpy as jnp
 
 
+def _int_array(x, name, ctor):
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim not in (1, 2):
+        raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array [B] or "
+                         f"[B, M]; got shape {x.shape} dtype {x.dtype}")
+    return (x if x.ndim == 2 else x[:, None]).astype(jnp.int32)
+
+
+def _pair(x, name, ctor):
+    """x or (x_q, x_kv) -> (x_q, x_kv)."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an array or a pair "
+                             f"(for q, for kv); got a sequence of {len(x)} items")
+        return x[0], x[1]
+    return x, x
+
+
+def packed_offsets(seqlens: jax.Array) -> jax.Array:
+    """int32 [B, M + 1]: the segments of each row laid back to back from token 0."""
+    zero = jnp.zeros(seqlens.shape[:-1] + (1,), jnp.int32)
+    return jnp.concatenate([zero, jnp.cumsum(jnp.maximum(seqlens, 0), axis=-1)], axis=-1)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SequenceDescriptor:
-    """Per-sequence lengths for the padding masks.
-
-    q_seqlens, kv_seqlens: int32 [B]. Row i of batch b is a real token when
-    i < q_seqlens[b] (likewise keys); the rest is padding, which attends to
-    nothing and yields zeros. Lengths are clamped to the tensor's sequence
-    extent by the kernels.
-    """
+    """Segment lengths int32 [B, M] (or [B]: one segment per row) and token offsets
+    int32 [B, M + 1] (None: segments packed back to back from token 0)."""
 
     q_seqlens: jax.Array
     kv_seqlens: jax.Array
+    q_offsets: jax.Array | None = None
+    kv_offsets: jax.Array | None = None
+
+    @property
+    def max_segments_per_seq(self) -> int:
+        return 1 if self.q_seqlens.ndim == 1 else int(self.q_seqlens.shape[-1])
 
     @classmethod
     def from_seqlens(cls, seqlens) -> "SequenceDescriptor":
-        """seqlens: an int array [B] used for both q and kv, or a pair (q_seqlens, kv_seqlens)."""
-        if isinstance(seqlens, (tuple, list)):
-            if len(seqlens) != 2:
-                raise ValueError(
-                    "SequenceDescriptor.from_seqlens: seqlens must be an array [B] or a pair "
-                    f"(q_seqlens, kv_seqlens); got a sequence of {len(seqlens)} items")
-            q, kv = seqlens
-        else:
-            q = kv = seqlens
-        q = jnp.asarray(q)
-        kv = jnp.asarray(kv)
-        for name, x in (("q_seqlens", q), ("kv_seqlens", kv)):
-            if x.ndim != 1 or not jnp.issubdtype(x.dtype, jnp.integer):
-                raise ValueError(
-                    f"SequenceDescriptor.from_seqlens: {name} must be a 1-D integer array [B]; "
-                    f"got shape {x.shape} dtype {x.dtype}")
+        """seqlens: int [B] or [B, M] for both q and kv, or a pair (q_seqlens, kv_seqlens).
+
+        Segments are packed back to back from token 0 of each row (offsets = cumulative
+        lengths)."""
+        q, kv = _pair(seqlens, "seqlens", "from_seqlens")
+        q = _int_array(q, "q_seqlens", "from_seqlens")
+        kv = _int_array(kv, "kv_seqlens", "from_seqlens")
         if q.shape != kv.shape:
-            raise ValueError(
-                f"SequenceDescriptor.from_seqlens: q_seqlens {q.shape} and kv_seqlens {kv.shape} "
-                "must have the same batch size")
-        return cls(q.astype(jnp.int32), kv.astype(jnp.int32))
+            raise ValueError(f"SequenceDescriptor.from_seqlens: q_seqlens {q.shape} and "
+                             f"kv_seqlens {kv.shape} must have the same batch size and segments")
+        return cls(q, kv, packed_offsets(q), packed_offsets(kv))
+
+    @classmethod
+    def from_seqlens_and_offsets(cls, seqlens, offsets) -> "SequenceDescriptor":
+        """seqlens int [B, M] and offsets int [B, M + 1] (token where each segment starts;
+        the last column is where the row's last segment ends), each for both q and kv or
+        a pair (for q, for kv)."""
+        ctor = "from_seqlens_and_offsets"
+        q, kv = _pair(seqlens, "seqlens", ctor)
+        qo, kvo = _pair(offsets, "offsets", ctor)
+        q, kv = _int_array(q, "q_seqlens", ctor), _int_array(kv, "kv_seqlens", ctor)
+        qo, kvo = _int_array(qo, "q_offsets", ctor), _int_array(kvo, "kv_offsets", ctor)
+        if q.shape != kv.shape:
+            raise ValueError(f"SequenceDescriptor.{ctor}: q_seqlens {q.shape} and kv_seqlens "
+                             f"{kv.shape} must have the same shape [B, M]")
+        for name, lens, offs in (("q", q, qo), ("kv", kv, kvo)):
+            want = lens.shape[:-1] + (lens.shape[-1] + 1,)
+            if offs.shape != want:
+                raise ValueError(f"SequenceDescriptor.{ctor}: {name}_offsets must have shape "
+                                 f"[B, M + 1] = {list(want)}; got {list(offs.shape)}")
+        return cls(q, kv, qo, kvo)
+
+    @classmethod
+    def from_segment_ids_and_pos(cls, segment_ids, segment_pos=None, *,
+                                 max_segments_per_seq=None) -> "SequenceDescriptor":
+        """segment_ids int [B, S] (0 = padding), for both q and kv or a pair (q_ids, kv_ids);
+        segment_pos int [B, S] (optional, likewise): each token's position in its segment.
+
+        A segment is a run of equal non-zero ids; where segment_pos is given, a token whose
+        position does not continue the previous token's starts a new segment too. The q
+        and kv segments of a row are matched by their order in the row. Runs past
+        max_segments_per_seq (default: S) are dropped (their tokens become padding)."""
+        ctor = "from_segment_ids_and_pos"
+        q_ids, kv_ids = _pair(segment_ids, "segment_ids", ctor)
+        q_pos, kv_pos = _pair(segment_pos, "segment_pos", ctor)
+        q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
+        for name, ids in (("q segment_ids", q_ids), ("kv segment_ids", kv_ids)):
+            if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+                raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
+                                 f"[B, S]; got shape {ids.shape} dtype {ids.dtype}")
+        if q_ids.shape[0] != kv_ids.shape[0]:
+            raise ValueError(f"SequenceDescriptor.{ctor}: q and kv segment_ids have different "
+                             f"batch sizes: {q_ids.shape[0]} and {kv_ids.shape[0]}")
+        M = max_segments_per_seq or max(q_ids.shape[1], kv_ids.shape[1])
+        if int(M) < 1:
+            raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; "
+                             f"got {M}")
+        q_lens, q_offs = _runs(q_ids, q_pos, int(M), ctor)
+        kv_lens, kv_offs = _runs(kv_ids, kv_pos, int(M), ctor)
+        return cls(q_lens, kv_lens, q_offs, kv_offs)
+
+
+def _runs(ids, pos, M, ctor):
+    """Runs of equal non-zero ids in each row of ids [B, S] -> lengths [B, M], offsets
+    [B, M + 1] (empty segments start where the row's last run ends)."""
+    B, S = ids.shape
+    real = ids != 0
+    prev = jnp.pad(ids, ((0, 0), (1, 0)))[:, :-1]
+    start = real & (ids != prev)
+    if pos is not None:
+        pos = jnp.asarray(pos)
+        if pos.shape != ids.shape or not jnp.issubdtype(pos.dtype, jnp.integer):
+            raise ValueError(f"SequenceDescriptor.{ctor}: segment_pos must be an integer array "
+                             f"of the shape of segment_ids {ids.shape}; got shape {pos.shape} "
+                             f"dtype {pos.dtype}")
+        prev_pos = jnp.pad(pos, ((0, 0), (1, 0)), constant_values=-2)[:, :-1]
+        start |= real & (pos != prev_pos + 1)
+    seg = jnp.cumsum(start, axis=1) - 1  # run index of each token (-1 before the first run)
+    rows = jnp.arange(B)[:, None]
+    idx = jnp.where(real & (seg < M), seg, M)  # M: dropped (padding or too many runs)
+    lens = jnp.zeros((B, M + 1), jnp.int32).at[rows, idx].add(1)[:, :M]
+    token = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+    first = jnp.full((B, M + 1), S, jnp.int32).at[rows, jnp.where(start, idx, M)].min(token)
+    ends = jnp.where(lens > 0, first[:, :M] + lens, 0)
+    row_end = jnp.max(ends, axis=1, initial=0)[:, None]
+    offsets = jnp.where(lens > 0, first[:, :M], row_end)
+    return lens, jnp.concatenate([offsets, row_end], axis=1).astype(jnp.int32)

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness.h"
 #include "fusedattn/cpu/attention.h"
 #include "fusedattn/cpu/thread_pool.h"
 #include "fusedattn/params.h"
@@ -35,85 +36,7 @@
 namespace fusedattn::cpu {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// --- storage -------------------------------------------------------------------
-
-int64_t elem_size(int32_t dtype) { return dtype == FA_FLOAT32 ? 4 : 2; }
-
-const char* short_name(int32_t dtype) {
-  return dtype == FA_FLOAT32 ? "f32" : dtype == FA_BFLOAT16 ? "bf16" : "f16";
-}
-
-// n elements of one storage dtype. Reads go through decoders written here so the
-// test does not trust the engine's own conversions (test_dtypes.cc checks those).
-class Tensor {
- public:
-  Tensor(int32_t dtype, int64_t n) : dtype_(dtype), n_(n), words_((n * elem_size(dtype) + 3) / 4 + 1) {}
-
-  int64_t size() const { return n_; }
-  void* data() { return words_.data(); }
-  const void* data() const { return words_.data(); }
-
-  double get(int64_t i) const {
-    if (dtype_ == FA_FLOAT32) {
-      float f;
-      std::memcpy(&f, bytes() + 4 * i, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, bytes() + 2 * i, 2);
-    if (dtype_ == FA_FLOAT16) {
-      _Float16 x;
-      std::memcpy(&x, &h, 2);
-      return static_cast<double>(x);
-    }
-    const uint32_t u = uint32_t{h} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-
-  // Stores x rounded to nearest even in the storage dtype.
-  void set(int64_t i, float x) {
-    if (dtype_ == FA_FLOAT32) {
-      std::memcpy(bytes() + 4 * i, &x, 4);
-    } else if (dtype_ == FA_FLOAT16) {
-      const _Float16 h = static_cast<_Float16>(x);
-      std::memcpy(bytes() + 2 * i, &h, 2);
-    } else {
-      uint32_t u;
-      std::memcpy(&u, &x, 4);
-      u += 0x7fffu + ((u >> 16) & 1u);  // finite inputs only
-      const uint16_t h = uint16_t(u >> 16);
-      std::memcpy(bytes() + 2 * i, &h, 2);
-    }
-  }
-
-  // All-ones bytes: a NaN in float32, bfloat16 and float16 alike.
-  void poison() { std::memset(words_.data(), 0xff, words_.size() * 4); }
-
-  void fill_normal(std::mt19937& rng) {
-    std::normal_distribution<float> normal;
-    for (int64_t i = 0; i < n_; ++i) set(i, normal(rng));
-  }
-
-  std::vector<double> values() const {
-    std::vector<double> v(n_);
-    for (int64_t i = 0; i < n_; ++i) v[i] = get(i);
-    return v;
-  }
-
- private:
-  unsigned char* bytes() { return reinterpret_cast<unsigned char*>(words_.data()); }
-  const unsigned char* bytes() const { return reinterpret_cast<const unsigned char*>(words_.data()); }
-
-  int32_t dtype_;
-  int64_t n_;
-  std::vector<uint32_t> words_;
-};
-
-std::vector<double> values(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+using namespace fusedattn::testing;
 
 // --- problems ------------------------------------------------------------------
 
@@ -135,7 +58,14 @@ void PrintTo(const Shape& s, std::ostream* os) {
 
 struct Problem {
   AttnParams p;
-  std::vector<int32_t> q_lens, kv_lens;  // always passed; read only by the padding masks
+  std::vector<int32_t> q_lens, kv_lens;  // [B, 1]: always passed; read only by the padding masks
+
+  Extras extras() const {
+    Extras x;
+    x.seq.q_lens = q_lens.data();
+    x.seq.kv_lens = kv_lens.data();
+    return x;
+  }
 
   int64_t B() const { return p.batch; }
   int64_t Sq() const { return p.seqlen_q; }
@@ -184,6 +114,8 @@ Problem make_problem(int32_t dtype, int32_t mask, const Shape& s) {
   p.is_training = 1;
   p.scale = s.scale != 0.0f ? s.scale : float(1.0 / std::sqrt(double(s.D)));
   p.dropout = 0.0f;
+  p.max_segments = 1;
+  p.num_slices = 1;
   for (int64_t b = 0; b < s.B; ++b) {
     if (!s.lens.empty()) {
       pr.q_lens.push_back(s.lens[b].first);
@@ -308,75 +240,6 @@ RefBwd ref_backward(const Problem& pr, const std::vector<double>& q, const std::
   return g;
 }
 
-// --- comparison ------------------------------------------------------------------
-
-// ||got - ref|| <= rel_l2 * ||ref|| + floor * ||mag|| and
-// max |got - ref| <= max_rel * max |ref| + floor * max |mag|.
-// The floor (about 16 float32 roundings of the summed terms) only matters
-// where the terms cancel; elsewhere ||mag|| is of the order of ||ref||.
-struct Tol {
-  double rel_l2;
-  double max_rel;
-  double floor;
-};
-
-Tol tol_for(int32_t dtype) {
-  switch (dtype) {
-    case FA_FLOAT32: return {1e-5, 1e-4, 2e-6};
-    case FA_BFLOAT16: return {1e-2, 2e-2, 2e-6};
-    default: return {1e-2, 1e-2, 2e-6};
-  }
-}
-
-// NaN or inf in got never passes.
-::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& ref,
-                                 const std::vector<double>& mag, const Tol& tol) {
-  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size mismatch";
-  double err2 = 0.0, ref2 = 0.0, mag2 = 0.0, max_err = 0.0, ref_max = 0.0, mag_max = 0.0;
-  int64_t worst = -1, bad = 0, first_bad = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) {
-      if (bad++ == 0) first_bad = int64_t(i);
-      continue;
-    }
-    const double e = std::fabs(got[i] - ref[i]);
-    err2 += e * e;
-    ref2 += ref[i] * ref[i];
-    mag2 += mag[i] * mag[i];
-    ref_max = std::max(ref_max, std::fabs(ref[i]));
-    mag_max = std::max(mag_max, std::fabs(mag[i]));
-    if (e > max_err) max_err = e, worst = int64_t(i);
-  }
-  if (bad)
-    return ::testing::AssertionFailure() << bad << " of " << got.size()
-                                         << " elements are NaN/inf (unwritten or overflowed), first at "
-                                         << first_bad << " (ref " << ref[first_bad] << ")";
-  const double l2 = std::sqrt(err2), ref_l2 = std::sqrt(ref2), mag_l2 = std::sqrt(mag2);
-  const double tol_l2 = tol.rel_l2 * ref_l2 + tol.floor * mag_l2;
-  const double tol_max = tol.max_rel * ref_max + tol.floor * mag_max;
-  std::ostringstream msg;
-  msg << "L2 error " << l2 << " = " << (ref_l2 > 0 ? l2 / ref_l2 : 0.0) << " x ||ref|| (allowed "
-      << tol_l2 << "), max abs error " << max_err << " at " << worst << " (got "
-      << (worst >= 0 ? got[worst] : 0.0) << ", ref " << (worst >= 0 ? ref[worst] : 0.0)
-      << "; allowed " << tol_max << ")";
-  const bool ok_l2 = l2 <= tol_l2, ok_max = max_err <= tol_max;
-  if (ok_l2 && ok_max) return ::testing::AssertionSuccess() << msg.str();
-  return ::testing::AssertionFailure() << msg.str();
-}
-
-// lse / max_logit: -inf exactly where the reference is -inf, relative 1e-5 elsewhere.
-::testing::AssertionResult close_logits(const std::vector<double>& got, const std::vector<double>& ref) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (ref[i] == -kInf) {
-      if (got[i] != -kInf)
-        return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want -inf";
-    } else if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > 1e-5 * std::max(1.0, std::fabs(ref[i]))) {
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << ref[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // Rows that keep no key must be exactly zero in `got` ([B, S, H, width] with the
 // row's key mask given by keeps(b, s)).
 template <class Keeps>
@@ -428,10 +291,11 @@ EngineFwd run_forward(const Problem& pr, const Inputs& in, bool with_max_logit =
   EngineFwd f{Tensor(pr.p.dtype, pr.n_o()), std::vector<float>(pr.n_lse(), nan),
               std::vector<float>(pr.B() * pr.Hq(), nan)};
   f.out.poison();
-  FwdArgs a{in.q.data(), in.k.data(), in.v.data(), pr.q_lens.data(), pr.kv_lens.data(), f.out.data(),
-            f.lse.data(), with_max_logit ? f.max_logit.data() : nullptr,
+  FwdArgs a{in.q.data(), in.k.data(), in.v.data(), f.out.data(), f.lse.data(),
+            with_max_logit ? f.max_logit.data() : nullptr,
             Strides::bshd(pr.Sq(), pr.Hq(), pr.D()), Strides::bshd(pr.Skv(), pr.Hkv(), pr.D()),
-            Strides::bshd(pr.Skv(), pr.Hkv(), pr.Dv()), Strides::bshd(pr.Sq(), pr.Hq(), pr.Dv())};
+            Strides::bshd(pr.Skv(), pr.Hkv(), pr.Dv()), Strides::bshd(pr.Sq(), pr.Hq(), pr.Dv()),
+            lse_strides(pr.p), pr.extras()};
   attention_fwd(pr.p, a);
   return f;
 }
@@ -446,8 +310,8 @@ EngineBwd run_backward(const Problem& pr, const Inputs& in, const EngineFwd& f) 
   const Strides sv = Strides::bshd(pr.Skv(), pr.Hkv(), pr.Dv());
   const Strides so = Strides::bshd(pr.Sq(), pr.Hq(), pr.Dv());
   BwdArgs a{in.q.data(), in.k.data(), in.v.data(), f.out.data(), in.dout.data(), f.lse.data(),
-            pr.q_lens.data(), pr.kv_lens.data(), g.dq.data(), g.dk.data(), g.dv.data(),
-            sq, sk, sv, so, so, sq, sk, sv};
+            g.dq.data(), g.dk.data(), g.dv.data(), nullptr, nullptr,
+            sq, sk, sv, so, so, lse_strides(pr.p), sq, sk, sv, pr.extras()};
   attention_bwd(pr.p, a);
   return g;
 }
@@ -630,13 +494,13 @@ TEST_P(AttentionProperties, StridedTensorsMatchContiguous) {
   dkv.poison();
   std::vector<float> lse(pr.n_lse(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> max_logit(B * H, std::numeric_limits<float>::quiet_NaN());
-  FwdArgs fa{at_elem(qkv, 0), at_elem(qkv, H * D), at_elem(qkv, 2 * H * D), pr.q_lens.data(),
-             pr.kv_lens.data(), out.data(), lse.data(), max_logit.data(), packed, packed, packed, gapped};
+  FwdArgs fa{at_elem(qkv, 0), at_elem(qkv, H * D), at_elem(qkv, 2 * H * D), out.data(), lse.data(),
+             max_logit.data(), packed, packed, packed, gapped, lse_strides(pr.p), pr.extras()};
   attention_fwd(pr.p, fa);
   BwdArgs ba{at_elem(qkv, 0), at_elem(qkv, H * D), at_elem(qkv, 2 * H * D), out.data(), dout.data(),
-             lse.data(), pr.q_lens.data(), pr.kv_lens.data(), dq.data(), at_elem(dkv, H * D),
-             at_elem(dkv, 2 * H * D), packed, packed, packed, gapped,
-             Strides::bshd(S, H, D), gapped, packed, packed};
+             lse.data(), dq.data(), at_elem(dkv, H * D), at_elem(dkv, 2 * H * D), nullptr, nullptr,
+             packed, packed, packed, gapped, Strides::bshd(S, H, D), lse_strides(pr.p), gapped,
+             packed, packed, pr.extras()};
   attention_bwd(pr.p, ba);
 
   // dq is compared to a tolerance only: its summation order depends on the

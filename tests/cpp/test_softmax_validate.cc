@@ -135,6 +135,31 @@ TEST(SoftmaxMaskRows, EveryBroadcastPattern) {
       ASSERT_EQ(mask_row_offset(m, row), idx) << "pattern " << pattern << " row " << row;
       ASSERT_EQ(mask_row_offset(m, static_cast<uint32_t>(row)), idx);
     }
+    // The launch order visits every row once, with its own mask row.
+    std::vector<int> seen(rows, 0);
+    for (int64_t t = 0; t < rows; ++t) {
+      int64_t row, off;
+      locate_row(m, t, &row, &off);
+      ASSERT_TRUE(row >= 0 && row < rows) << "pattern " << pattern << " t " << t;
+      ++seen[row];
+      ASSERT_EQ(off, mask_row_offset(m, row)) << "pattern " << pattern << " t " << t;
+    }
+    for (int64_t row = 0; row < rows; ++row) ASSERT_EQ(seen[row], 1) << "pattern " << pattern;
+  }
+}
+
+TEST(SoftmaxMaskRows, RowsSharingAMaskRowLaunchTogether) {
+  // [2, 1, 4, 8] mask over [2, 3, 4, 8] logits: the 3 heads of a (b, i) are consecutive.
+  const MaskRows m = make_mask_rows(make({2, 3, 4, 8}, FA_SOFTMAX_SCALED_MASKED, 1, {2, 1, 4, 8}));
+  for (int64_t t = 0; t < 24; t += 3) {
+    int64_t row0, off0;
+    locate_row(m, t, &row0, &off0);
+    for (int64_t j = 1; j < 3; ++j) {
+      int64_t row, off;
+      locate_row(m, t + j, &row, &off);
+      EXPECT_EQ(off, off0) << t + j;
+      EXPECT_NE(row, row0) << t + j;
+    }
   }
 }
 

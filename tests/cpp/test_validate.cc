@@ -35,6 +35,8 @@ AttnParams valid_params() {
   p.is_training = 1;
   p.scale = 0.125f;
   p.dropout = 0.0f;
+  p.max_segments = 1;
+  p.num_slices = 1;
   return p;
 }
 
@@ -71,7 +73,6 @@ TEST_P(ValidateRejects, CodeAndMessage) {
 }
 
 constexpr int32_t kInvalid = FA_INVALID_ARGUMENT;
-constexpr int32_t kUnimpl = FA_UNIMPLEMENTED;
 
 const Case kCases[] = {
     // Malformed calls.
@@ -126,31 +127,44 @@ const Case kCases[] = {
     // A malformed argument wins over an unimplemented one.
     {"invalid_before_unimplemented", [](AttnParams& p) { p.layout = FA_BS3HD, p.batch = 0; },
      kInvalid, {"batch"}},
-    // Valid calls this engine does not serve yet.
-    {"layout_bs3hd", [](AttnParams& p) { p.layout = FA_BS3HD; }, kUnimpl,
-     {"qkv_layout", "BS3HD", "not implemented", "BSHD_BSHD_BSHD"}},
-    {"layout_bshd_bs2hd", [](AttnParams& p) { p.layout = FA_BSHD_BS2HD; }, kUnimpl,
-     {"qkv_layout", "BSHD_BS2HD"}},
-    {"layout_t3hd", [](AttnParams& p) { p.layout = FA_T3HD; }, kUnimpl, {"qkv_layout", "T3HD"}},
-    {"layout_thd_t2hd", [](AttnParams& p) { p.layout = FA_THD_T2HD; }, kUnimpl,
-     {"qkv_layout", "THD_T2HD"}},
-    {"layout_thd_thd_thd", [](AttnParams& p) { p.layout = FA_THD_THD_THD; }, kUnimpl,
-     {"qkv_layout", "THD_THD_THD"}},
-    {"bias_pre_scale", [](AttnParams& p) { p.bias_type = FA_PRE_SCALE_BIAS; }, kUnimpl,
-     {"attn_bias_type", "PRE_SCALE_BIAS", "not implemented"}},
-    {"bias_post_scale", [](AttnParams& p) { p.bias_type = FA_POST_SCALE_BIAS; }, kUnimpl,
-     {"attn_bias_type", "POST_SCALE_BIAS"}},
-    {"softmax_off_by_one", [](AttnParams& p) { p.softmax_type = FA_OFF_BY_ONE_SOFTMAX; }, kUnimpl,
-     {"softmax_type", "OFF_BY_ONE_SOFTMAX", "not implemented"}},
-    {"softmax_learnable", [](AttnParams& p) { p.softmax_type = FA_LEARNABLE_SOFTMAX; }, kUnimpl,
-     {"softmax_type", "LEARNABLE_SOFTMAX"}},
-    {"dropout_in_training", [](AttnParams& p) { p.dropout = 0.1f; }, kUnimpl,
-     {"dropout_probability", "0.1", "not implemented"}},
-    {"window_left", [](AttnParams& p) { p.window_left = 16; }, kUnimpl,
-     {"window_size", "16", "not implemented"}},
-    {"window_right", [](AttnParams& p) { p.window_right = 0; }, kUnimpl, {"window_size", "0"}},
-    {"window_both", [](AttnParams& p) { p.window_left = 3, p.window_right = 4; }, kUnimpl,
-     {"window_size", "3", "4"}},
+    {"num_slices_zero", [](AttnParams& p) { p.num_slices = 0; }, kInvalid, {"num_slices", "0"}},
+    {"num_slices_not_dividing_batch", [](AttnParams& p) { p.num_slices = 3; }, kInvalid,
+     {"num_slices", "3", "divide"}},
+    // Layouts.
+    {"bs3hd_lengths_differ", [](AttnParams& p) { p.layout = FA_BS3HD; }, kInvalid,
+     {"qkv_layout=BS3HD", "equal", "Sq 128", "Skv 96"}},
+    {"t3hd_heads_differ",
+     [](AttnParams& p) {
+       p.layout = FA_T3HD, p.mask_type = FA_PADDING_MASK;
+       p.seqlen_kv = p.seqlen_q, p.head_dim_v = p.head_dim_qk;
+     },
+     kInvalid, {"qkv_layout=T3HD", "Hq 8", "Hkv 2"}},
+    {"bs2hd_head_dims_differ", [](AttnParams& p) { p.layout = FA_BSHD_BS2HD; }, kInvalid,
+     {"qkv_layout=BSHD_BS2HD", "head dims", "64", "32"}},
+    {"max_segments_zero", [](AttnParams& p) { p.max_segments = 0; }, kInvalid,
+     {"max_segments_per_seq", "0"}},
+    {"max_segments_with_bshd", [](AttnParams& p) { p.max_segments = 3; }, kInvalid,
+     {"max_segments_per_seq=3", "THD_THD_THD, T3HD or THD_T2HD", "BSHD_BSHD_BSHD"}},
+    {"thd_needs_a_padding_mask", [](AttnParams& p) { p.layout = FA_THD_THD_THD; }, kInvalid,
+     {"qkv_layout=THD_THD_THD", "attn_mask_type=CAUSAL_MASK", "allowed: PADDING_MASK",
+      "PADDING_CAUSAL_MASK", "PADDING_CAUSAL_BOTTOM_RIGHT_MASK"}},
+    // Bias extents.
+    {"bias_tensor_with_no_bias", [](AttnParams& p) { p.bias_batch = p.bias_heads = 1; }, kInvalid,
+     {"bias", "NO_BIAS"}},
+    {"bias_type_without_tensor", [](AttnParams& p) { p.bias_type = FA_POST_SCALE_BIAS; },
+     kInvalid, {"attn_bias_type=POST_SCALE_BIAS", "allowed shapes", "[1 or 2, 1 or 8, 128, 96]"}},
+    {"bias_batch_extent",
+     [](AttnParams& p) { p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 3, p.bias_heads = 1; },
+     kInvalid, {"batch extent 3", "1 or 2"}},
+    {"bias_head_extent",
+     [](AttnParams& p) { p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 2; },
+     kInvalid, {"head extent 2", "1 or 8"}},
+    {"bias_batch_is_per_slice",  // vmap: the bias batch is the batch of one slice
+     [](AttnParams& p) {
+       p.batch = 4, p.num_slices = 2;
+       p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 4, p.bias_heads = 8;
+     },
+     kInvalid, {"batch extent 4", "1 or 2"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Checks, ValidateRejects, ::testing::ValuesIn(kCases),
@@ -209,6 +223,47 @@ const Case kValid[] = {
     {"dropout_not_training", [](AttnParams& p) { p.dropout = 0.5f, p.is_training = 0; }, FA_OK, {}},
     {"dropout_below_one_not_training",
      [](AttnParams& p) { p.dropout = std::nextafter(1.0f, 0.0f), p.is_training = 0; }, FA_OK, {}},
+    {"dropout_in_training", [](AttnParams& p) { p.dropout = 0.1f; }, FA_OK, {}},
+    {"bs3hd",
+     [](AttnParams& p) {
+       p.layout = FA_BS3HD, p.seqlen_kv = p.seqlen_q, p.heads_kv = p.heads_q;
+       p.head_dim_v = p.head_dim_qk;
+     },
+     FA_OK, {}},
+    {"bshd_bs2hd", [](AttnParams& p) { p.layout = FA_BSHD_BS2HD, p.head_dim_v = p.head_dim_qk; },
+     FA_OK, {}},
+    {"thd_thd_thd_segments",
+     [](AttnParams& p) { p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK, p.max_segments = 9; },
+     FA_OK, {}},
+    {"t3hd",
+     [](AttnParams& p) {
+       p.layout = FA_T3HD, p.mask_type = FA_PADDING_MASK, p.seqlen_kv = p.seqlen_q;
+       p.heads_kv = p.heads_q, p.head_dim_v = p.head_dim_qk;
+     },
+     FA_OK, {}},
+    {"thd_t2hd",
+     [](AttnParams& p) {
+       p.layout = FA_THD_T2HD, p.mask_type = FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK;
+       p.head_dim_v = p.head_dim_qk;
+     },
+     FA_OK, {}},
+    {"post_scale_bias_full",
+     [](AttnParams& p) { p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8; },
+     FA_OK, {}},
+    {"pre_scale_bias_broadcast",
+     [](AttnParams& p) { p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1; },
+     FA_OK, {}},
+    {"bias_per_slice",
+     [](AttnParams& p) {
+       p.batch = 6, p.num_slices = 3;
+       p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 1;
+     },
+     FA_OK, {}},
+    {"off_by_one_softmax", [](AttnParams& p) { p.softmax_type = FA_OFF_BY_ONE_SOFTMAX; }, FA_OK, {}},
+    {"learnable_softmax", [](AttnParams& p) { p.softmax_type = FA_LEARNABLE_SOFTMAX; }, FA_OK, {}},
+    {"sliding_window", [](AttnParams& p) { p.window_left = 16, p.window_right = 0; }, FA_OK, {}},
+    {"window_both_sides_no_mask",
+     [](AttnParams& p) { p.window_left = 3, p.window_right = 4, p.mask_type = FA_NO_MASK; }, FA_OK, {}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Edges, ValidateAccepts, ::testing::ValuesIn(kValid),

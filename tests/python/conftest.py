@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import fusedattn
-from fusedattn import AttnMaskType, SequenceDescriptor
-from fusedattn.reference import attention_mask
+from fusedattn import AttnBiasType, AttnMaskType, SequenceDescriptor, SoftmaxType
+from fusedattn.reference import dropout_keep, segment_mask
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 ALL_MASKS = list(AttnMaskType)
@@ -108,34 +108,57 @@ LENS_PATTERNS = {
 
 
 def reference_f32(q, k, v, mask_type=AttnMaskType.NO_MASK, q_lens=None, kv_lens=None,
-                  scale=None):
-    """attention_reference of the inputs upcast to float32: (out, lse, max_logit [B, Hq])."""
+                  scale=None, **features):
+    """attention_reference of the inputs upcast to float32: (out, lse, max_logit [B, Hq]).
+    features: attention_reference's other keywords (offsets, thd, window_size, bias, ...)."""
     f32 = lambda x: x.astype(jnp.float32)
+    if features.get("bias") is not None:
+        features = dict(features, bias=f32(features["bias"]))
     return fusedattn.attention_reference(f32(q), f32(k), f32(v), attn_mask_type=mask_type,
                                          scaling_factor=scale, q_seqlens=q_lens,
-                                         kv_seqlens=kv_lens)
+                                         kv_seqlens=kv_lens, **features)
 
 
 def reference_lowp(q, k, v, mask_type=AttnMaskType.NO_MASK, q_lens=None, kv_lens=None,
-                   scale=None):
-    """out [B, Sq, Hq, Dv] by the reference's math in q.dtype: the two matmuls round to
-    q.dtype, the softmax runs in float32 and its probabilities round to q.dtype (like
-    FlashAttention's `upcast=False` baseline). Differentiable; fully masked rows give 0."""
+                   scale=None, *, q_offsets=None, kv_offsets=None, thd=False, window_size=None,
+                   bias=None, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+                   softmax_type=SoftmaxType.VANILLA_SOFTMAX, softmax_offset=None,
+                   dropout_probability=0.0, seed=None):
+    """out [B, Sq, Hq, Dv] by the reference's math in q.dtype: the two matmuls (and the
+    bias add) round to q.dtype, the softmax runs in float32 and its (dropped) probabilities
+    round to q.dtype (like FlashAttention's `upcast=False` baseline). Differentiable;
+    fully masked rows give 0."""
     dt = q.dtype
     B, Sq, Hq, D = q.shape
     _, Skv, Hkv, _ = k.shape
     g = Hq // Hkv
     scale = D ** -0.5 if scale is None else scale
     s = jnp.einsum("bqhgd,bkhd->bhgqk", q.reshape(B, Sq, Hkv, g, D), k,
-                   preferred_element_type=dt)
-    s = (s * jnp.asarray(scale, dt)).reshape(B, Hq, Sq, Skv).astype(jnp.float32)
-    keep = attention_mask(mask_type, B, Sq, Skv, q_lens, kv_lens)
+                   preferred_element_type=dt).reshape(B, Hq, Sq, Skv)
+    if bias is not None and AttnBiasType(attn_bias_type) == AttnBiasType.PRE_SCALE_BIAS:
+        s = (s + bias.astype(dt)) * jnp.asarray(scale, dt)
+    else:
+        s = s * jnp.asarray(scale, dt)
+        if bias is not None:
+            s = s + bias.astype(dt)
+    s = s.astype(jnp.float32)
+    keep, _ = segment_mask(mask_type, B, Sq, Skv, q_lens, kv_lens, q_offsets, kv_offsets, thd,
+                           window_size)
+    keep = keep[:, None]
     m = jnp.max(jnp.where(keep, s, -jnp.inf), axis=-1, keepdims=True)
+    sink = None
+    if SoftmaxType(softmax_type) != SoftmaxType.VANILLA_SOFTMAX:
+        sink = (jnp.zeros((Hq,)) if SoftmaxType(softmax_type) == SoftmaxType.OFF_BY_ONE_SOFTMAX
+                else jnp.asarray(softmax_offset, jnp.float32).reshape(Hq))[None, :, None, None]
+        m = jnp.maximum(m, jax.lax.stop_gradient(sink))
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
     p = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - m), 0.0)
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    p = (p / jnp.where(l > 0, l, 1.0)).astype(dt)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", p.reshape(B, Hkv, g, Sq, Skv), v,
+    l = jnp.sum(p, axis=-1, keepdims=True) + (0.0 if sink is None else jnp.exp(sink - m))
+    p = p / jnp.where(l > 0, l, 1.0)
+    if dropout_probability > 0:
+        z = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
+        p = jnp.where(z, p / (1.0 - jnp.float32(dropout_probability)), 0.0)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(dt).reshape(B, Hkv, g, Sq, Skv), v,
                      preferred_element_type=dt)
     return out.reshape(B, Sq, Hq, -1)
 
@@ -213,11 +236,11 @@ def assert_lse_close(name, got, ref):
 
 
 def kept(mask_type, B, Sq, Skv, q_lens=None, kv_lens=None):
-    """bool [B, Sq, Skv]: key j is kept by query row i (the reference's rule, in numpy)."""
+    """bool [B, Sq, Skv]: key j is kept by query row i (the padding/causal rule, in numpy)."""
     mask_type = AttnMaskType(mask_type)
     if mask_type.is_padding():
-        q_len = np.clip(np.asarray(q_lens), 0, Sq)[:, None, None]
-        kv_len = np.clip(np.asarray(kv_lens), 0, Skv)[:, None, None]
+        q_len = np.clip(np.asarray(q_lens).reshape(B), 0, Sq)[:, None, None]
+        kv_len = np.clip(np.asarray(kv_lens).reshape(B), 0, Skv)[:, None, None]
     else:
         q_len, kv_len = np.full((B, 1, 1), Sq), np.full((B, 1, 1), Skv)
     i = np.arange(Sq)[None, :, None]

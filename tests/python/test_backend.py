@@ -63,9 +63,9 @@ def test_gpu_platform_gets_the_xla_reference(platform):
     (dict(qkv=shapes(dtype=jnp.int32)), "dtype"),
     (dict(attn_mask_type=AttnMaskType.PADDING_MASK), "sequence_descriptor"),
     (dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS), "attn_bias_type=POST_SCALE_BIAS"),
-    (dict(softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX), "softmax_type=OFF_BY_ONE_SOFTMAX"),
-    (dict(dropout_probability=0.2, is_training=True), "dropout_probability"),
-    (dict(window_size=(4, 0)), "window_size"),
+    (dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX), "softmax_offset"),
+    (dict(dropout_probability=0.2, is_training=True, seed=None), "seed"),
+    (dict(window_size=(-4, 0)), "window_size"),
     (dict(qkv_layout=QKVLayout.THD_THD_THD), "qkv_layout=THD_THD_THD"),
     (dict(max_segments_per_seq=3), "max_segments_per_seq"),
 ], ids=lambda x: x if isinstance(x, str) else None)
@@ -89,6 +89,25 @@ def test_kernel_available():
     assert available(attn_mask_type=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK) is True
     assert available(q_dtype=jnp.float32, kv_dtype=jnp.float32, head_dim_qk=256,
                      head_dim_v=32) is True
+    assert available(attn_bias_type=AttnBiasType.PRE_SCALE_BIAS) is True
+    assert available(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX, window_size=(16, 0)) is True
+    assert available(dropout_probability=0.1) is True
+    assert available(qkv_layout=QKVLayout.THD_T2HD,
+                     attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK) is True
+
+
+def test_every_feature_gets_cpu_flash():
+    q = jax.ShapeDtypeStruct((B, S, 4, D), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((B, S, 2, 2, D), jnp.bfloat16)
+    sd = fusedattn.SequenceDescriptor.from_seqlens(jnp.array([[5, 3, 8], [16, 0, 0]]))
+    info = fusedattn.get_backend(
+        (q, kv), jax.ShapeDtypeStruct((1, 4, S, S), jnp.bfloat16), sd, 1,
+        attn_bias_type=AttnBiasType.POST_SCALE_BIAS, qkv_layout=QKVLayout.THD_T2HD,
+        attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK, max_segments_per_seq=3,
+        softmax_type=SoftmaxType.LEARNABLE_SOFTMAX,
+        softmax_offset=jax.ShapeDtypeStruct((4,), jnp.float32), dropout_probability=0.1,
+        is_training=True, window_size=(4, 0), platform="cpu")
+    assert (info.name, info.fused) == ("cpu_flash", True), info
 
 
 @pytest.mark.parametrize("overrides", [
@@ -98,11 +117,9 @@ def test_kernel_available():
     dict(q_num_heads=3, kv_num_heads=2),
     dict(head_dim_qk=512),
     dict(q_max_seqlen=2 ** 20 + 1),
-    dict(attn_bias_type=AttnBiasType.PRE_SCALE_BIAS),
-    dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX),
-    dict(dropout_probability=0.1),
-    dict(window_size=(16, 0)),
-    dict(qkv_layout=QKVLayout.BS3HD),
+    dict(window_size=(-16, 0)),
+    dict(qkv_layout=QKVLayout.BS3HD),  # q and kv lengths and heads differ: cannot be packed
+    dict(qkv_layout=QKVLayout.THD_THD_THD),  # THD needs a padding mask
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_kernel_not_available(overrides):
     assert available(**overrides) is False
@@ -163,3 +180,38 @@ def test_gpu_fallback_warns(key):
     fusedattn.attention._warned.clear()
     with pytest.warns(RuntimeWarning, match="xla_reference"):
         fusedattn.fused_attn((q, k, v), None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# The XLA fallback (platform_dependent's default=, what a GPU runs today) on the CPU: forced
+# here so every feature's fallback forward and backward is checked without a GPU.
+
+FALLBACK_SPECS = {
+    "bs3hd-causal": dict(layout=QKVLayout.BS3HD, mask=AttnMaskType.CAUSAL_MASK, Hkv=4),
+    "bs2hd-window": dict(layout=QKVLayout.BSHD_BS2HD, mask=AttnMaskType.CAUSAL_MASK,
+                         window=(9, 0)),
+    "thd-t2hd-sink-dropout": dict(layout=QKVLayout.THD_T2HD, M=3,
+                                  mask=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+                                  softmax=SoftmaxType.LEARNABLE_SOFTMAX, dropout=0.2),
+    "t3hd": dict(layout=QKVLayout.T3HD, mask=AttnMaskType.PADDING_MASK, Hkv=4, M=3),
+    "bias-off-by-one": dict(mask=AttnMaskType.CAUSAL_MASK, bias_shape=(2, 1, 48, 48),
+                            bias_type=AttnBiasType.PRE_SCALE_BIAS,
+                            softmax=SoftmaxType.OFF_BY_ONE_SOFTMAX),
+}
+
+
+@pytest.mark.parametrize("name", FALLBACK_SPECS)
+def test_fallback_serves_every_feature(key, name, monkeypatch):
+    from features import Spec, check
+    monkeypatch.setattr(jax.lax, "platform_dependent",
+                        lambda *args, cpu, default: default(*args))
+    spec = dict(FALLBACK_SPECS[name])
+    if spec.get("M", 1) > 1:
+        spec["sd"] = fusedattn.SequenceDescriptor.from_seqlens(
+            (jnp.array([[20, 0, 28], [1, 40, 7]]), jnp.array([[10, 30, 8], [48, 0, 0]])))
+    r = check(key, Spec(Sq=48, Skv=48, **spec))
+    q, k, v = qkv(key, B, 48, 48, 4, 2, 32)
+    lowered = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None)).lower(
+        q, k, v).as_text()
+    assert "fusedattn_attn_fwd" not in lowered, "the fallback must not call the engine"
+    assert r is not None

@@ -1,7 +1,9 @@
 """The Python enums and the ctypes AttnParams mirror agree with the C++ engine (params.h).
 
 Nothing new is compiled: the engine's own validate() / select_backend() are asked about
-codes at and past each enum's ends, and their messages must use the Python member names.
+codes at and past each enum's ends, every member is valid (given the shapes it needs), and
+messages use the Python member names. Each feature test file runs every member of its enum
+against the reference, which checks that the codes mean the Python members.
 """
 
 import ctypes
@@ -16,12 +18,25 @@ from conftest import descriptor, qkv, reference_f32
 
 OK, INVALID, UNIMPLEMENTED = _ffi.STATUS_OK, _ffi.STATUS_INVALID, _ffi.STATUS_UNIMPLEMENTED
 
-# enum class -> (AttnParams field, the name validate() gives the argument, its implemented member)
+# enum class -> (AttnParams field, the name validate() gives the argument)
 ENUMS = {
-    QKVLayout: ("layout", "qkv_layout", QKVLayout.BSHD_BSHD_BSHD),
-    AttnMaskType: ("mask_type", "attn_mask_type", None),  # every mask is implemented
-    AttnBiasType: ("bias_type", "attn_bias_type", AttnBiasType.NO_BIAS),
-    SoftmaxType: ("softmax_type", "softmax_type", SoftmaxType.VANILLA_SOFTMAX),
+    QKVLayout: ("layout", "qkv_layout"),
+    AttnMaskType: ("mask_type", "attn_mask_type"),
+    AttnBiasType: ("bias_type", "attn_bias_type"),
+    SoftmaxType: ("softmax_type", "softmax_type"),
+}
+
+# What a member needs besides itself to make a valid call of params(). Keyed by
+# (enum, member): members of different IntEnums with one value are equal as dict keys.
+NEEDS = {
+    (QKVLayout, QKVLayout.BS3HD): dict(seqlen_kv=64, heads_kv=4),
+    (QKVLayout, QKVLayout.T3HD): dict(seqlen_kv=64, heads_kv=4,
+                                      mask_type=int(AttnMaskType.PADDING_MASK)),
+    (QKVLayout, QKVLayout.THD_T2HD): dict(mask_type=int(AttnMaskType.PADDING_CAUSAL_MASK)),
+    (QKVLayout, QKVLayout.THD_THD_THD): dict(
+        mask_type=int(AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)),
+    (AttnBiasType, AttnBiasType.PRE_SCALE_BIAS): dict(bias_batch=1, bias_heads=4),
+    (AttnBiasType, AttnBiasType.POST_SCALE_BIAS): dict(bias_batch=2, bias_heads=1),
 }
 
 
@@ -31,7 +46,8 @@ def params(**overrides) -> _ffi.AttnParams:
              head_dim_v=32, window_left=-1, window_right=-1, dtype=_ffi.DTYPE_CODES["bfloat16"],
              layout=int(QKVLayout.BSHD_BSHD_BSHD), mask_type=int(AttnMaskType.CAUSAL_MASK),
              bias_type=int(AttnBiasType.NO_BIAS), softmax_type=int(SoftmaxType.VANILLA_SOFTMAX),
-             is_training=1, scale=0.125, dropout=0.0)
+             is_training=1, scale=0.125, dropout=0.0, max_segments=1, bias_batch=0, bias_heads=0,
+             num_slices=1)
     p.update(overrides)
     return _ffi.AttnParams(**p)
 
@@ -46,7 +62,7 @@ def test_params_mirror_has_the_library_size():
 
 @pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
 def test_codes_past_the_ends_are_not_members(enum):
-    field, arg, _ = ENUMS[enum]
+    field, arg = ENUMS[enum]
     article = "an" if enum.__name__[0] in "AEIOU" else "a"
     for code in (len(enum), len(enum) + 7, -1):
         status, msg = _ffi.validate(params(**{field: code}))
@@ -55,17 +71,33 @@ def test_codes_past_the_ends_are_not_members(enum):
 
 
 @pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
-def test_every_member_is_known_and_named_alike(enum):
-    field, arg, implemented = ENUMS[enum]
+def test_every_member_is_valid(enum):
+    field, _ = ENUMS[enum]
     assert [int(m) for m in enum] == list(range(len(enum))), "codes must be 0..n-1"
     for member in enum:
-        status, msg = _ffi.validate(params(**{field: int(member)}))
-        if implemented is None or member == implemented:
-            assert status == OK, (member, msg)
-        else:
-            assert status == UNIMPLEMENTED, (member, msg)
-            assert msg == (f"{arg}={member.name} is not implemented yet; "
-                           f"implemented: {implemented.name}"), msg
+        needs = NEEDS.get((enum, member), {})
+        status, msg = _ffi.validate(params(**{field: int(member), **needs}))
+        assert status == OK, (member, msg)
+
+
+@pytest.mark.parametrize("layout", [QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD],
+                         ids=lambda l: l.name)
+def test_layout_and_mask_names_in_messages(layout):
+    # A THD layout without a padding mask: the message names both by their Python names.
+    for mask in AttnMaskType:
+        if mask.is_padding():
+            continue
+        shapes = dict(NEEDS[(QKVLayout, layout)], mask_type=int(mask))
+        status, msg = _ffi.validate(params(layout=int(layout), **shapes))
+        assert status == INVALID and f"qkv_layout={layout.name}" in msg, msg
+        assert f"attn_mask_type={mask.name}" in msg, msg
+
+
+@pytest.mark.parametrize("bias_type", [AttnBiasType.PRE_SCALE_BIAS, AttnBiasType.POST_SCALE_BIAS],
+                         ids=lambda b: b.name)
+def test_bias_names_in_messages(bias_type):
+    status, msg = _ffi.validate(params(bias_type=int(bias_type)))  # no bias tensor
+    assert status == INVALID and f"attn_bias_type={bias_type.name}" in msg, msg
 
 
 def test_dtype_codes():
@@ -101,7 +133,11 @@ FIELDS = {
     "window_right": (dict(window_right=-7), "window_size: got (-1, -7)"),
     "scale": (dict(scale=float("inf")), "scaling_factor: got inf"),
     "dropout": (dict(dropout=1.5), "dropout_probability: got 1.5"),
-    "is_training": (dict(is_training=1, dropout=0.25), "dropout_probability=0.25 is not"),
+    "max_segments": (dict(max_segments=0), "max_segments_per_seq: got 0"),
+    "bias_batch": (dict(bias_type=1, bias_batch=5, bias_heads=1), "batch extent 5"),
+    "bias_heads": (dict(bias_type=1, bias_batch=1, bias_heads=3), "head extent 3"),
+    "num_slices": (dict(num_slices=3), "num_slices: got 3"),
+    # is_training has no invalid value; its neighbours' entries above would catch a shift.
 }
 
 

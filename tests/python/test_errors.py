@@ -1,6 +1,6 @@
 """Bad calls fail at trace time (jax.eval_shape: nothing is allocated or run) with a
-message that names the argument; valid but unimplemented features raise NotImplementedError
-naming the feature."""
+message that names the argument and what is allowed; the C++ handlers check again and
+answer a call that bypasses Python with an FFI error, never a crash."""
 
 import re
 
@@ -160,8 +160,8 @@ def test_descriptor_batch_must_match():
 
 
 @pytest.mark.parametrize("seqlens, what", [
-    (jnp.zeros((2, 2), jnp.int32), "q_seqlens must be a 1-D integer array"),
-    (jnp.zeros((2,), jnp.float32), "q_seqlens must be a 1-D integer array"),
+    (jnp.zeros((2, 2, 2), jnp.int32), "q_seqlens must be an integer array [B] or [B, M]"),
+    (jnp.zeros((2,), jnp.float32), "q_seqlens must be an integer array [B] or [B, M]"),
     ((jnp.zeros((2,), jnp.int32), jnp.zeros((3,), jnp.int32)), "same batch size"),
     ((jnp.zeros((2,), jnp.int32),) * 3, "pair"),
 ])
@@ -204,50 +204,137 @@ def test_invalid_scalars(kwargs, what):
 
 
 # ---------------------------------------------------------------------------
-# Valid requests this version does not implement
+# Combinations the engine does not take, each with what it does take
 
 
-@pytest.mark.parametrize("bias_type", [AttnBiasType.PRE_SCALE_BIAS, AttnBiasType.POST_SCALE_BIAS],
-                         ids=lambda b: b.name)
-def test_bias_types_not_implemented(bias_type):
-    with raises(NotImplementedError, f"attn_bias_type={bias_type.name}", "not implemented"):
-        trace(shapes(), bias=sds((1, H, S, S)), attn_bias_type=bias_type)
+@pytest.mark.parametrize("bias_shape", [(1, H, S, S + 1), (3, H, S, S), (1, 3, S, S), (H, S, S)])
+def test_bias_shape(bias_shape):
+    with raises(ValueError, "bias: got shape", f"allowed [1 or {B}, 1 or {H}, {S}, {S}]"):
+        trace(shapes(), bias=sds(bias_shape), attn_bias_type=AttnBiasType.POST_SCALE_BIAS)
 
 
-@pytest.mark.parametrize("softmax", [SoftmaxType.OFF_BY_ONE_SOFTMAX, SoftmaxType.LEARNABLE_SOFTMAX],
-                         ids=lambda s: s.name)
-def test_softmax_types_not_implemented(softmax):
-    with raises(NotImplementedError, f"softmax_type={softmax.name}", "not implemented"):
-        trace(shapes(), softmax_type=softmax)
+def test_bias_type_needs_a_bias():
+    with raises(ValueError, "attn_bias_type=PRE_SCALE_BIAS needs a bias"):
+        trace(shapes(), attn_bias_type=AttnBiasType.PRE_SCALE_BIAS)
 
 
-def test_learnable_softmax_with_offset_not_implemented():
-    with raises(NotImplementedError, "softmax_type=LEARNABLE_SOFTMAX", "not implemented"):
+def test_learnable_softmax_needs_an_offset():
+    with raises(ValueError, "LEARNABLE_SOFTMAX needs softmax_offset", f"[{H}]"):
+        trace(shapes(), softmax_type=SoftmaxType.LEARNABLE_SOFTMAX)
+
+
+@pytest.mark.parametrize("shape", [(H + 1,), (H, 1), (1, H, 1, 2)])
+def test_softmax_offset_shape(shape):
+    with raises(ValueError, "softmax_offset: got shape", f"allowed [{H}] or [1, {H}, 1, 1]"):
         fusedattn.fused_attn(shapes(), None, None, None, softmax_type=SoftmaxType.LEARNABLE_SOFTMAX,
-                             softmax_offset=sds((1, H, 1, 1)))
+                             softmax_offset=sds(shape))
 
 
-def test_training_dropout_not_implemented():
-    with raises(NotImplementedError, "dropout_probability=0.1", "not implemented"):
+def test_training_dropout_needs_a_seed():
+    with raises(ValueError, "dropout_probability=0.1", "needs a seed"):
         trace(shapes(), dropout_probability=0.1, is_training=True)
 
 
-@pytest.mark.parametrize("window", [(8, 0), (-1, 0), (0, -1), (4, 4)])
-def test_window_not_implemented(window):
-    with raises(NotImplementedError, f"window_size=({window[0]}, {window[1]})", "not implemented"):
-        trace(shapes(), window_size=window)
+@pytest.mark.parametrize("layout, qkv, what", [
+    (QKVLayout.BS3HD, shapes(), "packed tensor [B, S, 3, H, D]"),
+    (QKVLayout.BS3HD, sds((B, S, 2, H, D)), "qkv must have shape [B, S, 3, H, D]"),
+    (QKVLayout.T3HD, sds((B, S, H, D)), "qkv must have rank 5"),
+    (QKVLayout.BSHD_BS2HD, shapes(), "qkv must be a pair (q, kv)"),
+    (QKVLayout.THD_T2HD, (sds((B, S, H, D)), sds((B, S, 3, H, D))), "kv must have shape"),
+    (QKVLayout.BSHD_BS2HD, (sds((B, S, H, D)), sds((B, S, 2, H, D * 2))), "same head dim"),
+    (QKVLayout.THD_THD_THD, (sds((B, S, H, D)),) * 2, "qkv must be a tuple (q, k, v)"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_layout_shapes(layout, qkv, what):
+    lens = jnp.full((B, 1), S, jnp.int32)
+    sd = fusedattn.SequenceDescriptor.from_seqlens(lens)
+    with raises(ValueError, what):
+        trace(qkv, sd=sd, qkv_layout=layout, attn_mask_type=AttnMaskType.PADDING_MASK)
 
 
-@pytest.mark.parametrize("layout", [l for l in QKVLayout if l != QKVLayout.BSHD_BSHD_BSHD],
+@pytest.mark.parametrize("layout", [QKVLayout.THD_THD_THD, QKVLayout.T3HD, QKVLayout.THD_T2HD],
                          ids=lambda l: l.name)
-def test_other_layouts_not_implemented(layout):
-    with raises(NotImplementedError, f"qkv_layout={layout.name}", "not implemented"):
-        trace(shapes(), qkv_layout=layout)
+def test_thd_layouts_need_a_padding_mask(layout):
+    qkv = {QKVLayout.THD_THD_THD: shapes(), QKVLayout.T3HD: sds((B, S, 3, H, D)),
+           QKVLayout.THD_T2HD: (sds((B, S, H, D)), sds((B, S, 2, H, D)))}[layout]
+    with raises(ValueError, f"qkv_layout={layout.name}", "attn_mask_type=CAUSAL_MASK",
+                "allowed: PADDING_MASK, PADDING_CAUSAL_MASK, PADDING_CAUSAL_BOTTOM_RIGHT_MASK"):
+        trace(qkv, qkv_layout=layout, attn_mask_type=AttnMaskType.CAUSAL_MASK)
 
 
-def test_packed_segments_not_implemented():
-    with raises(NotImplementedError, "max_segments_per_seq=2", "not implemented"):
+def test_segments_need_a_thd_layout():
+    with raises(ValueError, "max_segments_per_seq=2 needs a THD layout", "BSHD_BSHD_BSHD"):
         trace(shapes(), max_segments_per_seq=2)
+
+
+def test_descriptor_segments_must_match_max_segments():
+    sd = fusedattn.SequenceDescriptor.from_seqlens(jnp.full((B, 4), 3, jnp.int32))
+    with raises(ValueError, "holds 4 segments per row", "pass max_segments_per_seq=4"):
+        trace(shapes(), sd=sd, qkv_layout=QKVLayout.THD_THD_THD,
+              attn_mask_type=AttnMaskType.PADDING_MASK)
+    with raises(ValueError, "holds 4 segments per row", "max_segments_per_seq must be 1"):
+        trace(shapes(), sd=sd, attn_mask_type=AttnMaskType.PADDING_MASK)
+
+
+def test_descriptor_offsets_shape():
+    lens = jnp.full((B, 2), 3, jnp.int32)
+    sd = fusedattn.SequenceDescriptor(lens, lens, jnp.zeros((B, 2), jnp.int32), None)
+    with raises(ValueError, "q_offsets must have shape [B, M + 1]", f"[{B}, 3]"):
+        trace(shapes(), sd=sd, qkv_layout=QKVLayout.THD_THD_THD, max_segments_per_seq=2,
+              attn_mask_type=AttnMaskType.PADDING_MASK)
+
+
+def test_descriptor_constructors_check_their_arguments():
+    SD = fusedattn.SequenceDescriptor
+    with raises(ValueError, "kv_offsets must have shape [B, M + 1] = [2, 3]"):
+        SD.from_seqlens_and_offsets(jnp.ones((2, 2), jnp.int32),
+                                    (jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 2), jnp.int32)))
+    with raises(ValueError, "segment_ids must be an integer array [B, S]"):
+        SD.from_segment_ids_and_pos(jnp.ones((2, 3, 4), jnp.int32))
+    with raises(ValueError, "segment_pos must be an integer array of the shape of segment_ids"):
+        SD.from_segment_ids_and_pos(jnp.ones((2, 8), jnp.int32), jnp.ones((2, 7), jnp.int32))
+    with raises(ValueError, "max_segments_per_seq must be >= 1"):
+        SD.from_segment_ids_and_pos(jnp.ones((2, 8), jnp.int32), max_segments_per_seq=-1)
+
+
+# ---------------------------------------------------------------------------
+# The C++ side checks again: a call that bypasses fused_attn's checks gets an FFI error
+
+
+def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, **attrs):
+    empty = lambda dt: jnp.zeros((0,), dt)
+    Bq, Sq, Hq, _ = q.shape
+    lens = jnp.full((Bq, 1), Sq, jnp.int32) if lens is None else lens
+    offs = jnp.tile(jnp.array([[0, Sq]], jnp.int32), (Bq, 1)) if offs is None else offs
+    a = dict(layout=np.int32(QKVLayout.BSHD_BSHD_BSHD), mask_type=np.int32(0),
+             bias_type=np.int32(0), softmax_type=np.int32(0), is_training=np.int32(0),
+             scale=np.float32(0.25), dropout=np.float32(0.0), window_left=np.int64(-1),
+             window_right=np.int64(-1))
+    a.update(attrs)
+    call = jax.ffi.ffi_call("fusedattn_attn_fwd", (
+        jax.ShapeDtypeStruct((Bq, Sq, Hq, v.shape[-1]), q.dtype),
+        jax.ShapeDtypeStruct((Bq, Hq, Sq), jnp.float32), jax.ShapeDtypeStruct((Bq, Hq), jnp.float32)))
+    return call(q, k, v, empty(q.dtype) if bias is None else bias,
+                empty(jnp.float32) if offset is None else offset,
+                empty(jnp.uint32) if seed is None else seed, lens, lens, offs, offs, **a)
+
+
+@pytest.mark.parametrize("case, what", [
+    (dict(bias=jnp.ones((1, H, S, S), jnp.bfloat16), bias_type=np.int32(2)), "bias must have q's dtype"),
+    (dict(bias=jnp.ones((1, H, S, S)), bias_type=np.int32(0)), "NO_BIAS"),
+    (dict(bias=jnp.ones((1, 3, S, S)), bias_type=np.int32(1)), "head extent 3"),
+    (dict(softmax_type=np.int32(2)), "softmax_offset"),
+    (dict(offset=jnp.ones((H,))), "only softmax_type=LEARNABLE_SOFTMAX reads softmax_offset"),
+    (dict(is_training=np.int32(1), dropout=np.float32(0.5)), "seed"),
+    (dict(lens=jnp.ones((B, 2), jnp.int32)), "q_offsets"),
+    (dict(layout=np.int32(QKVLayout.THD_THD_THD)), "need a padding mask"),
+    (dict(layout=np.int32(QKVLayout.BS3HD)), "expected qkv [B, S, 3, H, D]"),
+    (dict(window_left=np.int64(-4)), "window_size"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_the_handler_rejects_bad_operands(case, what):
+    q = jnp.ones((B, S, H, D))
+    with pytest.raises(Exception, match=re.escape(what)) as e:
+        jax.block_until_ready(_ffi_fwd(q, q, q, **case))
+    assert "fusedattn:" in str(e.value)
 
 
 def test_errors_do_not_depend_on_jit():

@@ -70,3 +70,20 @@ def test_backward_bits_depend_only_on_the_current_thread_count(key, set_threads)
     grads()
     set_threads(2)
     assert_bitwise(grads(), before, "2 threads, before and after a larger count was used")
+
+
+def test_backward_with_broadcast_bias_is_deterministic(key, set_threads):
+    # dbias of a broadcast bias is reduced by the tasks that own its plane, in a fixed order.
+    from fusedattn import AttnBiasType
+    kx, kd, kb = jax.random.split(key, 3)
+    q, k, v = qkv(kx, 2, 100, 150, 4, 2, 64)
+    bias = normal(kb, (1, 1, 100, 150))
+    loss = lambda q, k, v, bias: jnp.sum(fusedattn.fused_attn(
+        (q, k, v), bias, None, None, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+        attn_mask_type=MASK) * normal(kd, (2, 100, 4, 64)))
+    run = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    set_threads(3)
+    first = [np.asarray(g) for g in run(q, k, v, bias)]
+    for _ in range(3):
+        for name, a, b in zip(("dq", "dk", "dv", "dbias"), run(q, k, v, bias), first):
+            np.testing.assert_array_equal(np.asarray(a), b, err_msg=name)

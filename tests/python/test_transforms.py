@@ -168,3 +168,72 @@ def test_checkpoint_inside_vmap_inside_grad(key):
 
     g = lambda f: jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, f)
     assert_same(g(f), g(attn(AttnMaskType.PADDING_MASK)), "grad of vmap of checkpoint")
+
+
+# ---------------------------------------------------------------------------
+# vmap with the feature operands: each slice reads its own bias, softmax_offset, seed and
+# THD descriptor (the handler folds the slices into the batch and finds them per slice).
+
+
+def test_vmap_with_bias_offset_dropout_and_thd(key):
+    from fusedattn import AttnBiasType, QKVLayout, SequenceDescriptor, SoftmaxType
+    S_ = 48
+    ks = jax.random.split(key, 6)
+    q = normal(ks[0], (N, B, S_, Hq, D))
+    k = normal(ks[1], (N, B, S_, Hkv, D))
+    v = normal(ks[2], (N, B, S_, Hkv, D))
+    bias = normal(ks[3], (N, 1, Hq, S_, S_))
+    offset = normal(ks[4], (N, Hq))
+    seeds = jnp.arange(2 * N, dtype=jnp.uint32).reshape(N, 2)
+    lens = jnp.array([[[20, 4, 0], [30, 18, 0]], [[48, 0, 0], [1, 1, 1]], [[0, 9, 39], [10, 10, 10]]])
+    dout = normal(ks[5], (N, B, S_, Hq, D))
+
+    def f(q, k, v, bias, offset, seed, lens):
+        sd = SequenceDescriptor.from_seqlens(lens)
+        return fusedattn.fused_attn(
+            (q, k, v), bias, sd, seed, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+            attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK, qkv_layout=QKVLayout.THD_THD_THD,
+            max_segments_per_seq=3, softmax_type=SoftmaxType.LEARNABLE_SOFTMAX,
+            softmax_offset=offset, dropout_probability=0.2, is_training=True)
+
+    def loss(q, k, v, bias, offset, seed, lens, dout):
+        return jnp.sum(f(q, k, v, bias, offset, seed, lens) * dout)
+
+    args = (q, k, v, bias, offset, seeds, lens)
+    out = jax.jit(jax.vmap(f))(*args)
+    grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3, 4))))(*args, dout)
+    one, one_g = jax.jit(f), jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+    for n in range(N):
+        sl = [a[n] for a in args]
+        assert_same(out[n], one(*sl), f"vmap out[{n}]")
+        assert_same([g[n] for g in grads], one_g(*sl, dout[n]), f"vmap grads[{n}]")
+
+
+def test_grad_of_vmap_with_a_shared_bias(key):
+    # The bias is not mapped: its gradient sums over the slices.
+    from fusedattn import AttnBiasType
+    q, k, v, _, dout = stacked_inputs(key)
+    bias = normal(jax.random.fold_in(key, 9), (1, 1, Sq, Skv))
+    f = lambda q, k, v, bias: fusedattn.fused_attn(
+        (q, k, v), bias, None, None, attn_bias_type=AttnBiasType.PRE_SCALE_BIAS,
+        attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    g = jax.jit(jax.grad(lambda bias: jnp.sum(
+        jax.vmap(f, in_axes=(0, 0, 0, None))(q, k, v, bias) * dout)))(bias)
+    one = jax.jit(jax.grad(lambda bias, n: jnp.sum(f(q[n], k[n], v[n], bias) * dout[n])))
+    np.testing.assert_allclose(np.asarray(g), sum(np.asarray(one(bias, n)) for n in range(N)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_of_packed_layouts(key):
+    # Packed layouts pass empty k / v operands, which vmap broadcasts like the others.
+    from fusedattn import QKVLayout
+    qkv_ = normal(key, (N, B, Sq, 3, Hq, D))
+
+    def loss(x):
+        out = fusedattn.fused_attn(x, None, None, None, qkv_layout=QKVLayout.BS3HD,
+                                   attn_mask_type=AttnMaskType.CAUSAL_MASK)
+        return jnp.sum(out ** 2)
+
+    got = jax.jit(jax.vmap(jax.grad(loss)))(qkv_)
+    one = jax.jit(jax.grad(loss))
+    assert_same(got, jnp.stack([one(qkv_[n]) for n in range(N)]), "vmap of BS3HD grads")

@@ -3,7 +3,10 @@
 // One task = one (batch, q head, 64-row query tile). It streams the key tiles
 // its rows can see, keeps the running row max m and row sum l (online
 // softmax), and rescales its float32 output accumulator as m grows. Nothing of
-// size Sq x Skv is ever stored.
+// size Sq x Skv is ever stored. The softmax's extra logit (OFF_BY_ONE /
+// LEARNABLE) enters as the starting state m = sink, l = 1 of every query row:
+// a key whose value is zero. Dropout scales the probabilities after they
+// entered l, so l stays the undropped normalizer.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,6 +16,7 @@
 #include "dispatch.h"
 #include "gemm.h"
 #include "mask.h"
+#include "score_ops.h"
 #include "thread_pool.h"
 #include "tiles.h"
 
@@ -32,24 +36,32 @@ void forward(const AttnParams& p, const FwdArgs& a) {
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   T* out = static_cast<T*>(a.out);
+  const float bmul = bias_mul(p);
+  const RowRanges ranges = build_row_ranges(p, a.x.seq, kBq);
   std::vector<float> tile_max(B * Hq * n_qt, kNegInf);
 
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
     const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
     const int64_t hk = h / group, q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
-    const RowMask mask = make_row_mask(p, a.q_lens ? a.q_lens[b] : Sq, a.kv_lens ? a.kv_lens[b] : Skv);
+    const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
+    const T* bias = bias_plane<T>(p, a.x, b, h);
+    const Dropout dropout(p, a.x, b, h);
 
-    int64_t lo[kBq], hi[kBq], tile_lo = Skv, tile_hi = 0;
+    int64_t lo[kBq], hi[kBq];
+    float m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys
     for (int64_t r = 0; r < kBq; ++r) {
-      if (r < rows) mask.range(q0 + r, &lo[r], &hi[r]);
-      else lo[r] = hi[r] = 0;
-      if (lo[r] < hi[r]) tile_lo = std::min(tile_lo, lo[r]), tile_hi = std::max(tile_hi, hi[r]);
+      const int64_t row = ranges.row(b, q0 + r);
+      const bool real = r < rows && ranges.real[row];
+      lo[r] = r < rows ? ranges.lo[row] : 0;
+      hi[r] = r < rows ? ranges.hi[row] : 0;
+      m[r] = real ? sink : kNegInf;
+      l[r] = real && sink > kNegInf ? 1.0f : 0.0f;
+      mx[r] = kNegInf;
     }
+    const int64_t tile_lo = ranges.tile_lo[ranges.tile_index(b, qt)];
+    const int64_t tile_hi = ranges.tile_hi[ranges.tile_index(b, qt)];
 
-    Buffer qf(kBq * Dp), kt(Dp * kBk), vf(kBk * Dvp), s(kBq * kBk), acc(kBq * Dvp);
-    float m[kBq], l[kBq];
-    std::fill(m, m + kBq, kNegInf);
-    std::fill(l, l + kBq, 0.0f);
+    Buffer qf(kBq * Dp), kt(Dp * kBk), vf(kBk * Dvp), s(kBq * kBk), acc(kBq * Dvp), z(kBk);
     // The scale is folded into q so the scores come out of the gemm scaled.
     load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, p.scale, qf.data(), kBq, Dp);
 
@@ -61,12 +73,16 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 
       for (int64_t r = 0; r < kBq; ++r) {
         float* sr = s.data() + r * kBk;
-        const int64_t c_lo = lo[r] - k0, c_hi = hi[r] - k0;
+        // Kept columns of this row in this tile: [c_lo, c_hi), inside [0, cols).
+        const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, kBk);
+        const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
+        if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
         float row_max = kNegInf;
         for (int64_t c = 0; c < kBk; ++c) {
           sr[c] = (c >= c_lo && c < c_hi) ? sr[c] : kNegInf;
           row_max = std::max(row_max, sr[c]);
         }
+        mx[r] = std::max(mx[r], row_max);
         const float m_new = std::max(m[r], row_max);
         if (m_new == kNegInf) {  // nothing kept in this row so far
           std::fill(sr, sr + kBk, 0.0f);
@@ -83,6 +99,10 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         m[r] = m_new;
         float* ar = acc.data() + r * Dvp;
         for (int64_t c = 0; c < Dvp; ++c) ar[c] *= alpha;
+        if (dropout.on() && c_lo < c_hi) {
+          dropout.fill_row(q0 + r, k0, z.data());
+          for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= z.data()[c];
+        }
       }
       gemm<true>(kBq, Dvp, kBk, s.data(), kBk, vf.data(), Dvp, acc.data(), Dvp);
     }
@@ -92,8 +112,8 @@ void forward(const AttnParams& p, const FwdArgs& a) {
       const bool any = l[r] > 0.0f;
       store_row(acc.data() + r * Dvp, Dv, any ? 1.0f / l[r] : 0.0f,
                 out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h);
-      a.lse[(b * Hq + h) * Sq + q0 + r] = any ? m[r] + std::log(l[r]) : kNegInf;
-      local_max = std::max(local_max, m[r]);
+      a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
+      local_max = std::max(local_max, mx[r]);
     }
     tile_max[task] = local_max;
   });

@@ -1,5 +1,20 @@
-// Turns FFI buffers and attributes into an AttnParams, checking every shape
-// against every other one. Shared by the CPU handlers (and the CUDA ones to come).
+// The one place where FFI buffers and attributes become an AttnParams
+// (validated) and an AttnTensors (platform-neutral pointers and strides). The
+// CPU handlers and the CUDA ones build their kernel arguments from these.
+//
+// Operands, in order (every leading dimension L... is batch; vmap adds some):
+//   q, k, v      separate:  q [L, Sq, Hq, D], k [L, Skv, Hkv, D], v [L, Skv, Hkv, Dv]
+//                BS3HD/T3HD:       q = qkv [L, S, 3, H, D], k and v empty
+//                BSHD_BS2HD/THD_T2HD: q [L, Sq, Hq, D], k = kv [L, Skv, 2, Hkv, D], v empty
+//   bias            [V, 1|B, 1|Hq, Sq, Skv] q's dtype, or empty   (V = L minus its last dim)
+//   softmax_offset  [V, Hq] f32 (LEARNABLE_SOFTMAX), or empty
+//   seed            [V, 2] u32 (read only with dropout), or empty
+//   q_seqlens, kv_seqlens [L, M] int32;  q_offsets, kv_offsets [L, M + 1] int32
+// "Empty" is any zero-size array (Python passes shape (0,); vmap may add dims).
+// Forward results: out [L, Sq, Hq, Dv], lse f32 [L, Hq, Sq] (THD: [L, Sq, Hq]),
+// max_logit f32 [L, Hq]. Backward: the 10 operands, then out, dout, lse ->
+// dq, dk, dv, dbias (each the shape of its operand; empty for empty),
+// dsoftmax_offset f32 [L, Hq] (empty without softmax_offset).
 #pragma once
 
 #include <cstdint>
@@ -24,11 +39,71 @@ struct AttnAttrs {
   int64_t window_right;
 };
 
-// q [..., Sq, Hq, D], k [..., Skv, Hkv, D], v [..., Skv, Hkv, Dv], q_lens/kv_lens [...]:
-// every leading dimension is batch (vmap adds leading dimensions).
-Status decode_params(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-                     const ffi::AnyBuffer& q_lens, const ffi::AnyBuffer& kv_lens,
-                     const AttnAttrs& attrs, AttnParams* p);
+// Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
+struct ViewStrides {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+struct AttnTensors {
+  // Inputs. Packed layouts point q, k, v (and dq, dk, dv) into one buffer.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  ViewStrides sq, sk, sv;
+  // bias [V, 1|B, 1|Hq, Sq, Skv] dense; the b / h strides are 0 on broadcast dims,
+  // and folded batch entry b reads slice b / (B / num_slices), entry b % (B / num_slices).
+  const void* bias = nullptr;
+  int64_t bias_slice = 0, bias_b = 0, bias_h = 0, bias_s = 0;
+  const float* softmax_offset = nullptr;  // [V, Hq]
+  const uint32_t* seed = nullptr;         // [V, 2]
+  const int32_t* q_seqlens = nullptr;     // [B, M]
+  const int32_t* kv_seqlens = nullptr;    // [B, M]
+  const int32_t* q_offsets = nullptr;     // [B, M + 1]
+  const int32_t* kv_offsets = nullptr;    // [B, M + 1]
+  // Forward results (backward: out and lse are inputs).
+  void* out = nullptr;
+  ViewStrides so;
+  float* lse = nullptr;  // [B, Hq, Sq] or, for THD layouts, [B, Sq, Hq]
+  ViewStrides slse;
+  float* max_logit = nullptr;  // [B, Hq]
+  // Backward.
+  const void* dout = nullptr;
+  ViewStrides sdo;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  ViewStrides sdq, sdk, sdv;
+  void* dbias = nullptr;             // the bias's shape and strides; null without bias
+  float* dsoftmax_offset = nullptr;  // [B, Hq]; null without softmax_offset
+};
+
+// The ten operands every attention call starts with.
+struct AttnOperands {
+  const ffi::AnyBuffer* q;
+  const ffi::AnyBuffer* k;
+  const ffi::AnyBuffer* v;
+  const ffi::AnyBuffer* bias;
+  const ffi::AnyBuffer* softmax_offset;
+  const ffi::AnyBuffer* seed;
+  const ffi::AnyBuffer* q_seqlens;
+  const ffi::AnyBuffer* kv_seqlens;
+  const ffi::AnyBuffer* q_offsets;
+  const ffi::AnyBuffer* kv_offsets;
+};
+
+// Shapes -> AttnParams (then validate()) and the input pointers of t.
+Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
+                       AttnTensors* t);
+
+// The forward results: out, lse, max_logit.
+Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,
+                          ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, AttnTensors* t);
+
+// The backward's extra inputs (out, dout, lse) and its results.
+Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi::AnyBuffer& out,
+                          const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                          ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv,
+                          ffi::AnyBuffer* dbias, ffi::AnyBuffer* dsoftmax_offset, AttnTensors* t);
 
 }  // namespace fusedattn::ffi_glue
 

@@ -198,8 +198,10 @@ __device__ __forceinline__ int kept_len(int64_t row, int64_t sq, int skv, bool c
   return static_cast<int>(min(i + 1, int64_t{skv}));
 }
 
-__device__ __forceinline__ int64_t mask_offset(const MaskRows& m, int64_t row, bool rows32) {
-  return rows32 ? mask_row_offset(m, static_cast<uint32_t>(row)) : mask_row_offset(m, row);
+__device__ __forceinline__ void locate_mask_row(const MaskRows& m, int64_t t, bool rows32,
+                                                int64_t* row, int64_t* mask_off) {
+  if (rows32) locate_row(m, static_cast<uint32_t>(t), row, mask_off);
+  else locate_row(m, t, row, mask_off);
 }
 
 // Forward: x [rows, Skv] T -> y [rows, Skv] T, mask rows [.., Skv] bool (a.mask_rows
@@ -216,12 +218,13 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   __shared__ float smem_max[G::kWarps], smem_sum[G::kWarps];
 
   const int t = threadIdx.x % TPR;
-  const int64_t row = a.row0 + int64_t{blockIdx.x} * G::kRows + threadIdx.x / TPR;
-  const bool live = row < a.rows;  // dead threads still join the group's reductions
+  const int64_t launch_row = a.row0 + int64_t{blockIdx.x} * G::kRows + threadIdx.x / TPR;
+  const bool live = launch_row < a.rows;  // dead threads still join the group's reductions
+  int64_t row = launch_row, moff = 0;
+  if (a.mask && live) locate_mask_row(a.mask_rows, launch_row, a.rows32, &row, &moff);
   const int n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
   const B* x = static_cast<const B*>(a.x) + row * a.skv;
-  const uint8_t* mrow =
-      (a.mask && live) ? a.mask + mask_offset(a.mask_rows, row, a.rows32) : nullptr;
+  const uint8_t* mrow = (a.mask && live) ? a.mask + moff : nullptr;
 
   // Every load is issued before any is used: a whole row is in flight at once.
   P in[kIters];

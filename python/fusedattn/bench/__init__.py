@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBCOMMANDS = ("attention", "softmax")
+SUBCOMMANDS = ("attention", "softmax", "small_seq")
 
 
 def main(argv=None) -> int:

@@ -63,6 +63,26 @@ def time_fn(fn, args, min_total_s=0.05, repeats=5, track_rss=False, hold_outputs
     return statistics.median(times), peak
 
 
+def cpu_time_fn(fn, args, min_total_s=0.05, repeats=5):
+    """Process CPU seconds per call (every thread of the process), the minimum over repeats.
+
+    On a shared machine wall time swings with the other jobs' load; the CPU time a call
+    consumes measures its work and stays steady, which is what a before/after comparison of
+    the same kernel needs. It is not a latency: a call that runs on 2 threads for 10 ms
+    reports about 20 ms."""
+    jax.block_until_ready(fn(*args))
+    t0 = time.process_time()
+    jax.block_until_ready(fn(*args))
+    n = max(1, int(min_total_s / max(time.process_time() - t0, 1e-6)))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for _ in range(n):
+            jax.block_until_ready(fn(*args))
+        best = min(best, (time.process_time() - t0) / n)
+    return best, 0
+
+
 def copy_bandwidth(nbytes=1 << 30, repeats=5) -> float:
     """Device copy bandwidth in bytes/s, counting bytes read + written (x -> x + 1 in bf16)."""
     x = jax.random.normal(jax.random.PRNGKey(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16)

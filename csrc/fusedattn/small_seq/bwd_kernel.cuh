@@ -1,0 +1,219 @@
+// Backward small-seq CUDA kernel. A warp works on one (segment, kv head) at a time:
+//   q, out, dout [packs, Tq, Hq, D], k, v [packs, Tkv, Hkv, D], probs P [packs, Tq, Hq, W] f32,
+//   stats [packs, Tq, Hq, 2] f32 -> dq [packs, Tq, Hq, D], dk, dv [packs, Tkv, Hkv, D].
+// With dP_j = dout . v_j, delta = dout . out (= sum_j P_j dP_j) and dS_j = P_j (dP_j - delta):
+//   dq = scale sum_j dS_j k_j,  dk_j = scale sum_rows dS_j q,  dv_j = sum_rows P_j dout,
+// where "rows" are the (query row, q head) pairs of the segment that see key j. A kv row
+// belongs to one segment, so its warp owns dk/dv there: no atomics.
+// One query and no GQA (the common case): one pass over the keys writes dq, dk and dv.
+// Otherwise a dq pass per (query row, q head), then a dk/dv pass that sums over the
+// group in registers (q, dout and out come back from L1).
+// P comes from the forward where it holds every weight of the segment; where a segment
+// broke the promise (more q rows or keys than P holds) the weights are recomputed from
+// q, k and the saved log-sum-exp.
+#pragma once
+
+#include "fwd_kernel.cuh"
+
+namespace fusedattn::small_seq::cuda {
+
+template <class T, int D>
+__device__ __forceinline__ float row_dot(const float (&a)[Geo<T, D>::kE],
+                                         const float (&b)[Geo<T, D>::kE]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < Geo<T, D>::kE; ++e) s = fmaf(a[e], b[e], s);
+  return row_sum<Geo<T, D>::kLpr>(s);
+}
+
+// dq of query row t, head h (keys [0, hi) of the segment kept). With kWriteKv (the
+// segment's only (row, head) pair), also dk and dv of every key row of the segment.
+// kUseProbs: the weights come from P, else from q, k and the log-sum-exp.
+template <class T, int D, int kCs, bool kUseProbs, bool kWriteKv>
+__device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows& kv, int hi,
+                        int lane) {
+  constexpr bool use_probs = kUseProbs, write_kv = kWriteKv;
+  using G = Geo<T, D>;
+  constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
+  constexpr int kChunk = kCs * kRps;
+  const int sub = lane / kLpr, pos = lane % kLpr;
+  const int64_t kv0 = row_offset(pack, a.kvs.tokens, kv.begin, a.heads_kv, h / a.group, D);
+  const T* kb = static_cast<const T*>(a.k) + kv0;
+  const T* vb = static_cast<const T*>(a.v) + kv0;
+  T* dkb = static_cast<T*>(a.dk) + kv0;
+  T* dvb = static_cast<T*>(a.dv) + kv0;
+  const int kv_stride = a.heads_kv * D;
+  const int64_t qrow = row_offset(pack, a.qs.tokens, t, a.heads_q, h, 1);
+
+  float qf[kE], dof[kE], delta;
+  load_row<T, D>(static_cast<const T*>(a.q) + qrow * D, pos, qf);
+  load_row<T, D>(static_cast<const T*>(a.dout) + qrow * D, pos, dof);
+  {
+    float of[kE];
+    load_row<T, D>(static_cast<const T*>(a.o) + qrow * D, pos, of);
+    delta = row_dot<T, D>(dof, of);
+  }
+  const float* prow = a.probs_in + qrow * a.width;
+  const float s2 = a.scale * kLog2e;
+  const float lse2 = use_probs || hi == 0 ? 0.0f : a.stats_in[qrow * 2 + 1] * kLog2e;
+  float dq[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
+
+  const int n = write_kv ? kv.len : hi;  // key rows visited
+  for (int j0 = 0; j0 < n; j0 += kChunk) {
+    RowSlice<T, D> kr[kCs], vr[kCs];
+    float p[kCs];
+#pragma unroll
+    for (int c = 0; c < kCs; ++c) {
+      const int j = j0 + c * kRps + sub;
+      if (j < n) {
+        kr[c].load(kb + int64_t{j} * kv_stride, pos);
+        vr[c].load(vb + int64_t{j} * kv_stride, pos);
+      } else {
+        kr[c].zero();
+        vr[c].zero();
+      }
+      p[c] = use_probs && j < hi ? __ldg(prow + j) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < kCs; ++c) {
+      const int j = j0 + c * kRps + sub;
+      const float dp = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
+      if constexpr (!use_probs) {
+        const float s = row_sum<kLpr>(dot<T, D>(qf, kr[c]));
+        p[c] = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
+      }
+      const float ds = p[c] * (dp - delta);  // 0 for keys the row does not keep
+      axpy<T, D>(dq, ds, kr[c]);
+      if constexpr (write_kv) {
+        if (j < n) {
+          store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, qf, ds * a.scale);
+          store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, dof, p[c]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dq[e] = across_rows_sum<kLpr>(dq[e]);
+  if (sub == 0) store_row<T, D>(static_cast<T*>(a.dq) + qrow * D, pos, dq, a.scale);
+}
+
+// dk, dv of every key row of the segment for kv head hk, summed over the segment's
+// query rows and the q heads of the group.
+template <class T, int D, int kCb, bool kUseProbs>
+__device__ void bwd_kv(const KernelArgs& a, int pack, int hk, const Rows& qr, const Rows& kv,
+                       int lane) {
+  constexpr bool use_probs = kUseProbs;
+  using G = Geo<T, D>;
+  constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
+  constexpr int kChunk = kCb * kRps;
+  const int sub = lane / kLpr, pos = lane % kLpr;
+  const int64_t kv0 = row_offset(pack, a.kvs.tokens, kv.begin, a.heads_kv, hk, D);
+  const T* kb = static_cast<const T*>(a.k) + kv0;
+  const T* vb = static_cast<const T*>(a.v) + kv0;
+  T* dkb = static_cast<T*>(a.dk) + kv0;
+  T* dvb = static_cast<T*>(a.dv) + kv0;
+  const int kv_stride = a.heads_kv * D;
+  const float s2 = a.scale * kLog2e;
+
+  for (int j0 = 0; j0 < kv.len; j0 += kChunk) {
+    RowSlice<T, D> kr[kCb], vr[kCb];
+    float dk[kCb][kE], dv[kCb][kE];
+#pragma unroll
+    for (int c = 0; c < kCb; ++c) {
+      const int j = j0 + c * kRps + sub;
+      if (j < kv.len) {
+        kr[c].load(kb + int64_t{j} * kv_stride, pos);
+        vr[c].load(vb + int64_t{j} * kv_stride, pos);
+      } else {
+        kr[c].zero();
+        vr[c].zero();
+      }
+#pragma unroll
+      for (int e = 0; e < kE; ++e) dk[c][e] = dv[c][e] = 0.0f;
+    }
+    for (int r = 0; r < qr.len; ++r) {
+      const int hi = row_hi(a.mask, r, qr.len, kv.len);
+      if (j0 >= hi) continue;  // the row keeps no key of this chunk
+      for (int h = hk * a.group; h < (hk + 1) * a.group; ++h) {
+        const int64_t qrow = row_offset(pack, a.qs.tokens, qr.begin + r, a.heads_q, h, 1);
+        float qf[kE], dof[kE], delta;
+        load_row<T, D>(static_cast<const T*>(a.q) + qrow * D, pos, qf);
+        load_row<T, D>(static_cast<const T*>(a.dout) + qrow * D, pos, dof);
+        {
+          float of[kE];
+          load_row<T, D>(static_cast<const T*>(a.o) + qrow * D, pos, of);
+          delta = row_dot<T, D>(dof, of);
+        }
+        const float* prow = a.probs_in + qrow * a.width;
+        const float lse2 = use_probs ? 0.0f : a.stats_in[qrow * 2 + 1] * kLog2e;
+#pragma unroll
+        for (int c = 0; c < kCb; ++c) {
+          const int j = j0 + c * kRps + sub;
+          const float dp = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
+          float p;
+          if constexpr (use_probs) {
+            p = j < hi ? __ldg(prow + j) : 0.0f;
+          } else {
+            const float s = row_sum<kLpr>(dot<T, D>(qf, kr[c]));
+            p = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
+          }
+          const float ds = p * (dp - delta);
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+            dk[c][e] = fmaf(ds, qf[e], dk[c][e]);
+            dv[c][e] = fmaf(p, dof[e], dv[c][e]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kCb; ++c) {
+      const int j = j0 + c * kRps + sub;
+      if (j < kv.len) {
+        store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, dk[c], a.scale);
+        store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, dv[c], 1.0f);
+      }
+    }
+  }
+}
+
+template <class T, int D, int kCs, int kCb>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, (min_blocks<T, D, kCs, true>()))
+    small_seq_bwd_kernel(const KernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
+    const int hq0 = hk * a.group;
+    const bool use_probs = fast_segment(qr.len, kv.len, a.width);
+    if (use_probs && qr.len == 1 && a.group == 1) {
+      // The common case: one (row, head) pair writes dq, dk and dv in one pass.
+      bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, row_hi(a.mask, 0, 1, kv.len), lane);
+    } else if (use_probs) {
+      // GQA (or a segment without query): dq per (row, head), then dk/dv over the group.
+      for (int r = 0; r < qr.len; ++r)
+        for (int h = hq0; h < hq0 + a.group; ++h)
+          bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv,
+                                          row_hi(a.mask, r, qr.len, kv.len), lane);
+      bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
+    } else {
+      // A broken promise: correct, not fast (one key row per sub-group at a time).
+      for (int r = 0; r < qr.len; ++r)
+        for (int h = hq0; h < hq0 + a.group; ++h)
+          bwd_row<T, D, 1, false, false>(a, pack, qr.begin + r, h, kv,
+                                         row_hi(a.mask, r, qr.len, kv.len), lane);
+      bwd_kv<T, D, 1, false>(a, pack, hk, qr, kv, lane);
+    }
+
+    for_gaps(qr, [&](int begin, int end) {
+      for (int h = hq0; h < hq0 + a.group; ++h)
+        zero_rows<T, D>(a.dq, pack, a.qs.tokens, a.heads_q, h, begin, end, lane);
+    });
+    for_gaps(kv, [&](int begin, int end) {
+      zero_rows<T, D>(a.dk, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
+      zero_rows<T, D>(a.dv, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
+    });
+  });
+}
+
+}  // namespace fusedattn::small_seq::cuda

@@ -1,0 +1,313 @@
+"""Checks a fused_attn call and turns it into the engine's ten FFI operands and a static
+config (csrc/fusedattn/ffi/attn_decode.h lists the operands).
+
+Bad input raises at trace time (ValueError; NotImplementedError for what the engine
+does not serve), and the engine's own validate() has the last word: Python asks it
+through the C API with the same AttnParams the FFI handler will decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from .sequence import SequenceDescriptor, packed_offsets
+
+THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
+QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
+KV_PACKED = (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Static (hashable) part of a call: everything but the arrays."""
+
+    layout: QKVLayout
+    mask_type: AttnMaskType
+    bias_type: AttnBiasType
+    softmax_type: SoftmaxType
+    scale: float
+    dropout: float
+    is_training: bool
+    window: tuple[int, int]
+
+    @property
+    def thd(self) -> bool:
+        return self.layout in THD_LAYOUTS
+
+    @property
+    def dropout_on(self) -> bool:
+        return self.is_training and self.dropout > 0.0
+
+    def ffi_attrs(self) -> dict[str, Any]:
+        # Names and types match AttnAttrs in csrc/fusedattn/ffi/attn_decode.h.
+        return dict(layout=np.int32(self.layout), mask_type=np.int32(self.mask_type),
+                    bias_type=np.int32(self.bias_type), softmax_type=np.int32(self.softmax_type),
+                    is_training=np.int32(self.is_training), scale=np.float32(self.scale),
+                    dropout=np.float32(self.dropout), window_left=np.int64(self.window[0]),
+                    window_right=np.int64(self.window[1]))
+
+    def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
+               head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _ffi.AttnParams:
+        return _ffi.AttnParams(
+            batch=batch, seqlen_q=seqlen_q, seqlen_kv=seqlen_kv, heads_q=heads_q,
+            heads_kv=heads_kv, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
+            window_left=self.window[0], window_right=self.window[1], max_segments=max_segments,
+            bias_batch=bias_batch, bias_heads=bias_heads, num_slices=1,
+            dtype=_ffi.DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
+            mask_type=int(self.mask_type), bias_type=int(self.bias_type),
+            softmax_type=int(self.softmax_type), is_training=int(self.is_training),
+            scale=self.scale, dropout=self.dropout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    B: int
+    Sq: int
+    Skv: int
+    Hq: int
+    Hkv: int
+    D: int
+    Dv: int
+
+
+def raise_for_status(code: int, message: str) -> None:
+    if code == _ffi.STATUS_UNIMPLEMENTED:
+        raise NotImplementedError(f"fused_attn: {message}")
+    if code != _ffi.STATUS_OK:
+        raise ValueError(f"fused_attn: {message}")
+
+
+def enum(enum_cls, value, name: str):
+    try:
+        return enum_cls(value)
+    except ValueError:
+        allowed = ", ".join(m.name for m in enum_cls)
+        raise ValueError(f"fused_attn: {name}={value!r} is not a valid {enum_cls.__name__}; "
+                         f"allowed: {allowed}") from None
+
+
+def window(window_size) -> tuple[int, int]:
+    if window_size is None:
+        return (-1, -1)
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"fused_attn: window_size must be None or a pair (left, right) of ints; "
+                         f"got {window_size!r}") from None
+    return (left, right)
+
+
+def _check_rank(name, x, rank, form):
+    if len(x.shape) != rank:
+        raise ValueError(f"fused_attn: {name} must have rank {rank} {form}; got shape "
+                         f"{tuple(x.shape)}")
+
+
+def split_qkv(qkv, layout: QKVLayout):
+    """The layout's tensors -> (q_op, k_op, v_op, Dims); absent operands are None."""
+    if layout in QKV_PACKED:
+        if isinstance(qkv, (tuple, list)):
+            if len(qkv) != 1:
+                raise ValueError(f"fused_attn: qkv must be the packed tensor [B, S, 3, H, D] (or "
+                                 f"a 1-tuple of it) for qkv_layout={layout.name}")
+            qkv = qkv[0]
+        _check_rank("qkv", qkv, 5, "[batch, seq, 3, heads, head_dim]")
+        B, S, three, H, D = qkv.shape
+        if three != 3:
+            raise ValueError(f"fused_attn: qkv must have shape [B, S, 3, H, D] for "
+                             f"qkv_layout={layout.name}; got {tuple(qkv.shape)}")
+        _check_dtypes(qkv)
+        return qkv, None, None, Dims(B, S, S, H, H, D, D)
+    if layout in KV_PACKED:
+        if not isinstance(qkv, (tuple, list)) or len(qkv) != 2:
+            raise ValueError(f"fused_attn: qkv must be a pair (q, kv) for qkv_layout={layout.name}")
+        q, kv = qkv
+        _check_rank("q", q, 4, "[batch, seq, heads, head_dim]")
+        _check_rank("kv", kv, 5, "[batch, seq, 2, heads, head_dim]")
+        if kv.shape[2] != 2:
+            raise ValueError(f"fused_attn: kv must have shape [B, S, 2, H, D]; got {tuple(kv.shape)}")
+        _check_dtypes(q, kv)
+        if q.shape[0] != kv.shape[0]:
+            raise ValueError(f"fused_attn: batch sizes differ: q {q.shape}, kv {kv.shape}")
+        if q.shape[3] != kv.shape[4]:
+            raise ValueError(f"fused_attn: q and kv must have the same head dim; got q {q.shape}, "
+                             f"kv {kv.shape}")
+        B, Sq, Hq, D = q.shape
+        return q, kv, None, Dims(B, Sq, kv.shape[1], Hq, kv.shape[3], D, D)
+    if not isinstance(qkv, (tuple, list)) or len(qkv) != 3:
+        raise ValueError(f"fused_attn: qkv must be a tuple (q, k, v) for qkv_layout={layout.name}")
+    q, k, v = qkv
+    for name, x in zip("qkv", (q, k, v)):
+        _check_rank(name, x, 4, "[batch, seq, heads, head_dim]")
+    _check_dtypes(q, k, v)
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"fused_attn: batch sizes differ: q {q.shape}, k {k.shape}, v {v.shape}")
+    if k.shape[1:3] != v.shape[1:3]:
+        raise ValueError(f"fused_attn: k and v must have the same sequence length and heads; got "
+                         f"k {k.shape}, v {v.shape}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"fused_attn: q and k must have the same head dim; got q {q.shape}, "
+                         f"k {k.shape}")
+    B, Sq, Hq, D = q.shape
+    return q, k, v, Dims(B, Sq, k.shape[1], Hq, k.shape[2], D, v.shape[3])
+
+
+def _check_dtypes(*xs):
+    dtypes = {jnp.dtype(x.dtype).name for x in xs}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _ffi.DTYPE_CODES:
+        got = ", ".join(str(x.dtype) for x in xs)
+        raise ValueError(f"fused_attn: dtype: got {got}; q, k and v must share one dtype among "
+                         "float32, bfloat16 and float16")
+
+
+def unpack(q_op, k_op, v_op, layout: QKVLayout):
+    """The FFI operands -> (q, k, v) [B, S, H, D] views (for the reference)."""
+    if layout in QKV_PACKED:
+        return q_op[:, :, 0], q_op[:, :, 1], q_op[:, :, 2]
+    if layout in KV_PACKED:
+        return q_op, k_op[:, :, 0], k_op[:, :, 1]
+    return q_op, k_op, v_op
+
+
+def seed_words(seed) -> jax.Array:
+    """An int, a raw key (uint32 [2]) or a typed PRNG key -> the engine's seed, uint32 [2]."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        s = int(seed) & (2 ** 64 - 1)
+        return jnp.array([s & 0xFFFFFFFF, s >> 32], jnp.uint32)
+    seed = jnp.asarray(seed) if not isinstance(seed, jax.Array) else seed
+    if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        if seed.shape != ():
+            raise ValueError(f"fused_attn: seed must be one PRNG key; got keys of shape {seed.shape}")
+        data = jax.random.key_data(seed)
+        if data.shape == (2,) and data.dtype == jnp.uint32:
+            return data
+        return jax.random.bits(seed, (2,), jnp.uint32)
+    if seed.shape == (2,) and seed.dtype == jnp.uint32:
+        return seed
+    if seed.shape == () and jnp.issubdtype(seed.dtype, jnp.integer):
+        hi = (seed >> 32).astype(jnp.uint32) if seed.dtype.itemsize == 8 else jnp.uint32(0)
+        return jnp.stack([seed.astype(jnp.uint32), jnp.broadcast_to(hi, ())])
+    raise ValueError(f"fused_attn: seed must be an int, a raw PRNG key (uint32 [2]) or a typed "
+                     f"PRNG key; got shape {seed.shape} dtype {seed.dtype}")
+
+
+def _descriptor_arrays(sd: SequenceDescriptor, dims: Dims, M: int, layout: QKVLayout):
+    """The descriptor's int32 lens [B, M] and offsets [B, M + 1], checked against the call."""
+    out = []
+    for name in ("q_seqlens", "kv_seqlens"):
+        lens = getattr(sd, name)
+        shape = tuple(lens.shape)
+        if len(shape) == 1:
+            shape = shape + (1,)
+        if shape[0] != dims.B:
+            raise ValueError(f"fused_attn: sequence_descriptor.{name} must have shape [{dims.B}] "
+                             f"or [{dims.B}, M] (the batch); got {tuple(lens.shape)}")
+        if shape[1] != M:
+            what = ("max_segments_per_seq must be 1 for it" if layout not in THD_LAYOUTS
+                    else f"pass max_segments_per_seq={shape[1]}")
+            raise ValueError(f"fused_attn: sequence_descriptor.{name} holds {shape[1]} segments "
+                             f"per row but max_segments_per_seq={M} with qkv_layout="
+                             f"{layout.name}; {what}")
+        out.append(lens)
+    for name in ("q_offsets", "kv_offsets"):
+        offs = getattr(sd, name)
+        if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
+            raise ValueError(f"fused_attn: sequence_descriptor.{name} must have shape [B, M + 1] "
+                             f"= [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
+        out.append(offs)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    cfg: Config
+    dims: Dims
+    params: _ffi.AttnParams
+    operands: tuple | None  # the ten FFI operands (None when only checking)
+
+
+def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
+            softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
+            window_size, softmax_offset, build=True) -> Call:
+    """Checks a call; with build, also makes the ten FFI operands. Raises on bad input."""
+    layout = enum(QKVLayout, qkv_layout, "qkv_layout")
+    mask_type = enum(AttnMaskType, attn_mask_type, "attn_mask_type")
+    bias_type = enum(AttnBiasType, attn_bias_type, "attn_bias_type")
+    softmax = enum(SoftmaxType, softmax_type, "softmax_type")
+    q_op, k_op, v_op, dims = split_qkv(qkv, layout)
+    dtype = q_op.dtype
+    if bias is not None and bias_type == AttnBiasType.NO_BIAS:
+        raise ValueError("fused_attn: bias was given but attn_bias_type=NO_BIAS; pass bias=None "
+                         "or choose PRE_SCALE_BIAS / POST_SCALE_BIAS")
+    if bias is None and bias_type != AttnBiasType.NO_BIAS:
+        raise ValueError(f"fused_attn: attn_bias_type={bias_type.name} needs a bias "
+                         f"[1 or B, 1 or Hq, Sq, Skv]; got bias=None")
+    bias_extent = (0, 0)
+    if bias is not None:
+        bshape = tuple(bias.shape)
+        if (len(bshape) != 4 or bshape[0] not in (1, dims.B) or bshape[1] not in (1, dims.Hq)
+                or bshape[2:] != (dims.Sq, dims.Skv)):
+            raise ValueError(f"fused_attn: bias: got shape {list(bshape)}; allowed [1 or {dims.B},"
+                             f" 1 or {dims.Hq}, {dims.Sq}, {dims.Skv}] ([1 or B, 1 or Hq, Sq, Skv])")
+        if not jnp.issubdtype(bias.dtype, jnp.floating):
+            raise ValueError(f"fused_attn: bias must be a float array; got dtype {bias.dtype}")
+        bias_extent = bshape[:2]
+    if softmax_offset is not None and softmax != SoftmaxType.LEARNABLE_SOFTMAX:
+        raise ValueError("fused_attn: softmax_offset is only used with "
+                         "softmax_type=LEARNABLE_SOFTMAX")
+    if softmax == SoftmaxType.LEARNABLE_SOFTMAX:
+        if softmax_offset is None:
+            raise ValueError(f"fused_attn: softmax_type=LEARNABLE_SOFTMAX needs softmax_offset "
+                             f"[{dims.Hq}] or [1, {dims.Hq}, 1, 1]")
+        if tuple(softmax_offset.shape) not in ((dims.Hq,), (1, dims.Hq, 1, 1)):
+            raise ValueError(f"fused_attn: softmax_offset: got shape {tuple(softmax_offset.shape)}"
+                             f"; allowed [{dims.Hq}] or [1, {dims.Hq}, 1, 1] (one logit per head)")
+    if mask_type.is_padding() and sequence_descriptor is None:
+        raise ValueError(f"fused_attn: attn_mask_type={mask_type.name} needs a "
+                         "sequence_descriptor (SequenceDescriptor.from_seqlens(...))")
+    if sequence_descriptor is not None and not isinstance(sequence_descriptor, SequenceDescriptor):
+        raise ValueError("fused_attn: sequence_descriptor must be a SequenceDescriptor or None; "
+                         f"got {type(sequence_descriptor).__name__}")
+    M = int(max_segments_per_seq)
+    scale = float(dims.D ** -0.5 if scaling_factor is None else scaling_factor)
+    cfg = Config(layout, mask_type, bias_type, softmax, scale, float(dropout_probability),
+                 bool(is_training), window(window_size))
+    params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
+                        M, *bias_extent)
+    raise_for_status(*_ffi.validate(params))
+    seqs = (None if sequence_descriptor is None
+            else _descriptor_arrays(sequence_descriptor, dims, M, layout))
+    if cfg.dropout_on and seed is None:
+        raise ValueError(f"fused_attn: dropout_probability={cfg.dropout} with is_training=True "
+                         "needs a seed (an int or a PRNG key)")
+    if not build:
+        return Call(cfg, dims, params, None)
+
+    empty = lambda dt: jnp.zeros((0,), dt)
+    if seqs is None:  # one full sequence per row
+        q_lens = jnp.full((dims.B, 1), dims.Sq, jnp.int32)
+        kv_lens = jnp.full((dims.B, 1), dims.Skv, jnp.int32)
+        q_offs = kv_offs = None
+    else:
+        q_lens, kv_lens, q_offs, kv_offs = seqs
+        q_lens = jnp.asarray(q_lens, jnp.int32).reshape(dims.B, M)
+        kv_lens = jnp.asarray(kv_lens, jnp.int32).reshape(dims.B, M)
+    q_offs = packed_offsets(q_lens) if q_offs is None else jnp.asarray(q_offs, jnp.int32)
+    kv_offs = packed_offsets(kv_lens) if kv_offs is None else jnp.asarray(kv_offs, jnp.int32)
+    operands = (
+        q_op,
+        empty(dtype) if k_op is None else k_op,
+        empty(dtype) if v_op is None else v_op,
+        empty(dtype) if bias is None else jnp.asarray(bias).astype(dtype),
+        (empty(jnp.float32) if softmax_offset is None
+         else jnp.asarray(softmax_offset).astype(jnp.float32).reshape(dims.Hq)),
+        seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),
+        q_lens, kv_lens, q_offs, kv_offs)
+    return Call(cfg, dims, params, operands)

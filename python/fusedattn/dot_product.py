@@ -1,0 +1,152 @@
+"""dot_product_attention: jax.nn.dot_product_attention's signature and semantics on
+fusedattn's engine, so a JAX model switches by changing an import.
+
+How jax's arguments map onto fused_attn:
+* is_causal -> CAUSAL_MASK (top-left, as jax's tril); query_seq_lengths /
+  key_value_seq_lengths -> the PADDING masks with a SequenceDescriptor.
+* local_window_size (left, right) >= 0 -> window_size (top-left, like jax's).
+* mask (boolean) and bias -> one POST_SCALE_BIAS: masked-out logits get jax's large
+  negative number (-0.7 * float32 max), exactly as jax replaces them. Negative window
+  sizes (which jax reads literally) go the same way.
+* A query row whose every key is masked: jax gives the plain average of all values (its
+  masked logits are all the same finite number), zero for rows past query_seq_lengths.
+  fusedattn gives 0 for such rows, so they are rebuilt here from the softmax statistics.
+Difference that remains: the bias is rounded to the query's dtype (jax adds it to the
+float32 logits), as in every fused kernel.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .attention import fused_attn
+from .enums import AttnBiasType, AttnMaskType
+from .sequence import SequenceDescriptor
+
+__all__ = ["dot_product_attention"]
+
+# jax's stand-in for -inf in masked logits (jax._src.nn.functions._get_large_negative of
+# float32, the dtype of its logits for every input dtype up to float32).
+_LARGE_NEGATIVE = float(np.float32(-0.7 * np.finfo(np.float32).max))
+
+
+def _ensure_4d(t):
+    t = jnp.asarray(t)
+    return jnp.expand_dims(t, tuple(range(4 - t.ndim))) if t.ndim < 4 else t
+
+
+def _check(t, shape, dtype, name):
+    # The same checks and messages as jax.nn.dot_product_attention.
+    if t is None:
+        return
+    if t.ndim != len(shape):
+        raise ValueError(f"{name} ndim should be {len(shape)}, but got {t.ndim}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} dtype should be {dtype}, but got {t.dtype}")
+    for i in range(t.ndim):
+        if shape[i] != -1 and t.shape[i] != shape[i]:
+            raise ValueError(f"{name} shape should be {shape}: but got {t.shape}")
+
+
+def _window_mask(T, S, window):
+    """jax's window rule, literal for any sign: [1, 1, T, S] bool."""
+    left, right = window
+    i = jnp.arange(T)[:, None]
+    j = jnp.arange(S)[None, :]
+    return ((i <= j + left) & (i >= j - right))[None, None]
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
+                          is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
+                          local_window_size=None, implementation=None, return_residual=False):
+    """Scaled dot-product attention, as jax.nn.dot_product_attention (see its docstring).
+
+    query [B, T, N, H] (or [T, N, H]), key / value [B, S, K, H]; bias and mask 4-D,
+    broadcastable to [B, N, T, S]; query_seq_lengths / key_value_seq_lengths int32 [B].
+    implementation: None runs fusedattn's engine; "xla" and "cudnn" call
+    jax.nn.dot_product_attention with that implementation.
+    Returns the output (query's shape), and with return_residual the log-sum-exp [B, T, N]
+    (in key's dtype) too.
+    """
+    if implementation in ("xla", "cudnn"):
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size, implementation=implementation,
+            return_residual=return_residual)
+    if implementation is not None:
+        raise ValueError(f"Unsupported implementation option: {implementation}")
+
+    output_shape = jnp.asarray(query).shape
+    q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)
+    bias = _ensure_4d(bias) if bias is not None else None
+    mask = _ensure_4d(mask) if mask is not None else None
+    q_lens = jnp.asarray(query_seq_lengths) if query_seq_lengths is not None else None
+    kv_lens = jnp.asarray(key_value_seq_lengths) if key_value_seq_lengths is not None else None
+    if isinstance(local_window_size, int):
+        local_window_size = (local_window_size, local_window_size)
+    B, S, K, H = k.shape
+    _check(v, [B, S, K, H], k.dtype, "value")
+    _check(q, [B, -1, -1, H], k.dtype, "query")
+    _check(mask, [-1] * 4, np.dtype(bool), "mask")
+    _check(bias, [-1] * 4, None, "bias")
+    _check(q_lens, [B], np.dtype("int32"), "query_seq_lengths")
+    _check(kv_lens, [B], np.dtype("int32"), "key_value_seq_lengths")
+    T, N = q.shape[1], q.shape[2]
+    if N % K != 0:
+        raise ValueError(f"The number of query heads must be a multiple of key/value heads, but "
+                         f"got {N} vs {K}")
+    scale = 1.0 / np.sqrt(H) if scale is None else scale
+
+    window = None
+    if local_window_size is not None:
+        window = tuple(int(w) for w in local_window_size)
+        if min(window) < 0:  # jax reads negative sizes literally; the engine's -1 is unbounded
+            wmask = _window_mask(T, S, window)
+            mask = wmask if mask is None else mask & wmask
+            window = None
+
+    # Boolean mask and bias -> one additive bias [1|B, 1|N, T, S].
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
+        base = jnp.zeros((), q.dtype) if bias is None else bias
+        bias = jnp.where(mask, base, jnp.asarray(_LARGE_NEGATIVE, jnp.float32).astype(q.dtype))
+    if bias is not None:
+        bshape = jnp.broadcast_shapes(bias.shape, (1, 1, T, S))
+        bias = jnp.broadcast_to(bias, bshape).astype(q.dtype)
+
+    padding = q_lens is not None or kv_lens is not None
+    sd = None
+    if padding:
+        sd = SequenceDescriptor.from_seqlens(
+            (q_lens if q_lens is not None else jnp.full((B,), T, jnp.int32),
+             kv_lens if kv_lens is not None else jnp.full((B,), S, jnp.int32)))
+    mask_type = {(False, False): AttnMaskType.NO_MASK, (False, True): AttnMaskType.CAUSAL_MASK,
+                 (True, False): AttnMaskType.PADDING_MASK,
+                 (True, True): AttnMaskType.PADDING_CAUSAL_MASK}[(padding, bool(is_causal))]
+    out, aux = fused_attn(
+        (q, k, v), bias, sd, None,
+        attn_bias_type=AttnBiasType.NO_BIAS if bias is None else AttnBiasType.POST_SCALE_BIAS,
+        attn_mask_type=mask_type, scaling_factor=float(scale), window_size=window,
+        return_aux=True)
+    lse = jnp.transpose(aux["softmax_aux"][..., 0], (0, 2, 1))  # [B, T, N]
+
+    # Rows whose every key is masked: jax's softmax over equal logits averages all values;
+    # rows past query_seq_lengths are zero in jax too.
+    dead = lse <= 0.5 * _LARGE_NEGATIVE  # -inf, or every kept logit at the large negative
+    if q_lens is not None:
+        dead &= jnp.arange(T)[None, :, None] < q_lens[:, None, None]
+    if bias is not None or kv_lens is not None or local_window_size is not None:
+        mean_v = jnp.mean(v.astype(jnp.float32), axis=1)            # [B, K, H]
+        mean_v = jnp.repeat(mean_v, N // K, axis=1)[:, None]         # [B, 1, N, H]
+        out = jnp.where(dead[..., None], mean_v.astype(out.dtype), out)
+    out = jnp.reshape(out, output_shape)
+    if not return_residual:
+        return out
+    # jax's residual: logsumexp of the masked logits, which is its large negative for rows
+    # that keep nothing (rows past query_seq_lengths included).
+    gone = lse <= 0.5 * _LARGE_NEGATIVE
+    residual = jnp.where(gone, _LARGE_NEGATIVE, lse).astype(k.dtype)
+    return out, jnp.reshape(residual, output_shape[:-1])

@@ -1,0 +1,169 @@
+"""fusedattn.dot_product_attention against jax.nn.dot_product_attention(implementation="xla"):
+the same signature, and the same cases through both give the same outputs, residuals and
+gradients (fully masked rows included, where jax averages all values)."""
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from conftest import normal
+
+B, T, S, N, K, H = 2, 40, 56, 4, 2, 32
+
+
+def inputs(key, dtype, T=T, S=S, N=N, K=K, H=H):
+    ks = jax.random.split(key, 4)
+    return (normal(ks[0], (B, T, N, H), dtype), normal(ks[1], (B, S, K, H), dtype),
+            normal(ks[2], (B, S, K, H), dtype), normal(ks[3], (B, T, N, H), dtype))
+
+
+def _bias(shape, dtype=jnp.float32):
+    return lambda key: normal(key, shape, dtype)
+
+
+def _mask(shape, rate=0.7, dead_row=True):
+    def make(key):
+        m = jax.random.bernoulli(key, rate, shape)
+        return m.at[0, 0, 3].set(False) if dead_row else m  # one row keeps nothing
+    return make
+
+
+QL = jnp.array([T - 7, T], jnp.int32)
+KVL = jnp.array([0, 31], jnp.int32)  # batch 0 keeps no key at all
+# name -> (keyword arguments, makers of array arguments by name)
+CASES = {
+    "plain": ({}, {}),
+    "causal": (dict(is_causal=True), {}),
+    "scale": (dict(scale=0.3, is_causal=True), {}),
+    "bias_full": ({}, dict(bias=_bias((B, N, T, S)))),
+    "bias_broadcast_rows": ({}, dict(bias=_bias((1, N, 1, S)))),
+    "bias_one_head": (dict(is_causal=True), dict(bias=_bias((B, 1, T, S)))),
+    "mask": ({}, dict(mask=_mask((B, 1, T, S)))),
+    "mask_and_bias": ({}, dict(mask=_mask((1, N, T, S)), bias=_bias((B, 1, T, S)))),
+    "q_lengths": (dict(query_seq_lengths=QL), {}),
+    "kv_lengths_causal": (dict(key_value_seq_lengths=KVL, is_causal=True), {}),
+    "both_lengths": (dict(query_seq_lengths=QL, key_value_seq_lengths=KVL), {}),
+    "window": (dict(local_window_size=(5, 3)), {}),
+    "window_int": (dict(local_window_size=4), {}),
+    "window_causal_lengths": (dict(local_window_size=(3, 0), is_causal=True,
+                                   key_value_seq_lengths=jnp.array([8, S], jnp.int32)), {}),
+    "window_negative": (dict(local_window_size=(6, -2)), {}),
+    "everything": (dict(is_causal=True, query_seq_lengths=QL,
+                        key_value_seq_lengths=jnp.array([5, S], jnp.int32),
+                        local_window_size=(12, 0)),
+                   dict(mask=_mask((B, N, T, S)), bias=_bias((1, N, T, S)))),
+}
+
+
+def _grid():
+    # float16: jax's xla implementation asks dot_general for F16_F16_F32, which the CPU lacks.
+    for i, name in enumerate(CASES):
+        dtype = jnp.bfloat16 if i % 2 else jnp.float32
+        yield pytest.param(name, dtype, id=f"{name}-{jnp.dtype(dtype).name}")
+
+
+def _tol(dtype):
+    # Two implementations of the same math: float32 agrees to rounding; in bfloat16 both
+    # round the matmul inputs and probabilities, and land within 2 units of roundoff of
+    # the largest element of each other (measured: at most one).
+    if dtype == jnp.float32:
+        return dict(rtol=2e-5, atol=2e-5)
+    return dict(rtol=0.0, atol=2 * 2.0 ** -7)
+
+
+@pytest.mark.parametrize("name, dtype", list(_grid()))
+def test_same_results_as_jax(key, name, dtype):
+    kwargs, makers = CASES[name]
+    q, k, v, dout = inputs(key, dtype)
+    arrays = {a: make(jax.random.fold_in(key, i)) for i, (a, make) in enumerate(makers.items())}
+    if "bias" in arrays:
+        arrays["bias"] = arrays["bias"].astype(dtype)  # fusedattn rounds the bias to q's dtype
+
+    def run(f):
+        def loss(q, k, v):
+            return jnp.sum(f(q, k, v, **arrays, **kwargs).astype(jnp.float32) *
+                           dout.astype(jnp.float32))
+        out, res = f(q, k, v, **arrays, **kwargs, return_residual=True)
+        return out, res, jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    ours = jax.jit(lambda q, k, v: run(fusedattn.dot_product_attention))(q, k, v)
+    theirs = jax.jit(lambda q, k, v: run(lambda *a, **kw: jax.nn.dot_product_attention(
+        *a, **kw, implementation="xla")))(q, k, v)
+    tol = _tol(dtype)
+    names = ("out", "residual", "dq", "dk", "dv")
+    for what, a, b in zip(names, jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert not np.isnan(a).any(), what
+        scale = max(1.0, float(np.abs(b[np.isfinite(b)]).max())) if what != "residual" else 1.0
+        if what == "residual":  # large negative stand-ins compare by relative size
+            np.testing.assert_allclose(a, b, rtol=max(tol["rtol"], tol["atol"] / 2), atol=tol["atol"],
+                                       err_msg=what)
+        else:
+            np.testing.assert_allclose(a / scale, b / scale, **tol, err_msg=what)
+
+
+def test_three_dimensional_inputs(key):
+    q, k, v, _ = inputs(key, jnp.float32)
+    q, k, v = q[0], k[0], v[0]
+    ours, res = fusedattn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+    theirs, res_j = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+    assert ours.shape == q.shape and res.shape == res_j.shape == (T, N)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(res), np.asarray(res_j), rtol=2e-5, atol=2e-5)
+
+
+def test_signature_is_jax_s():
+    ours = inspect.signature(fusedattn.dot_product_attention).parameters
+    theirs = inspect.signature(jax.nn.dot_product_attention).parameters
+    assert list(ours) == list(theirs)
+    for name in ours:
+        assert ours[name].kind == theirs[name].kind, name
+        assert ours[name].default == theirs[name].default, name
+
+
+def test_implementation_option(key):
+    q, k, v, _ = inputs(key, jnp.float32)
+    xla = fusedattn.dot_product_attention(q, k, v, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(xla),
+                                  np.asarray(jax.nn.dot_product_attention(q, k, v,
+                                                                          implementation="xla")))
+    with pytest.raises(ValueError, match="Unsupported implementation option: triton"):
+        fusedattn.dot_product_attention(q, k, v, implementation="triton")
+
+
+def test_calls_the_engine(key):
+    q, k, v, _ = inputs(key, jnp.float32)
+    text = jax.jit(fusedattn.dot_product_attention).lower(q, k, v).as_text()
+    assert "fusedattn_attn_fwd" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(value=(B, S, K, H + 1)), "value shape should be"),
+    (dict(query=(B, T, N, H + 2)), "query shape should be"),
+    (dict(query=(B, T, 3, H)), "multiple of key/value heads"),
+])
+def test_same_errors_as_jax(key, args, message):
+    shapes = dict(query=(B, T, N, H), key=(B, S, K, H), value=(B, S, K, H))
+    shapes.update(args)
+    arrays = {n: jnp.zeros(s) for n, s in shapes.items()}
+    for f in (fusedattn.dot_product_attention, jax.nn.dot_product_attention):
+        with pytest.raises(ValueError, match=message):
+            f(arrays["query"], arrays["key"], arrays["value"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mask=jnp.ones((1, 1, T, S), jnp.int32)), "mask dtype should be bool"),
+    (dict(query_seq_lengths=jnp.ones((B,), jnp.float32)), "query_seq_lengths dtype should be int32"),
+    (dict(key_value_seq_lengths=jnp.ones((B + 1,), jnp.int32)), "key_value_seq_lengths shape"),
+    (dict(bias=jnp.ones((1, 1, 1, T, S))), "bias ndim should be 4"),
+])
+def test_same_argument_errors_as_jax(kwargs, message):
+    q, k = jnp.zeros((B, T, N, H)), jnp.zeros((B, S, K, H))
+    for f in (fusedattn.dot_product_attention, jax.nn.dot_product_attention):
+        with pytest.raises(ValueError, match=message):
+            f(q, k, k, **kwargs)
