@@ -21,6 +21,7 @@ std::string fmt_version(int64_t v) {
 std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& info) {
   std::ostringstream os;
   if (!info.cuda_built) return "this build of fusedattn has no CUDA kernels";
+  if (info.sm == 0) return "no CUDA device could be queried (" + info.device_error + ")";
   if (info.cudnn_version == 0) return info.cudnn_error.empty() ? "cuDNN is not loaded" : info.cudnn_error;
   if (info.cudnn_version < 90000)
     return "cuDNN " + fmt_version(info.cudnn_version) + " is older than 9.0";

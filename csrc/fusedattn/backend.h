@@ -20,7 +20,8 @@ struct BackendChoice {
 struct PlatformInfo {
   bool cuda_built = false;     // this library has its CUDA kernels
   int64_t cudnn_version = 0;   // loaded cuDNN (e.g. 91900); 0: none could be loaded
-  int32_t sm = 0;              // compute capability * 10 (90 for an H100)
+  int32_t sm = 0;              // compute capability * 10 (90 for an H100); 0: no device
+  std::string device_error;    // why the device could not be queried
   std::string cudnn_error;     // why no cuDNN could be loaded
 };
 

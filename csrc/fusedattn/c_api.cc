@@ -52,7 +52,10 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, int* stat
 #ifdef FUSEDATTN_WITH_CUDA
   if (platform == FA_PLATFORM_CUDA) {
     const fusedattn::Status s = fusedattn::cuda::platform_info(device, &info);
-    if (!s.ok()) info.cudnn_error = s.message;
+    if (!s.ok()) {
+      info.cuda_built = true;
+      info.device_error = s.message;
+    }
   }
 #endif
   const fusedattn::BackendChoice c = fusedattn::select_backend(*p, platform, info);
@@ -63,17 +66,27 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, int* stat
 
 // Builds (or finds in the cache) the cuDNN graph that will serve p on `device`, forward
 // or backward: the last word on whether cuDNN supports a call. Returns an FaStatus.
-int fa_cudnn_check(const FaAttnParams* p, int device, int want_max_logit, int backward, char* msg,
-                   int msg_len) {
+int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max_logit,
+                   int backward, char* msg, int msg_len) {
 #ifdef FUSEDATTN_WITH_CUDA
   std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
   const fusedattn::Status s = fusedattn::cudnn::get_graph(
-      fusedattn::cudnn::make_config(*p, want_max_logit != 0), backward != 0, device, &g);
+      fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0), backward != 0,
+      device, &g);
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else
   copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
   return FA_UNIMPLEMENTED;
+#endif
+}
+
+// cuDNN graphs built so far in this process (0 without CUDA).
+int64_t fa_cudnn_graphs_built() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return fusedattn::cudnn::built_graph_count();
+#else
+  return 0;
 #endif
 }
 

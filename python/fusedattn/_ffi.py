@@ -77,8 +77,11 @@ def _load() -> ctypes.CDLL:
     lib.fa_backend_name.argtypes = [ctypes.c_int]
     lib.fa_validate.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_char_p, ctypes.c_int]
     lib.fa_select_backend.argtypes = [
-        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
+    lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
+    lib.fa_cudnn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
     lib.fa_softmax_type_name.restype = ctypes.c_char_p
     lib.fa_softmax_type_name.argtypes = [ctypes.c_int]
@@ -104,8 +107,8 @@ lib = _load()
 # the computation runs on. CUDA handlers exist only in a build with CUDA (and
 # registering them needs no GPU: jax keeps them until a CUDA backend starts).
 TARGETS = {
-    "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
-    "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
+    "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd", "CUDA": "fa_cuda_attn_fwd"},
+    "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd", "CUDA": "fa_cuda_attn_bwd"},
     "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
     "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
     "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
@@ -132,13 +135,24 @@ def validate(params: AttnParams) -> tuple[int, str]:
     return code, buf.value.decode()
 
 
-def select_backend(params: AttnParams, platform: int) -> tuple[str, int, str]:
-    """Returns (backend name, validate status code, reason)."""
+def select_backend(params: AttnParams, platform: int, device: int = 0) -> tuple[str, int, str]:
+    """Returns (backend name, validate status code, reason); a CUDA query reads the
+    capabilities of CUDA device `device` (and the cuDNN the process can load)."""
     status = ctypes.c_int(0)
     buf = ctypes.create_string_buffer(1024)
-    backend = lib.fa_select_backend(ctypes.byref(params), platform, ctypes.byref(status), buf,
-                                    len(buf))
+    backend = lib.fa_select_backend(ctypes.byref(params), platform, device, ctypes.byref(status),
+                                    buf, len(buf))
     return lib.fa_backend_name(backend).decode(), status.value, buf.value.decode()
+
+
+def cudnn_check(params: AttnParams, device: int, want_lse: bool, want_max_logit: bool,
+                backward: bool) -> tuple[int, str]:
+    """Builds (once; the graph cache keeps it) the cuDNN graph that will serve the call:
+    (status code, message). The last word on whether cuDNN supports a configuration."""
+    buf = ctypes.create_string_buffer(2048)
+    code = lib.fa_cudnn_check(ctypes.byref(params), device, int(want_lse), int(want_max_logit),
+                              int(backward), buf, len(buf))
+    return code, buf.value.decode()
 
 
 def softmax_validate(params: SoftmaxParams) -> tuple[int, str]:
@@ -154,6 +168,11 @@ def softmax_kernel_available(params: SoftmaxParams, platform: int) -> tuple[bool
     ok = lib.fa_softmax_kernel_available(ctypes.byref(params), platform, ctypes.byref(status),
                                          buf, len(buf))
     return bool(ok), status.value, buf.value.decode()
+
+
+def cudnn_graphs_built() -> int:
+    """cuDNN graphs built so far in this process (each distinct configuration once)."""
+    return int(lib.fa_cudnn_graphs_built())
 
 
 def version() -> str:

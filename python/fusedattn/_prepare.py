@@ -36,6 +36,10 @@ class Config:
     dropout: float
     is_training: bool
     window: tuple[int, int]
+    # Forward results the caller reads (a GPU graph may skip the others); the CPU
+    # engine computes all of them regardless.
+    want_lse: bool = False
+    want_max_logit: bool = False
 
     @property
     def thd(self) -> bool:
@@ -51,7 +55,8 @@ class Config:
                     bias_type=np.int32(self.bias_type), softmax_type=np.int32(self.softmax_type),
                     is_training=np.int32(self.is_training), scale=np.float32(self.scale),
                     dropout=np.float32(self.dropout), window_left=np.int64(self.window[0]),
-                    window_right=np.int64(self.window[1]))
+                    window_right=np.int64(self.window[1]), want_lse=np.int32(self.want_lse),
+                    want_max_logit=np.int32(self.want_max_logit))
 
     def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
                head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _ffi.AttnParams:

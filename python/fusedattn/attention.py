@@ -2,9 +2,11 @@
 
 Argument checks happen at trace time and ask the C++ engine's own validate(),
 so a bad call fails with the engine's message before anything runs. The
-forward and backward run as XLA FFI custom calls on the CPU; on platforms
-without a fused kernel in this build, XLA computes reference.py instead (with
-a one-time warning). get_backend() says which of the two a call gets.
+forward and backward run as XLA FFI custom calls: the CPU engine on the CPU,
+cuDNN graphs on NVIDIA GPUs. Which backend serves a GPU call is decided in C++
+(select_backend, then the cuDNN graph's own support check, run once at trace
+time); where cuDNN cannot serve a call, XLA computes reference.py instead, with
+a one-time warning. get_backend() says which a call gets, and why.
 """
 
 from __future__ import annotations
@@ -77,26 +79,91 @@ def _bwd_reference(*ops_out_dout_lse, cfg: Config, dims: Dims):
     return vjp(dout)
 
 
+# ---------------------------------------------------------------------------
+# The GPU decision: cuDNN or XLA's reference. Asked once per configuration (cached), on
+# GPU 0; the C++ side builds the graph then, so the first run finds it in the cache.
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gpu() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+def _params_of(ops, cfg: Config, dims: Dims) -> _ffi.AttnParams:
+    """The AttnParams the FFI handler will decode from these operands."""
+    bias = ops[3]
+    extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
+    return cfg.params(ops[0].dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D,
+                      dims.Dv, ops[6].shape[-1], *extent)
+
+
+def _fields(params: _ffi.AttnParams) -> tuple:
+    return tuple(getattr(params, f) for f, _ in params._fields_)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
+                training: bool) -> tuple[str, str]:
+    """("cudnn" | "xla_reference" | "none", reason) for a call on the GPU. training: the
+    forward saves the lse for a backward, and both graphs must be served, so that the
+    backward sees the dropout mask its forward drew."""
+    params = _ffi.AttnParams(*fields)
+    name, _, reason = _ffi.select_backend(params, _ffi.PLATFORM_CUDA, 0)
+    if name != "cudnn":
+        return name, reason
+    checks = [("forward", False)] + ([("backward", True)] if training else [])
+    for what, backward in checks:
+        code, msg = _ffi.cudnn_check(params, 0, want_lse or training, want_max_logit, backward)
+        if code != _ffi.STATUS_OK:
+            return "xla_reference", (f"xla_reference: cuDNN rejected the {what} graph of this "
+                                     f"call ({msg}), so XLA computes the plain-JAX reference")
+    return name, reason
+
+
+def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool) -> bool:
+    if not _has_gpu():
+        return False  # the cuda branch is never lowered
+    params = _params_of(ops, cfg, dims)
+    return _gpu_choice(_fields(params), cfg.want_lse, cfg.want_max_logit, training)[0] == "cudnn"
+
+
+def _forward(ops, cfg: Config, dims: Dims, training: bool):
+    gpu = _fwd_ffi if _gpu_uses_cudnn(ops, cfg, dims, training) else _reference
+    return jax.lax.platform_dependent(
+        *ops,
+        cpu=functools.partial(_fwd_ffi, cfg=cfg, dims=dims),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims),
+        default=functools.partial(_reference, cfg=cfg, dims=dims))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11))
 def _attention(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, cfg, dims):
-    return jax.lax.platform_dependent(
-        q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs,
-        cpu=functools.partial(_fwd_ffi, cfg=cfg, dims=dims),
-        default=functools.partial(_reference, cfg=cfg, dims=dims))
+    return _forward((q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs), cfg, dims,
+                    training=False)
 
 
 def _attention_fwd(*args):
     ops, (cfg, dims) = args[:10], args[10:]
-    out, lse, max_logit = _attention(*ops, cfg, dims)
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    if _has_gpu() and jax.default_backend() != "cpu":
+        _warn_once(*_gpu_choice(_fields(_params_of(ops, cfg, dims)), True, cfg.want_max_logit,
+                                True))
+    out, lse, max_logit = _forward(ops, cfg, dims, training=True)
     return (out, lse, max_logit), (ops, out, lse)
 
 
 def _attention_bwd(cfg: Config, dims: Dims, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
+    cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
+    gpu = _bwd_ffi if _gpu_uses_cudnn(ops, cfg, dims, training=True) else _bwd_reference
     grads = jax.lax.platform_dependent(
         *ops, out, dout, lse,
         cpu=functools.partial(_bwd_ffi, cfg=cfg, dims=dims),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims),
         default=functools.partial(_bwd_reference, cfg=cfg, dims=dims))
     return (*grads, None, None, None, None, None)
 
@@ -107,14 +174,22 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 _warned: set[str] = set()
 
 
-def _warn_if_fallback(params: _ffi.AttnParams) -> None:
-    platform = jax.default_backend()
-    if platform == "cpu":
-        return
-    name, _, reason = _ffi.select_backend(params, _ffi.PLATFORM_CUDA)
+def _warn_once(name: str, reason: str) -> None:
     if name == "xla_reference" and reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"fusedattn on {platform}: {reason}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"fusedattn on {jax.default_backend()}: {reason}", RuntimeWarning,
+                      stacklevel=4)
+
+
+def _warn_if_fallback(call) -> None:
+    if jax.default_backend() == "cpu":
+        return
+    if not _has_gpu():  # another accelerator: the reference runs
+        name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA)
+        _warn_once(name, reason)
+        return
+    _warn_once(*_gpu_choice(_fields(call.params), call.cfg.want_lse, call.cfg.want_max_logit,
+                            False))
 
 
 def fused_attn(qkv, bias, sequence_descriptor, seed, *,
@@ -160,7 +235,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset)
-    _warn_if_fallback(call.params)
+    call = dataclasses.replace(call, cfg=dataclasses.replace(
+        call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
+    _warn_if_fallback(call)
     out, lse, max_logit = _attention(*call.operands, call.cfg, call.dims)
     if not (return_max_logit or return_aux):
         return out
@@ -178,7 +255,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
-    """Which backend runs a call: name is "cpu_flash", "xla_reference" or "none".
+    """Which backend runs a call: name is "cpu_flash", "cudnn", "xla_reference" or "none".
 
     fused is True when one of fusedattn's own kernels serves the call; reason says
     why this backend and why not the others (or, for "none", what is wrong).
@@ -189,7 +266,7 @@ class BackendInfo:
     reason: str
 
 
-_FUSED_BACKENDS = {"cpu_flash"}
+_FUSED_BACKENDS = {"cpu_flash", "cudnn"}
 
 
 def _platform_code(platform: str | None) -> int:
@@ -201,8 +278,14 @@ def _platform_code(platform: str | None) -> int:
     raise ValueError(f"get_backend: platform={platform!r}; allowed 'cpu', 'gpu' or 'cuda'")
 
 
-def _backend_info(params: _ffi.AttnParams, platform: str | None) -> BackendInfo:
-    name, _, reason = _ffi.select_backend(params, _platform_code(platform))
+def _backend_info(params: _ffi.AttnParams, platform: str | None, training: bool = False,
+                  want_max_logit: bool = False) -> BackendInfo:
+    code = _platform_code(platform)
+    if code == _ffi.PLATFORM_CUDA and _has_gpu():
+        # With a GPU at hand the cuDNN graphs themselves are asked too.
+        name, reason = _gpu_choice(_fields(params), False, want_max_logit, training)
+    else:
+        name, _, reason = _ffi.select_backend(params, code)
     return BackendInfo(name, name in _FUSED_BACKENDS, reason)
 
 
@@ -217,11 +300,14 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 max_segments_per_seq=1,
                 window_size=None,
                 softmax_offset=None,
+                return_max_logit=False,
                 platform: str | None = None) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
-    jax.default_backend(). A bad attention call does not raise: it returns name
+    jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
+    graphs the call needs (the backward too when is_training), so the answer is the
+    one the call will get. A bad attention call does not raise: it returns name
     "none" with the error as the reason.
     """
     try:
@@ -233,7 +319,7 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                        softmax_offset=softmax_offset, build=False)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
-    return _backend_info(call.params, platform)
+    return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
 
 
 def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,
@@ -250,4 +336,4 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
     bias_extent = (0, 0) if cfg.bias_type == AttnBiasType.NO_BIAS else (1, q_num_heads)
     params = cfg.params(q_dtype, 1, q_max_seqlen, kv_max_seqlen, q_num_heads, kv_num_heads,
                         head_dim_qk, head_dim_v, 1, *bias_extent)
-    return _backend_info(params, platform).fused
+    return _backend_info(params, platform, bool(is_training)).fused

@@ -204,7 +204,7 @@ FALLBACK_SPECS = {
 def test_fallback_serves_every_feature(key, name, monkeypatch):
     from features import Spec, check
     monkeypatch.setattr(jax.lax, "platform_dependent",
-                        lambda *args, cpu, default: default(*args))
+                        lambda *args, cpu, cuda, default: default(*args))
     spec = dict(FALLBACK_SPECS[name])
     if spec.get("M", 1) > 1:
         spec["sd"] = fusedattn.SequenceDescriptor.from_seqlens(

@@ -112,11 +112,12 @@ def test_dtype_codes():
 
 def test_platform_and_backend_codes():
     assert _ffi.select_backend(params(), _ffi.PLATFORM_CPU)[:2] == ("cpu_flash", OK)
+    # params() is float32, which cuDNN does not take: XLA's reference on any GPU.
     assert _ffi.select_backend(params(), _ffi.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
     name, status, reason = _ffi.select_backend(params(), 2)
     assert (name, status) == ("none", INVALID) and "platform" in reason
-    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(4)]
-    assert names == ["none", "cpu_flash", "xla_reference", "unknown"]
+    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(5)]
+    assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "unknown"]
 
 
 # Each field of the ctypes mirror, set to a bad value, must be reported under its own name:

@@ -32,21 +32,24 @@ __device__ Segment segment(const RowRule& r, int64_t b, int64_t s) {
   return g;
 }
 
-// Whether query token i of row b keeps at least one key.
-__device__ bool row_keeps(const RowRule& r, int64_t b, int64_t i) {
+enum RowState { kPadding = 0, kNoKey = 1, kKept = 2 };
+
+// Whether query token i of row b is padding (in no sequence), a query that keeps no
+// key, or one that keeps at least one.
+__device__ RowState row_state(const RowRule& r, int64_t b, int64_t i) {
   Segment g{0, 0, 0, 0};
   bool found = false;
   for (int64_t s = 0; s < (r.thd ? r.segments : 1); ++s) {  // the later segment wins overlaps
     const Segment c = segment(r, b, s);
     if (i >= c.q_begin && i < c.q_begin + c.q_len) g = c, found = true;
   }
-  if (!found) return false;
+  if (!found) return kPadding;
   const int64_t li = i - g.q_begin, diag = r.bottom_right ? g.kv_len - g.q_len : 0;
   const int64_t right = r.causal ? 0 : r.right;
   int64_t a = 0, e = g.kv_len;
   if (r.left >= 0 && li + diag - r.left > a) a = li + diag - r.left;
   if (right >= 0 && li + diag + right + 1 < e) e = li + diag + right + 1;
-  return e > a;
+  return e > a ? kKept : kNoKey;
 }
 
 __global__ void prepare_sequences_kernel(RowRule r, SequenceArgs a) {
@@ -91,8 +94,9 @@ __global__ void finalize_forward_kernel(RowRule r, FinalizeArgs a) {
   float local_max = -INFINITY;
   for (int64_t i = threadIdx.x; i < r.seqlen_q; i += blockDim.x) {
     const int64_t li = b * a.slse.b + i * a.slse.s + h * a.slse.h;
-    if (!row_keeps(r, b, i)) {
-      a.lse[li] = extra;
+    const RowState state = row_state(r, b, i);
+    if (state != kKept) {
+      a.lse[li] = state == kPadding ? -INFINITY : extra;
       const int64_t oi = b * a.so.b + i * a.so.s + h * a.so.h;
       if (a.dtype == FA_FLOAT32) zero_row(static_cast<float*>(a.out) + oi, a.head_dim_v);
       else zero_row(static_cast<uint16_t*>(a.out) + oi, a.head_dim_v);

@@ -48,8 +48,9 @@ struct SequenceArgs {
 };
 Status prepare_sequences(const RowRule& rule, const SequenceArgs& a, cudaStream_t stream);
 
-// After the forward graph: rows that keep no key (padding and THD gaps included) get
-// out 0 and lse = the extra logit (sink[h], or 0 for off-by-one) or -inf; with max and
+// After the forward graph: rows that keep no key get out 0 and lse = the extra logit
+// (sink[h], or 0 for off-by-one; -inf under vanilla); padding rows (THD gaps, beyond a
+// sequence's length) get out 0 and lse -inf. With max and
 // sum_exp (max_logit requested) lse = max + log(sum_exp) and max_logit[b, h] = the max of
 // `max` over rows that keep a key (-inf when none does).
 struct FinalizeArgs {

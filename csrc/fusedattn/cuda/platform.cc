@@ -14,7 +14,7 @@ Status platform_info(int device, PlatformInfo* out) {
   static std::mutex mu;
   static auto* known = new std::map<int, PlatformInfo>();
   std::lock_guard<std::mutex> lock(mu);
-  auto it = known->find(device);
+  auto it = known->find(device);  // failures are not remembered: a later call may find the device
   if (it == known->end()) {
     PlatformInfo info;
     info.cuda_built = true;

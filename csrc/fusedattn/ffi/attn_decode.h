@@ -37,6 +37,10 @@ struct AttnAttrs {
   float dropout;
   int64_t window_left;
   int64_t window_right;
+  // Which forward results the caller reads (a backend may skip the others): the lse
+  // (returned, or saved for the backward) and max_logit. The CPU engine makes both always.
+  int32_t want_lse;
+  int32_t want_max_logit;
 };
 
 // Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
@@ -113,4 +117,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<int32_t>("softmax_type"),
     ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
     ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
-    ::xla::ffi::StructMember<int64_t>("window_right"));
+    ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
+    ::xla::ffi::StructMember<int32_t>("want_max_logit"));

@@ -118,7 +118,7 @@ Status attn_fwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
   const bool want_max = attrs.want_max_logit != 0;
-  const SdpaConfig c = cudnn::make_config(p, want_max);
+  const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
 
@@ -201,7 +201,7 @@ Status attn_bwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
-  const SdpaConfig c = cudnn::make_config(p, /*want_max_logit=*/false);
+  const SdpaConfig c = cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
 

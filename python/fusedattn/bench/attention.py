@@ -5,8 +5,7 @@ Cases (--cases):
   thd     THD_THD_THD rows packed with ragged causal segments (PADDING_CAUSAL_MASK); the
           anchors get the same block-diagonal causal mask as a boolean mask argument
   window  causal sliding window (--window keys to the left); anchors use local_window_size
-On a GPU the grid is shared/BENCH.md's (bf16, D 64 and 128, B*S = 16384, H = 2048 / D,
-GQA 4:1 for THD and window) and the anchors are jax's "cudnn" and "xla" implementations.
+This is the CPU grid; on a GPU, `bench attention` runs attention_gpu.py (BENCH.md's grid).
 
 Timing method in common.py. FLOPs count the kept (query, key) pairs: 4*D*H per pair
 forward (the dense causal Sq == Skv case is the usual half of 4*B*H*S*S*D), forward+backward
@@ -119,21 +118,8 @@ def _fwd_bwd(f):
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
-def grid(args, on_gpu: bool):
+def grid(args):
     rows = []
-    if on_gpu:
-        for D in (64, 128):
-            H = 2048 // D
-            for S in args.seqlens or (1024, 4096, 16384):
-                B = max(16384 // S, 1)
-                for case in args.cases:
-                    if case == "plain":
-                        rows += [Row("plain", "bfloat16", B, S, H, H, D, c) for c in (False, True)]
-                    elif case == "thd":
-                        rows.append(Row("thd", "bfloat16", B, S, H, H // 4, D, True))
-                    else:
-                        rows.append(Row("window", "bfloat16", B, S, H, H // 4, D, True, args.window))
-        return rows
     for case in args.cases:
         for dtype in args.dtypes:
             for S in args.seqlens or (512, 1024, 2048, 4096):
@@ -150,11 +136,10 @@ def grid(args, on_gpu: bool):
 
 
 def run(args):
-    on_gpu = jax.default_backend() == "gpu"
-    anchors = ("cudnn", "xla") if on_gpu else ("xla",)
+    anchors = ("xla",)
     print(_header(anchors))
     results = []
-    for row in grid(args, on_gpu):
+    for row in grid(args):
         dtype = jnp.dtype(row.dtype)
         segments = thd_segments(row.S, row.S) if row.case == "thd" else None
         ks = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), row.S), 4)
@@ -175,7 +160,7 @@ def run(args):
                     if args.clock == "process":
                         sec, mem = cpu_time_fn(fn, fargs, repeats=args.repeats)
                     else:
-                        sec, mem = time_fn(fn, fargs, repeats=args.repeats, track_rss=not on_gpu)
+                        sec, mem = time_fn(fn, fargs, repeats=args.repeats, track_rss=True)
                 except Exception as e:  # an anchor that does not serve this row
                     r[f"{name}_error"] = str(e).splitlines()[0][:120]
                     continue
@@ -216,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--window", type=int, default=256, help="keys to the left (window case)")
     p.add_argument("--seqlens", type=int, nargs="+", default=None,
-                   help="default: 512 1024 2048 4096 (CPU), 1024 4096 16384 (GPU)")
+                   help="default: 512 1024 2048 4096")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="CPU grid only")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=5)

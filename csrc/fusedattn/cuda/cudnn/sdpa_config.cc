@@ -41,7 +41,7 @@ bool graph_per_slice(const AttnParams& p) {
          (p.bias_type != FA_NO_BIAS && p.bias_batch == 1);
 }
 
-SdpaConfig make_config(const AttnParams& p, bool want_max_logit) {
+SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse) {
   const LayoutViews l = layout_views(p);
   const int64_t rows = graph_per_slice(p) ? p.batch / p.num_slices : p.batch;
   SdpaConfig c;
@@ -88,7 +88,7 @@ SdpaConfig make_config(const AttnParams& p, bool want_max_logit) {
   c.sink = p.softmax_type != FA_VANILLA_SOFTMAX;
   c.dropout = has_dropout(p) ? p.dropout : 0.0f;
   c.max_sum = want_max_logit;
-  c.gen_stats = !want_max_logit;
+  c.gen_stats = want_lse && !want_max_logit;
   return c;
 }
 

@@ -14,8 +14,12 @@ namespace fusedattn::cudnn {
 // told apart inside one graph.
 bool graph_per_slice(const AttnParams& p);
 
-// The graph batch: folded batch entries (or one slice's), times M segments for THD.
-SdpaConfig make_config(const AttnParams& p, bool want_max_logit);
+// The graph of p. The forward writes the lse when want_lse (else nothing: inference),
+// and the row max and sum of exponentials when want_max_logit (the lse is then derived
+// from them: cuDNN 9.19 cannot write both kinds of statistics in one graph). The
+// backward graph ignores both flags. The graph batch is the folded batch (or one
+// slice's), times M segments for THD.
+SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse);
 
 // Whether some query row may keep no key, so the forward must be followed by the
 // row fix-up (zero out, lse -inf) and the backward must read the fixed lse.

@@ -1,5 +1,6 @@
 #include "sdpa_graph.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -207,6 +208,8 @@ Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* ou
   }
 }
 
+std::atomic<int64_t> g_built{0};
+
 struct CacheEntry {
   std::once_flag once;
   Status status;
@@ -222,6 +225,8 @@ std::vector<int64_t> SdpaConfig::key() const {
           float_bits(scale), bias, bias_b, bias_h, bias_view.b, bias_view.h, bias_view.s, sink,
           float_bits(dropout), gen_stats, max_sum};
 }
+
+int64_t built_graph_count() { return g_built.load(); }
 
 Status get_graph(const SdpaConfig& cfg, bool backward, int device,
                  std::shared_ptr<const BuiltGraph>* out) {
@@ -249,7 +254,10 @@ Status get_graph(const SdpaConfig& cfg, bool backward, int device,
     if (current != device) cudaSetDevice(device);
     entry->status = build(cfg, backward, h, built.get());
     if (current != device) cudaSetDevice(current);
-    if (entry->status.ok()) entry->graph = std::move(built);
+    if (entry->status.ok()) {
+      entry->graph = std::move(built);
+      ++g_built;
+    }
   });
   if (!entry->status.ok()) return entry->status;
   *out = entry->graph;

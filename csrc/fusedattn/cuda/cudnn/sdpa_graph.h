@@ -73,6 +73,9 @@ struct BuiltGraph {
 Status get_graph(const SdpaConfig& cfg, bool backward, int device,
                  std::shared_ptr<const BuiltGraph>* out);
 
+// Graphs built so far (successful builds, all devices): tests check the cache with it.
+int64_t built_graph_count();
+
 // Enqueues the graph on `stream` with the tensors of `pack` (uid -> device pointer;
 // the dropout offset is bound here) and `workspace` (workspace_bytes of device memory).
 Status execute(const BuiltGraph& g, int device, cudaStream_t stream,
