@@ -44,6 +44,14 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
   if (p.softmax_type != FA_VANILLA_SOFTMAX && info.cudnn_version < kCudnnSinkVersion)
     return std::string(softmax_name(p.softmax_type)) + " needs cuDNN 9.13 or newer; loaded " +
            fmt_version(info.cudnn_version);
+  // Without per-sequence lengths cuDNN checks the tensor extents (with them, its
+  // graph validation decides at trace time).
+  if (p.seqlen_q > p.seqlen_kv && !has_padding(p.mask_type) &&
+      (is_causal_bottom_right(p.mask_type) || p.window_left >= 0)) {
+    os << "cuDNN's bottom-right causal masks and sliding windows need Sq <= Skv; got Sq "
+       << p.seqlen_q << " > Skv " << p.seqlen_kv;
+    return os.str();
+  }
   if (is_thd(p.layout)) {
     // Ragged offsets are int32 element offsets.
     const int64_t tokens = p.batch / (p.num_slices > 0 ? p.num_slices : 1) *

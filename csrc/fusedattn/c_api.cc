@@ -10,6 +10,7 @@
 #ifdef FUSEDATTN_WITH_CUDA
 #include "cuda/cudnn/sdpa_config.h"
 #include "cuda/platform.h"
+#include "ffi/cuda_attention.h"
 #endif
 
 namespace {
@@ -73,6 +74,22 @@ int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max
   const fusedattn::Status s = fusedattn::cudnn::get_graph(
       fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0), backward != 0,
       device, &g);
+  copy_message(s.message, msg, msg_len);
+  return s.code;
+#else
+  copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
+  return FA_UNIMPLEMENTED;
+#endif
+}
+
+// Bytes of the uint8 workspace result of the CUDA attention forward (backward) of p.
+// Returns an FaStatus; the message (if any) goes to msg.
+int fa_cuda_attn_workspace_bytes(const FaAttnParams* p, int device, int want_lse,
+                                 int want_max_logit, int backward, int64_t* bytes, char* msg,
+                                 int msg_len) {
+#ifdef FUSEDATTN_WITH_CUDA
+  const fusedattn::Status s = fusedattn::ffi_glue::attn_workspace_bytes(
+      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, bytes);
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else

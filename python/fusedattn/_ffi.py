@@ -80,6 +80,9 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
+    lib.fa_cuda_attn_workspace_bytes.argtypes = [
+        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
@@ -107,8 +110,11 @@ lib = _load()
 # the computation runs on. CUDA handlers exist only in a build with CUDA (and
 # registering them needs no GPU: jax keeps them until a CUDA backend starts).
 TARGETS = {
-    "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd", "CUDA": "fa_cuda_attn_fwd"},
-    "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd", "CUDA": "fa_cuda_attn_bwd"},
+    "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
+    "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
+    # The CUDA handlers take one more result: their workspace (cuda_attention.cc).
+    "fusedattn_attn_fwd_cuda": {"CUDA": "fa_cuda_attn_fwd"},
+    "fusedattn_attn_bwd_cuda": {"CUDA": "fa_cuda_attn_bwd"},
     "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
     "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
     "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
@@ -168,6 +174,19 @@ def softmax_kernel_available(params: SoftmaxParams, platform: int) -> tuple[bool
     ok = lib.fa_softmax_kernel_available(ctypes.byref(params), platform, ctypes.byref(status),
                                          buf, len(buf))
     return bool(ok), status.value, buf.value.decode()
+
+
+def cuda_attn_workspace_bytes(params: AttnParams, device: int, want_lse: bool,
+                              want_max_logit: bool, backward: bool) -> int:
+    """Bytes of the CUDA attention handler's workspace result (builds the graph if needed)."""
+    n = ctypes.c_int64(0)
+    buf = ctypes.create_string_buffer(2048)
+    code = lib.fa_cuda_attn_workspace_bytes(ctypes.byref(params), device, int(want_lse),
+                                            int(want_max_logit), int(backward), ctypes.byref(n),
+                                            buf, len(buf))
+    if code != STATUS_OK:
+        raise RuntimeError(f"fusedattn: cuDNN workspace query failed: {buf.value.decode()}")
+    return int(n.value)
 
 
 def cudnn_graphs_built() -> int:

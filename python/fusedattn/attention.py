@@ -43,6 +43,39 @@ def _fwd_ffi(*ops, cfg: Config, dims: Dims):
     return call(*ops, **cfg.ffi_attrs())
 
 
+def _workspace(ops, cfg: Config, dims: Dims, backward: bool):
+    """The CUDA handler's workspace result, sized by the C++ side for this call."""
+    n = _ffi.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
+                                       cfg.want_max_logit, backward)
+    return jax.ShapeDtypeStruct((n,), jnp.uint8)
+
+
+def _fwd_ffi_cuda(*ops, cfg: Config, dims: Dims):
+    d = dims
+    lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_fwd_cuda",
+        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
+         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32),
+         _workspace(ops, cfg, dims, backward=False)),
+        vmap_method="broadcast_all")
+    return call(*ops, **cfg.ffi_attrs())[:3]
+
+
+def _bwd_ffi_cuda(*ops_out_dout_lse, cfg: Config, dims: Dims):
+    ops = ops_out_dout_lse[:10]
+    has_offset = ops[4].size > 0
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_bwd_cuda",
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
+        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),
+         _workspace(ops, cfg, dims, backward=True)),
+        vmap_method="broadcast_all")
+    dq, dk, dv, dbias, doffset, _ = call(*ops_out_dout_lse, **cfg.ffi_attrs())
+    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset
+
+
 def _bwd_ffi(*ops_out_dout_lse, cfg: Config, dims: Dims):
     ops = ops_out_dout_lse[:10]
     has_offset = ops[4].size > 0
@@ -131,7 +164,7 @@ def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool) -> bool:
 
 
 def _forward(ops, cfg: Config, dims: Dims, training: bool):
-    gpu = _fwd_ffi if _gpu_uses_cudnn(ops, cfg, dims, training) else _reference
+    gpu = _fwd_ffi_cuda if _gpu_uses_cudnn(ops, cfg, dims, training) else _reference
     return jax.lax.platform_dependent(
         *ops,
         cpu=functools.partial(_fwd_ffi, cfg=cfg, dims=dims),
@@ -159,7 +192,7 @@ def _attention_bwd(cfg: Config, dims: Dims, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
-    gpu = _bwd_ffi if _gpu_uses_cudnn(ops, cfg, dims, training=True) else _bwd_reference
+    gpu = _bwd_ffi_cuda if _gpu_uses_cudnn(ops, cfg, dims, training=True) else _bwd_reference
     grads = jax.lax.platform_dependent(
         *ops, out, dout, lse,
         cpu=functools.partial(_bwd_ffi, cfg=cfg, dims=dims),

@@ -70,7 +70,9 @@ def test_gpu_dot_product_attention_matches_jax(key):
     ks = jax.random.split(key, 3)
     q, k, v = (normal(kk, (2, 64, 4, 64)) for kk in ks)
     lens = jnp.array([64, 20], jnp.int32)
-    ours = fusedattn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lens)
-    theirs = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lens,
-                                          implementation="xla")
+    with jax.default_matmul_precision("highest"):  # no TF32 on either side
+        ours = fusedattn.dot_product_attention(q, k, v, is_causal=True,
+                                               key_value_seq_lengths=lens)
+        theirs = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                              key_value_seq_lengths=lens, implementation="xla")
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-4)

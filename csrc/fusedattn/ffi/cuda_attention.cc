@@ -3,9 +3,12 @@
 //   fa_cuda_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
 //                     q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
 //   fa_cuda_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+//   (each with one more result: a uint8 workspace, sized at trace time by
+//   attn_workspace_bytes(), since XLA's FFI scratch allocator is not available to
+//   every custom call)
 // Each decodes one AttnParams and AttnTensors (the same code as the CPU), maps the
 // params to a cached cuDNN graph (cuda/cudnn/sdpa_config.h), takes every temporary
-// from XLA's scratch allocator, and enqueues on XLA's stream.
+// from the workspace, and enqueues on XLA's stream.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -16,6 +19,7 @@
 #include "../cuda/check.h"
 #include "../cuda/cudnn/sdpa_config.h"
 #include "attn_decode.h"
+#include "cuda_attention.h"
 #include "../cuda/platform.h"
 
 namespace fusedattn::ffi_glue {
@@ -24,7 +28,8 @@ namespace {
 using cudnn::SdpaConfig;
 using Pack = std::unordered_map<int64_t, void*>;
 
-// Carves 256-byte aligned regions out of one scratch allocation.
+// Carves 256-byte aligned regions out of the workspace result (a uint8 buffer that
+// Python sizes at trace time by asking workspace_bytes(), so XLA owns every byte).
 class ScratchPlan {
  public:
   size_t add(size_t bytes) {
@@ -32,12 +37,14 @@ class ScratchPlan {
     total_ += (bytes + 255) / 256 * 256;
     return at;
   }
-  Status allocate(ffi::ScratchAllocator& scratch) {
-    if (total_ == 0) return Status::Ok();
-    auto mem = scratch.Allocate(total_, 256);
-    if (!mem.has_value())
-      return Status::Internal("scratch allocation of " + std::to_string(total_) + " bytes failed");
-    base_ = static_cast<char*>(*mem);
+  // Bytes the workspace must have: the regions, plus slack to align its start.
+  size_t bytes() const { return total_ + 255; }
+  Status bind(ffi::AnyBuffer* workspace) {
+    if (workspace->size_bytes() < bytes())
+      return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                              " bytes, the call needs " + std::to_string(bytes()));
+    const uintptr_t p = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+    base_ = reinterpret_cast<char*>((p + 255) / 256 * 256);
     return Status::Ok();
   }
   template <class T>
@@ -109,9 +116,37 @@ struct SeqScratch {
   }
 };
 
-Status attn_fwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
-                const AttnOperands& in, ffi::AnyBuffer* out, ffi::AnyBuffer* lse,
-                ffi::AnyBuffer* max_logit, const AttnAttrs& attrs) {
+// Where each temporary of a forward call lives in the workspace.
+struct FwdPlan {
+  ScratchPlan plan;
+  SeqScratch seq;
+  size_t ws = 0, max_at = 0, sum_at = 0, sink_at = 0;
+
+  FwdPlan(const AttnParams& p, const SdpaConfig& c, const cudnn::BuiltGraph& g) {
+    const int64_t n_lse = p.batch * p.heads_q * p.seqlen_q;
+    ws = plan.add(g.workspace_bytes);
+    seq.plan(c, plan);
+    if (c.max_sum) max_at = plan.add(n_lse * 4), sum_at = plan.add(n_lse * 4);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) sink_at = plan.add(p.heads_q * 4);
+  }
+};
+
+struct BwdPlan {
+  ScratchPlan plan;
+  SeqScratch seq;
+  size_t ws = 0, lse_at = 0, sink_at = 0;
+
+  BwdPlan(const AttnParams& p, const SdpaConfig& c, const cudnn::BuiltGraph& g) {
+    ws = plan.add(g.workspace_bytes);
+    seq.plan(c, plan);
+    if (cudnn::rows_may_be_empty(p)) lse_at = plan.add(p.batch * p.heads_q * p.seqlen_q * 4);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) sink_at = plan.add(2 * p.heads_q * 4);
+  }
+};
+
+Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
+                ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
+                const AttnAttrs& attrs) {
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
@@ -124,15 +159,11 @@ Status attn_fwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
 
   const int64_t slices = cudnn::graph_per_slice(p) ? p.num_slices : 1;
   const int64_t rows = p.batch / slices, H = p.heads_q;
-  const int64_t rows_lse = p.batch * H * p.seqlen_q;
-  ScratchPlan plan;
-  const size_t ws = plan.add(g->workspace_bytes);
-  SeqScratch seq;
-  seq.plan(c, plan);
-  const size_t max_at = want_max ? plan.add(rows_lse * 4) : 0;
-  const size_t sum_at = want_max ? plan.add(rows_lse * 4) : 0;
-  const size_t sink_at = p.softmax_type == FA_OFF_BY_ONE_SOFTMAX ? plan.add(H * 4) : 0;
-  FA_RETURN_IF_NOT_OK(plan.allocate(scratch));
+  const FwdPlan fp(p, c, *g);
+  ScratchPlan plan = fp.plan;
+  const size_t ws = fp.ws, max_at = fp.max_at, sum_at = fp.sum_at, sink_at = fp.sink_at;
+  const SeqScratch& seq = fp.seq;
+  FA_RETURN_IF_NOT_OK(plan.bind(workspace));
   if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(plan.at<float>(sink_at), 0, H * 4, stream), "cudaMemsetAsync(sink)"));
@@ -190,10 +221,10 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
   return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
 }
 
-Status attn_bwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
-                const AttnOperands& in, const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout,
-                const ffi::AnyBuffer& lse, ffi::AnyBuffer* dq, ffi::AnyBuffer* dk,
-                ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias, ffi::AnyBuffer* dsoftmax_offset,
+Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
+                const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                ffi::AnyBuffer* dsoftmax_offset, ffi::AnyBuffer* workspace,
                 const AttnAttrs& attrs) {
   AttnParams p;
   AttnTensors t;
@@ -209,13 +240,11 @@ Status attn_bwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
   const int64_t rows = p.batch / slices, H = p.heads_q;
   const int64_t n_lse = p.batch * H * p.seqlen_q;
   const bool fix_lse = cudnn::rows_may_be_empty(p);
-  ScratchPlan plan;
-  const size_t ws = plan.add(g->workspace_bytes);
-  SeqScratch seq;
-  seq.plan(c, plan);
-  const size_t lse_at = fix_lse ? plan.add(n_lse * 4) : 0;
-  const size_t sink_at = p.softmax_type == FA_OFF_BY_ONE_SOFTMAX ? plan.add(2 * H * 4) : 0;
-  FA_RETURN_IF_NOT_OK(plan.allocate(scratch));
+  const BwdPlan bp(p, c, *g);
+  ScratchPlan plan = bp.plan;
+  const size_t ws = bp.ws, lse_at = bp.lse_at, sink_at = bp.sink_at;
+  const SeqScratch& seq = bp.seq;
+  FA_RETURN_IF_NOT_OK(plan.bind(workspace));
 
   // cuDNN writes no gradient for padding and THD gaps: those stay zero.
   if (c.padding || c.ragged) {
@@ -267,19 +296,20 @@ Status attn_bwd(cudaStream_t stream, ffi::ScratchAllocator& scratch, int device,
   return Status::Ok();
 }
 
-ffi::Error attn_fwd_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+ffi::Error attn_fwd_cuda(cudaStream_t stream, int32_t device,
                          ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                          ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                          ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                          ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
-                         ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
+                         ffi::Result<ffi::AnyBuffer> max_logit,
+                         ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
-  return to_ffi_error(attn_fwd(stream, scratch, device, in, &*out, &*lse, &*max_logit, attrs));
+  return to_ffi_error(attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs));
 }
 
-ffi::Error attn_bwd_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+ffi::Error attn_bwd_cuda(cudaStream_t stream, int32_t device,
                          ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                          ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                          ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
@@ -287,14 +317,28 @@ ffi::Error attn_bwd_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int
                          ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                          ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                          ffi::Result<ffi::AnyBuffer> dbias,
-                         ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
+                         ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                         ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
-  return to_ffi_error(attn_bwd(stream, scratch, device, in, out, dout, lse, &*dq, &*dk, &*dv,
-                               &*dbias, &*dsoftmax_offset, attrs));
+  return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
+                               &*dsoftmax_offset, &*workspace, attrs));
 }
 
 }  // namespace
+
+Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
+                            bool backward, int64_t* bytes) {
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  const SdpaConfig c = backward ? cudnn::make_config(p, false, false)
+                                : cudnn::make_config(p, want_max_logit, want_lse);
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
+  *bytes = static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
+                                         : FwdPlan(p, c, *g).plan.bytes());
+  return Status::Ok();
+}
+
 }  // namespace fusedattn::ffi_glue
 
 namespace ffi = xla::ffi;
@@ -315,18 +359,17 @@ using fusedattn::ffi_glue::AttnAttrs;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_CUDA_ATTN_OPERANDS
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
                                   .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_CUDA_ATTN_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // out
@@ -337,4 +380,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                                   .Ret<ffi::AnyBuffer>()  // dv
                                   .Ret<ffi::AnyBuffer>()  // dbias
                                   .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());

@@ -1,0 +1,17 @@
+// The CUDA attention handlers' workspace: Python sizes the handlers' uint8 workspace
+// result at trace time with this (through c_api.cc), building the cuDNN graph then.
+#pragma once
+
+#include <cstdint>
+
+#include "../params.h"
+#include "../status.h"
+
+namespace fusedattn::ffi_glue {
+
+// Bytes of workspace the forward (backward) of p needs on `device`; the flags are the
+// forward's want_lse / want_max_logit attributes.
+Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
+                            bool backward, int64_t* bytes);
+
+}  // namespace fusedattn::ffi_glue
