@@ -18,7 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import _ffi
+from . import _ffi, small_seq
 from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
@@ -225,6 +225,23 @@ def _warn_if_fallback(call) -> None:
                             False))
 
 
+_SMALL_SEQ_LAYOUTS = (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
+
+
+def _small_seq_route(params: _ffi.AttnParams, qkv, sequence_descriptor,
+                     platform: str | None) -> tuple[bool, str]:
+    """Whether fused_attn hands this call to the small-seq backend: only when the
+    descriptor promises max_segment_seqlen_kv, and the backend serves the rest."""
+    if getattr(sequence_descriptor, "max_segment_seqlen_kv", None) is None:
+        return False, "no max_segment_seqlen_kv promise in the sequence_descriptor"
+    if QKVLayout(params.layout) not in _SMALL_SEQ_LAYOUTS:
+        return False, "small-seq takes separate q, k, v (BSHD_BSHD_BSHD or THD_THD_THD)"
+    q, k = qkv[0], qkv[1]
+    return small_seq.fused_attn_eligibility(params, sequence_descriptor,
+                                            tokens_q=int(q.shape[-3]),
+                                            tokens_kv=int(k.shape[-3]), platform=platform)
+
+
 def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                attn_bias_type=AttnBiasType.NO_BIAS,
                attn_mask_type=AttnMaskType.NO_MASK,
@@ -256,6 +273,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     softmax_offset: [Hq] or [1, Hq, 1, 1] float, the per-head extra logit of
       LEARNABLE_SOFTMAX; differentiable.
 
+    A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
+    segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
+    it and no statistics are asked for; get_backend reports "small_seq".
+
     Returns out [B, Sq, Hq, Dv] in q's dtype, or (out, aux) when return_max_logit or
     return_aux is set: aux["max_logit"] f32 [Hq] (max over batch, queries and kept keys
     of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
@@ -268,6 +289,12 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset)
+    if (not (return_max_logit or return_aux)
+            and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
+        return small_seq.fused_attn_small_seq(
+            qkv, None, sequence_descriptor, seed, attn_mask_type=attn_mask_type,
+            qkv_layout=qkv_layout, scaling_factor=call.cfg.scale,
+            dropout_probability=dropout_probability, is_training=is_training)
     call = dataclasses.replace(call, cfg=dataclasses.replace(
         call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
     _warn_if_fallback(call)
@@ -288,7 +315,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
-    """Which backend runs a call: name is "cpu_flash", "cudnn", "xla_reference" or "none".
+    """Which backend runs a call: name is "cpu_flash", "cudnn", "small_seq",
+    "xla_reference" or "none".
 
     fused is True when one of fusedattn's own kernels serves the call; reason says
     why this backend and why not the others (or, for "none", what is wrong).
@@ -299,7 +327,7 @@ class BackendInfo:
     reason: str
 
 
-_FUSED_BACKENDS = {"cpu_flash", "cudnn"}
+_FUSED_BACKENDS = {"cpu_flash", "cudnn", "small_seq"}
 
 
 def _platform_code(platform: str | None) -> int:
@@ -352,6 +380,10 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                        softmax_offset=softmax_offset, build=False)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
+    if not return_max_logit:
+        served, reason = _small_seq_route(call.params, qkv, sequence_descriptor, platform)
+        if served:
+            return BackendInfo("small_seq", True, reason)
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
 
 

@@ -15,6 +15,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _int_array(x, name, ctor):
@@ -45,19 +46,43 @@ def packed_offsets(seqlens: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class SequenceDescriptor:
     """Segment lengths int32 [B, M] (or [B]: one segment per row) and token offsets
-    int32 [B, M + 1] (None: segments packed back to back from token 0)."""
+    int32 [B, M + 1] (None: segments packed back to back from token 0).
+
+    max_segment_seqlen_q, max_segment_seqlen_kv (static, optional): the caller's promise
+    that no segment has more query / key tokens. With max_segment_seqlen_kv <= 64 (and
+    one query per segment) fused_attn runs the small-seq backend (fused_attn_small_seq);
+    a segment that breaks the promise is still computed exactly, only slower.
+    """
 
     q_seqlens: jax.Array
     kv_seqlens: jax.Array
     q_offsets: jax.Array | None = None
     kv_offsets: jax.Array | None = None
+    max_segment_seqlen_q: int | None = dataclasses.field(default=None,
+                                                         metadata=dict(static=True))
+    max_segment_seqlen_kv: int | None = dataclasses.field(default=None,
+                                                          metadata=dict(static=True))
+
+    def with_max_segment_seqlens(self, max_segment_seqlen_q: int | None = None,
+                                 max_segment_seqlen_kv: int | None = None
+                                 ) -> "SequenceDescriptor":
+        """This descriptor with the promised per-segment maxima (see the class docstring)."""
+        for name, x in (("max_segment_seqlen_q", max_segment_seqlen_q),
+                        ("max_segment_seqlen_kv", max_segment_seqlen_kv)):
+            if x is not None and (not isinstance(x, (int, np.integer)) or x < 1):
+                raise ValueError(f"SequenceDescriptor: {name} must be a Python int >= 1 or "
+                                 f"None; got {x!r}")
+        as_int = lambda x: None if x is None else int(x)
+        return dataclasses.replace(self, max_segment_seqlen_q=as_int(max_segment_seqlen_q),
+                                   max_segment_seqlen_kv=as_int(max_segment_seqlen_kv))
 
     @property
     def max_segments_per_seq(self) -> int:
         return 1 if self.q_seqlens.ndim == 1 else int(self.q_seqlens.shape[-1])
 
     @classmethod
-    def from_seqlens(cls, seqlens) -> "SequenceDescriptor":
+    def from_seqlens(cls, seqlens, *, max_segment_seqlen_q=None,
+                     max_segment_seqlen_kv=None) -> "SequenceDescriptor":
         """seqlens: int [B] or [B, M] for both q and kv, or a pair (q_seqlens, kv_seqlens).
 
         Segments are packed back to back from token 0 of each row (offsets = cumulative
@@ -68,10 +93,12 @@ class SequenceDescriptor:
         if q.shape != kv.shape:
             raise ValueError(f"SequenceDescriptor.from_seqlens: q_seqlens {q.shape} and "
                              f"kv_seqlens {kv.shape} must have the same batch size and segments")
-        return cls(q, kv, packed_offsets(q), packed_offsets(kv))
+        return cls(q, kv, packed_offsets(q), packed_offsets(kv)).with_max_segment_seqlens(
+            max_segment_seqlen_q, max_segment_seqlen_kv)
 
     @classmethod
-    def from_seqlens_and_offsets(cls, seqlens, offsets) -> "SequenceDescriptor":
+    def from_seqlens_and_offsets(cls, seqlens, offsets, *, max_segment_seqlen_q=None,
+                                 max_segment_seqlen_kv=None) -> "SequenceDescriptor":
         """seqlens int [B, M] and offsets int [B, M + 1] (token where each segment starts;
         the last column is where the row's last segment ends), each for both q and kv or
         a pair (for q, for kv)."""
@@ -88,7 +115,8 @@ class SequenceDescriptor:
             if offs.shape != want:
                 raise ValueError(f"SequenceDescriptor.{ctor}: {name}_offsets must have shape "
                                  f"[B, M + 1] = {list(want)}; got {list(offs.shape)}")
-        return cls(q, kv, qo, kvo)
+        return cls(q, kv, qo, kvo).with_max_segment_seqlens(max_segment_seqlen_q,
+                                                            max_segment_seqlen_kv)
 
     @classmethod
     def from_segment_ids_and_pos(cls, segment_ids, segment_pos=None, *,

@@ -280,9 +280,15 @@ def _segments(sequence_descriptor, layout, mask, q, k) -> _Segments:
         max_q = 1 if max_q is None else int(max_q)
         width = int(max_kv)
     else:
-        if q_offs is not None or kv_offs is not None:
+        if isinstance(sd, SmallSeqDescriptor) and (q_offs is not None or kv_offs is not None):
             raise ValueError("fused_attn_small_seq: offsets are for qkv_layout=THD_THD_THD; a "
                              "BSHD segment is its batch entry")
+        # fusedattn.SequenceDescriptor: a BSHD row is one segment from token 0, so only the
+        # lengths count; they come as [B, 1].
+        one_segment = lambda x: x[..., 0] if x is not None and x.ndim == q.ndim - 2 and \
+            x.shape[-1] == 1 else x
+        q_lens, kv_lens = one_segment(q_lens), one_segment(kv_lens)
+        q_offs = kv_offs = None
         if mask.is_padding():
             if q_lens is None or kv_lens is None:
                 raise ValueError(f"fused_attn_small_seq: attn_mask_type={mask.name} needs a "

@@ -181,3 +181,75 @@ def test_fused_attn_eligibility_reads_the_descriptor():
     # BSHD: the shapes are the promise.
     served, reason = ss.fused_attn_eligibility(attn_params(), None, platform="cpu")
     assert served, reason
+
+
+# ---------------------------------------------------------------------------
+# Automatic dispatch from fused_attn
+
+
+def _targets(f, *args):
+    return jax.jit(f).lower(*args).as_text()
+
+
+def test_fused_attn_dispatches_thd_with_the_promise(key):
+    """fusedattn.SequenceDescriptor with max_segment_seqlen_kv: fused_attn runs the
+    small-seq kernels (seen in the HLO), get_backend says so, and the answer (forward
+    and gradients) is the general backend's."""
+    q, k, v, sd = packs(key)
+    lens_q, lens_kv = np.asarray(sd.q_seqlens), np.asarray(sd.kv_seqlens)
+    plain = fusedattn.SequenceDescriptor.from_seqlens_and_offsets(
+        (lens_q, lens_kv), (np.asarray(sd.q_offsets), np.asarray(sd.kv_offsets)))
+    promised = plain.with_max_segment_seqlens(1, 8)
+    kw = dict(attn_mask_type=AttnMaskType.PADDING_MASK, qkv_layout=QKVLayout.THD_THD_THD,
+              max_segments_per_seq=N)
+    f = lambda sd_: lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd_, None, **kw)
+    assert "fusedattn_small_seq_fwd" in _targets(f(promised), q, k, v)
+    assert "fusedattn_small_seq_fwd" not in _targets(f(plain), q, k, v)
+    info = fusedattn.get_backend((q, k, v), None, promised, **kw)
+    assert info.name == "small_seq" and info.fused, info
+    assert fusedattn.get_backend((q, k, v), None, plain, **kw).name == "cpu_flash"
+    np.testing.assert_allclose(np.asarray(f(promised)(q, k, v)),
+                               np.asarray(f(plain)(q, k, v)), rtol=2e-6, atol=2e-6)
+    dout = normal(jax.random.fold_in(key, 7), q.shape, q.dtype)
+    grads = lambda g: jax.grad(lambda *a: jnp.sum(g(*a) * dout), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(grads(f(promised)), grads(f(plain))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attn_dispatches_bshd_with_the_promise(key):
+    c = bshd_case(key, 6, 12, kv_lens=[12, 3, 1, 0, 7, 12], heads=(4, 2), dim=64,
+                  mask=AttnMaskType.PADDING_MASK)
+    plain = fusedattn.SequenceDescriptor.from_seqlens((np.ones(6, np.int32), c.kv_lens))
+    promised = fusedattn.SequenceDescriptor.from_seqlens(
+        (np.ones(6, np.int32), c.kv_lens), max_segment_seqlen_q=1, max_segment_seqlen_kv=12)
+    f = lambda sd_: lambda q, k, v: fusedattn.fused_attn(
+        (q, k, v), None, sd_, None, attn_mask_type=AttnMaskType.PADDING_MASK)
+    assert "fusedattn_small_seq_fwd" in _targets(f(promised), c.q, c.k, c.v)
+    assert fusedattn.get_backend((c.q, c.k, c.v), None, promised,
+                                 attn_mask_type=AttnMaskType.PADDING_MASK).name == "small_seq"
+    np.testing.assert_allclose(np.asarray(f(promised)(c.q, c.k, c.v)),
+                               np.asarray(f(plain)(c.q, c.k, c.v)), rtol=2e-6, atol=2e-6)
+
+
+def test_fused_attn_keeps_the_general_backend_when_small_seq_cannot_serve(key):
+    """Statistics, a bias or a softmax type small-seq does not have: the promise is
+    read, the general backend runs, and get_backend says which."""
+    c = bshd_case(key, 4, 8, heads=(2, 2), dim=64, mask=AttnMaskType.NO_MASK)
+    promised = fusedattn.SequenceDescriptor.from_seqlens(
+        (np.ones(4, np.int32), np.full(4, 8, np.int32)), max_segment_seqlen_kv=8)
+    out, aux = fusedattn.fused_attn((c.q, c.k, c.v), None, promised, None,
+                                    return_max_logit=True)
+    assert aux["max_logit"].shape == (2,)
+    info = fusedattn.get_backend((c.q, c.k, c.v), None, promised,
+                                 softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX)
+    assert info.name == "cpu_flash", info
+    assert "fusedattn_small_seq_fwd" not in _targets(
+        lambda q, k, v: fusedattn.fused_attn((q, k, v), None, promised, None,
+                                             softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX),
+        c.q, c.k, c.v)
+
+
+def test_promise_must_be_a_positive_int():
+    sd = fusedattn.SequenceDescriptor.from_seqlens(np.ones(2, np.int32))
+    with pytest.raises(ValueError, match="max_segment_seqlen_kv must be a Python int >= 1"):
+        sd.with_max_segment_seqlens(1, 0)
