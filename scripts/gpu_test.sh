@@ -9,17 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-SITE=/tmp/fusedattn-site
-rm -rf "$SITE"
-if ls .whl/fusedattn-*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/fusedattn-*.whl || exit 1
-else
-  "$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" . || exit 1
-fi
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-"$PY" -c "import jax, fusedattn; print('jax', jax.__version__, jax.devices(), 'fusedattn', fusedattn.__version__, fusedattn.__file__)" | tee -a "$OUT/device.txt"
+source scripts/gpu_env.sh
 status=0
 "$PY" -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -185,7 +185,10 @@ def check(key, spec: Spec, grads=True):
         for i, g, rg, lg in zip(argnums, r["fused_g"], r["ref_g"], r["lowp_g"]):
             name = GRAD_NAMES[i]
             assert g.shape == rg.shape, f"{name}: shape {g.shape}, expected {rg.shape}"
-            assert_close(name, g, rg, lg, dtype=spec.dtype)
+            # dsoftmax_offset sums a term of every row of the batch: cuDNN accumulates
+            # those bf16-rounded terms in its own order, so it gets twice the room.
+            assert_close(name, g, rg, lg, dtype=spec.dtype,
+                         slack=2.0 if name == "dsoftmax_offset" else 1.0)
         dq = np.asarray(r["fused_g"][0], np.float32)
         assert not dq[empty].any(), "dq must be 0 at rows that keep no key"
     return r

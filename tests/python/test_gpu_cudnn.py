@@ -48,13 +48,16 @@ def served(spec: Spec, training=True):
 
 def cudnn_rejects(spec: Spec) -> bool:
     """What cuDNN 9.19 declines (the call falls back to XLA's reference): bottom-right
-    masks and windows with Sq > Skv; the row max output beside a sink token."""
+    masks and windows with Sq > Skv; the row max output beside a sink token; the
+    backward of a sink token with ragged (THD) offsets (cuDNN asks for 9.26)."""
     bottom_right = spec.mask in (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
                                  AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
     left_window = spec.window is not None and spec.window[0] >= 0
     if (bottom_right or left_window) and spec.Sq > spec.Skv:
         return True  # (with padding masks cuDNN may serve some: not asserted either way)
-    return spec.softmax != SoftmaxType.VANILLA_SOFTMAX and spec.max_logit
+    sink = spec.softmax != SoftmaxType.VANILLA_SOFTMAX
+    return sink and (spec.max_logit or spec.layout in (QKVLayout.THD_THD_THD, QKVLayout.T3HD,
+                                                       QKVLayout.THD_T2HD))
 
 
 def run_check(key, spec: Spec):

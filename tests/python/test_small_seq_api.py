@@ -207,7 +207,7 @@ def test_fused_attn_dispatches_thd_with_the_promise(key):
     assert "fusedattn_small_seq_fwd" not in _targets(f(plain), q, k, v)
     info = fusedattn.get_backend((q, k, v), None, promised, **kw)
     assert info.name == "small_seq" and info.fused, info
-    assert fusedattn.get_backend((q, k, v), None, plain, **kw).name == "cpu_flash"
+    assert fusedattn.get_backend((q, k, v), None, plain, **kw).name != "small_seq"
     np.testing.assert_allclose(np.asarray(f(promised)(q, k, v)),
                                np.asarray(f(plain)(q, k, v)), rtol=2e-6, atol=2e-6)
     dout = normal(jax.random.fold_in(key, 7), q.shape, q.dtype)
@@ -242,7 +242,7 @@ def test_fused_attn_keeps_the_general_backend_when_small_seq_cannot_serve(key):
     assert aux["max_logit"].shape == (2,)
     info = fusedattn.get_backend((c.q, c.k, c.v), None, promised,
                                  softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX)
-    assert info.name == "cpu_flash", info
+    assert info.name != "small_seq", info
     assert "fusedattn_small_seq_fwd" not in _targets(
         lambda q, k, v: fusedattn.fused_attn((q, k, v), None, promised, None,
                                              softmax_type=SoftmaxType.OFF_BY_ONE_SOFTMAX),

@@ -1,0 +1,17 @@
+# Sourced by the GPU scripts: installs the carried wheel (.whl/, built on the CPU machine
+# with `python -m pip wheel . --no-deps -w .whl`) or builds in place, into a fresh
+# directory on PYTHONPATH; sets PY and writes the device line to $OUT/device.txt.
+PY=${PYTHON:-python3}
+SITE=/tmp/fusedattn-site
+rm -rf "$SITE"
+if ls .whl/fusedattn-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/fusedattn-*.whl || exit 1
+  # The Python sources of this tree win over the wheel's (a wheel built before a
+  # Python-only change still carries the right library).
+  cp python/fusedattn/*.py "$SITE/fusedattn/" && cp python/fusedattn/bench/*.py "$SITE/fusedattn/bench/"
+else
+  "$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" . || exit 1
+fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+"$PY" -c "import jax, fusedattn; print('jax', jax.__version__, jax.devices(), 'fusedattn', fusedattn.__version__, fusedattn.__file__)" | tee -a "$OUT/device.txt"
