@@ -304,11 +304,12 @@ TEST(Names, EveryEnumValueHasAName) {
   EXPECT_STREQ(backend_name(FA_BACKEND_NONE), "none");
   EXPECT_STREQ(backend_name(FA_BACKEND_CPU_FLASH), "cpu_flash");
   EXPECT_STREQ(backend_name(FA_BACKEND_XLA_REFERENCE), "xla_reference");
+  EXPECT_STREQ(backend_name(FA_BACKEND_CUDNN), "cudnn");
   EXPECT_STREQ(layout_name(-1), "unknown");
   EXPECT_STREQ(mask_name(6), "unknown");
   EXPECT_STREQ(bias_name(3), "unknown");
   EXPECT_STREQ(softmax_name(3), "unknown");
-  EXPECT_STREQ(backend_name(3), "unknown");
+  EXPECT_STREQ(backend_name(4), "unknown");
 }
 
 }  // namespace
