@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "../score_mod.h"
 #include "mask.h"
 
 namespace fusedattn::cpu {
@@ -48,6 +49,9 @@ struct Extras {
   BiasStrides sbias{};
   const float* softmax_offset = nullptr;
   const uint32_t* seed = nullptr;
+  // score_mod (null: none) and its array operands [slices, score_mod->total_size()] f32.
+  const ScoreMod* score_mod = nullptr;
+  const float* score_mod_operands = nullptr;
 };
 
 struct FwdArgs {
@@ -73,6 +77,7 @@ struct BwdArgs {
   void* dv;
   void* dbias;             // bias's shape and strides; null: not computed
   float* dsoftmax_offset;  // [B, Hq]; null: not computed
+  float* dscore_mod_operands = nullptr;  // [slices, total_size] f32; null: not computed
   Strides sq, sk, sv, so, sdo, slse, sdq, sdk, sdv;
   Extras x;
 };

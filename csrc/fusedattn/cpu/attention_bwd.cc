@@ -104,11 +104,16 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   // dq_acc[chunk] is [B, Hq, Sqp, Dp] float32.
   const int64_t n_tasks = b_owners * h_owners * n_kt, n_chunks = std::min<int64_t>(max_slots(), n_tasks);
   std::vector<std::unique_ptr<Buffer>> dq_acc(n_chunks);
+  // Per-chunk float32 accumulators of the score_mod operands' gradients [slices, total].
+  const ScoreMod* sm = a.x.score_mod;
+  const int64_t n_dop = sm && a.dscore_mod_operands ? p.num_slices * sm->total_size() : 0;
+  std::vector<std::vector<float>> dop_acc(n_dop ? n_chunks : 0);
 
-  auto kv_tile = [&](int64_t b, int64_t hk, int64_t kt_i, float* dq_chunk) {
+  auto kv_tile = [&](int64_t b, int64_t hk, int64_t kt_i, float* dq_chunk, float* dop_chunk) {
     const int64_t k0 = kt_i * kBk, cols = std::min(kBk, Skv - k0);
     Buffer kf(kBk * Dp), kt(Dp * kBk), vt(Dvp * kBk), qf(kBq * Dp), dof(kBq * Dvp), z(kBk);
     Buffer s(kBq * kBk), dp(kBq * kBk), pt(kBk * kBq), dst(kBk * kBq);
+    Buffer raw(kBk), smod(kBk);  // score_mod: the raw and the modified scores of a row
     Buffer dk_acc(kBk * Dp), dv_acc(kBk * Dvp);
     const T* kbase = k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h;
     load_rows(kbase, a.sk.s, cols, D, 1.0f, kf.data(), kBk, Dp);
@@ -120,6 +125,8 @@ void backward(const AttnParams& p, const BwdArgs& a) {
       const T* bias = bias_plane<T>(p, a.x, b, h);
       float* dbias = dbias_acc ? dbias_acc + (b / bs) * sdb.slice + (b % bs) * sdb.b + h * sdb.h : nullptr;
       const Dropout dropout(p, a.x, b, h);
+      ScoreModRows score_mod(p, a.x, b, h);
+      float* dop = dop_chunk ? dop_chunk + score_mod.slice() * sm->total_size() : nullptr;
       for (int64_t qt = 0; qt < n_qt; ++qt) {
         const int64_t t = ranges.tile_index(b, qt);
         if (std::max<int64_t>(ranges.tile_lo[t], k0) >= std::min<int64_t>(ranges.tile_hi[t], k0 + cols)) continue;
@@ -146,6 +153,14 @@ void backward(const AttnParams& p, const BwdArgs& a) {
             for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = sr[c] * p.scale + bmul * to_float(brow[c]);
             sc = 1.0f;
           }
+          const bool modded = score_mod.on() && c_lo < c_hi;
+          if (modded) {  // sr: the raw logits (kept in raw), then fn of them
+            for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= sc;
+            sc = 1.0f;
+            std::copy(sr + c_lo, sr + c_hi, raw.data() + c_lo);
+            score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
+            std::copy(sr + c_lo, sr + c_hi, smod.data() + c_lo);
+          }
           const bool drop = dropout.on() && c_lo < c_hi;
           if (!drop) {
             for (int64_t c = 0; c < kBk; ++c) {
@@ -169,6 +184,11 @@ void backward(const AttnParams& p, const BwdArgs& a) {
             for (int64_t c = c_lo; c < c_hi; ++c)
               if (to_float(brow[c]) == kNegInf) sr[c] = dr[c] = 0.0f;
           }
+          if (modded) {  // a score fn set to -inf keeps nothing; dS of the raw logits
+            for (int64_t c = c_lo; c < c_hi; ++c)
+              if (smod.data()[c] == kNegInf) sr[c] = dr[c] = 0.0f;
+            score_mod.backward(q0 + r, k0, raw.data(), dr, c_lo, c_hi, dop);
+          }
           if (dbias && c_lo < c_hi) {
             float* dbr = dbias + (q0 + r) * sdb.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c) dbr[c] += bmul * dr[c];
@@ -190,15 +210,25 @@ void backward(const AttnParams& p, const BwdArgs& a) {
       store_row(dv_acc.data() + c * Dvp, Dv, 1.0f, dv + b * a.sdv.b + (k0 + c) * a.sdv.s + hk * a.sdv.h);
     }
   };
-  auto task_fn = [&](int64_t task, float* dq_chunk) {
+  auto task_fn = [&](int64_t task, float* dq_chunk, float* dop_chunk) {
     const int64_t kt_i = task % n_kt, oh = (task / n_kt) % h_owners, ob = task / (n_kt * h_owners);
     for (int64_t b = ob * b_members; b < (ob + 1) * b_members; ++b)
-      for (int64_t hk = oh * h_members; hk < (oh + 1) * h_members; ++hk) kv_tile(b, hk, kt_i, dq_chunk);
+      for (int64_t hk = oh * h_members; hk < (oh + 1) * h_members; ++hk) kv_tile(b, hk, kt_i, dq_chunk, dop_chunk);
   };
   parallel_for(n_chunks, [&](int64_t chunk, int) {
     dq_acc[chunk] = std::make_unique<Buffer>(B * Hq * Sqp * Dp);
-    for (int64_t task = chunk; task < n_tasks; task += n_chunks) task_fn(task, dq_acc[chunk]->data());
+    if (n_dop) dop_acc[chunk].assign(n_dop, 0.0f);
+    float* dop_chunk = n_dop ? dop_acc[chunk].data() : nullptr;
+    for (int64_t task = chunk; task < n_tasks; task += n_chunks)
+      task_fn(task, dq_acc[chunk]->data(), dop_chunk);
   });
+  if (n_dop) {  // in chunk order: the same sums on every run
+    for (int64_t i = 0; i < n_dop; ++i) {
+      float sum = 0.0f;
+      for (const auto& acc : dop_acc) sum += acc[i];
+      a.dscore_mod_operands[i] = sum;
+    }
+  }
 
   // dq = scale * sum over chunks of dq_acc, in chunk order
   T* dq = static_cast<T*>(a.dq);

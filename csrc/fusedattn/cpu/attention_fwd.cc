@@ -46,6 +46,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
     const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
     const T* bias = bias_plane<T>(p, a.x, b, h);
     const Dropout dropout(p, a.x, b, h);
+    ScoreModRows score_mod(p, a.x, b, h);
 
     int64_t lo[kBq], hi[kBq];
     float m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys
@@ -77,6 +78,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, kBk);
         const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
         if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
+        if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
         float row_max = kNegInf;
         for (int64_t c = 0; c < kBk; ++c) {
           sr[c] = (c >= c_lo && c < c_hi) ? sr[c] : kNegInf;

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "../params.h"
 #include "../philox.h"
+#include "../score_mod.h"
 #include "attention.h"
 #include "dtypes.h"
 #include "philox_lanes.h"
@@ -86,6 +88,87 @@ class Dropout {
   int64_t b_ = 0, h_;
   uint32_t threshold_ = 0;
   float inv_keep_ = 1.0f;
+};
+
+// score_mod on the rows of one (folded batch entry b, q head h): the forward program
+// on scores, and in the backward the score's and the operands' gradient programs.
+// Inputs of the programs, per row: score, batch, head, q, kv, the array operands read
+// at their broadcast position, then dscore (the gradient of the modified score).
+class ScoreModRows {
+ public:
+  ScoreModRows(const AttnParams& p, const Extras& x, int64_t b, int64_t h) : sm_(x.score_mod) {
+    if (!sm_) return;
+    const int64_t bs = slice_batch(p);
+    b_ = b % bs;
+    h_ = h;
+    slice_ = b / bs;
+    base_ = x.score_mod_operands + slice_ * sm_->total_size();
+    const int n_in = kScoreModIndexInputs + sm_->n_operands + 1;
+    int32_t regs = sm_->fwd.n_regs();
+    regs = std::max(regs, sm_->bwd.n_regs());
+    for (int32_t i = 0; i < sm_->n_operands; ++i) regs = std::max(regs, sm_->grad[i].n_regs());
+    in_store_.assign(static_cast<size_t>(n_in) * kMaxLanes, 0.0f);
+    scratch_.assign(static_cast<size_t>(regs) * kMaxLanes, 0.0f);
+    for (int r = 0; r < n_in; ++r) in_[r] = in_store_.data() + r * kMaxLanes;
+    for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_), in_[2][c] = float(h_);
+  }
+  bool on() const { return sm_ != nullptr; }
+  int64_t slice() const { return slice_; }
+
+  // sr[c] = fn(sr[c], ...) for the keys k0 + c, c in [lo, hi), of query row i.
+  void forward(int64_t i, int64_t k0, float* sr, int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
+    fill(i, k0, sr, nullptr, lo, hi);
+    const float* o = eval_score_mod(sm_->fwd, in_, scratch_.data(), lo, hi);
+    std::copy(o + lo, o + hi, sr + lo);
+  }
+
+  // ds[c]: in, the gradient of the modified score; out, of the raw score s_raw[c].
+  // dop (null: not wanted) accumulates each array operand's gradient, laid out as the
+  // concatenated operands of this slice.
+  void backward(int64_t i, int64_t k0, const float* s_raw, float* ds, int64_t lo, int64_t hi,
+                float* dop) {
+    if (lo >= hi) return;
+    fill(i, k0, s_raw, ds, lo, hi);
+    if (dop) {
+      for (int32_t k = 0; k < sm_->n_operands; ++k) {
+        const float* g = eval_score_mod(sm_->grad[k], in_, scratch_.data(), lo, hi);
+        float* d = dop + sm_->offset(k);
+        for (int64_t c = lo; c < hi; ++c)
+          if (ds[c] != 0.0f) d[operand_index(k, i, k0 + c)] += g[c];
+      }
+    }
+    const float* o = eval_score_mod(sm_->bwd, in_, scratch_.data(), lo, hi);
+    for (int64_t c = lo; c < hi; ++c) ds[c] = ds[c] != 0.0f ? o[c] : 0.0f;  // 0 * NaN stays 0
+  }
+
+ private:
+  int64_t operand_index(int32_t k, int64_t i, int64_t j) const {
+    const int64_t* s = sm_->shape[k];
+    const int64_t bb = s[0] == 1 ? 0 : b_, hh = s[1] == 1 ? 0 : h_;
+    const int64_t ii = s[2] == 1 ? 0 : i, jj = s[3] == 1 ? 0 : j;
+    return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
+  }
+  void fill(int64_t i, int64_t k0, const float* score, const float* ds, int64_t lo, int64_t hi) {
+    const int n_ops = sm_->n_operands;
+    for (int64_t c = lo; c < hi; ++c) {
+      in_[0][c] = score[c];
+      in_[3][c] = float(i);
+      in_[4][c] = float(k0 + c);
+    }
+    for (int32_t k = 0; k < n_ops; ++k) {
+      const float* op = base_ + sm_->offset(k);
+      for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + k][c] = op[operand_index(k, i, k0 + c)];
+    }
+    if (ds)
+      for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + n_ops][c] = ds[c];
+  }
+
+  const ScoreMod* sm_;
+  int64_t b_ = 0, h_ = 0, slice_ = 0;
+  const float* base_ = nullptr;
+  std::vector<float> in_store_, scratch_;
+  float* in_[kScoreModIndexInputs + kMaxScoreModOperands + 1] = {};
 };
 
 }  // namespace fusedattn::cpu

@@ -1,0 +1,153 @@
+// Decoding and interpretation of score_mod programs (score_mod.h).
+#include "score_mod.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace fusedattn {
+namespace {
+
+// Reads one program at data[*pos]: checks its header and every register index.
+Status read_program(const int32_t* data, int64_t n, int64_t* pos, int32_t want_inputs,
+                    const char* what, std::vector<float>* consts, ScoreModProgram* prog,
+                    std::vector<std::pair<ScoreModProgram*, int64_t>>* fixups) {
+  auto bad = [&](const std::string& why) {
+    return Status::Invalid(std::string("score_mod: the ") + what + " program: " + why);
+  };
+  if (*pos >= n) return bad("missing");
+  const int64_t n_words = data[(*pos)++];
+  if (n_words < 4 || *pos + n_words > n) return bad("truncated");
+  const int32_t* w = data + *pos;
+  if (w[0] != kScoreModVersion) return bad("version " + std::to_string(w[0]) + ", expected 1");
+  if (w[1] != want_inputs)
+    return bad(std::to_string(w[1]) + " inputs, expected " + std::to_string(want_inputs));
+  if (w[2] < 0 || w[2] > kMaxScoreModInstr || n_words != 4 + 4 * int64_t{w[2]})
+    return bad("bad instruction count");
+  const int32_t n_regs = w[1] + w[2];
+  if (w[3] < 0 || w[3] >= n_regs) return bad("bad output register");
+  *pos += n_words;
+  if (*pos >= n) return bad("missing constants");
+  const int64_t n_consts = data[(*pos)++];
+  if (n_consts < 0 || *pos + n_consts > n) return bad("truncated constants");
+  for (int32_t i = 0; i < w[2]; ++i) {
+    const int32_t* ins = w + 4 + 4 * i;
+    const int32_t self = w[1] + i;  // an instruction reads only earlier registers
+    if (ins[0] < 0 || ins[0] >= SM_NUM_OPS) return bad("unknown opcode " + std::to_string(ins[0]));
+    if (ins[0] == SM_CONST) {
+      if (ins[1] < 0 || ins[1] >= n_consts) return bad("constant index out of range");
+      continue;
+    }
+    const int n_args = ins[0] == SM_SELECT ? 3 : (ins[0] <= SM_MIN || (ins[0] >= SM_LT && ins[0] <= SM_NE) ||
+                                                  ins[0] == SM_POW || ins[0] == SM_REM) ? 2 : 1;
+    for (int a = 0; a < n_args; ++a)
+      if (ins[1 + a] < 0 || ins[1 + a] >= self) return bad("register index out of range");
+  }
+  prog->words = w;
+  prog->n_consts = static_cast<int32_t>(n_consts);
+  fixups->push_back({prog, static_cast<int64_t>(consts->size())});
+  for (int64_t i = 0; i < n_consts; ++i) {
+    float f;
+    std::memcpy(&f, data + *pos + i, sizeof f);
+    consts->push_back(f);
+  }
+  *pos += n_consts;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status decode_score_mod(const int32_t* data, int64_t n, const int64_t extents[4], ScoreMod* out) {
+  if (n < 1) return Status::Invalid("score_mod: empty program attribute");
+  int64_t pos = 0;
+  const int32_t n_ops = data[pos++];
+  if (n_ops < 0 || n_ops > kMaxScoreModOperands)
+    return Status::Invalid("score_mod: " + std::to_string(n_ops) +
+                                   " array operands; at most 16");
+  if (pos + 4 * int64_t{n_ops} > n) return Status::Invalid("score_mod: truncated shapes");
+  out->n_operands = n_ops;
+  static const char* kDims[4] = {"B", "Hq", "Sq", "Skv"};
+  for (int32_t i = 0; i < n_ops; ++i)
+    for (int d = 0; d < 4; ++d) {
+      const int64_t e = data[pos++];
+      if (e != 1 && e != extents[d])
+        return Status::Invalid("score_mod: operand " + std::to_string(i) + " dimension " +
+                                       kDims[d] + " is " + std::to_string(e) + "; allowed 1 or " +
+                                       std::to_string(extents[d]));
+      out->shape[i][d] = e;
+    }
+  std::vector<std::pair<ScoreModProgram*, int64_t>> fixups;
+  const int32_t in_fwd = kScoreModIndexInputs + n_ops;
+  FA_RETURN_IF_NOT_OK(read_program(data, n, &pos, in_fwd, "forward", &out->const_storage,
+                                  &out->fwd, &fixups));
+  FA_RETURN_IF_NOT_OK(read_program(data, n, &pos, in_fwd + 1, "backward", &out->const_storage,
+                                  &out->bwd, &fixups));
+  for (int32_t i = 0; i < n_ops; ++i)
+    FA_RETURN_IF_NOT_OK(read_program(data, n, &pos, in_fwd + 1, "operand gradient",
+                                    &out->const_storage, &out->grad[i], &fixups));
+  if (pos != n) return Status::Invalid("score_mod: trailing words in the attribute");
+  for (auto& [prog, start] : fixups) prog->consts = out->const_storage.data() + start;
+  return Status::Ok();
+}
+
+const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in, float* regs,
+                            int64_t lo, int64_t hi) {
+  const int32_t n_in = prog.n_inputs();
+  auto row = [&](int32_t r) -> const float* {
+    return r < n_in ? in[r] : regs + int64_t{r - n_in} * kMaxLanes;
+  };
+  for (int32_t i = 0; i < prog.n_instr(); ++i) {
+    const int32_t* ins = prog.instr(i);
+    float* o = regs + int64_t{i} * kMaxLanes;
+    const int32_t op = ins[0];
+    if (op == SM_CONST) {
+      std::fill(o + lo, o + hi, prog.consts[ins[1]]);
+      continue;
+    }
+    const float* x = row(ins[1]);
+    const float* y = op == SM_SELECT || ins[2] < prog.n_regs() ? row(ins[2]) : nullptr;
+    const float* z = op == SM_SELECT ? row(ins[3]) : nullptr;
+#define FA_SM_LOOP(expr) \
+  for (int64_t c = lo; c < hi; ++c) o[c] = (expr); \
+  break
+    switch (op) {
+      case SM_ADD: FA_SM_LOOP(x[c] + y[c]);
+      case SM_SUB: FA_SM_LOOP(x[c] - y[c]);
+      case SM_MUL: FA_SM_LOOP(x[c] * y[c]);
+      case SM_DIV: FA_SM_LOOP(x[c] / y[c]);
+      case SM_MAX: FA_SM_LOOP(std::isnan(x[c]) || std::isnan(y[c]) ? std::numeric_limits<float>::quiet_NaN() : std::max(x[c], y[c]));
+      case SM_MIN: FA_SM_LOOP(std::isnan(x[c]) || std::isnan(y[c]) ? std::numeric_limits<float>::quiet_NaN() : std::min(x[c], y[c]));
+      case SM_NEG: FA_SM_LOOP(-x[c]);
+      case SM_ABS: FA_SM_LOOP(std::fabs(x[c]));
+      case SM_EXP: FA_SM_LOOP(std::exp(x[c]));
+      case SM_LOG: FA_SM_LOOP(std::log(x[c]));
+      case SM_TANH: FA_SM_LOOP(std::tanh(x[c]));
+      case SM_SIGMOID: FA_SM_LOOP(1.0f / (1.0f + std::exp(-x[c])));
+      case SM_LT: FA_SM_LOOP(x[c] < y[c] ? 1.0f : 0.0f);
+      case SM_LE: FA_SM_LOOP(x[c] <= y[c] ? 1.0f : 0.0f);
+      case SM_GT: FA_SM_LOOP(x[c] > y[c] ? 1.0f : 0.0f);
+      case SM_GE: FA_SM_LOOP(x[c] >= y[c] ? 1.0f : 0.0f);
+      case SM_EQ: FA_SM_LOOP(x[c] == y[c] ? 1.0f : 0.0f);
+      case SM_NE: FA_SM_LOOP(x[c] != y[c] ? 1.0f : 0.0f);
+      case SM_SELECT: FA_SM_LOOP(x[c] != 0.0f ? y[c] : z[c]);
+      case SM_SQRT: FA_SM_LOOP(std::sqrt(x[c]));
+      case SM_RSQRT: FA_SM_LOOP(1.0f / std::sqrt(x[c]));
+      case SM_SIGN: FA_SM_LOOP(x[c] > 0.0f ? 1.0f : x[c] < 0.0f ? -1.0f : x[c]);
+      case SM_LOG1P: FA_SM_LOOP(std::log1p(x[c]));
+      case SM_EXPM1: FA_SM_LOOP(std::expm1(x[c]));
+      case SM_POW: FA_SM_LOOP(std::pow(x[c], y[c]));
+      case SM_FLOOR: FA_SM_LOOP(std::floor(x[c]));
+      case SM_CEIL: FA_SM_LOOP(std::ceil(x[c]));
+      case SM_TRUNC: FA_SM_LOOP(std::trunc(x[c]));
+      case SM_REM: FA_SM_LOOP(std::fmod(x[c], y[c]));
+      case SM_EXP2: FA_SM_LOOP(std::exp2(x[c]));
+      case SM_SIN: FA_SM_LOOP(std::sin(x[c]));
+      case SM_COS: FA_SM_LOOP(std::cos(x[c]));
+      case SM_ERF: FA_SM_LOOP(std::erf(x[c]));
+      default: break;  // decode_score_mod rejected every other opcode
+    }
+#undef FA_SM_LOOP
+  }
+  return row(prog.out_reg());
+}
+
+}  // namespace fusedattn
