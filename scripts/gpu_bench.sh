@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: installs fusedattn (as scripts/gpu_test.sh does, from a carried .whl/) and
-# runs the GPU benchmarks: attention (cuDNN grid), small_seq, softmax. Each writes its
+# runs the GPU benchmarks: attention (cuDNN grid), small_seq, softmax, score_mod. Each writes its
 # table to $OUT/bench-<name>.log and its rows to $OUT/bench-<name>.json; attention also
 # $OUT/attention.png. BENCH_REPEATS (default 5) sets the repeats of every timing;
-# BENCHES (default "attention small_seq softmax") picks which run.
+# BENCHES (default "attention small_seq softmax score_mod") picks which run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 source scripts/gpu_env.sh
 R=${BENCH_REPEATS:-5}
 status=0
-for b in ${BENCHES:-attention small_seq softmax}; do
+for b in ${BENCHES:-attention small_seq softmax score_mod}; do
   extra=()
   [ "$b" = attention ] && extra=(--plot "$OUT/attention.png")
   "$PY" -m fusedattn bench "$b" --repeats "$R" --json "$OUT/bench-$b.json" "${extra[@]}" \

@@ -111,6 +111,8 @@ lib = _load()
 # registering them needs no GPU: jax keeps them until a CUDA backend starts).
 TARGETS = {
     "fusedattn_attn_fwd": {"cpu": "fa_cpu_attn_fwd"},
+    "fusedattn_attn_fwd_sm": {"cpu": "fa_cpu_attn_fwd_sm"},
+    "fusedattn_attn_bwd_sm": {"cpu": "fa_cpu_attn_bwd_sm"},
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
     # The CUDA handlers take one more result: their workspace (cuda_attention.cc).
     "fusedattn_attn_fwd_cuda": {"CUDA": "fa_cuda_attn_fwd"},

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _ffi, small_seq
+from . import score_mod as _sm
 from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
@@ -89,7 +90,7 @@ def _bwd_ffi(*ops_out_dout_lse, cfg: Config, dims: Dims):
     return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset
 
 
-def _reference(*ops, cfg: Config, dims: Dims):
+def _reference(*ops, cfg: Config, dims: Dims, score_mod=None):
     """The same call by reference.py (XLA's fallback where no fused kernel runs)."""
     q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs = ops
     q, k, v = unpack(q_op, k_op, v_op, cfg.layout)
@@ -98,7 +99,8 @@ def _reference(*ops, cfg: Config, dims: Dims):
         kv_seqlens=kv_lens, q_offsets=q_offs, kv_offsets=kv_offs, thd=cfg.thd,
         window_size=cfg.window, bias=bias if bias.size else None, attn_bias_type=cfg.bias_type,
         softmax_type=cfg.softmax_type, softmax_offset=offset if offset.size else None,
-        dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed)
+        dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed,
+        score_mod=score_mod)
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
 
 
@@ -204,6 +206,92 @@ def _attention_bwd(cfg: Config, dims: Dims, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+# ---------------------------------------------------------------------------
+# score_mod (score_mod.py): the ten operands plus the array operands concatenated (f32
+# [N]), differentiable too. The CPU engine runs the lowered programs; elsewhere XLA runs
+# the reference with fn applied over the materialized scores.
+
+
+def _sm_attrs(cfg: Config, sm: _sm.ScoreMod):
+    return dict(cfg.ffi_attrs(), score_mod=_sm.packed_attribute(sm))
+
+
+def _fwd_sm_ffi(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    d = dims
+    lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_fwd_sm",
+        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
+         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32)),
+        vmap_method="broadcast_all")
+    return call(*ops, **_sm_attrs(cfg, sm))
+
+
+def _bwd_sm_ffi(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    ops = args[:11]
+    has_offset = ops[4].size > 0
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_bwd_sm",
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
+        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),
+         jax.ShapeDtypeStruct(ops[10].shape, jnp.float32)),
+        vmap_method="broadcast_all")
+    dq, dk, dv, dbias, doffset, dsm = call(*args, **_sm_attrs(cfg, sm))
+    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset, dsm
+
+
+def _reference_sm(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    arrays4 = _sm.split_operands(ops[10], sm)
+    return _reference(*ops[:10], cfg=cfg, dims=dims,
+                      score_mod=lambda s: _sm.apply_reference(sm.fn, s, arrays4))
+
+
+def _bwd_reference_sm(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    ops, dout = args[:11], args[12]
+
+    def out_of(q, k, v, bias, offset, smo):
+        return _reference_sm(q, k, v, bias, offset, *ops[5:10], smo, cfg=cfg, dims=dims,
+                             sm=sm)[0]
+
+    _, vjp = jax.vjp(out_of, *ops[:5], ops[10])
+    return vjp(dout)
+
+
+def _forward_sm(ops, cfg: Config, dims: Dims, sm):
+    return jax.lax.platform_dependent(
+        *ops,
+        cpu=functools.partial(_fwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
+        default=functools.partial(_reference_sm, cfg=cfg, dims=dims, sm=sm))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13))
+def _attention_sm(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo, cfg, dims,
+                  sm):
+    return _forward_sm((q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo), cfg,
+                       dims, sm)
+
+
+def _attention_sm_fwd(*args):
+    ops, (cfg, dims, sm) = args[:11], args[11:]
+    out, lse, max_logit = _forward_sm(ops, dataclasses.replace(cfg, want_lse=True), dims, sm)
+    return (out, lse, max_logit), (ops, out, lse)
+
+
+def _attention_sm_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
+    ops, out, lse = residuals
+    dout = cotangents[0].astype(out.dtype)
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    dq, dk, dv, dbias, doffset, dsm = jax.lax.platform_dependent(
+        *ops, out, dout, lse,
+        cpu=functools.partial(_bwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
+        default=functools.partial(_bwd_reference_sm, cfg=cfg, dims=dims, sm=sm))
+    return (dq, dk, dv, dbias, doffset, None, None, None, None, None, dsm)
+
+
+_attention_sm.defvjp(_attention_sm_fwd, _attention_sm_bwd)
+
+
 _warned: set[str] = set()
 
 
@@ -254,7 +342,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                window_size=None,
                softmax_offset=None,
                return_max_logit=False,
-               return_aux=False):
+               return_aux=False,
+               score_mod=None,
+               score_mod_operands=(),
+               score_mod_bprop=None):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same):
@@ -273,6 +364,14 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     softmax_offset: [Hq] or [1, Hq, 1, 1] float, the per-head extra logit of
       LEARNABLE_SOFTMAX; differentiable.
 
+    score_mod: fn(score, batch_idx, head_idx, q_idx, kv_idx, *operands) -> score, written
+      with jax.numpy on scalars (flex attention; score_mod.py has the rules): applied to the
+      scaled, biased logits before the masks and the softmax, inside the CPU kernel
+      (forward and backward, with the derivative traced from fn); other platforms run the
+      reference with fn over the materialized scores. score_mod_operands: arrays
+      broadcastable to [B, Hq, Sq, Skv] (differentiable) or Python/NumPy scalars (baked
+      in). score_mod_bprop(dscore, score, batch_idx, head_idx, q_idx, kv_idx, *operands)
+      -> dscore of the input score: overrides the derived backward.
     A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
     it and no statistics are asked for; get_backend reports "small_seq".
@@ -289,6 +388,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset)
+    if score_mod is not None:
+        return _fused_attn_score_mod(call, score_mod, score_mod_operands, score_mod_bprop,
+                                     return_max_logit, return_aux)
     if (not (return_max_logit or return_aux)
             and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
         return small_seq.fused_attn_small_seq(
@@ -299,6 +401,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
     _warn_if_fallback(call)
     out, lse, max_logit = _attention(*call.operands, call.cfg, call.dims)
+    return _results(out, lse, max_logit, return_max_logit, return_aux)
+
+
+def _results(out, lse, max_logit, return_max_logit, return_aux):
+    """out, or (out, aux) with the statistics asked for (no gradient through them)."""
     if not (return_max_logit or return_aux):
         return out
     aux = {}
@@ -307,6 +414,22 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     if return_aux:
         aux["softmax_aux"] = jax.lax.stop_gradient(lse[..., None])
     return out, aux
+
+
+def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_aux):
+    if call.cfg.thd:
+        raise NotImplementedError("fused_attn: score_mod with THD layouts is not implemented yet; "
+                                  "use a BSHD layout (segment ids can be read from an operand)")
+    d = call.dims
+    sm, arrays4 = _sm.make_score_mod(fn, operands, bprop, (d.B, d.Hq, d.Sq, d.Skv))
+    cfg = dataclasses.replace(call.cfg, want_lse=bool(return_aux),
+                              want_max_logit=bool(return_max_logit))
+    if jax.default_backend() != "cpu":
+        _warn_once("xla_reference", "score_mod runs XLA's reference on this platform (the "
+                   "fused GPU score_mod is not built yet)")
+    out, lse, max_logit = _attention_sm(*call.operands, _sm.concat_operands(arrays4), cfg,
+                                        call.dims, sm)
+    return _results(out, lse, max_logit, return_max_logit, return_aux)
 
 
 # ---------------------------------------------------------------------------
@@ -362,7 +485,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 window_size=None,
                 softmax_offset=None,
                 return_max_logit=False,
-                platform: str | None = None) -> BackendInfo:
+                platform: str | None = None,
+                score_mod=None) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
@@ -380,6 +504,13 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                        softmax_offset=softmax_offset, build=False)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
+    if score_mod is not None:
+        if _platform_code(platform) == _ffi.PLATFORM_CPU:
+            return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
+                               "lowered program, forward and backward)")
+        return BackendInfo("xla_reference", False, "score_mod on the GPU runs XLA's reference "
+                           "(fn over the materialized scores): the fused GPU score_mod is not "
+                           "built yet")
     if not return_max_logit:
         served, reason = _small_seq_route(call.params, qkv, sequence_descriptor, platform)
         if served:

@@ -153,11 +153,13 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                         thd=False, window_size=None, bias=None,
                         attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
                         softmax_type=SoftmaxType.VANILLA_SOFTMAX, softmax_offset=None,
-                        dropout_probability=0.0, seed=None):
+                        dropout_probability=0.0, seed=None, score_mod=None):
     """q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv]; q_seqlens / kv_seqlens
     int [B] or [B, M]; q_offsets / kv_offsets int [B, M + 1] (read when thd); bias
     [1|B, 1|Hq, Sq, Skv] (with attn_bias_type); softmax_offset [Hq] (LEARNABLE_SOFTMAX);
-    seed uint32 [2] (dropout_probability > 0: dropout on).
+    seed uint32 [2] (dropout_probability > 0: dropout on). score_mod: None, or a function
+    of the scaled (and biased) logits [B, Hq, Sq, Skv] f32 giving the scores the masks
+    and softmax then see (fused_attn's score_mod, applied over the grid).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
@@ -175,6 +177,8 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
             else s * scale + bias
     else:
         s = s * scale
+    if score_mod is not None:
+        s = score_mod(s)
     keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
                               kv_offsets, thd, window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]

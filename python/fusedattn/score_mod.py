@@ -400,3 +400,35 @@ def _axes(dim, n_arr):
     the score and operands map their leading remaining axis, index dim maps axis 0."""
     idx_axes = [0 if d == dim else None for d in range(4)]
     return (0, *idx_axes, *([0] * n_arr))
+
+
+def _program_words(prog: Program) -> list[int]:
+    bits = np.asarray(prog.consts, np.float32).view(np.int32).tolist()
+    return [len(prog.code), *prog.code, len(bits), *bits]
+
+
+def packed_attribute(sm: ScoreMod) -> np.ndarray:
+    """The int32 attribute the C++ handlers decode (csrc/fusedattn/score_mod.h)."""
+    words = [len(sm.operand_shapes)]
+    for shp in sm.operand_shapes:
+        words.extend(int(d) for d in shp)
+    for prog in (sm.fwd, sm.bwd, *sm.operand_grads):
+        words.extend(_program_words(prog))
+    return np.asarray(words, np.int32)
+
+
+def concat_operands(arrays4) -> jax.Array:
+    """The array operands flattened and concatenated (float32 [N]; [0] when none)."""
+    if not arrays4:
+        return jnp.zeros((0,), jnp.float32)
+    return jnp.concatenate([jnp.ravel(a) for a in arrays4])
+
+
+def split_operands(flat, sm: ScoreMod):
+    """Inverse of concat_operands: the operands in their 4-d shapes."""
+    out, off = [], 0
+    for shp in sm.operand_shapes:
+        n = int(np.prod(shp))
+        out.append(jnp.reshape(flat[off:off + n], shp))
+        off += n
+    return out

@@ -77,9 +77,9 @@ struct BwdArgs {
   void* dv;
   void* dbias;             // bias's shape and strides; null: not computed
   float* dsoftmax_offset;  // [B, Hq]; null: not computed
-  float* dscore_mod_operands = nullptr;  // [slices, total_size] f32; null: not computed
   Strides sq, sk, sv, so, sdo, slse, sdq, sdk, sdv;
   Extras x;
+  float* dscore_mod_operands = nullptr;  // [slices, score_mod total_size] f32; null: not computed
 };
 
 // p must have passed validate(); the pointers must match it (a bias when

@@ -44,6 +44,26 @@ struct AttnAttrs {
 };
 
 // Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
+// AttnAttrs plus a score_mod program attribute (score_mod.h's packed form).
+struct AttnScoreModAttrs {
+  int32_t layout;
+  int32_t mask_type;
+  int32_t bias_type;
+  int32_t softmax_type;
+  int32_t is_training;
+  float scale;
+  float dropout;
+  int64_t window_left;
+  int64_t window_right;
+  int32_t want_lse;
+  int32_t want_max_logit;
+  ffi::Span<const int32_t> score_mod;
+  AttnAttrs base() const {
+    return {layout, mask_type, bias_type, softmax_type, is_training, scale, dropout,
+            window_left, window_right, want_lse, want_max_logit};
+  }
+};
+
 struct ViewStrides {
   int64_t b = 0, s = 0, h = 0;
 };
@@ -119,3 +139,13 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
     ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
     ::xla::ffi::StructMember<int32_t>("want_max_logit"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    fusedattn::ffi_glue::AttnScoreModAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
+    ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),
+    ::xla::ffi::StructMember<int32_t>("softmax_type"),
+    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
+    ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
+    ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
+    ::xla::ffi::StructMember<int32_t>("want_max_logit"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int32_t>>("score_mod"));

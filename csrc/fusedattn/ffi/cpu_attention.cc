@@ -4,6 +4,7 @@
 //   fa_cpu_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
 // Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
 #include "../cpu/attention.h"
+#include "../score_mod.h"
 #include "attn_decode.h"
 
 namespace fusedattn::ffi_glue {
@@ -21,18 +22,46 @@ cpu::Extras extras(const AttnTensors& t) {
   return x;
 }
 
-ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
-                        ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
-                        ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
-                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
-                        ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
-  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+// The score_mod pieces of a call (attributes and operand buffer), decoded and checked:
+// the operands are float32 [total] or [slices, total] (vmap), total = sm->total_size().
+struct ScoreModCall {
+  ScoreMod sm;
+  const float* operands = nullptr;
+  float* doperands = nullptr;
+};
+
+Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> program,
+                             const ffi::AnyBuffer& operands, ffi::AnyBuffer* doperands,
+                             ScoreModCall* c) {
+  const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
+  FA_RETURN_IF_NOT_OK(decode_score_mod(program.begin(), static_cast<int64_t>(program.size()), ext,
+                                       &c->sm));
+  const int64_t want = p.num_slices * c->sm.total_size();
+  if (operands.element_type() != ffi::DataType::F32 ||
+      static_cast<int64_t>(operands.element_count()) != want)
+    return Status::Invalid("score_mod_operands: expected float32 with " + std::to_string(want) +
+                           " elements (the concatenated operands per vmap slice); got " +
+                           std::to_string(operands.element_count()));
+  c->operands = static_cast<const float*>(operands.untyped_data());
+  if (doperands) {
+    if (doperands->element_type() != ffi::DataType::F32 ||
+        static_cast<int64_t>(doperands->element_count()) != want)
+      return Status::Invalid("dscore_mod_operands: expected float32 with " + std::to_string(want) +
+                             " elements");
+    c->doperands = static_cast<float*>(doperands->untyped_data());
+  }
+  return Status::Ok();
+}
+
+ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffer* out,
+                   ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit,
+                   const ffi::Span<const int32_t>* program, const ffi::AnyBuffer* sm_operands) {
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_ERROR(decode_fwd_results(p, in, &*out, &*lse, &*max_logit, &t));
+  FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  ScoreModCall smc;
+  if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
 
   cpu::FwdArgs a;
   a.q = t.q;
@@ -47,25 +76,47 @@ ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
   a.so = strides(t.so);
   a.slse = strides(t.slse);
   a.x = extras(t);
+  if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
   cpu::attention_fwd(p, a);
   return ffi::Error::Success();
 }
 
-ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
-                        ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
-                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                        ffi::Result<ffi::AnyBuffer> dbias,
-                        ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
+                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                        ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_fwd(in, attrs, &*out, &*lse, &*max_logit, nullptr, nullptr);
+}
+
+ffi::Error attn_fwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                           ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                           ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
+                           AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_fwd(in, attrs.base(), &*out, &*lse, &*max_logit, &attrs.score_mod, &sm_operands);
+}
+
+ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::AnyBuffer& out,
+                   const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse, ffi::AnyBuffer* dq,
+                   ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                   ffi::AnyBuffer* dsoftmax_offset, const ffi::Span<const int32_t>* program,
+                   const ffi::AnyBuffer* sm_operands, ffi::AnyBuffer* dsm_operands) {
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
-                                        &*dsoftmax_offset, &t));
+  FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
+                                        dsoftmax_offset, &t));
+  ScoreModCall smc;
+  if (program)
+    FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, dsm_operands, &smc));
 
   cpu::BwdArgs a;
   a.q = t.q;
@@ -89,8 +140,43 @@ ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
   a.sdk = strides(t.sdk);
   a.sdv = strides(t.sdv);
   a.x = extras(t);
+  if (program) {
+    a.x.score_mod = &smc.sm;
+    a.x.score_mod_operands = smc.operands;
+    a.dscore_mod_operands = smc.doperands;
+  }
   cpu::attention_bwd(p, a);
   return ffi::Error::Success();
+}
+
+ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                        ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                        ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                        ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                        ffi::Result<ffi::AnyBuffer> dbias,
+                        ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_bwd(in, attrs, out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset, nullptr,
+                 nullptr, nullptr);
+}
+
+ffi::Error attn_bwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                           ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                           ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
+                           ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::AnyBuffer> dbias,
+                           ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                           ffi::Result<ffi::AnyBuffer> dsm_operands, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_bwd(in, attrs.base(), out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset,
+                 &attrs.score_mod, &sm_operands, &*dsm_operands);
 }
 
 }  // namespace
@@ -98,6 +184,7 @@ ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
 
 namespace ffi = xla::ffi;
 using fusedattn::ffi_glue::AttnAttrs;
+using fusedattn::ffi_glue::AttnScoreModAttrs;
 
 #define FA_ATTN_OPERANDS                             \
   .Arg<ffi::AnyBuffer>()     /* q */                 \
@@ -129,3 +216,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu
                                   .Ret<ffi::AnyBuffer>()  // dbias
                                   .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
                                   .Attrs<AttnAttrs>());
+
+// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// operands concatenated); the backward also returns their gradient.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Attrs<AttnScoreModAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // dscore_mod_operands
+                                  .Attrs<AttnScoreModAttrs>());

@@ -1,0 +1,119 @@
+"""python -m fusedattn bench score_mod: flex attention (score_mod) beside plain attention.
+
+shared/BENCH.md's flex grid: softcap (tanh(s / 50) * 50) and ALiBi (per-head slopes) at
+head dim 128, causal, forward and forward+backward, beside fused_attn without score_mod
+(the same mask) and beside XLA running the same fn on materialized scores (the
+reference path). The GPU grid is S 4096 and 16384 (B * S = 16384 tokens, H = 16, bf16);
+the CPU grid is smaller (B = 1, H = 4, S 512 and 1024, float32). ratio_plain = plain time /
+score_mod time (goal on the GPU: >= 0.85); vs_xla = XLA time / ours (goal: >= 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fusedattn
+from fusedattn import AttnMaskType
+
+from .common import run_info, time_fn
+
+
+def softcap(s, b, h, q, k):
+    return jnp.tanh(s / 50.0) * 50.0
+
+
+def alibi(s, b, h, q, k, slopes):
+    return s - slopes * (q - k).astype(jnp.float32)
+
+
+def _cases(gpu):
+    if gpu:
+        return [dict(S=S, B=16384 // S, H=16, D=128, dtype=jnp.bfloat16) for S in (4096, 16384)]
+    return [dict(S=S, B=1, H=4, D=128, dtype=jnp.float32) for S in (512, 1024)]
+
+
+def _impls(c):
+    H = c["H"]
+    slopes = jnp.exp2(-8.0 * jnp.arange(1, H + 1, dtype=jnp.float32) / H).reshape(1, H, 1, 1)
+    mods = {"softcap": (softcap, ()), "alibi": (alibi, (slopes,))}
+    causal = AttnMaskType.CAUSAL_MASK
+
+    def plain(q, k, v):
+        return fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=causal)
+
+    out = {"plain": plain}
+    for name, (fn, ops) in mods.items():
+        out[name] = lambda q, k, v, fn=fn, ops=ops: fusedattn.fused_attn(
+            (q, k, v), None, None, None, attn_mask_type=causal, score_mod=fn,
+            score_mod_operands=ops)
+        out[f"{name}_xla"] = lambda q, k, v, fn=fn, ops=ops: _xla(q, k, v, fn, ops)
+    return out
+
+
+def _xla(q, k, v, fn, ops):
+    """The same attention in plain XLA: scores materialized, fn applied over the grid."""
+    from fusedattn import score_mod as sm
+    B, S, H, D = q.shape
+    m, arrays4 = sm.make_score_mod(fn, ops, None, (B, H, S, S))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * D ** -0.5
+    s = sm.apply_reference(m.fn, s, arrays4)
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def run(args):
+    gpu = jax.default_backend() == "gpu"
+    rows = []
+    for i, c in enumerate(_cases(gpu)):
+        ks = jax.random.split(jax.random.PRNGKey(i), 4)
+        shape = (c["B"], c["S"], c["H"], c["D"])
+        q, k, v, do = (jax.random.normal(kk, shape, jnp.float32).astype(c["dtype"]) for kk in ks)
+        for mode in args.modes:
+            row = dict(S=c["S"], B=c["B"], H=c["H"], D=c["D"], dtype=jnp.dtype(c["dtype"]).name,
+                       mode=mode)
+            for name, f in _impls(c).items():
+                if name.endswith("_xla") and c["S"] > args.xla_max_seq:
+                    continue
+                if mode == "fwd+bwd":
+                    loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) * do)
+                    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                else:
+                    fn = jax.jit(f)
+                row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
+            for name in ("softcap", "alibi"):
+                row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
+                if f"{name}_xla_ms" in row:
+                    row[f"{name}_vs_xla"] = row[f"{name}_xla_ms"] / row[f"{name}_ms"]
+            rows.append(row)
+            print(_fmt(row), flush=True)
+    return rows
+
+
+def _fmt(r):
+    g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
+    return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
+            f"{g('softcap_ms')} ms ({g('softcap_vs_plain')}x plain, {g('softcap_vs_xla')}x xla) | "
+            f"alibi {g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusedattn bench score_mod", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--xla-max-seq", type=int, default=4096)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    info = run_info()
+    print(" ".join(f"{k}={v}" for k, v in info.items()))
+    rows = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(info=info, rows=rows), f, indent=1)
+    return 0

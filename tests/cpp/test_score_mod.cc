@@ -1,0 +1,87 @@
+// score_mod programs: decoding rejects malformed attributes (every register index is
+// checked once, so evaluation needs no checks), and the interpreter computes what the
+// program says on the lanes asked for.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "fusedattn/score_mod.h"
+
+namespace fusedattn {
+namespace {
+
+int32_t bits(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+
+// A program [n_words, version, n_inputs, n_instr, out, instr..., n_consts, consts...].
+std::vector<int32_t> program(int32_t n_inputs, const std::vector<std::vector<int32_t>>& instr,
+                             const std::vector<float>& consts, int32_t out = -1) {
+  std::vector<int32_t> w = {kScoreModVersion, n_inputs, int32_t(instr.size()),
+                            out >= 0 ? out : n_inputs + int32_t(instr.size()) - 1};
+  for (const auto& i : instr) w.insert(w.end(), i.begin(), i.end());
+  std::vector<int32_t> p = {int32_t(w.size())};
+  p.insert(p.end(), w.begin(), w.end());
+  p.push_back(int32_t(consts.size()));
+  for (float c : consts) p.push_back(bits(c));
+  return p;
+}
+
+// tanh(s / 2) * 2 forward; ds * 2 backward (not its true derivative: the test reads it).
+std::vector<int32_t> softcap_attr() {
+  std::vector<int32_t> a = {0};
+  auto fwd = program(5, {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0},
+                         {SM_MUL, 7, 5, 0}}, {2.0f});
+  auto bwd = program(6, {{SM_CONST, 0, 0, 0}, {SM_MUL, 5, 6, 0}}, {2.0f});
+  a.insert(a.end(), fwd.begin(), fwd.end());
+  a.insert(a.end(), bwd.begin(), bwd.end());
+  return a;
+}
+
+const int64_t kExt[4] = {2, 4, 8, 8};
+
+TEST(ScoreMod, DecodesAndEvaluates) {
+  const auto attr = softcap_attr();
+  ScoreMod sm;
+  ASSERT_TRUE(decode_score_mod(attr.data(), int64_t(attr.size()), kExt, &sm).ok());
+  std::vector<float> in_rows(6 * kMaxLanes, 0.0f), regs(16 * kMaxLanes, 0.0f);
+  const float* in[6];
+  for (int r = 0; r < 6; ++r) in[r] = in_rows.data() + r * kMaxLanes;
+  for (int c = 0; c < kMaxLanes; ++c) in_rows[c] = 0.1f * float(c - 32);
+  const float* o = eval_score_mod(sm.fwd, in, regs.data(), 3, 40);
+  for (int c = 3; c < 40; ++c) EXPECT_NEAR(o[c], std::tanh(in_rows[c] / 2.0f) * 2.0f, 1e-6f);
+}
+
+TEST(ScoreMod, RejectsMalformedPrograms) {
+  ScoreMod sm;
+  auto attr = softcap_attr();
+  auto bad = attr;
+  bad[3] = 7;  // an input count the call does not have
+  EXPECT_FALSE(decode_score_mod(bad.data(), int64_t(bad.size()), kExt, &sm).ok());
+  bad = attr;
+  bad[12] = 9;  // DIV (attr[10..13]) reads register 9, written later
+  Status s = decode_score_mod(bad.data(), int64_t(bad.size()), kExt, &sm);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("register index out of range"), std::string::npos) << s.message;
+  bad = attr;
+  bad[6] = 99;  // the first opcode
+  EXPECT_FALSE(decode_score_mod(bad.data(), int64_t(bad.size()), kExt, &sm).ok());
+  bad = attr;
+  bad.pop_back();  // truncated
+  EXPECT_FALSE(decode_score_mod(bad.data(), int64_t(bad.size()), kExt, &sm).ok());
+}
+
+TEST(ScoreMod, RejectsOperandShapesThatDoNotBroadcast) {
+  std::vector<int32_t> attr = {1, 1, 3, 1, 1};  // one operand [1, 3, 1, 1]; Hq is 4
+  ScoreMod sm;
+  Status s = decode_score_mod(attr.data(), int64_t(attr.size()), kExt, &sm);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("dimension Hq is 3"), std::string::npos) << s.message;
+}
+
+}  // namespace
+}  // namespace fusedattn

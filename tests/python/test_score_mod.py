@@ -1,0 +1,203 @@
+"""score_mod (flex attention) on the CPU engine: the lowered program run inside the kernel,
+forward, gradients (q, k, v and the operands) and statistics against the reference with
+fn applied over the materialized scores; the lowering's checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from conftest import assert_close, normal
+from fusedattn import AttnBiasType, AttnMaskType, SoftmaxType
+from fusedattn import score_mod as sm_mod
+from fusedattn.reference import attention_reference
+
+B, S, HQ, HKV, D = 2, 80, 4, 2, 32
+
+
+def softcap(s, b, h, q, k):
+    return jnp.tanh(s / 2.0) * 2.0
+
+
+def alibi(s, b, h, q, k, slopes):
+    return s - slopes * jnp.abs(q - k).astype(jnp.float32)
+
+
+def relpos(s, b, h, q, k, table, scale):
+    return s + scale * table * jnp.maximum(q - k, 0).astype(jnp.float32) / 80.0
+
+
+def causal(s, b, h, q, k):
+    return jnp.where(q >= k, s, -jnp.inf)
+
+
+def learnable(s, b, h, q, k, w):
+    return s * w + jax.nn.sigmoid(s)
+
+
+def inputs(key, dtype=jnp.float32, Sq=S, Skv=S):
+    kq, kk, kv, kd = jax.random.split(key, 4)
+    return (normal(kq, (B, Sq, HQ, D), dtype), normal(kk, (B, Skv, HKV, D), dtype),
+            normal(kv, (B, Skv, HKV, D), dtype), normal(kd, (B, Sq, HQ, D), dtype))
+
+
+def ref_call(q, k, v, fn, operands, **kw):
+    """The reference with fn over the grid (float32 math)."""
+    Sq, Skv = q.shape[1], k.shape[1]
+    m, arrays4 = sm_mod.make_score_mod(fn, operands, None, (B, HQ, Sq, Skv))
+    out, lse, mx = attention_reference(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+        score_mod=lambda s: sm_mod.apply_reference(m.fn, s, arrays4), **kw)
+    return out, lse, mx
+
+
+CASES = {
+    "softcap": (softcap, lambda key: ()),
+    "alibi": (alibi, lambda key: (jnp.exp2(-jnp.arange(1, HQ + 1, dtype=jnp.float32))
+                                  .reshape(1, HQ, 1, 1),)),
+    "relpos": (relpos, lambda key: (normal(key, (1, 1, S, S)), 0.5)),
+    "causal": (causal, lambda key: ()),
+    "learnable": (learnable, lambda key: (jnp.float32(0.7),)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_grads_match_the_reference(key, name):
+    fn, make_ops = CASES[name]
+    q, k, v, dout = inputs(key)
+    ops = make_ops(jax.random.fold_in(key, 1))
+    arr_idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
+
+    def ours(q, k, v, *arr):
+        full = list(ops)
+        for i, a in zip(arr_idx, arr):
+            full[i] = a
+        return fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                    score_mod_operands=tuple(full), return_max_logit=True,
+                                    return_aux=True)
+
+    def ref(q, k, v, *arr):
+        full = list(ops)
+        for i, a in zip(arr_idx, arr):
+            full[i] = a
+        return ref_call(q, k, v, fn, tuple(full))
+
+    arrs = [ops[i] for i in arr_idx]
+    out, aux = jax.jit(ours)(q, k, v, *arrs)
+    ref_out, ref_lse, ref_max = ref(q, k, v, *arrs)
+    assert "fusedattn_attn_fwd_sm" in jax.jit(ours).lower(q, k, v, *arrs).as_text()
+    assert_close("out", out, ref_out)
+    np.testing.assert_allclose(np.asarray(aux["softmax_aux"][..., 0]), np.asarray(ref_lse),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(aux["max_logit"]), np.asarray(jnp.max(ref_max, 0)),
+                               rtol=1e-5, atol=1e-5)
+    argnums = tuple(range(3 + len(arrs)))
+    loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * dout)
+    g = jax.jit(jax.grad(loss(ours), argnums=argnums))(q, k, v, *arrs)
+    rg = jax.grad(loss(ref), argnums=argnums)(q, k, v, *arrs)
+    for i, (a, b) in enumerate(zip(g, rg)):
+        name_i = ("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}"
+        assert a.shape == b.shape, name_i
+        scale = max(1.0, float(jnp.max(jnp.abs(b))))
+        err = float(jnp.max(jnp.abs(a - b)))
+        assert not np.isnan(np.asarray(a)).any(), name_i
+        assert err <= 2e-5 * scale * (10 if i >= 3 else 1), f"{name_i}: {err} (max {scale})"
+
+
+def test_causal_score_mod_equals_the_causal_mask(key):
+    q, k, v, _ = inputs(key)
+    a = fusedattn.fused_attn((q, k, v), None, None, None, score_mod=causal)
+    b = fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=2e-6)
+
+
+def test_composes_with_mask_bias_gqa_sink_bf16(key):
+    q, k, v, dout = inputs(key, jnp.bfloat16, Sq=48, Skv=96)
+    bias = normal(jax.random.fold_in(key, 2), (1, HQ, 48, 96), jnp.bfloat16)
+    offset = normal(jax.random.fold_in(key, 3), (HQ,))
+    kw = dict(attn_mask_type=AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
+              attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+              softmax_type=SoftmaxType.LEARNABLE_SOFTMAX, window_size=(30, 0))
+
+    def ours(q, k, v):
+        return fusedattn.fused_attn((q, k, v), bias, None, None, softmax_offset=offset,
+                                    score_mod=softcap, **kw)
+
+    def ref(q, k, v):
+        return ref_call(q, k, v, softcap, (), bias=bias, softmax_offset=offset, **kw)[0]
+
+    out = ours(q, k, v)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref(q, k, v)),
+                               rtol=2e-2, atol=2e-2)
+    loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * dout.astype(jnp.float32))
+    for a, b in zip(jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(loss(ref), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=3e-2,
+                                   atol=3e-2)
+
+
+def test_user_bprop_overrides_the_derived_backward(key):
+    q, k, v, dout = inputs(key)
+    # a bprop that is the true derivative of softcap gives the same grads as the derived one
+    good = lambda ds, s, b, h, qi, ki: ds * (1 - jnp.tanh(s / 2.0) ** 2)
+    zero = lambda ds, s, b, h, qi, ki: ds * 0.0
+
+    def grads(bprop):
+        f = lambda q: jnp.sum(fusedattn.fused_attn((q, k, v), None, None, None, score_mod=softcap,
+                                                   score_mod_bprop=bprop) * dout)
+        return jax.grad(f)(q)
+
+    np.testing.assert_allclose(np.asarray(grads(good)), np.asarray(grads(None)), rtol=1e-5,
+                               atol=1e-5)
+    assert float(jnp.max(jnp.abs(grads(zero)))) == 0.0
+
+
+def test_vmap_and_jit(key):
+    q, k, v, _ = inputs(key)
+    slopes = jnp.stack([jnp.full((1, HQ, 1, 1), 0.1), jnp.full((1, HQ, 1, 1), 0.3)])
+    f = lambda s: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=alibi,
+                                       score_mod_operands=(s,))
+    got = jax.jit(jax.vmap(f))(slopes)
+    for i in range(2):
+        np.testing.assert_allclose(np.asarray(got[i]), np.asarray(f(slopes[i])), rtol=1e-6,
+                                   atol=1e-6)
+
+
+@pytest.mark.parametrize("fn, what", [
+    (lambda s, b, h, q, k: jnp.sum(jnp.ones(3)) * s, "works on scalars"),
+    (lambda s, b, h, q, k: jnp.cumsum(s), "must return one float scalar"),
+    (lambda s, b, h, q, k: q, "must return one float scalar"),
+    (lambda s, b, h, q, k: s + (q & k), "bitwise 'and'"),
+    (lambda s, b, h, q, k: jnp.arctan2(s, 1.0), "operation 'atan2' is not supported"),
+])
+def test_bad_functions_are_rejected(fn, what):
+    x = jnp.ones((1, 8, 2, 16))
+    with pytest.raises(ValueError, match=what.replace("(", r"\(")):
+        fusedattn.fused_attn((x, x, x), None, None, None, score_mod=fn)
+
+
+def test_bad_operands_are_rejected():
+    x = jnp.ones((1, 8, 2, 16))
+    with pytest.raises(ValueError, match=r"score_mod_operands\[0\] has shape \(3,\)"):
+        fusedattn.fused_attn((x, x, x), None, None, None, score_mod=alibi,
+                             score_mod_operands=(jnp.ones((3,)),))
+    with pytest.raises(ValueError, match="score_mod must be a function"):
+        fusedattn.fused_attn((x, x, x), None, None, None, score_mod=3)
+
+
+def test_the_program_matches_the_function():
+    m, arrays4 = sm_mod.make_score_mod(relpos, (jnp.ones((1, 1, 4, 4)), 0.5), None, (1, 1, 4, 4))
+    s = np.linspace(-3, 3, 16, dtype=np.float32).reshape(1, 1, 4, 4)
+    grid = np.meshgrid(*[np.arange(n) for n in (1, 1, 4, 4)], indexing="ij")
+    got = m.fwd.evaluate(s, *grid, np.broadcast_to(np.asarray(arrays4[0]), s.shape))
+    want = sm_mod.apply_reference(m.fn, jnp.asarray(s), arrays4)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+def test_get_backend_names_the_score_mod_path():
+    x = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
+    info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="cpu")
+    assert (info.name, info.fused) == ("cpu_flash", True), info
+    info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="gpu")
+    assert info.name == "xla_reference" and "score_mod" in info.reason, info
