@@ -33,14 +33,17 @@ Status read_program(const int32_t* data, int64_t n, int64_t* pos, int32_t want_i
     const int32_t* ins = w + 4 + 4 * i;
     const int32_t self = w[1] + i;  // an instruction reads only earlier registers
     if (ins[0] < 0 || ins[0] >= SM_NUM_OPS) return bad("unknown opcode " + std::to_string(ins[0]));
-    if (ins[0] == SM_CONST) {
-      if (ins[1] < 0 || ins[1] >= n_consts) return bad("constant index out of range");
-      continue;
+    const int32_t op = ins[0];
+    const bool binary = (op >= SM_ADD && op <= SM_MIN) || (op >= SM_LT && op <= SM_NE) ||
+                        op == SM_POW || op == SM_REM;
+    const int n_args = op == SM_CONST ? 0 : op == SM_SELECT ? 3 : binary ? 2 : 1;
+    if (op == SM_CONST && (ins[1] < 0 || ins[1] >= n_consts))
+      return bad("constant index out of range");
+    for (int a = 0; a < 3; ++a) {
+      const int32_t r = ins[1 + a];
+      if (a < n_args && (r < 0 || r >= self)) return bad("register index out of range");
+      if (a >= n_args && a > 0 && r != 0) return bad("an unused operand field is not 0");
     }
-    const int n_args = ins[0] == SM_SELECT ? 3 : (ins[0] <= SM_MIN || (ins[0] >= SM_LT && ins[0] <= SM_NE) ||
-                                                  ins[0] == SM_POW || ins[0] == SM_REM) ? 2 : 1;
-    for (int a = 0; a < n_args; ++a)
-      if (ins[1 + a] < 0 || ins[1 + a] >= self) return bad("register index out of range");
   }
   prog->words = w;
   prog->n_consts = static_cast<int32_t>(n_consts);
@@ -103,9 +106,10 @@ const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in,
       std::fill(o + lo, o + hi, prog.consts[ins[1]]);
       continue;
     }
+    // Unused operand fields are 0 (decode checked): register 0, a valid row.
     const float* x = row(ins[1]);
-    const float* y = op == SM_SELECT || ins[2] < prog.n_regs() ? row(ins[2]) : nullptr;
-    const float* z = op == SM_SELECT ? row(ins[3]) : nullptr;
+    const float* y = row(ins[2]);
+    const float* z = row(ins[3]);
 #define FA_SM_LOOP(expr) \
   for (int64_t c = lo; c < hi; ++c) o[c] = (expr); \
   break

@@ -78,7 +78,7 @@ class Op(enum.IntEnum):
 
 _BINARY = {"add": Op.ADD, "add_any": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "max": Op.MAX, "min": Op.MIN,
            "lt": Op.LT, "le": Op.LE, "gt": Op.GT, "ge": Op.GE, "eq": Op.EQ, "ne": Op.NE,
-           "pow": Op.POW, "rem": Op.REM, "atan2": None}
+           "pow": Op.POW, "rem": Op.REM}
 _UNARY = {"neg": Op.NEG, "abs": Op.ABS, "exp": Op.EXP, "log": Op.LOG, "tanh": Op.TANH,
           "logistic": Op.SIGMOID, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "sign": Op.SIGN,
           "log1p": Op.LOG1P, "expm1": Op.EXPM1, "floor": Op.FLOOR, "ceil": Op.CEIL,
@@ -87,9 +87,9 @@ _IDENTITY = {"copy", "copy_p", "reduce_precision", "optimization_barrier"}
 _SHAPE_ONLY = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims"}
 _CALLS = {"pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "jit"}
-SUPPORTED = sorted(set(_BINARY) - {"atan2"} | set(_UNARY) | _IDENTITY | _SHAPE_ONLY | {
+SUPPORTED = sorted(set(_BINARY) | set(_UNARY) | _IDENTITY | _SHAPE_ONLY | {
     "div", "select_n", "integer_pow", "square", "convert_element_type", "and", "or", "not",
-    "clamp", "stop_gradient"} | {"pjit"})
+    "clamp", "stop_gradient", "pjit"})
 
 
 class ScoreModError(ValueError):
@@ -224,12 +224,8 @@ def _lower_jaxpr(jaxpr, consts, in_regs, bld: _Builder, what: str) -> list[int]:
             inner_consts = getattr(sub, "consts", getattr(sub, "literals", []))
             n = len(inner.invars)
             outs = _lower_jaxpr(inner, inner_consts, args[-n:] if n else [], bld, what)
-        elif name in _BINARY and _BINARY[name] is not None:
-            r = bld.emit(_BINARY[name], args[0], args[1])
-            if name == "rem" or not out_int:
-                outs = [r]
-            else:
-                outs = [r]
+        elif _BINARY.get(name) is not None:
+            outs = [bld.emit(_BINARY[name], args[0], args[1])]
         elif name == "div":
             r = bld.emit(Op.DIV, args[0], args[1])
             outs = [bld.emit(Op.TRUNC, r) if out_int else r]  # lax.div rounds ints to zero
@@ -249,14 +245,13 @@ def _lower_jaxpr(jaxpr, consts, in_regs, bld: _Builder, what: str) -> list[int]:
         elif name == "clamp":  # clamp(lo, x, hi)
             outs = [bld.emit(Op.MIN, bld.emit(Op.MAX, args[1], args[0]), args[2])]
         elif name == "convert_element_type":
-            src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
+            dst = eqn.params["new_dtype"]
             if dst == jnp.bool_:
                 outs = [bld.emit(Op.NE, args[0], bld.const(0.0))]
             elif jnp.issubdtype(dst, jnp.integer) and not _is_int(eqn.invars[0].aval):
                 outs = [bld.emit(Op.TRUNC, args[0])]
             else:
                 outs = [args[0]]
-            del src
         elif name in ("and", "or", "not"):
             if any(v.aval.dtype != jnp.bool_ for v in eqn.invars):
                 raise ScoreModError(f"{what}: bitwise {name!r} on integers is not supported "
@@ -284,8 +279,6 @@ def lower(fn: Callable, n_array_operands: int, *, extra_dscore: bool = False,
             ([jnp.float32(1.0)] if extra_dscore else []))
     try:
         closed = jax.make_jaxpr(fn)(*args)
-    except ScoreModError:
-        raise
     except Exception as e:  # a function that does not trace on scalars
         raise ScoreModError(f"{what}: tracing it on scalars failed: {type(e).__name__}: {e}") from e
     outs = closed.out_avals
