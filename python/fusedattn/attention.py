@@ -32,15 +32,31 @@ __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "Backe
 # batch entry). Differentiable in q, k, v (as the layout packs them), bias and softmax_offset.
 
 
-def _fwd_ffi(*ops, cfg: Config, dims: Dims):
+def _fwd_results(ops, cfg: Config, dims: Dims):
+    """out [B, Sq, Hq, Dv], lse ([B, Hq, Sq]; THD: [B, Sq, Hq]) and max_logit [B, Hq]."""
     d = dims
     lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_fwd",
-        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
-         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
-         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32)),
-        vmap_method="broadcast_all")  # the handler folds vmap's leading dims into the batch
+    return (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
+            jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+            jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32))
+
+
+def _bwd_results(ops, dims: Dims):
+    """dq, dk, dv, dbias (the operands' shapes) and d softmax_offset per batch entry."""
+    has_offset = ops[4].size > 0
+    return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) + (
+        jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),)
+
+
+def _offset_grad(doffset):
+    # d softmax_offset comes per batch entry [B, Hq]: the offset [Hq] is shared by the batch.
+    return jnp.sum(doffset, axis=0) if doffset.size else doffset
+
+
+def _fwd_ffi(*ops, cfg: Config, dims: Dims):
+    # vmap: the handler folds the leading dims into the batch.
+    call = jax.ffi.ffi_call("fusedattn_attn_fwd", _fwd_results(ops, cfg, dims),
+                            vmap_method="broadcast_all")
     return call(*ops, **cfg.ffi_attrs())
 
 
@@ -52,42 +68,28 @@ def _workspace(ops, cfg: Config, dims: Dims, backward: bool):
 
 
 def _fwd_ffi_cuda(*ops, cfg: Config, dims: Dims):
-    d = dims
-    lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
     call = jax.ffi.ffi_call(
         "fusedattn_attn_fwd_cuda",
-        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
-         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
-         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32),
-         _workspace(ops, cfg, dims, backward=False)),
+        _fwd_results(ops, cfg, dims) + (_workspace(ops, cfg, dims, backward=False),),
         vmap_method="broadcast_all")
     return call(*ops, **cfg.ffi_attrs())[:3]
 
 
 def _bwd_ffi_cuda(*ops_out_dout_lse, cfg: Config, dims: Dims):
     ops = ops_out_dout_lse[:10]
-    has_offset = ops[4].size > 0
     call = jax.ffi.ffi_call(
         "fusedattn_attn_bwd_cuda",
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
-        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),
-         _workspace(ops, cfg, dims, backward=True)),
+        _bwd_results(ops, dims) + (_workspace(ops, cfg, dims, backward=True),),
         vmap_method="broadcast_all")
     dq, dk, dv, dbias, doffset, _ = call(*ops_out_dout_lse, **cfg.ffi_attrs())
-    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset
+    return dq, dk, dv, dbias, _offset_grad(doffset)
 
 
 def _bwd_ffi(*ops_out_dout_lse, cfg: Config, dims: Dims):
-    ops = ops_out_dout_lse[:10]
-    has_offset = ops[4].size > 0
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_bwd",
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
-        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),),
-        vmap_method="broadcast_all")
+    call = jax.ffi.ffi_call("fusedattn_attn_bwd", _bwd_results(ops_out_dout_lse[:10], dims),
+                            vmap_method="broadcast_all")
     dq, dk, dv, dbias, doffset = call(*ops_out_dout_lse, **cfg.ffi_attrs())
-    # d softmax_offset comes per batch entry [B, Hq]: the offset [Hq] is shared by the batch.
-    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset
+    return dq, dk, dv, dbias, _offset_grad(doffset)
 
 
 def _reference(*ops, cfg: Config, dims: Dims, score_mod=None):
@@ -217,28 +219,18 @@ def _sm_attrs(cfg: Config, sm: _sm.ScoreMod):
 
 
 def _fwd_sm_ffi(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    d = dims
-    lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_fwd_sm",
-        (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
-         jax.ShapeDtypeStruct(lse_shape, jnp.float32),
-         jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32)),
-        vmap_method="broadcast_all")
+    call = jax.ffi.ffi_call("fusedattn_attn_fwd_sm", _fwd_results(ops, cfg, dims),
+                            vmap_method="broadcast_all")
     return call(*ops, **_sm_attrs(cfg, sm))
 
 
 def _bwd_sm_ffi(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    ops = args[:11]
-    has_offset = ops[4].size > 0
     call = jax.ffi.ffi_call(
         "fusedattn_attn_bwd_sm",
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) +
-        (jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),
-         jax.ShapeDtypeStruct(ops[10].shape, jnp.float32)),
+        _bwd_results(args[:10], dims) + (jax.ShapeDtypeStruct(args[10].shape, jnp.float32),),
         vmap_method="broadcast_all")
     dq, dk, dv, dbias, doffset, dsm = call(*args, **_sm_attrs(cfg, sm))
-    return dq, dk, dv, dbias, jnp.sum(doffset, axis=0) if has_offset else doffset, dsm
+    return dq, dk, dv, dbias, _offset_grad(doffset), dsm
 
 
 def _reference_sm(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
