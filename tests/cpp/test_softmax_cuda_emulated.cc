@@ -26,7 +26,8 @@ Status emulate(const Args& a, const void* p0, const void* p1, const void* p2, co
     constexpr int TPR = decltype(tpr)::value, BPT = decltype(bpt)::value;
     constexpr int E = BPT / sizeof(T), kVec = 16 / sizeof(T);
     using G = cuda::Group<TPR>;
-    const auto blocks = static_cast<unsigned int>((a.rows + G::kRows - 1) / G::kRows);
+    const auto blocks =
+        static_cast<unsigned int>((cuda::row_groups(a) + G::kRows - 1) / G::kRows);
     const bool vec = kFwd ? cuda::vectorizable<T>(a.skv, {p0, p1}, mask)
                           : cuda::vectorizable<T>(a.skv, {p0, p1, p2}, nullptr);
     if constexpr (kFwd) {
@@ -58,21 +59,27 @@ void with_type(int32_t dtype, F&& f) {
     f(__half{});
 }
 
-const Kernels kEmulated{[](const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
-                          ASSERT_TRUE(choose_kernel(p, FA_PLATFORM_CUDA, true).available);
-                          const cuda::FwdArgs a = cuda::make_fwd_args(p, x, mask, y);
-                          with_type(p.dtype, [&](auto t) {
-                            const Status s = emulate<decltype(t), true>(a, x, y, nullptr, a.mask);
-                            ASSERT_TRUE(s.ok()) << s.message;
-                          });
-                        },
-                        [](const SoftmaxParams& p, const void* y, const void* dy, void* dx) {
-                          const cuda::BwdArgs a = cuda::make_bwd_args(p, y, dy, dx);
-                          with_type(p.dtype, [&](auto t) {
-                            const Status s = emulate<decltype(t), false>(a, y, dy, dx, nullptr);
-                            ASSERT_TRUE(s.ok()) << s.message;
-                          });
-                        }};
+// The kernels as launch.cuh runs them; min_groups as make_fwd_args takes it (1: a
+// broadcast mask's rows always share their row group, so small calls run the loop).
+Kernels emulated(int64_t min_groups) {
+  return {[=](const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
+            ASSERT_TRUE(choose_kernel(p, FA_PLATFORM_CUDA, true).available);
+            const cuda::FwdArgs a = cuda::make_fwd_args(p, x, mask, y, min_groups);
+            with_type(p.dtype, [&](auto t) {
+              const Status s = emulate<decltype(t), true>(a, x, y, nullptr, a.mask);
+              ASSERT_TRUE(s.ok()) << s.message;
+            });
+          },
+          [](const SoftmaxParams& p, const void* y, const void* dy, void* dx) {
+            const cuda::BwdArgs a = cuda::make_bwd_args(p, y, dy, dx);
+            with_type(p.dtype, [&](auto t) {
+              const Status s = emulate<decltype(t), false>(a, y, dy, dx, nullptr);
+              ASSERT_TRUE(s.ok()) << s.message;
+            });
+          }};
+}
+const Kernels kEmulated = emulated(cuda::kMinGroups);
+const Kernels kEmulatedShared = emulated(1);
 
 const int32_t kKinds[] = {FA_SOFTMAX_SCALED, FA_SOFTMAX_SCALED_MASKED,
                           FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED};
@@ -144,12 +151,44 @@ TEST(EmulatedCudaSoftmax, CausalSquare) {
 
 TEST(EmulatedCudaSoftmax, MaskBroadcasts) {
   uint32_t seed = 5000;
-  for (const auto& md : std::vector<std::vector<int64_t>>{
-           {2, 3, 5, 264}, {2, 1, 5, 264}, {1, 3, 1, 264}, {1, 1, 1, 264}, {2, 3, 1, 264}})
-    check_case(kEmulated, {{2, 3, 5, 264}, md, FA_SOFTMAX_SCALED_MASKED, 0.5f}, FA_BFLOAT16,
-               seed++);
-  check_case(kEmulated, {{2, 3, 4, 6, 72}, {2, 1, 4, 1, 72}, FA_SOFTMAX_SCALED_MASKED, 1.0f},
-             FA_FLOAT32, seed++);
+  for (const Kernels* k : {&kEmulated, &kEmulatedShared}) {
+    for (const auto& md : std::vector<std::vector<int64_t>>{
+             {2, 3, 5, 264}, {2, 1, 5, 264}, {1, 3, 1, 264}, {1, 1, 1, 264}, {2, 3, 1, 264}})
+      check_case(*k, {{2, 3, 5, 264}, md, FA_SOFTMAX_SCALED_MASKED, 0.5f}, FA_BFLOAT16, seed++);
+    check_case(*k, {{2, 3, 4, 6, 72}, {2, 1, 4, 1, 72}, FA_SOFTMAX_SCALED_MASKED, 1.0f},
+               FA_FLOAT32, seed++);
+  }
+}
+
+// Row groups that loop over the rows sharing a mask row (the heads of a [B, 1, Sq,
+// Skv] mask), at every group width: several groups per block with a partly filled
+// last block, one warp per row, and block-wide groups reusing the shared reductions.
+TEST(EmulatedCudaSoftmax, RowGroupsShareTheMask) {
+  uint32_t seed = 5100;
+  for (int64_t skv : {3, 24, 100, 256, 1000, 2048, 4100})
+    for (int32_t dtype : {FA_FLOAT32, FA_BFLOAT16}) {
+      const bool block_rows = skv * dtype_bytes(dtype) > 2048;
+      check_case(kEmulatedShared,
+                 make_case({block_rows ? 1 : 3, 6, block_rows ? 1 : 5, skv},
+                           FA_SOFTMAX_SCALED_MASKED),
+                 dtype, seed++);
+    }
+}
+
+TEST(EmulatedCudaSoftmax, RowGroupSizes) {
+  MaskRows m;  // [B=2, H=12, Sq=5] rows of a [2, 1, 5, Skv] mask: 12 rows share each
+  m.n = 2;
+  m.launch_size[0] = 12, m.launch_stride[0] = 0;
+  m.launch_size[1] = 10, m.launch_stride[1] = 64;
+  EXPECT_EQ(cuda::mask_reps(m, 120, 1), 12);
+  EXPECT_EQ(cuda::mask_reps(m, 120, 20), 6);   // 20 groups of 6
+  EXPECT_EQ(cuda::mask_reps(m, 120, 121), 1);  // too few rows to share
+  m.launch_size[0] = 17;                       // never more than 16 a group
+  EXPECT_EQ(cuda::mask_reps(m, 170, 1), 1);    // 17 is prime: no divisor <= 16 but 1
+  m.launch_size[0] = 32;
+  EXPECT_EQ(cuda::mask_reps(m, 320, 1), 16);
+  m.launch_stride[0] = 64;  // no broadcast step: nothing to share
+  EXPECT_EQ(cuda::mask_reps(m, 320, 1), 1);
 }
 
 }  // namespace

@@ -9,13 +9,16 @@
 // math is float32; exp is ex2.approx on logits pre-multiplied by scale * log2(e).
 //
 // Causal rows (i = row % Sq) read only their first min(i + 1, Skv) elements and
-// write zeros after them. Loads of x, y and dy stream (__ldcs: read once); the
-// mask goes through the read-only path (__ldg) since heads broadcast it.
+// write zeros after them. Loads of x, y and dy stream (__ldcs: read once). A
+// broadcast mask (the [B, 1, Sq, Skv] mask of [B, H, Sq, Skv] logits) is read once
+// per row group and kept in registers while the group runs the `reps` rows that
+// share it (the heads), so DRAM sees the mask once, not once per head.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "mask_rows.h"
@@ -28,7 +31,8 @@ struct FwdArgs {
   const void* x;
   const uint8_t* mask;
   void* y;
-  int64_t row0, rows;  // this launch's first row; all rows
+  int64_t row0, rows;  // this launch's first row group; all rows
+  int32_t reps;        // rows per row group, consecutive in launch order, sharing one mask row
   int64_t sq;
   int32_t skv;        // <= kMaxSeqLen: in-row indices are 32-bit
   int32_t rows32;     // rows < 2^32: row arithmetic (%, /) in 32 bits
@@ -42,7 +46,7 @@ struct BwdArgs {
   const void* y;
   const void* dy;
   void* dx;
-  int64_t row0, rows;
+  int64_t row0, rows;  // this launch's first row (a group is one row); all rows
   int64_t sq;
   int32_t skv;
   int32_t rows32;
@@ -50,8 +54,23 @@ struct BwdArgs {
   int32_t causal;
 };
 
+// Rows per forward row group: a divisor of the rows that share a mask row (the
+// broadcast steps, innermost in launch order), at most kMaxReps so that a group's
+// serial loop stays short, and small enough to leave >= kMinGroups groups to
+// fill the GPU (min_groups: the tests lower it to reach the loop on small calls).
+constexpr int64_t kMinGroups = 4096;
+inline int32_t mask_reps(const MaskRows& m, int64_t rows, int64_t min_groups) {
+  constexpr int64_t kMaxReps = 16;
+  int64_t shared = 1;
+  for (int32_t d = 0; d < m.n && m.launch_stride[d] == 0; ++d) shared *= m.launch_size[d];
+  for (int64_t r = std::min(shared, kMaxReps); r > 1; --r)
+    if (shared % r == 0 && rows / r >= min_groups) return static_cast<int32_t>(r);
+  return 1;
+}
+
 // The arguments of a call described by p (assumes validate(p) passed).
-inline FwdArgs make_fwd_args(const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y) {
+inline FwdArgs make_fwd_args(const SoftmaxParams& p, const void* x, const uint8_t* mask, void* y,
+                             int64_t min_groups = kMinGroups) {
   constexpr float kLog2e = 1.4426950408889634f;
   FwdArgs a;
   a.x = x;
@@ -65,6 +84,7 @@ inline FwdArgs make_fwd_args(const SoftmaxParams& p, const void* x, const uint8_
   a.scale_log2e = p.scale * kLog2e;
   a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
   a.mask_rows = p.has_mask ? make_mask_rows(p) : MaskRows{};
+  a.reps = p.has_mask ? mask_reps(a.mask_rows, a.rows, min_groups) : 1;
   return a;
 }
 
@@ -82,6 +102,10 @@ inline BwdArgs make_bwd_args(const SoftmaxParams& p, const void* y, const void* 
   a.causal = p.softmax_type == FA_SOFTMAX_SCALED_UPPER_TRIANG_MASKED;
   return a;
 }
+
+// Row groups a launch covers (the grid is groups / rows-per-block blocks).
+inline int64_t row_groups(const FwdArgs& a) { return a.rows / a.reps; }
+inline int64_t row_groups(const BwdArgs& a) { return a.rows; }
 
 // Storage bits of each dtype and their conversions (round to nearest even).
 template <class T>
@@ -169,7 +193,9 @@ struct Group {
 };
 
 // Reduces v over the TPR threads of a row group; every thread gets the result.
-// smem: kWarps floats, used only when TPR > 32, once per kernel (no reuse to sync).
+// smem: kWarps floats, used only when TPR > 32. A kernel that reduces again into
+// the same smem must pass another group_reduce's barrier (into other smem) first,
+// so that every warp has read the previous value: the forward alternates two.
 template <int TPR, class Op>
 __device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
 #pragma unroll
@@ -206,7 +232,10 @@ __device__ __forceinline__ void locate_mask_row(const MaskRows& m, int64_t t, bo
 
 // Forward: x [rows, Skv] T -> y [rows, Skv] T, mask rows [.., Skv] bool (a.mask_rows
 // maps a row to its mask row) or none. y = softmax over the kept elements of
-// x * scale; 0 elsewhere and on rows that keep nothing. One row per TPR threads.
+// x * scale; 0 elsewhere and on rows that keep nothing. One row group per TPR
+// threads, a.reps rows one after another: the mask row is loaded once, and each
+// row's logits are loaded before the previous row is reduced and stored, so a
+// row's loads are always in flight.
 template <class T, int TPR, int E, int VEC>
 __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const FwdArgs a) {
   using G = Group<TPR>;
@@ -218,61 +247,85 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   __shared__ float smem_max[G::kWarps], smem_sum[G::kWarps];
 
   const int t = threadIdx.x % TPR;
-  const int64_t launch_row = a.row0 + int64_t{blockIdx.x} * G::kRows + threadIdx.x / TPR;
-  const bool live = launch_row < a.rows;  // dead threads still join the group's reductions
-  int64_t row = launch_row, moff = 0;
-  if (a.mask && live) locate_mask_row(a.mask_rows, launch_row, a.rows32, &row, &moff);
-  const int n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
-  const B* x = static_cast<const B*>(a.x) + row * a.skv;
-  const uint8_t* mrow = (a.mask && live) ? a.mask + moff : nullptr;
+  const int64_t group = a.row0 + int64_t{blockIdx.x} * G::kRows + threadIdx.x / TPR;
+  const bool live = group * a.reps < a.rows;  // dead threads still join the reductions
+  // The logits row of launch index r and, for r's group, the mask row offset.
+  auto locate = [&](int64_t r, int64_t* moff) {
+    int64_t row = r, off = 0;
+    if (a.mask) locate_mask_row(a.mask_rows, r, a.rows32, &row, &off);
+    if (moff) *moff = off;
+    return row;
+  };
+  // Loads the kept prefix of row `row`'s logits (n elements) into in[]; the rest 0.
+  auto load = [&](int64_t row, int n, P* in) {
+    const B* x = static_cast<const B*>(a.x) + row * a.skv;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int c = (t + k * TPR) * VEC;
+      in[k].raw = typename P::RawT{};
+      if (c < n) in[k].raw = __ldcs(reinterpret_cast<const typename P::RawT*>(x + c));
+    }
+  };
 
-  // Every load is issued before any is used: a whole row is in flight at once.
-  P in[kIters];
+  int64_t moff = 0;
+  int64_t row = live ? locate(group * a.reps, &moff) : 0;
+  int n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
   M mk[kIters];
+  P in[kIters];
+  load(row, n, in);
+  const uint8_t* mrow = (a.mask && live) ? a.mask + moff : nullptr;
 #pragma unroll
   for (int k = 0; k < kIters; ++k) {
     const int c = (t + k * TPR) * VEC;
-    in[k].raw = typename P::RawT{};
     mk[k].raw = typename M::RawT{};
-    if (c < n) in[k].raw = __ldcs(reinterpret_cast<const typename P::RawT*>(x + c));
     if (mrow && c < n) mk[k].raw = __ldg(reinterpret_cast<const typename M::RawT*>(mrow + c));
   }
 
-  float v[kIters][VEC];
-  float m = -INFINITY;
+  for (int r = 0; r < a.reps; ++r) {
+    float v[kIters][VEC];
+    float m = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < kIters; ++k) {
-    const int c = (t + k * TPR) * VEC;
+    for (int k = 0; k < kIters; ++k) {
+      const int c = (t + k * TPR) * VEC;
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const bool keep = c + e < n && mk[k].v[e] == 0;
-      v[k][e] = keep ? Elem<T>::to_f(in[k].v[e]) * a.scale_log2e : -INFINITY;
-      m = fmaxf(m, v[k][e]);  // fmaxf skips NaN; the NaN still poisons the sum below
+      for (int e = 0; e < VEC; ++e) {
+        const bool keep = c + e < n && mk[k].v[e] == 0;
+        v[k][e] = keep ? Elem<T>::to_f(in[k].v[e]) * a.scale_log2e : -INFINITY;
+        m = fmaxf(m, v[k][e]);  // fmaxf skips NaN; the NaN still poisons the sum below
+      }
     }
-  }
-  m = group_reduce<TPR>(m, smem_max, MaxOp{});
-  if (m == -INFINITY) m = 0.0f;  // nothing kept: every exp is 0 and the row is 0, not NaN
-
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kIters; ++k)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      v[k][e] = ex2(v[k][e] - m);
-      s += v[k][e];
+    // The next row of the group: its loads go out before this row's reductions.
+    const int64_t this_row = row;
+    if (r + 1 < a.reps) {
+      row = live ? locate(group * a.reps + r + 1, nullptr) : 0;
+      n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
+      load(row, n, in);
     }
-  s = group_reduce<TPR>(s, smem_sum, SumOp{});
-  const float inv = s == 0.0f ? 0.0f : 1.0f / s;  // NaN logits: s is NaN, so is the row
 
-  B* y = static_cast<B*>(a.y) + row * a.skv;
+    m = group_reduce<TPR>(m, smem_max, MaxOp{});
+    if (m == -INFINITY) m = 0.0f;  // nothing kept: every exp is 0 and the row is 0, not NaN
+
+    float s = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kIters; ++k) {
-    const int c = (t + k * TPR) * VEC;
-    if (live && c < a.skv) {
-      P out;
+    for (int k = 0; k < kIters; ++k)
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) out.v[e] = Elem<T>::from_f(v[k][e] * inv);
-      *reinterpret_cast<typename P::RawT*>(y + c) = out.raw;
+      for (int e = 0; e < VEC; ++e) {
+        v[k][e] = ex2(v[k][e] - m);
+        s += v[k][e];
+      }
+    s = group_reduce<TPR>(s, smem_sum, SumOp{});
+    const float inv = s == 0.0f ? 0.0f : 1.0f / s;  // NaN logits: s is NaN, so is the row
+
+    B* y = static_cast<B*>(a.y) + this_row * a.skv;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int c = (t + k * TPR) * VEC;
+      if (live && c < a.skv) {
+        P out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out.v[e] = Elem<T>::from_f(v[k][e] * inv);
+        *reinterpret_cast<typename P::RawT*>(y + c) = out.raw;
+      }
     }
   }
 }

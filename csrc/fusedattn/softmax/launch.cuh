@@ -12,13 +12,15 @@
 
 namespace fusedattn::softmax::cuda {
 
-// Launches `kernel` over all rows: one row group per block, in chunks of at most
-// 2^30 blocks (the grid's x limit is 2^31 - 1; no real call needs a second chunk).
+// Launches `kernel` over all row groups (row_groups(a)), kRows groups per block, in
+// chunks of at most 2^30 blocks (the grid's x limit is 2^31 - 1; no real call
+// needs a second chunk).
 template <int TPR, class Args, class Kernel>
 Status launch_rows(Kernel kernel, Args a, cudaStream_t stream) {
   constexpr int64_t kRows = Group<TPR>::kRows, kMaxBlocks = int64_t{1} << 30;
-  for (a.row0 = 0; a.row0 < a.rows; a.row0 += kMaxBlocks * kRows) {
-    const int64_t blocks = std::min(kMaxBlocks, (a.rows - a.row0 + kRows - 1) / kRows);
+  const int64_t groups = row_groups(a);
+  for (a.row0 = 0; a.row0 < groups; a.row0 += kMaxBlocks * kRows) {
+    const int64_t blocks = std::min(kMaxBlocks, (groups - a.row0 + kRows - 1) / kRows);
     kernel<<<static_cast<unsigned int>(blocks), Group<TPR>::kBlock, 0, stream>>>(a);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
