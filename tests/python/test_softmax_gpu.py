@@ -88,6 +88,21 @@ def test_mask_broadcasts(key, mask_shape):
     check(x, mask, 0.5, MASKED, dy, y, dx)
 
 
+@pytest.mark.parametrize("shape, dtype", [
+    ((2, 16, 2048, 40), jnp.float32),     # 16 heads a row group, several groups a block
+    ((2, 16, 2048, 520), jnp.bfloat16),   # 16 heads, a warp per row
+    ((1, 4, 4096, 2048), jnp.bfloat16),   # 4 heads, a 128-thread block per row
+    ((1, 2, 4096, 4104), jnp.float32),    # 2 heads, 1024-thread blocks
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else jnp.dtype(v).name)
+def test_heads_share_the_mask_row(key, shape, dtype):
+    """Calls large enough that a row group loops over the heads sharing a [B, 1, Sq, Skv]
+    mask row (kernels.cuh mask_reps; small calls keep one row a group)."""
+    b, _, sq, skv = shape
+    x, dy, mask = random_inputs(key, shape, dtype, (b, 1, sq, skv))
+    y, dx = gpu_run(x, mask, 0.3, MASKED, dy)
+    check(x, mask, 0.3, MASKED, dy, y, dx)
+
+
 @pytest.mark.parametrize("skv", [40, 1030, 2048, 16392, 32768])
 def test_fully_masked_rows_give_zeros(key, skv):
     x, dy, mask = random_inputs(key, (2, 3, 4, skv), jnp.bfloat16, (2, 1, 4, skv))

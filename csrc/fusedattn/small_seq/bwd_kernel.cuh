@@ -1,7 +1,7 @@
 // Backward small-seq CUDA kernel. A warp works on one (segment, kv head) at a time:
-//   q, out, dout [packs, Tq, Hq, D], k, v [packs, Tkv, Hkv, D], probs P [packs, Tq, Hq, W] f32,
+//   q, dout [packs, Tq, Hq, D], k, v [packs, Tkv, Hkv, D], probs P [packs, Tq, Hq, W] f32,
 //   stats [packs, Tq, Hq, 2] f32 -> dq [packs, Tq, Hq, D], dk, dv [packs, Tkv, Hkv, D].
-// With dP_j = dout . v_j, delta = dout . out (= sum_j P_j dP_j) and dS_j = P_j (dP_j - delta):
+// With dP_j = dout . v_j, delta = sum_j P_j dP_j and dS_j = P_j (dP_j - delta):
 //   dq = scale sum_j dS_j k_j,  dk_j = scale sum_rows dS_j q,  dv_j = sum_rows P_j dout,
 // where "rows" are the (query row, q head) pairs of the segment that see key j. A kv row
 // belongs to one segment, so its warp owns dk/dv there: no atomics.
@@ -10,20 +10,43 @@
 // group in registers (q, dout and out come back from L1).
 // P comes from the forward where it holds every weight of the segment; where a segment
 // broke the promise (more q rows or keys than P holds) the weights are recomputed from
-// q, k and the saved log-sum-exp.
+// q, k and the saved log-sum-exp. delta is summed in float32 from the weights, not
+// taken as dout . out: out is rounded to T, and in bf16/fp16 that rounding shows in dq
+// (the dS_j no longer sum to 0). When a row's keys fit one chunk, delta comes from the
+// chunk's registers; otherwise a first pass over V (row_delta) finds it.
 #pragma once
 
 #include "fwd_kernel.cuh"
 
 namespace fusedattn::small_seq::cuda {
 
-template <class T, int D>
-__device__ __forceinline__ float row_dot(const float (&a)[Geo<T, D>::kE],
-                                         const float (&b)[Geo<T, D>::kE]) {
-  float s = 0.0f;
-#pragma unroll
-  for (int e = 0; e < Geo<T, D>::kE; ++e) s = fmaf(a[e], b[e], s);
-  return row_sum<Geo<T, D>::kLpr>(s);
+// delta = sum_j P_j dP_j over the keys [0, hi) of one (query row, head), as a pass of
+// its own over V (and K when the weights are recomputed). Every lane gets it.
+template <class T, int D, bool kUseProbs>
+__device__ float row_delta(const T* kb, const T* vb, int kv_stride, int hi, const float* prow,
+                           const float (&qf)[Geo<T, D>::kE], const float (&dof)[Geo<T, D>::kE],
+                           float s2, float lse2, int lane) {
+  using G = Geo<T, D>;
+  constexpr int kLpr = G::kLpr, kRps = G::kRps;
+  const int sub = lane / kLpr, pos = lane % kLpr;
+  float acc = 0.0f;
+  for (int j0 = 0; j0 < hi; j0 += kRps) {  // warp-uniform: every lane joins the sums
+    const int j = j0 + sub;
+    RowSlice<T, D> vr, kr;
+    if (j < hi) vr.load(vb + int64_t{j} * kv_stride, pos);
+    else vr.zero();
+    float p;
+    if constexpr (kUseProbs) {
+      p = j < hi ? __ldg(prow + j) : 0.0f;
+    } else {
+      if (j < hi) kr.load(kb + int64_t{j} * kv_stride, pos);
+      else kr.zero();
+      const float s = row_sum<kLpr>(dot<T, D>(qf, kr));
+      p = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
+    }
+    acc += p * row_sum<kLpr>(dot<T, D>(dof, vr));
+  }
+  return across_rows_sum<kLpr>(acc);
 }
 
 // dq of query row t, head h (keys [0, hi) of the segment kept). With kWriteKv (the
@@ -45,14 +68,9 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
   const int kv_stride = a.heads_kv * D;
   const int64_t qrow = row_offset(pack, a.qs.tokens, t, a.heads_q, h, 1);
 
-  float qf[kE], dof[kE], delta;
+  float qf[kE], dof[kE];
   load_row<T, D>(static_cast<const T*>(a.q) + qrow * D, pos, qf);
   load_row<T, D>(static_cast<const T*>(a.dout) + qrow * D, pos, dof);
-  {
-    float of[kE];
-    load_row<T, D>(static_cast<const T*>(a.o) + qrow * D, pos, of);
-    delta = row_dot<T, D>(dof, of);
-  }
   const float* prow = a.probs_in + qrow * a.width;
   const float s2 = a.scale * kLog2e;
   const float lse2 = use_probs || hi == 0 ? 0.0f : a.stats_in[qrow * 2 + 1] * kLog2e;
@@ -61,6 +79,10 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
   for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
 
   const int n = write_kv ? kv.len : hi;  // key rows visited
+  const bool one_chunk = n <= kChunk;    // delta from the chunk's registers
+  float delta = one_chunk ? 0.0f
+                          : row_delta<T, D, use_probs>(kb, vb, kv_stride, hi, prow, qf, dof, s2,
+                                                       lse2, lane);
   for (int j0 = 0; j0 < n; j0 += kChunk) {
     RowSlice<T, D> kr[kCs], vr[kCs];
     float p[kCs];
@@ -76,15 +98,26 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
       }
       p[c] = use_probs && j < hi ? __ldg(prow + j) : 0.0f;
     }
+    float dp[kCs];
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
       const int j = j0 + c * kRps + sub;
-      const float dp = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
+      dp[c] = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
       if constexpr (!use_probs) {
         const float s = row_sum<kLpr>(dot<T, D>(qf, kr[c]));
         p[c] = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
       }
-      const float ds = p[c] * (dp - delta);  // 0 for keys the row does not keep
+    }
+    if (one_chunk) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCs; ++c) acc += p[c] * dp[c];
+      delta = across_rows_sum<kLpr>(acc);
+    }
+#pragma unroll
+    for (int c = 0; c < kCs; ++c) {
+      const int j = j0 + c * kRps + sub;
+      const float ds = p[c] * (dp[c] - delta);  // 0 for keys the row does not keep
       axpy<T, D>(dq, ds, kr[c]);
       if constexpr (write_kv) {
         if (j < n) {
@@ -138,16 +171,13 @@ __device__ void bwd_kv(const KernelArgs& a, int pack, int hk, const Rows& qr, co
       if (j0 >= hi) continue;  // the row keeps no key of this chunk
       for (int h = hk * a.group; h < (hk + 1) * a.group; ++h) {
         const int64_t qrow = row_offset(pack, a.qs.tokens, qr.begin + r, a.heads_q, h, 1);
-        float qf[kE], dof[kE], delta;
+        float qf[kE], dof[kE];
         load_row<T, D>(static_cast<const T*>(a.q) + qrow * D, pos, qf);
         load_row<T, D>(static_cast<const T*>(a.dout) + qrow * D, pos, dof);
-        {
-          float of[kE];
-          load_row<T, D>(static_cast<const T*>(a.o) + qrow * D, pos, of);
-          delta = row_dot<T, D>(dof, of);
-        }
         const float* prow = a.probs_in + qrow * a.width;
         const float lse2 = use_probs ? 0.0f : a.stats_in[qrow * 2 + 1] * kLog2e;
+        const float delta =
+            row_delta<T, D, use_probs>(kb, vb, kv_stride, hi, prow, qf, dof, s2, lse2, lane);
 #pragma unroll
         for (int c = 0; c < kCb; ++c) {
           const int j = j0 + c * kRps + sub;

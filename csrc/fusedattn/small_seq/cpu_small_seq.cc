@@ -133,7 +133,6 @@ void backward(const SmallSeqParams& p, const BwdArgs& a) {
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
-  const T* out = static_cast<const T*>(a.out);
   const T* dout = static_cast<const T*>(a.dout);
   T* dq = static_cast<T*>(a.dq);
   T* dk = static_cast<T*>(a.dk);
@@ -167,12 +166,14 @@ void backward(const SmallSeqParams& p, const BwdArgs& a) {
             load(dout + lq.row(pack, t, h), D, dof.data());
             const float* pr = a.probs + lp.row(pack, t, h);
             const float lse = a.stats[ls.row(pack, t, h) + 1];
-            // sum_j P_j dP_j, from the rounded output like the CUDA kernel.
-            const float delta = dot(dof.data(), out + lq.row(pack, t, h), D);
+            // delta = sum_j P_j dP_j in float32 (as the CUDA kernel; dout . out would
+            // carry out's rounding to T into every dS_j).
+            float delta = 0.0f;
             for (int64_t j = 0; j < hi; ++j) {
               const int64_t row = lk.row(pack, kr.begin + j, hk);
               pj[j] = use_probs ? pr[j] : std::exp(p.scale * dot(qf.data(), k + row, D) - lse);
               dpj[j] = dot(dof.data(), v + row, D);
+              delta += pj[j] * dpj[j];
             }
             std::fill(dqf.begin(), dqf.end(), 0.0f);
             for (int64_t j = 0; j < hi; ++j) {
