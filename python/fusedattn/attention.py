@@ -236,7 +236,8 @@ def _bwd_sm_ffi(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
 def _reference_sm(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
     arrays4 = _sm.split_operands(ops[10], sm)
     return _reference(*ops[:10], cfg=cfg, dims=dims,
-                      score_mod=lambda s: _sm.apply_reference(sm.fn, s, arrays4))
+                      score_mod=lambda s, qp, kp: _sm.apply_reference(
+                          sm.fn, s, arrays4, *((qp, kp) if cfg.thd else ())))
 
 
 def _bwd_reference_sm(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
@@ -362,7 +363,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       (forward and backward, with the derivative traced from fn); other platforms run the
       reference with fn over the materialized scores. score_mod_operands: arrays
       broadcastable to [B, Hq, Sq, Skv] (differentiable) or Python/NumPy scalars (baked
-      in). score_mod_bprop(dscore, score, batch_idx, head_idx, q_idx, kv_idx, *operands)
+      in). In THD layouts each segment is a sequence of its own: q_idx and kv_idx count
+      from its first query and key token (so relative positions, ALiBi and a causal
+      score_mod act per segment), batch_idx is the packed row, and the operands are read
+      at those positions ([.., Sq, Skv] tables indexed per segment). score_mod_bprop(dscore, score, batch_idx, head_idx, q_idx, kv_idx, *operands)
       -> dscore of the input score: overrides the derived backward.
     A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
@@ -409,9 +413,6 @@ def _results(out, lse, max_logit, return_max_logit, return_aux):
 
 
 def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_aux):
-    if call.cfg.thd:
-        raise NotImplementedError("fused_attn: score_mod with THD layouts is not implemented yet; "
-                                  "use a BSHD layout (segment ids can be read from an operand)")
     d = call.dims
     sm, arrays4 = _sm.make_score_mod(fn, operands, bprop, (d.B, d.Hq, d.Sq, d.Skv))
     cfg = dataclasses.replace(call.cfg, want_lse=bool(return_aux),

@@ -106,12 +106,9 @@ def _token_segment(begin, length, S):
     return jnp.where(inside.any(-1), last, -1)
 
 
-def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
-                 kv_offsets=None, thd=False, window_size=None):
-    """(keep bool [B, Sq, Skv], real bool [B, Sq]): keep[b, i, j] when query i keeps key j;
-    real[b, i] when query i belongs to a segment (not padding)."""
-    mask_type = AttnMaskType(mask_type)
-    padding = mask_type.is_padding()
+def _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets, kv_offsets, thd):
+    """Segments (begin, length) [B, M] of queries and keys and each token's segment [B, S]."""
+    padding = AttnMaskType(mask_type).is_padding()
     if padding:
         q_lens = jnp.asarray(q_seqlens, jnp.int32).reshape(B, -1)
         kv_lens = jnp.asarray(kv_seqlens, jnp.int32).reshape(B, -1)
@@ -120,12 +117,24 @@ def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offse
     M = q_lens.shape[1]
     qb, ql = _segments(q_lens, q_offsets, Sq, M, thd, padding)
     kb, kl = _segments(kv_lens, kv_offsets, Skv, M, thd, padding)
-    qs = _token_segment(qb, ql, Sq)   # [B, Sq]
-    ks = _token_segment(kb, kl, Skv)  # [B, Skv]
-    take = lambda x, s: jnp.take_along_axis(x, jnp.maximum(s, 0), axis=1)
-    li = jnp.arange(Sq)[None] - take(qb, qs)  # local positions
-    lj = jnp.arange(Skv)[None] - take(kb, ks)
-    diag = take(kl - ql, qs) if mask_type.is_bottom_right() else jnp.zeros_like(qs)
+    return qb, ql, kb, kl, _token_segment(qb, ql, Sq), _token_segment(kb, kl, Skv)
+
+
+def _take(x, seg):
+    """x [B, M] at each token's segment seg [B, S] (padding tokens read segment 0)."""
+    return jnp.take_along_axis(x, jnp.maximum(seg, 0), axis=1)
+
+
+def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
+                 kv_offsets=None, thd=False, window_size=None):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]): keep[b, i, j] when query i keeps key j;
+    real[b, i] when query i belongs to a segment (not padding)."""
+    mask_type = AttnMaskType(mask_type)
+    qb, ql, kb, kl, qs, ks = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
+                                             q_offsets, kv_offsets, thd)
+    li = jnp.arange(Sq)[None] - _take(qb, qs)  # local positions
+    lj = jnp.arange(Skv)[None] - _take(kb, ks)
+    diag = _take(kl - ql, qs) if mask_type.is_bottom_right() else jnp.zeros_like(qs)
     left, right = (-1, -1) if window_size is None else window_size
     if mask_type.is_causal():
         right = 0
@@ -136,6 +145,22 @@ def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offse
     if right >= 0:
         keep &= lj[:, None, :] <= pos + right
     return keep, qs >= 0
+
+
+def sequence_positions(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
+                       kv_offsets=None, thd=False):
+    """(q_pos int32 [B, Sq], kv_pos int32 [B, Sq, Skv]): the positions score_mod sees,
+    counted from the first query and key token of query i's sequence (a THD segment
+    is a sequence of its own; in BSHD layouts they are i and j). Only kept keys
+    matter; the others are clipped into [0, Skv)."""
+    if not thd:
+        return (jnp.broadcast_to(jnp.arange(Sq, dtype=jnp.int32), (B, Sq)),
+                jnp.broadcast_to(jnp.arange(Skv, dtype=jnp.int32), (B, Sq, Skv)))
+    qb, _, kb, _, qs, _ = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
+                                          q_offsets, kv_offsets, thd)
+    q_pos = jnp.clip(jnp.arange(Sq)[None] - _take(qb, qs), 0, Sq - 1)
+    kv_pos = jnp.arange(Skv)[None, None] - _take(kb, qs)[:, :, None]
+    return q_pos.astype(jnp.int32), jnp.clip(kv_pos, 0, Skv - 1).astype(jnp.int32)
 
 
 def attention_mask(mask_type: AttnMaskType, batch: int, seqlen_q: int, seqlen_kv: int,
@@ -158,8 +183,9 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     int [B] or [B, M]; q_offsets / kv_offsets int [B, M + 1] (read when thd); bias
     [1|B, 1|Hq, Sq, Skv] (with attn_bias_type); softmax_offset [Hq] (LEARNABLE_SOFTMAX);
     seed uint32 [2] (dropout_probability > 0: dropout on). score_mod: None, or a function
-    of the scaled (and biased) logits [B, Hq, Sq, Skv] f32 giving the scores the masks
-    and softmax then see (fused_attn's score_mod, applied over the grid).
+    score_mod(s, q_pos, kv_pos) of the scaled (and biased) logits s [B, Hq, Sq, Skv] f32
+    and the positions of sequence_positions() giving the scores the masks and softmax
+    then see (fused_attn's score_mod, applied over the grid).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
@@ -178,7 +204,8 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     else:
         s = s * scale
     if score_mod is not None:
-        s = score_mod(s)
+        s = score_mod(s, *sequence_positions(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
+                                             q_offsets, kv_offsets, thd))
     keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
                               kv_offsets, thd, window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]

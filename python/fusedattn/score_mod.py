@@ -376,16 +376,32 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
     return sm, arrays4
 
 
-def apply_reference(sm_fn: Callable, s, arrays4, b_offset=0):
-    """s' = fn over materialized scores s [B, Hq, Sq, Skv] (float32), with vmap over the
-    four dimensions (the reference path)."""
+def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None):
+    """s' = fn over materialized scores s [B, Hq, Sq, Skv] (float32), with vmap (the
+    reference path). q_pos [B, Sq] / kv_pos [B, Sq, Skv] (reference.sequence_positions):
+    the q_idx and kv_idx fn sees, and where the operands are read; None (or plain
+    aranges) in BSHD layouts, where they are the grid's own indices."""
     B, H, Sq, Skv = s.shape
     idx = [jnp.arange(n, dtype=jnp.int32) for n in (B, H, Sq, Skv)]
-    full = [jnp.broadcast_to(a, (B, H, Sq, Skv)) for a in arrays4]
-    f = sm_fn
-    for axis in range(4):  # innermost first: vmap over kv, then q, head, batch
-        f = jax.vmap(f, in_axes=_axes(3 - axis, len(full)))
-    return f(s, idx[0] + b_offset, idx[1], idx[2], idx[3], *full)
+    if q_pos is None:
+        full = [jnp.broadcast_to(a, (B, H, Sq, Skv)) for a in arrays4]
+        f = sm_fn
+        for axis in range(4):  # innermost first: vmap over kv, then q, head, batch
+            f = jax.vmap(f, in_axes=_axes(3 - axis, len(full)))
+        return f(s, idx[0], idx[1], idx[2], idx[3], *full)
+    # Positions of a THD segment: every grid element has its own (q_idx, kv_idx), and
+    # the operands are gathered there.
+    grid = (B, H, Sq, Skv)
+    bi = jnp.broadcast_to(idx[0][:, None, None, None], grid)
+    hi = jnp.broadcast_to(idx[1][None, :, None, None], grid)
+    qi = jnp.broadcast_to(q_pos[:, None, :, None], grid)
+    ki = jnp.broadcast_to(kv_pos[:, None], grid)
+    full = [a[tuple(jnp.zeros((), jnp.int32) if a.shape[d] == 1 else ix
+                    for d, ix in enumerate((bi, hi, qi, ki)))] for a in arrays4]
+    full = [jnp.broadcast_to(a, grid) for a in full]
+    flat = lambda x: x.reshape(-1)
+    out = jax.vmap(sm_fn)(flat(s), flat(bi), flat(hi), flat(qi), flat(ki), *map(flat, full))
+    return out.reshape(grid)
 
 
 def _axes(dim, n_arr):

@@ -9,7 +9,7 @@ import pytest
 
 import fusedattn
 from conftest import assert_close, normal
-from fusedattn import AttnBiasType, AttnMaskType, SoftmaxType
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from fusedattn import score_mod as sm_mod
 from fusedattn.reference import attention_reference
 
@@ -43,12 +43,15 @@ def inputs(key, dtype=jnp.float32, Sq=S, Skv=S):
 
 
 def ref_call(q, k, v, fn, operands, **kw):
-    """The reference with fn over the grid (float32 math)."""
+    """The reference with fn over the grid (float32 math); THD calls pass the segments'
+    positions (reference.sequence_positions) on to fn."""
     Sq, Skv = q.shape[1], k.shape[1]
     m, arrays4 = sm_mod.make_score_mod(fn, operands, None, (B, HQ, Sq, Skv))
+    thd = kw.get("thd", False)
     out, lse, mx = attention_reference(
         q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-        score_mod=lambda s: sm_mod.apply_reference(m.fn, s, arrays4), **kw)
+        score_mod=lambda s, qp, kp: sm_mod.apply_reference(
+            m.fn, s, arrays4, *((qp, kp) if thd else ())), **kw)
     return out, lse, mx
 
 
@@ -135,6 +138,95 @@ def test_composes_with_mask_bias_gqa_sink_bf16(key):
                     jax.grad(loss(ref), argnums=(0, 1, 2))(q, k, v)):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=3e-2,
                                    atol=3e-2)
+
+
+# THD: two packed rows of T tokens, four segment slots each (ragged, one empty, padding
+# between and after segments, q and kv segments at different offsets).
+T = 80
+THD_Q = (np.array([[20, 0, 7, 40], [60, 15, 0, 0]]), np.array([[0, 20, 20, 30, 70],
+                                                               [2, 62, 77, 77, 77]]))
+THD_KV = (np.array([[25, 3, 9, 30], [50, 20, 0, 0]]), np.array([[5, 30, 33, 42, 72],
+                                                                [0, 50, 70, 70, 70]]))
+
+
+def thd_call(fn, mask, ops):
+    """(ours, reference): functions of (q, k, v, *array operands) -> (out, lse) for THD."""
+    sd = fusedattn.SequenceDescriptor.from_seqlens_and_offsets(
+        (jnp.asarray(THD_Q[0]), jnp.asarray(THD_KV[0])),
+        (jnp.asarray(THD_Q[1]), jnp.asarray(THD_KV[1])))
+    arr_idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
+
+    def full(arr):
+        f = list(ops)
+        for i, a in zip(arr_idx, arr):
+            f[i] = a
+        return tuple(f)
+
+    def ours(q, k, v, *arr):
+        out, aux = fusedattn.fused_attn(
+            (q, k, v), None, sd, None, attn_mask_type=mask, qkv_layout=QKVLayout.THD_THD_THD,
+            max_segments_per_seq=4, score_mod=fn, score_mod_operands=full(arr), return_aux=True)
+        return out, aux["softmax_aux"][..., 0]
+
+    def ref(q, k, v, *arr):
+        out, lse, _ = ref_call(q, k, v, fn, full(arr), attn_mask_type=mask, thd=True,
+                               q_seqlens=THD_Q[0], kv_seqlens=THD_KV[0], q_offsets=THD_Q[1],
+                               kv_offsets=THD_KV[1])
+        return out, jnp.swapaxes(lse, 1, 2)
+
+    return ours, ref, [ops[i] for i in arr_idx]
+
+
+@pytest.mark.parametrize("name, mask", [
+    ("alibi", AttnMaskType.PADDING_MASK), ("relpos", AttnMaskType.PADDING_MASK),
+    ("softcap", AttnMaskType.PADDING_CAUSAL_MASK),
+    ("relpos", AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)])
+def test_thd_segments_count_positions_from_their_start(key, name, mask):
+    """THD: q_idx / kv_idx are positions in the segment, operands are read there, and the
+    forward, lse and every gradient (operands too) match the reference."""
+    fn, make_ops = CASES[name]
+    ops = make_ops(jax.random.fold_in(key, 1))
+    if name == "relpos":  # a [1, 1, T, T] table, read at in-segment positions
+        ops = (normal(jax.random.fold_in(key, 1), (1, 1, T, T)), ops[1])
+    q, k, v, dout = inputs(key, Sq=T, Skv=T)
+    ours, ref, arrs = thd_call(fn, mask, ops)
+    out, lse = jax.jit(ours)(q, k, v, *arrs)
+    ref_out, ref_lse = ref(q, k, v, *arrs)
+    assert_close("out", out, ref_out)
+    live = np.isfinite(np.asarray(ref_lse))
+    np.testing.assert_allclose(np.asarray(lse)[live], np.asarray(ref_lse)[live], rtol=1e-5,
+                               atol=1e-5)
+    argnums = tuple(range(3 + len(arrs)))
+    loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * dout)
+    g = jax.jit(jax.grad(loss(ours), argnums=argnums))(q, k, v, *arrs)
+    rg = jax.grad(loss(ref), argnums=argnums)(q, k, v, *arrs)
+    for i, (a, b) in enumerate(zip(g, rg)):
+        name_i = ("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}"
+        scale = max(1.0, float(jnp.max(jnp.abs(b))))
+        err = float(jnp.max(jnp.abs(a - b)))
+        assert not np.isnan(np.asarray(a)).any(), name_i
+        assert err <= 2e-5 * scale * (10 if i >= 3 else 1), f"{name_i}: {err} (max {scale})"
+
+
+def test_thd_causal_score_mod_equals_the_causal_mask(key):
+    """Positions restart in every segment: a causal score_mod over a padding mask is the
+    per-segment PADDING_CAUSAL_MASK."""
+    q, k, v, _ = inputs(key, Sq=T, Skv=T)
+    a = thd_call(causal, AttnMaskType.PADDING_MASK, ())[0](q, k, v)[0]
+    b = thd_call(None, AttnMaskType.PADDING_CAUSAL_MASK, ())[0](q, k, v)[0]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=2e-6)
+
+
+def test_reference_positions_path_equals_the_grid_path(key):
+    """apply_reference with explicit positions (the THD path) and without (BSHD) agree
+    when the positions are the grid's own indices."""
+    s = normal(key, (B, HQ, 24, 40))
+    table = normal(jax.random.fold_in(key, 1), (1, 1, 24, 40))
+    m, arrays4 = sm_mod.make_score_mod(relpos, (table, 0.5), None, s.shape)
+    qp = jnp.broadcast_to(jnp.arange(24, dtype=jnp.int32), (B, 24))
+    kp = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (B, 24, 40))
+    np.testing.assert_array_equal(np.asarray(sm_mod.apply_reference(m.fn, s, arrays4, qp, kp)),
+                                  np.asarray(sm_mod.apply_reference(m.fn, s, arrays4)))
 
 
 def test_user_bprop_overrides_the_derived_backward(key):

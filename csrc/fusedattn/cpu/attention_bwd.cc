@@ -125,7 +125,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
       const T* bias = bias_plane<T>(p, a.x, b, h);
       float* dbias = dbias_acc ? dbias_acc + (b / bs) * sdb.slice + (b % bs) * sdb.b + h * sdb.h : nullptr;
       const Dropout dropout(p, a.x, b, h);
-      ScoreModRows score_mod(p, a.x, b, h);
+      ScoreModRows score_mod(p, a.x, ranges, b, h);
       float* dop = dop_chunk ? dop_chunk + score_mod.slice() * sm->total_size() : nullptr;
       for (int64_t qt = 0; qt < n_qt; ++qt) {
         const int64_t t = ranges.tile_index(b, qt);

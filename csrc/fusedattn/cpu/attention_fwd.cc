@@ -46,7 +46,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
     const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
     const T* bias = bias_plane<T>(p, a.x, b, h);
     const Dropout dropout(p, a.x, b, h);
-    ScoreModRows score_mod(p, a.x, b, h);
+    ScoreModRows score_mod(p, a.x, ranges, b, h);
 
     int64_t lo[kBq], hi[kBq];
     float m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys

@@ -34,6 +34,8 @@ RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile
   r.lo.assign(B * Sq, 0);
   r.hi.assign(B * Sq, 0);
   r.real.assign(B * Sq, 0);
+  r.q_base.assign(B * Sq, 0);
+  r.kv_base.assign(B * Sq, 0);
   r.tile_lo.assign(B * r.n_qt, 0);
   r.tile_hi.assign(B * r.n_qt, 0);
   parallel_for(B, [&](int64_t b, int) {
@@ -46,6 +48,8 @@ RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile
         r.lo[r.row(b, i)] = int32_t(lo);
         r.hi[r.row(b, i)] = int32_t(hi);
         r.real[r.row(b, i)] = 1;
+        r.q_base[r.row(b, i)] = int32_t(m.q_begin);
+        r.kv_base[r.row(b, i)] = int32_t(m.kv_begin);
       }
     }
     for (int64_t qt = 0; qt < r.n_qt; ++qt) {

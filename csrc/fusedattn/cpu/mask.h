@@ -51,6 +51,9 @@ struct RowRanges {
   int64_t seqlen_q = 0, n_qt = 0, tile = 0;
   std::vector<int32_t> lo, hi;            // [B, Sq]; lo == hi: nothing kept
   std::vector<uint8_t> real;              // [B, Sq]: 1 for a query of a sequence, 0 for padding
+  // [B, Sq]: the first query and key token of the row's sequence (0 but in THD
+  // layouts), which score_mod's q_idx and kv_idx count from.
+  std::vector<int32_t> q_base, kv_base;
   std::vector<int32_t> tile_lo, tile_hi;  // [B, n_qt]: union over the tile's rows (empty: lo >= hi)
 
   int64_t row(int64_t b, int64_t i) const { return b * seqlen_q + i; }

@@ -13,6 +13,7 @@
 #include "../score_mod.h"
 #include "attention.h"
 #include "dtypes.h"
+#include "mask.h"
 #include "philox_lanes.h"
 #include "tiles.h"
 
@@ -94,9 +95,13 @@ class Dropout {
 // on scores, and in the backward the score's and the operands' gradient programs.
 // Inputs of the programs, per row: score, batch, head, q, kv, the array operands read
 // at their broadcast position, then dscore (the gradient of the modified score).
+// q and kv are positions in the row's sequence (ranges' q_base / kv_base: a THD
+// segment counts from its first token), and so are the operands' indices.
 class ScoreModRows {
  public:
-  ScoreModRows(const AttnParams& p, const Extras& x, int64_t b, int64_t h) : sm_(x.score_mod) {
+  ScoreModRows(const AttnParams& p, const Extras& x, const RowRanges& ranges, int64_t b,
+               int64_t h)
+      : sm_(x.score_mod), ranges_(&ranges), b_fold_(b) {
     if (!sm_) return;
     const int64_t bs = slice_batch(p);
     b_ = b % bs;
@@ -131,11 +136,13 @@ class ScoreModRows {
     if (lo >= hi) return;
     fill(i, k0, s_raw, ds, lo, hi);
     if (dop) {
+      int64_t qi, kv0;
+      positions(i, &qi, &kv0);
       for (int32_t k = 0; k < sm_->n_operands; ++k) {
         const float* g = eval_score_mod(sm_->grad[k], in_, scratch_.data(), lo, hi);
         float* d = dop + sm_->offset(k);
         for (int64_t c = lo; c < hi; ++c)
-          if (ds[c] != 0.0f) d[operand_index(k, i, k0 + c)] += g[c];
+          if (ds[c] != 0.0f) d[operand_index(k, qi, kv0 + k0 + c)] += g[c];
       }
     }
     const float* o = eval_score_mod(sm_->bwd, in_, scratch_.data(), lo, hi);
@@ -149,22 +156,33 @@ class ScoreModRows {
     const int64_t ii = s[2] == 1 ? 0 : i, jj = s[3] == 1 ? 0 : j;
     return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
   }
+  // Row i's position in its sequence, and the position of key 0 there.
+  void positions(int64_t i, int64_t* qi, int64_t* kv0) const {
+    const int64_t row = ranges_->row(b_fold_, i);
+    *qi = i - ranges_->q_base[row];
+    *kv0 = -int64_t{ranges_->kv_base[row]};
+  }
   void fill(int64_t i, int64_t k0, const float* score, const float* ds, int64_t lo, int64_t hi) {
     const int n_ops = sm_->n_operands;
+    int64_t qi, kv0;
+    positions(i, &qi, &kv0);
     for (int64_t c = lo; c < hi; ++c) {
       in_[0][c] = score[c];
-      in_[3][c] = float(i);
-      in_[4][c] = float(k0 + c);
+      in_[3][c] = float(qi);
+      in_[4][c] = float(kv0 + k0 + c);
     }
     for (int32_t k = 0; k < n_ops; ++k) {
       const float* op = base_ + sm_->offset(k);
-      for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + k][c] = op[operand_index(k, i, k0 + c)];
+      for (int64_t c = lo; c < hi; ++c)
+        in_[kScoreModIndexInputs + k][c] = op[operand_index(k, qi, kv0 + k0 + c)];
     }
     if (ds)
       for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + n_ops][c] = ds[c];
   }
 
   const ScoreMod* sm_;
+  const RowRanges* ranges_;
+  int64_t b_fold_;  // the folded batch entry (rows of ranges_)
   int64_t b_ = 0, h_ = 0, slice_ = 0;
   const float* base_ = nullptr;
   std::vector<float> in_store_, scratch_;
