@@ -1,0 +1,202 @@
+// Lowering of score_mod programs to cuDNN pointwise nodes (score_mod_pointwise.h).
+#include "score_mod_pointwise.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace fusedattn {
+namespace {
+
+class Lowering {
+ public:
+  Lowering(const ScoreModProgram& prog, PwProgram* out)
+      : prog_(prog), out_(out), node_of_(prog.n_regs(), -1) {}
+
+  Status run() {
+    out_->nodes.clear();
+    // Registers the output depends on, so that dead code makes no nodes.
+    std::vector<bool> live(prog_.n_regs(), false);
+    live[prog_.out_reg()] = true;
+    const int32_t n_in = prog_.n_inputs();
+    for (int32_t i = prog_.n_instr() - 1; i >= 0; --i) {
+      if (!live[n_in + i]) continue;
+      const int32_t* ins = prog_.instr(i);
+      for (int k = 0; k < args(ins[0]); ++k) live[ins[1 + k]] = true;
+    }
+    for (int32_t i = 0; i < prog_.n_instr(); ++i) {
+      if (!live[n_in + i]) continue;
+      int32_t node = -1;
+      FA_RETURN_IF_NOT_OK(lower(prog_.instr(i), &node));
+      node_of_[n_in + i] = node;
+    }
+    out_->out = as_float(reg(prog_.out_reg()));
+    return Status::Ok();
+  }
+
+ private:
+  static int args(int32_t op) {
+    if (op == SM_CONST) return 0;
+    if (op == SM_SELECT) return 3;
+    const bool binary = (op >= SM_ADD && op <= SM_MIN) || (op >= SM_LT && op <= SM_NE) ||
+                        op == SM_POW || op == SM_REM;
+    return binary ? 2 : 1;
+  }
+
+  int32_t add(PwNode n) {
+    out_->nodes.push_back(n);
+    return static_cast<int32_t>(out_->nodes.size()) - 1;
+  }
+  int32_t node(PwOp op, int32_t a = -1, int32_t b = -1, int32_t c = -1) {
+    PwNode n;
+    n.op = op, n.a = a, n.b = b, n.c = c;
+    n.boolean = op >= PwOp::kCmpLt && op <= PwOp::kCmpNe;
+    return add(n);
+  }
+  int32_t constant(float v) {
+    PwNode n;
+    n.op = PwOp::kConst, n.value = v;
+    return add(n);
+  }
+  // The node of program register r (inputs are made on first use).
+  int32_t reg(int32_t r) {
+    if (node_of_[r] < 0) {
+      PwNode n;
+      n.op = PwOp::kInput, n.input = r;
+      node_of_[r] = add(n);
+    }
+    return node_of_[r];
+  }
+  bool is_bool(int32_t n) const { return out_->nodes[n].boolean; }
+  // A boolean as the number 0.0 / 1.0, as the interpreter has it.
+  int32_t as_float(int32_t n) {
+    if (!is_bool(n)) return n;
+    return node(PwOp::kSelect, n, constant(1.0f), constant(0.0f));
+  }
+  // A number as a select condition: nonzero is true.
+  int32_t as_bool(int32_t n) {
+    if (is_bool(n)) return n;
+    return node(PwOp::kCmpNe, n, constant(0.0f));
+  }
+  // trunc(x) = x < 0 ? ceil(x) : floor(x)
+  int32_t trunc(int32_t x) {
+    return node(PwOp::kSelect, node(PwOp::kCmpLt, x, constant(0.0f)), node(PwOp::kCeil, x),
+                node(PwOp::kFloor, x));
+  }
+
+  Status lower(const int32_t* ins, int32_t* result) {
+    const int32_t op = ins[0];
+    if (op == SM_CONST) {
+      *result = constant(prog_.consts[ins[1]]);
+      return Status::Ok();
+    }
+    const int n_args = args(op);
+    int32_t x = reg(ins[1]);
+    int32_t y = n_args > 1 ? reg(ins[2]) : -1;
+    int32_t z = n_args > 2 ? reg(ins[3]) : -1;
+    if (op == SM_SELECT) {
+      *result = node(PwOp::kSelect, as_bool(x), as_float(y), as_float(z));
+      return Status::Ok();
+    }
+    x = as_float(x);
+    if (y >= 0) y = as_float(y);
+    static const PwOp kDirect[SM_NUM_OPS] = {
+        PwOp::kConst, PwOp::kAdd,  PwOp::kSub,  PwOp::kMul,     PwOp::kDiv,   PwOp::kMax,
+        PwOp::kMin,   PwOp::kNeg,  PwOp::kAbs,  PwOp::kExp,     PwOp::kLog,   PwOp::kTanh,
+        PwOp::kSigmoid, PwOp::kCmpLt, PwOp::kCmpLe, PwOp::kCmpGt, PwOp::kCmpGe, PwOp::kCmpEq,
+        PwOp::kCmpNe, PwOp::kSelect, PwOp::kSqrt, PwOp::kRsqrt, PwOp::kConst /* sign */,
+        PwOp::kConst /* log1p */, PwOp::kConst /* expm1 */, PwOp::kPow, PwOp::kFloor,
+        PwOp::kCeil, PwOp::kConst /* trunc */, PwOp::kConst /* rem */, PwOp::kConst /* exp2 */,
+        PwOp::kSin, PwOp::kCos, PwOp::kErf};
+    switch (op) {
+      case SM_SIGN: {  // x > 0 ? 1 : x < 0 ? -1 : x  (0 and NaN stay)
+        const int32_t neg = node(PwOp::kSelect, node(PwOp::kCmpLt, x, constant(0.0f)),
+                                 constant(-1.0f), x);
+        *result = node(PwOp::kSelect, node(PwOp::kCmpGt, x, constant(0.0f)), constant(1.0f), neg);
+        return Status::Ok();
+      }
+      case SM_LOG1P:
+        *result = node(PwOp::kLog, node(PwOp::kAdd, x, constant(1.0f)));
+        return Status::Ok();
+      case SM_EXPM1:
+        *result = node(PwOp::kSub, node(PwOp::kExp, x), constant(1.0f));
+        return Status::Ok();
+      case SM_EXP2:
+        *result = node(PwOp::kExp, node(PwOp::kMul, x, constant(0.69314718055994531f)));
+        return Status::Ok();
+      case SM_TRUNC:
+        *result = trunc(x);
+        return Status::Ok();
+      case SM_REM:  // fmod: x - trunc(x / y) * y
+        *result = node(PwOp::kSub, x, node(PwOp::kMul, trunc(node(PwOp::kDiv, x, y)), y));
+        return Status::Ok();
+      default:
+        break;
+    }
+    if (op <= SM_CONST || op >= SM_NUM_OPS || kDirect[op] == PwOp::kConst)
+      return Status::Unimplemented("score_mod: opcode " + std::to_string(op) +
+                                   " has no cuDNN pointwise form");
+    *result = node(kDirect[op], x, y);
+    return Status::Ok();
+  }
+
+  const ScoreModProgram& prog_;
+  PwProgram* out_;
+  std::vector<int32_t> node_of_;  // program register -> node (-1: not made yet)
+};
+
+float nan_max(float a, float b, bool max) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return max ? std::max(a, b) : std::min(a, b);
+}
+
+}  // namespace
+
+Status lower_to_pointwise(const ScoreModProgram& prog, PwProgram* out) {
+  return Lowering(prog, out).run();
+}
+
+float eval_pointwise(const PwProgram& p, const float* in) {
+  std::vector<float> v(p.nodes.size());
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const PwNode& n = p.nodes[i];
+    const float x = n.a >= 0 ? v[n.a] : 0.0f, y = n.b >= 0 ? v[n.b] : 0.0f;
+    const float z = n.c >= 0 ? v[n.c] : 0.0f;
+    float r = 0.0f;
+    switch (n.op) {
+      case PwOp::kInput: r = in[n.input]; break;
+      case PwOp::kConst: r = n.value; break;
+      case PwOp::kAdd: r = x + y; break;
+      case PwOp::kSub: r = x - y; break;
+      case PwOp::kMul: r = x * y; break;
+      case PwOp::kDiv: r = x / y; break;
+      case PwOp::kMax: r = nan_max(x, y, true); break;
+      case PwOp::kMin: r = nan_max(x, y, false); break;
+      case PwOp::kPow: r = std::pow(x, y); break;
+      case PwOp::kNeg: r = -x; break;
+      case PwOp::kAbs: r = std::fabs(x); break;
+      case PwOp::kExp: r = std::exp(x); break;
+      case PwOp::kLog: r = std::log(x); break;
+      case PwOp::kTanh: r = std::tanh(x); break;
+      case PwOp::kSigmoid: r = 1.0f / (1.0f + std::exp(-x)); break;
+      case PwOp::kSqrt: r = std::sqrt(x); break;
+      case PwOp::kRsqrt: r = 1.0f / std::sqrt(x); break;
+      case PwOp::kFloor: r = std::floor(x); break;
+      case PwOp::kCeil: r = std::ceil(x); break;
+      case PwOp::kSin: r = std::sin(x); break;
+      case PwOp::kCos: r = std::cos(x); break;
+      case PwOp::kErf: r = std::erf(x); break;
+      case PwOp::kCmpLt: r = x < y; break;
+      case PwOp::kCmpLe: r = x <= y; break;
+      case PwOp::kCmpGt: r = x > y; break;
+      case PwOp::kCmpGe: r = x >= y; break;
+      case PwOp::kCmpEq: r = x == y; break;
+      case PwOp::kCmpNe: r = x != y; break;
+      case PwOp::kSelect: r = x != 0.0f ? y : z; break;
+    }
+    v[i] = r;
+  }
+  return v[p.out];
+}
+
+}  // namespace fusedattn

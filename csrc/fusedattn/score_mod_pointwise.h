@@ -1,0 +1,57 @@
+// score_mod programs in the operations of cuDNN's pointwise nodes, for the cuDNN
+// backend (cuda/cudnn/sdpa_graph.cc turns every node into one graph node).
+//
+// The lowering expands what cuDNN has no node for (sign, log1p, expm1, exp2, trunc,
+// rem) into nodes it has, and makes the types explicit: a comparison gives a boolean
+// (cuDNN's CMP_* output), a select takes a boolean condition (BINARY_SELECT), and a
+// boolean used as a number becomes select(b, 1, 0) (the programs treat comparisons
+// as 0.0 / 1.0). Pure C++: the lowering and its evaluator are tested on the CPU
+// against the program interpreter (score_mod.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "score_mod.h"
+#include "status.h"
+
+namespace fusedattn {
+
+enum class PwOp : int32_t {
+  kInput,  // program input register `input` (score, batch, head, q, kv, operands, dscore)
+  kConst,  // value
+  kAdd, kSub, kMul, kDiv, kMax, kMin, kPow,                 // binary, float
+  kNeg, kAbs, kExp, kLog, kTanh, kSigmoid, kSqrt, kRsqrt,  // unary, float
+  kFloor, kCeil, kSin, kCos, kErf,
+  kCmpLt, kCmpLe, kCmpGt, kCmpGe, kCmpEq, kCmpNe,          // binary, float -> boolean
+  kSelect,                                                 // a (boolean) ? b : c
+};
+
+struct PwNode {
+  PwOp op = PwOp::kConst;
+  int32_t a = -1, b = -1, c = -1;  // earlier nodes
+  int32_t input = -1;              // kInput: the program register
+  float value = 0.0f;              // kConst
+  bool boolean = false;            // the node's result is a boolean (comparisons)
+};
+
+struct PwProgram {
+  std::vector<PwNode> nodes;
+  int32_t out = -1;  // a float node
+  bool reads_input(int32_t reg) const {
+    for (const PwNode& n : nodes)
+      if (n.op == PwOp::kInput && n.input == reg) return true;
+    return false;
+  }
+};
+
+// The pointwise form of `prog` (decoded by decode_score_mod). Nodes appear in
+// evaluation order; only the registers the output depends on are kept. Fails, naming
+// the operation, for what has no pointwise form.
+Status lower_to_pointwise(const ScoreModProgram& prog, PwProgram* out);
+
+// The program's value at one point: in[r] is input register r (the tests compare it
+// with eval_score_mod).
+float eval_pointwise(const PwProgram& p, const float* in);
+
+}  // namespace fusedattn

@@ -1,0 +1,155 @@
+// The cuDNN pointwise form of score_mod programs (score_mod_pointwise.h) computes what
+// the program interpreter does: every opcode, the expansions of the ones cuDNN has no
+// node for, booleans used as numbers and numbers used as conditions, on random inputs
+// and the edge values (0, negative, NaN); dead code makes no nodes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fusedattn/score_mod.h"
+#include "fusedattn/score_mod_pointwise.h"
+
+namespace fusedattn {
+namespace {
+
+int32_t bits(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+
+constexpr int32_t kInputs = kScoreModIndexInputs;  // score, batch, head, q, kv
+
+// Decodes a forward program of 5 inputs (no operands) with a trivial backward.
+class Program {
+ public:
+  Program(const std::vector<std::vector<int32_t>>& instr, const std::vector<float>& consts,
+          int32_t out = -1) {
+    attr_ = {0};
+    append(kInputs, instr, consts, out);
+    append(kInputs + 1, {}, {}, kInputs);  // backward: dscore as is
+    const int64_t ext[4] = {2, 4, 8, 8};
+    status_ = decode_score_mod(attr_.data(), int64_t(attr_.size()), ext, &sm_);
+  }
+  const Status& status() const { return status_; }
+  const ScoreModProgram& fwd() const { return sm_.fwd; }
+
+ private:
+  void append(int32_t n_in, const std::vector<std::vector<int32_t>>& instr,
+              const std::vector<float>& consts, int32_t out) {
+    std::vector<int32_t> w = {kScoreModVersion, n_in, int32_t(instr.size()),
+                              out >= 0 ? out : n_in + int32_t(instr.size()) - 1};
+    for (const auto& i : instr) w.insert(w.end(), i.begin(), i.end());
+    attr_.push_back(int32_t(w.size()));
+    attr_.insert(attr_.end(), w.begin(), w.end());
+    attr_.push_back(int32_t(consts.size()));
+    for (float c : consts) attr_.push_back(bits(c));
+  }
+  std::vector<int32_t> attr_;
+  ScoreMod sm_;
+  Status status_;
+};
+
+// Lowers p and compares it with the interpreter on `points` inputs (lanes of one row).
+void expect_same(const Program& p, const std::vector<std::vector<float>>& points,
+                 const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(p.status().ok()) << p.status().message;
+  PwProgram pw;
+  const Status s = lower_to_pointwise(p.fwd(), &pw);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_FALSE(pw.nodes[pw.out].boolean);
+  std::vector<float> rows(kInputs * kMaxLanes, 0.0f), regs(p.fwd().n_regs() * kMaxLanes);
+  const float* in[kInputs];
+  for (int r = 0; r < kInputs; ++r) in[r] = rows.data() + r * kMaxLanes;
+  const int64_t n = int64_t(points.size());
+  ASSERT_LE(n, kMaxLanes);
+  for (int64_t c = 0; c < n; ++c)
+    for (int r = 0; r < kInputs; ++r) rows[r * kMaxLanes + c] = points[c][r];
+  const float* want = eval_score_mod(p.fwd(), in, regs.data(), 0, n);
+  for (int64_t c = 0; c < n; ++c) {
+    const float got = eval_pointwise(pw, points[c].data());
+    if (got == want[c]) continue;  // infinities too
+    if (std::isnan(want[c])) {
+      EXPECT_TRUE(std::isnan(got)) << "point " << c << ": got " << got;
+    } else {
+      EXPECT_NEAR(got, want[c], 2e-6f * std::max(1.0f, std::fabs(want[c])))
+          << "point " << c << " (s=" << points[c][0] << ", q=" << points[c][3] << ")";
+    }
+  }
+}
+
+// Random (score, batch, head, q, kv) and the edge values of the score.
+std::vector<std::vector<float>> points() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> score(0.0f, 3.0f);
+  std::uniform_int_distribution<int> idx(0, 9);
+  std::vector<std::vector<float>> p;
+  for (float s : {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -2.5f, 7.0f, -7.0f, NAN})
+    p.push_back({s, 1.0f, 2.0f, 3.0f, 5.0f});
+  while (p.size() < 48)
+    p.push_back({score(rng), float(idx(rng)), float(idx(rng)), float(idx(rng)), float(idx(rng))});
+  return p;
+}
+
+TEST(ScoreModPointwise, EveryUnaryOpcode) {
+  // op(s * 0.3 + 1.5): inputs of log/sqrt mostly positive, some negative (NaN both ways).
+  for (int32_t op : {SM_NEG, SM_ABS, SM_EXP, SM_LOG, SM_TANH, SM_SIGMOID, SM_SQRT, SM_RSQRT,
+                     SM_SIGN, SM_LOG1P, SM_EXPM1, SM_FLOOR, SM_CEIL, SM_TRUNC, SM_EXP2, SM_SIN,
+                     SM_COS, SM_ERF}) {
+    Program p({{SM_CONST, 0, 0, 0}, {SM_CONST, 1, 0, 0}, {SM_MUL, 0, 5, 0}, {SM_ADD, 7, 6, 0},
+               {op, 8, 0, 0}},
+              {0.3f, 1.5f});
+    expect_same(p, points(), ("opcode " + std::to_string(op)).c_str());
+  }
+  // sign and trunc on the raw score too (0, -0, NaN, negative halves)
+  for (int32_t op : {SM_SIGN, SM_TRUNC, SM_FLOOR, SM_CEIL})
+    expect_same(Program({{op, 0, 0, 0}}, {}), points(), ("raw opcode " + std::to_string(op)).c_str());
+}
+
+TEST(ScoreModPointwise, EveryBinaryOpcode) {
+  for (int32_t op : {SM_ADD, SM_SUB, SM_MUL, SM_DIV, SM_MAX, SM_MIN, SM_POW, SM_REM, SM_LT, SM_LE,
+                     SM_GT, SM_GE, SM_EQ, SM_NE}) {
+    // op(s, q - kv): a comparison's 0/1 comes back as a number
+    Program p({{SM_SUB, 3, 4, 0}, {op, 0, 5, 0}}, {});
+    expect_same(p, points(), ("opcode " + std::to_string(op)).c_str());
+  }
+}
+
+TEST(ScoreModPointwise, BooleansAndConditions) {
+  // causal as a score_mod: select(q >= kv, s, -inf)
+  expect_same(Program({{SM_GE, 3, 4, 0}, {SM_CONST, 0, 0, 0}, {SM_SELECT, 5, 0, 6}},
+                      {-INFINITY}),
+              points(), "select on a comparison");
+  // a number as the condition (nonzero: true), and a comparison used in arithmetic
+  expect_same(Program({{SM_SUB, 3, 4, 0}, {SM_SELECT, 5, 0, 3}}, {}), points(),
+              "select on a number");
+  expect_same(Program({{SM_LT, 0, 3, 0}, {SM_MUL, 5, 0, 0}, {SM_ADD, 6, 5, 0}}, {}), points(),
+              "a comparison as 0 / 1");
+  // a comparison as a select branch, and the output itself a comparison
+  expect_same(Program({{SM_GT, 0, 4, 0}, {SM_LT, 0, 3, 0}, {SM_SELECT, 6, 5, 0}}, {}), points(),
+              "a comparison as a branch");
+  expect_same(Program({{SM_GT, 0, 4, 0}}, {}), points(), "a comparison as the output");
+}
+
+TEST(ScoreModPointwise, IdentityAndDeadCode) {
+  Program identity({}, {}, 0);
+  PwProgram pw;
+  ASSERT_TRUE(identity.status().ok());
+  ASSERT_TRUE(lower_to_pointwise(identity.fwd(), &pw).ok());
+  ASSERT_EQ(pw.nodes.size(), 1u);
+  EXPECT_EQ(pw.nodes[0].op, PwOp::kInput);
+  EXPECT_TRUE(pw.reads_input(0));
+  // exp(batch) is computed but unused: no node reads the batch index
+  Program dead({{SM_EXP, 1, 0, 0}, {SM_TANH, 0, 0, 0}}, {});
+  ASSERT_TRUE(lower_to_pointwise(dead.fwd(), &pw).ok());
+  EXPECT_EQ(pw.nodes.size(), 2u);
+  EXPECT_FALSE(pw.reads_input(1));
+  expect_same(dead, points(), "dead code");
+}
+
+}  // namespace
+}  // namespace fusedattn
