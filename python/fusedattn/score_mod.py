@@ -426,11 +426,22 @@ def packed_attribute(sm: ScoreMod) -> np.ndarray:
     return np.asarray(words, np.int32)
 
 
+# Each operand starts at a multiple of this many floats (64 bytes) of the concatenated
+# buffer, so that its address suits a GPU tensor (score_mod.h: ScoreMod::offset).
+OPERAND_ALIGN = 16
+
+
+def _padded(n: int) -> int:
+    return -(-n // OPERAND_ALIGN) * OPERAND_ALIGN
+
+
 def concat_operands(arrays4) -> jax.Array:
-    """The array operands flattened and concatenated (float32 [N]; [0] when none)."""
+    """The array operands flattened, each zero-padded to a multiple of OPERAND_ALIGN
+    floats, and concatenated (float32 [N]; [0] when none)."""
     if not arrays4:
         return jnp.zeros((0,), jnp.float32)
-    return jnp.concatenate([jnp.ravel(a) for a in arrays4])
+    return jnp.concatenate([jnp.pad(jnp.ravel(a), (0, _padded(a.size) - a.size))
+                            for a in arrays4])
 
 
 def split_operands(flat, sm: ScoreMod):
@@ -439,5 +450,5 @@ def split_operands(flat, sm: ScoreMod):
     for shp in sm.operand_shapes:
         n = int(np.prod(shp))
         out.append(jnp.reshape(flat[off:off + n], shp))
-        off += n
+        off += _padded(n)
     return out

@@ -36,6 +36,10 @@ def learnable(s, b, h, q, k, w):
     return s * w + jax.nn.sigmoid(s)
 
 
+def alibi_plus_table(s, b, h, q, k, slopes, table):
+    return s - slopes * jnp.abs(q - k).astype(jnp.float32) + table
+
+
 def inputs(key, dtype=jnp.float32, Sq=S, Skv=S):
     kq, kk, kv, kd = jax.random.split(key, 4)
     return (normal(kq, (B, Sq, HQ, D), dtype), normal(kk, (B, Skv, HKV, D), dtype),
@@ -62,6 +66,10 @@ CASES = {
     "relpos": (relpos, lambda key: (normal(key, (1, 1, S, S)), 0.5)),
     "causal": (causal, lambda key: ()),
     "learnable": (learnable, lambda key: (jnp.float32(0.7),)),
+    # two array operands of sizes that are not multiples of the 16-float alignment
+    "two_arrays": (alibi_plus_table, lambda key: (
+        jnp.exp2(-jnp.arange(1, HQ + 1, dtype=jnp.float32)).reshape(1, HQ, 1, 1),
+        normal(key, (B, 1, S, 1)))),
 }
 
 
