@@ -299,5 +299,16 @@ def test_get_backend_names_the_score_mod_path():
     x = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
     info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="cpu")
     assert (info.name, info.fused) == ("cpu_flash", True), info
-    info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="gpu")
-    assert info.name == "xla_reference" and "score_mod" in info.reason, info
+    # On the GPU a score_mod call goes where the plain call goes (cuDNN for bf16) ...
+    bf = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.bfloat16)
+    plain = fusedattn.get_backend((bf, bf, bf), platform="gpu")
+    info = fusedattn.get_backend((bf, bf, bf), score_mod=softcap, platform="gpu")
+    assert info.name == plain.name, (info, plain)
+    assert fusedattn.get_backend((x, x, x), score_mod=softcap, platform="gpu").name != "cudnn"
+    # ... but not with a bias, which cuDNN would add after the score_mod
+    bias = jax.ShapeDtypeStruct((1, 2, 8, 8), jnp.bfloat16)
+    info = fusedattn.get_backend((bf, bf, bf), bias, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+                                 score_mod=softcap, platform="gpu")
+    assert info.name != "cudnn", info
+    if plain.name == "cudnn":
+        assert info.name == "xla_reference" and "score_mod" in info.reason, info

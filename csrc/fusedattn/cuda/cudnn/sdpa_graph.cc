@@ -173,6 +173,11 @@ class ScoreModGraph {
     const int64_t ext[4] = {c.sm_batch, c.heads_q, c.seq_q, c.seq_kv};
     FA_RETURN_IF_NOT_OK(
         decode_score_mod(c.score_mod.data(), int64_t(c.score_mod.size()), ext, &sm_));
+    for (int32_t i = 0; i < sm_.n_operands && c.segments > 1; ++i)
+      if (sm_.shape[i][0] > 1)  // the graph's batch counts THD segments, not rows
+        return Status::Unimplemented("score_mod operand " + std::to_string(i) +
+                                     " has a batch dimension; cuDNN's THD graphs take "
+                                     "operands that broadcast over the batch only");
     FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, &fwd_));
     return lower_to_pointwise(sm_.bwd, &bwd_);
   }
