@@ -26,23 +26,28 @@ Status emulate(const Args& a, const void* p0, const void* p1, const void* p2, co
     constexpr int TPR = decltype(tpr)::value, BPT = decltype(bpt)::value;
     constexpr int E = BPT / sizeof(T), kVec = 16 / sizeof(T);
     using G = cuda::Group<TPR>;
-    const auto blocks =
-        static_cast<unsigned int>((cuda::row_groups(a) + G::kRows - 1) / G::kRows);
+    const auto blocks = [](const auto& args) {
+      return static_cast<unsigned int>((cuda::row_groups(args) + G::kRows - 1) / G::kRows);
+    };
     const bool vec = kFwd ? cuda::vectorizable<T>(a.skv, {p0, p1}, mask)
                           : cuda::vectorizable<T>(a.skv, {p0, p1, p2}, nullptr);
     if constexpr (kFwd) {
-      if (vec)
-        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a),
+      if (vec) {
+        const cuda::FwdArgs k = cuda::for_kernel<TPR, kVec>(a);
+        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, kVec>, blocks(k), G::kBlock, k),
                Status::Ok();
-      if constexpr (cuda::kScalarServed<T, TPR, BPT>)
-        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a),
+      }
+      if constexpr (cuda::kScalarServed<T, TPR, BPT>) {
+        const cuda::FwdArgs k = cuda::for_kernel<TPR, 1>(a);
+        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, 1>, blocks(k), G::kBlock, k),
                Status::Ok();
+      }
     } else {
       if (vec)
-        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, kVec>, blocks, G::kBlock, a),
+        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, kVec>, blocks(a), G::kBlock, a),
                Status::Ok();
       if constexpr (cuda::kScalarServed<T, TPR, BPT>)
-        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, 1>, blocks, G::kBlock, a),
+        return cuda_emu::launch(cuda::softmax_bwd_kernel<T, TPR, E, 1>, blocks(a), G::kBlock, a),
                Status::Ok();
     }
     return cuda::scalar_not_served(a.skv);
@@ -165,7 +170,7 @@ TEST(EmulatedCudaSoftmax, MaskBroadcasts) {
 // last block, one warp per row, and block-wide groups reusing the shared reductions.
 TEST(EmulatedCudaSoftmax, RowGroupsShareTheMask) {
   uint32_t seed = 5100;
-  for (int64_t skv : {3, 24, 100, 256, 1000, 2048, 4100})
+  for (int64_t skv : {3, 24, 100, 256, 1000, 2048, 4100, 16384})
     for (int32_t dtype : {FA_FLOAT32, FA_BFLOAT16}) {
       const bool block_rows = skv * dtype_bytes(dtype) > 2048;
       check_case(kEmulatedShared,

@@ -103,6 +103,20 @@ inline BwdArgs make_bwd_args(const SoftmaxParams& p, const void* y, const void* 
   return a;
 }
 
+// Whether the forward kernel of (TPR, VEC) loops a row group over the rows sharing a
+// mask row. Not the 1024-thread kernels (64 registers a thread: holding the mask and
+// the next row's logits spills) nor the scalar ones (a mask byte per register).
+template <int TPR, int VEC>
+constexpr bool kSharesMask = TPR < 1024 && VEC > 1;
+
+// a as the forward kernel of (TPR, VEC) takes it: one row a group where it does not
+// share the mask. Launchers (and the tests' emulation) pass this to the kernel.
+template <int TPR, int VEC>
+FwdArgs for_kernel(FwdArgs a) {
+  if (!kSharesMask<TPR, VEC>) a.reps = 1;
+  return a;
+}
+
 // Row groups a launch covers (the grid is groups / rows-per-block blocks).
 inline int64_t row_groups(const FwdArgs& a) { return a.rows / a.reps; }
 inline int64_t row_groups(const BwdArgs& a) { return a.rows; }
@@ -247,8 +261,9 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   __shared__ float smem_max[G::kWarps], smem_sum[G::kWarps];
 
   const int t = threadIdx.x % TPR;
+  const int reps = kSharesMask<TPR, VEC> ? a.reps : 1;  // constant 1: no loop is compiled
   const int64_t group = a.row0 + int64_t{blockIdx.x} * G::kRows + threadIdx.x / TPR;
-  const bool live = group * a.reps < a.rows;  // dead threads still join the reductions
+  const bool live = group * reps < a.rows;  // dead threads still join the reductions
   // The logits row of launch index r and, for r's group, the mask row offset.
   auto locate = [&](int64_t r, int64_t* moff) {
     int64_t row = r, off = 0;
@@ -268,7 +283,7 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
   };
 
   int64_t moff = 0;
-  int64_t row = live ? locate(group * a.reps, &moff) : 0;
+  int64_t row = live ? locate(group * reps, &moff) : 0;
   int n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
   M mk[kIters];
   P in[kIters];
@@ -281,7 +296,7 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
     if (mrow && c < n) mk[k].raw = __ldg(reinterpret_cast<const typename M::RawT*>(mrow + c));
   }
 
-  for (int r = 0; r < a.reps; ++r) {
+  for (int r = 0; r < reps; ++r) {
     float v[kIters][VEC];
     float m = -INFINITY;
 #pragma unroll
@@ -296,8 +311,8 @@ __global__ void __launch_bounds__(Group<TPR>::kBlock) softmax_fwd_kernel(const F
     }
     // The next row of the group: its loads go out before this row's reductions.
     const int64_t this_row = row;
-    if (r + 1 < a.reps) {
-      row = live ? locate(group * a.reps + r + 1, nullptr) : 0;
+    if (r + 1 < reps) {
+      row = live ? locate(group * reps + r + 1, nullptr) : 0;
       n = live ? kept_len(row, a.sq, a.skv, a.causal, a.rows32) : 0;
       load(row, n, in);
     }
