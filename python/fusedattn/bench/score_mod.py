@@ -86,6 +86,12 @@ def run(args):
                 else:
                     fn = jax.jit(f)
                 row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
+            slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
+            for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
+                # which backend ran it (a fallback to the reference must show in the table)
+                row[f"{name}_backend"] = fusedattn.get_backend(
+                    (q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK, score_mod=fn_,
+                    score_mod_operands=ops, is_training=mode != "fwd").name
             for name in ("softcap", "alibi"):
                 row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
                 if f"{name}_xla_ms" in row:
@@ -98,8 +104,9 @@ def run(args):
 def _fmt(r):
     g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
     return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
-            f"{g('softcap_ms')} ms ({g('softcap_vs_plain')}x plain, {g('softcap_vs_xla')}x xla) | "
-            f"alibi {g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
+            f"[{r.get('softcap_backend', '-')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
+            f"plain, {g('softcap_vs_xla')}x xla) | alibi [{r.get('alibi_backend', '-')}] "
+            f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
 
 
 def main(argv=None) -> int:
