@@ -1,6 +1,8 @@
 // Decoding and interpretation of score_mod programs (score_mod.h).
 #include "score_mod.h"
 
+#include "cpu/fast_math.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -122,10 +124,10 @@ const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in,
       case SM_MIN: FA_SM_LOOP(std::isnan(x[c]) || std::isnan(y[c]) ? std::numeric_limits<float>::quiet_NaN() : std::min(x[c], y[c]));
       case SM_NEG: FA_SM_LOOP(-x[c]);
       case SM_ABS: FA_SM_LOOP(std::fabs(x[c]));
-      case SM_EXP: FA_SM_LOOP(std::exp(x[c]));
+      case SM_EXP: FA_SM_LOOP(cpu::exact_edges_exp(x[c]));
       case SM_LOG: FA_SM_LOOP(std::log(x[c]));
-      case SM_TANH: FA_SM_LOOP(std::tanh(x[c]));
-      case SM_SIGMOID: FA_SM_LOOP(1.0f / (1.0f + std::exp(-x[c])));
+      case SM_TANH: FA_SM_LOOP(cpu::fast_tanh(x[c]));
+      case SM_SIGMOID: FA_SM_LOOP(cpu::fast_sigmoid(x[c]));
       case SM_LT: FA_SM_LOOP(x[c] < y[c] ? 1.0f : 0.0f);
       case SM_LE: FA_SM_LOOP(x[c] <= y[c] ? 1.0f : 0.0f);
       case SM_GT: FA_SM_LOOP(x[c] > y[c] ? 1.0f : 0.0f);

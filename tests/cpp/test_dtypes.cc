@@ -327,6 +327,63 @@ TEST(FastExp, ClampsOutsideTheRange) {
   EXPECT_EQ(fast_exp(0.0f), 1.0f);
 }
 
+// --- exp / tanh / sigmoid of score_mod programs ----------------------------------
+
+// worst relative error of f against the double-precision g over xs (|g| >= floor).
+template <class F, class G>
+double worst_error(F f, G g, const std::vector<float>& xs, float* at, double floor = 0.0) {
+  double worst = 0.0;
+  for (float x : xs) {
+    const double want = g(double(x));
+    const double err = std::fabs(double(f(x)) - want) / std::max(std::fabs(want), floor);
+    if (err > worst) worst = err, *at = x;
+  }
+  return worst;
+}
+
+std::vector<float> dense(float lo, float hi, int n) {
+  std::vector<float> xs;
+  for (int i = 0; i <= n; ++i) xs.push_back(lo + (hi - lo) * float(i) / float(n));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> log2_mag(-30.0f, 0.0f);  // tiny arguments
+  for (int i = 0; i < 20'000; ++i) xs.push_back((i % 2 ? 1.0f : -1.0f) * std::exp2(log2_mag(rng)));
+  return xs;
+}
+
+TEST(ScoreModMath, TanhSigmoidExpMatchDoublePrecision) {
+  float at = 0.0f;
+  // tanh: both branches and the switch at |x| = 0.5, the tails to saturation
+  const std::vector<float> t = dense(-20.0f, 20.0f, 2'000'000);
+  double e = worst_error(fast_tanh, [](double x) { return std::tanh(x); }, t, &at);
+  EXPECT_LT(e, 5e-7) << "tanh at " << at;
+  for (float x = 0.4999f; x <= 0.5001f; x = std::nextafter(x, 1.0f))
+    EXPECT_NEAR(fast_tanh(x) / std::tanh(double(x)), 1.0, 5e-7) << x;
+  e = worst_error(fast_sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); },
+                  dense(-80.0f, 80.0f, 1'000'000), &at);
+  EXPECT_LT(e, 5e-7) << "sigmoid at " << at;
+  e = worst_error(exact_edges_exp, [](double x) { return std::exp(x); },
+                  dense(-87.0f, 88.72f, 2'000'000), &at);
+  EXPECT_LT(e, 5e-7) << "exp at " << at;
+}
+
+TEST(ScoreModMath, EdgeValues) {
+  EXPECT_EQ(fast_tanh(INFINITY), 1.0f);
+  EXPECT_EQ(fast_tanh(-INFINITY), -1.0f);
+  EXPECT_EQ(fast_tanh(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(fast_tanh(-0.0f)));
+  EXPECT_TRUE(std::isnan(fast_tanh(NAN)));
+  EXPECT_EQ(exact_edges_exp(-INFINITY), 0.0f);
+  EXPECT_EQ(exact_edges_exp(-100.0f), 0.0f);
+  EXPECT_EQ(exact_edges_exp(INFINITY), INFINITY);
+  EXPECT_EQ(exact_edges_exp(89.0f), INFINITY);
+  EXPECT_NEAR(exact_edges_exp(88.5f) / std::exp(88.5), 1.0, 5e-7);
+  EXPECT_TRUE(std::isnan(exact_edges_exp(NAN)));
+  EXPECT_EQ(fast_sigmoid(-INFINITY), 0.0f);
+  EXPECT_EQ(fast_sigmoid(INFINITY), 1.0f);
+  EXPECT_EQ(fast_sigmoid(-200.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(fast_sigmoid(NAN)));
+}
+
 // --- thread pool ---------------------------------------------------------------
 
 // Runs parallel_for(n) and checks the contract: every task once, slots in

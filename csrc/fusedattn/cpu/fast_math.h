@@ -29,4 +29,41 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// exp(x) for any x, relative error < 3e-7 where the result is a normal float: fast_exp,
+// with x in (88, 88.72] as e * e^(x - 1) (past fast_exp's clamp), +inf above, 0 below
+// -87 (exp is under 1.7e-38 there), NaN kept.
+inline float exact_edges_exp(float x) {
+  const float hi = fast_exp(x - 1.0f) * 2.71828183f;
+  float r = x > 88.0f ? hi : fast_exp(x);
+  r = x < -87.0f ? 0.0f : r;
+  r = x > 88.7229f ? __builtin_huge_valf() : r;
+  return x != x ? x : r;
+}
+
+// tanh(x), relative error < 5e-7: the Taylor series in x^2 to x^17 for |x| < 0.5
+// (truncation < 5e-9), 1 - 2 / (e^{2|x|} + 1) above (tanh >= 0.46 there, so exp's
+// relative error carries over), sign restored; NaN kept, +-inf give +-1. Branch-free
+// so that loops of it vectorize.
+inline float fast_tanh(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float z = a * a;
+  // tanh(a) = a (1 + z (-1/3 + z (2/15 + z (-17/315 + ...)))), coefficients of the series
+  float p = 6404582.0f / 10854718875.0f;
+  p = p * z - 929569.0f / 638512875.0f;
+  p = p * z + 21844.0f / 6081075.0f;
+  p = p * z - 1382.0f / 155925.0f;
+  p = p * z + 62.0f / 2835.0f;
+  p = p * z - 17.0f / 315.0f;
+  p = p * z + 2.0f / 15.0f;
+  p = p * z - 1.0f / 3.0f;
+  const float small = a * (1.0f + z * p);  // a * (...) keeps the sign of -0
+  const float big = 1.0f - 2.0f / (fast_exp(2.0f * (a > 44.0f ? 44.0f : a)) + 1.0f);
+  const float t = a < 0.5f ? small : big;
+  const float r = x < 0.0f ? -t : t;
+  return x != x ? x : r;
+}
+
+// 1 / (1 + e^-x) with exact_edges_exp.
+inline float fast_sigmoid(float x) { return 1.0f / (1.0f + exact_edges_exp(-x)); }
+
 }  // namespace fusedattn::cpu
