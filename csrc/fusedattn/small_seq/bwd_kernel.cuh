@@ -7,7 +7,7 @@
 // belongs to one segment, so its warp owns dk/dv there: no atomics.
 // One query and no GQA (the common case): one pass over the keys writes dq, dk and dv.
 // Otherwise a dq pass per (query row, q head), then a dk/dv pass that sums over the
-// group in registers (q, dout and out come back from L1).
+// group in registers (q, dout and V come back from L1).
 // P comes from the forward where it holds every weight of the segment; where a segment
 // broke the promise (more q rows or keys than P holds) the weights are recomputed from
 // q, k and the saved log-sum-exp. delta is summed in float32 from the weights, not
