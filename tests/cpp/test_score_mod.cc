@@ -4,32 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "fusedattn/score_mod.h"
+#include "score_mod_programs.h"
 
 namespace fusedattn {
 namespace {
 
-int32_t bits(float f) {
-  int32_t i;
-  std::memcpy(&i, &f, sizeof i);
-  return i;
-}
-
-// A program [n_words, version, n_inputs, n_instr, out, instr..., n_consts, consts...].
-std::vector<int32_t> program(int32_t n_inputs, const std::vector<std::vector<int32_t>>& instr,
-                             const std::vector<float>& consts, int32_t out = -1) {
-  std::vector<int32_t> w = {kScoreModVersion, n_inputs, int32_t(instr.size()),
-                            out >= 0 ? out : n_inputs + int32_t(instr.size()) - 1};
-  for (const auto& i : instr) w.insert(w.end(), i.begin(), i.end());
-  std::vector<int32_t> p = {int32_t(w.size())};
-  p.insert(p.end(), w.begin(), w.end());
-  p.push_back(int32_t(consts.size()));
-  for (float c : consts) p.push_back(bits(c));
-  return p;
-}
+using test::program;
 
 // tanh(s / 2) * 2 forward; ds * 2 backward (not its true derivative: the test reads it).
 std::vector<int32_t> softcap_attr() {

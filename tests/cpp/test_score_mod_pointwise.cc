@@ -5,21 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "fusedattn/score_mod.h"
 #include "fusedattn/score_mod_pointwise.h"
+#include "score_mod_programs.h"
 
 namespace fusedattn {
 namespace {
-
-int32_t bits(float f) {
-  int32_t i;
-  std::memcpy(&i, &f, sizeof i);
-  return i;
-}
 
 constexpr int32_t kInputs = kScoreModIndexInputs;  // score, batch, head, q, kv
 
@@ -40,13 +34,8 @@ class Program {
  private:
   void append(int32_t n_in, const std::vector<std::vector<int32_t>>& instr,
               const std::vector<float>& consts, int32_t out) {
-    std::vector<int32_t> w = {kScoreModVersion, n_in, int32_t(instr.size()),
-                              out >= 0 ? out : n_in + int32_t(instr.size()) - 1};
-    for (const auto& i : instr) w.insert(w.end(), i.begin(), i.end());
-    attr_.push_back(int32_t(w.size()));
-    attr_.insert(attr_.end(), w.begin(), w.end());
-    attr_.push_back(int32_t(consts.size()));
-    for (float c : consts) attr_.push_back(bits(c));
+    const std::vector<int32_t> p = test::program(n_in, instr, consts, out);
+    attr_.insert(attr_.end(), p.begin(), p.end());
   }
   std::vector<int32_t> attr_;
   ScoreMod sm_;

@@ -59,6 +59,23 @@ def ref_call(q, k, v, fn, operands, **kw):
     return out, lse, mx
 
 
+def check_grads(ours, ref, args, dout):
+    """Gradients of sum(out * dout) by q, k, v and the array operands (args after the
+    first three): ours (jit) against the reference; operands get 10x the float32 bound
+    (their gradient sums over the grid)."""
+    argnums = tuple(range(len(args)))
+    loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * dout)
+    g = jax.jit(jax.grad(loss(ours), argnums=argnums))(*args)
+    rg = jax.grad(loss(ref), argnums=argnums)(*args)
+    for i, (a, b) in enumerate(zip(g, rg)):
+        name_i = ("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}"
+        assert a.shape == b.shape, name_i
+        scale = max(1.0, float(jnp.max(jnp.abs(b))))
+        err = float(jnp.max(jnp.abs(a - b)))
+        assert not np.isnan(np.asarray(a)).any(), name_i
+        assert err <= 2e-5 * scale * (10 if i >= 3 else 1), f"{name_i}: {err} (max {scale})"
+
+
 CASES = {
     "softcap": (softcap, lambda key: ()),
     "alibi": (alibi, lambda key: (jnp.exp2(-jnp.arange(1, HQ + 1, dtype=jnp.float32))
@@ -103,17 +120,7 @@ def test_forward_and_grads_match_the_reference(key, name):
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(aux["max_logit"]), np.asarray(jnp.max(ref_max, 0)),
                                rtol=1e-5, atol=1e-5)
-    argnums = tuple(range(3 + len(arrs)))
-    loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * dout)
-    g = jax.jit(jax.grad(loss(ours), argnums=argnums))(q, k, v, *arrs)
-    rg = jax.grad(loss(ref), argnums=argnums)(q, k, v, *arrs)
-    for i, (a, b) in enumerate(zip(g, rg)):
-        name_i = ("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}"
-        assert a.shape == b.shape, name_i
-        scale = max(1.0, float(jnp.max(jnp.abs(b))))
-        err = float(jnp.max(jnp.abs(a - b)))
-        assert not np.isnan(np.asarray(a)).any(), name_i
-        assert err <= 2e-5 * scale * (10 if i >= 3 else 1), f"{name_i}: {err} (max {scale})"
+    check_grads(ours, ref, (q, k, v, *arrs), dout)
 
 
 def test_causal_score_mod_equals_the_causal_mask(key):
@@ -204,16 +211,7 @@ def test_thd_segments_count_positions_from_their_start(key, name, mask):
     live = np.isfinite(np.asarray(ref_lse))
     np.testing.assert_allclose(np.asarray(lse)[live], np.asarray(ref_lse)[live], rtol=1e-5,
                                atol=1e-5)
-    argnums = tuple(range(3 + len(arrs)))
-    loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * dout)
-    g = jax.jit(jax.grad(loss(ours), argnums=argnums))(q, k, v, *arrs)
-    rg = jax.grad(loss(ref), argnums=argnums)(q, k, v, *arrs)
-    for i, (a, b) in enumerate(zip(g, rg)):
-        name_i = ("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}"
-        scale = max(1.0, float(jnp.max(jnp.abs(b))))
-        err = float(jnp.max(jnp.abs(a - b)))
-        assert not np.isnan(np.asarray(a)).any(), name_i
-        assert err <= 2e-5 * scale * (10 if i >= 3 else 1), f"{name_i}: {err} (max {scale})"
+    check_grads(ours, ref, (q, k, v, *arrs), dout)
 
 
 def test_thd_causal_score_mod_equals_the_causal_mask(key):
