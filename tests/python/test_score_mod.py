@@ -310,3 +310,11 @@ def test_get_backend_names_the_score_mod_path():
     assert info.name != "cudnn", info
     if plain.name == "cudnn":
         assert info.name == "xla_reference" and "score_mod" in info.reason, info
+
+def test_operands_may_be_shapes_only():
+    """get_backend lowers the score_mod with ShapeDtypeStruct operands (no values)."""
+    slopes = jax.ShapeDtypeStruct((HQ, 1, 1), jnp.float32)
+    m, arrays4 = sm_mod.make_score_mod(alibi, (slopes,), None, (B, HQ, S, S))
+    assert arrays4 == [jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)]
+    real, _ = sm_mod.make_score_mod(alibi, (jnp.ones((HQ, 1, 1)),), None, (B, HQ, S, S))
+    assert m.fwd == real.fwd and m.bwd == real.bwd

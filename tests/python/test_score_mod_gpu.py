@@ -98,3 +98,7 @@ def test_get_backend_reports_cudnn(key):
     info = fusedattn.get_backend((bf, bf, bf), score_mod=causal, platform="gpu",
                                  is_training=True)
     assert info.name == "cudnn", info
+    slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)  # operands as shapes too
+    info = fusedattn.get_backend((bf, bf, bf), score_mod=CASES["alibi"][0], platform="gpu",
+                                 score_mod_operands=(slopes,), is_training=True)
+    assert info.name == "cudnn", info

@@ -178,8 +178,8 @@ class ScoreModGraph {
         return Status::Unimplemented("score_mod operand " + std::to_string(i) +
                                      " has a batch dimension; cuDNN's THD graphs take "
                                      "operands that broadcast over the batch only");
-    FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, &fwd_));
-    return lower_to_pointwise(sm_.bwd, &bwd_);
+    FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, sm_.n_operands, &fwd_));
+    return lower_to_pointwise(sm_.bwd, sm_.n_operands, &bwd_);
   }
 
   // The operands as graph inputs, [1|B, 1|Hq, 1|Sq, 1|Skv] f32 row-major.
@@ -217,9 +217,10 @@ class ScoreModGraph {
   Tensor backward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& ds) {
     Tensor d = emit(g, bwd_, raw_, ds);
     auto zero = std::make_shared<Tensor_attributes>(0.0f);
-    auto was_zero = g->pointwise(ds, zero, pw(fe::PointwiseMode_t::CMP_EQ, "ds_is_zero"));
-    was_zero->set_data_type(fe::DataType_t::BOOLEAN);
-    return g->pointwise(zero, d, was_zero, pw(fe::PointwiseMode_t::BINARY_SELECT, "ds_keep_zero"));
+    auto nonzero = g->pointwise(ds, zero, pw(fe::PointwiseMode_t::CMP_NEQ, "ds_nonzero"));
+    nonzero->set_data_type(fe::DataType_t::BOOLEAN);
+    // (the first input is the computed one: cuDNN's rule, score_mod_pointwise.h)
+    return g->pointwise(d, zero, nonzero, pw(fe::PointwiseMode_t::BINARY_SELECT, "ds_keep_zero"));
   }
 
  private:
