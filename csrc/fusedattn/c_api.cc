@@ -66,33 +66,46 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, int* stat
 }
 
 // Builds (or finds in the cache) the cuDNN graph that will serve p on `device`, forward
-// or backward: the last word on whether cuDNN supports a call. Returns an FaStatus.
+// or backward: the last word on whether cuDNN supports a call. score_mod: the packed
+// program attribute (score_mod.h) of a flex-attention call, or null. Returns an FaStatus.
 int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max_logit,
-                   int backward, char* msg, int msg_len) {
+                   int backward, const int32_t* score_mod, int64_t score_mod_len, char* msg,
+                   int msg_len) {
 #ifdef FUSEDATTN_WITH_CUDA
-  std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
-  const fusedattn::Status s = fusedattn::cudnn::get_graph(
-      fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0), backward != 0,
-      device, &g);
+  const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
+  const fusedattn::cudnn::ScoreModSpec* sm = score_mod ? &spec : nullptr;
+  fusedattn::Status s;
+  if (sm && p->bias_type != FA_NO_BIAS) {
+    s = fusedattn::Status::Unimplemented("score_mod with a bias on cuDNN");
+  } else {
+    std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
+    s = fusedattn::cudnn::get_graph(
+        fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0, sm), backward != 0,
+        device, &g);
+  }
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else
+  (void)score_mod, (void)score_mod_len;
   copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
   return FA_UNIMPLEMENTED;
 #endif
 }
 
-// Bytes of the uint8 workspace result of the CUDA attention forward (backward) of p.
-// Returns an FaStatus; the message (if any) goes to msg.
+// Bytes of the uint8 workspace result of the CUDA attention forward (backward) of p
+// (score_mod as fa_cudnn_check). Returns an FaStatus; the message (if any) goes to msg.
 int fa_cuda_attn_workspace_bytes(const FaAttnParams* p, int device, int want_lse,
-                                 int want_max_logit, int backward, int64_t* bytes, char* msg,
-                                 int msg_len) {
+                                 int want_max_logit, int backward, const int32_t* score_mod,
+                                 int64_t score_mod_len, int64_t* bytes, char* msg, int msg_len) {
 #ifdef FUSEDATTN_WITH_CUDA
+  const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
   const fusedattn::Status s = fusedattn::ffi_glue::attn_workspace_bytes(
-      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, bytes);
+      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, bytes,
+      score_mod ? &spec : nullptr);
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else
+  (void)score_mod, (void)score_mod_len;
   copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
   return FA_UNIMPLEMENTED;
 #endif

@@ -31,6 +31,7 @@ constexpr int32_t kScoreModVersion = 1;
 constexpr int kScoreModIndexInputs = 5;  // score, batch, head, q, kv
 constexpr int kMaxScoreModOperands = 16;
 constexpr int kMaxScoreModInstr = 4096;
+constexpr int64_t kScoreModOperandAlign = 16;  // floats
 
 struct ScoreModProgram {
   const int32_t* words = nullptr;  // header + instructions
@@ -54,13 +55,16 @@ struct ScoreMod {
   ScoreModProgram fwd, bwd, grad[kMaxScoreModOperands];
   std::vector<float> const_storage;  // the constants, unpacked from their bits
 
-  // Elements of operand i, and its offset in the concatenated operand buffer.
+  // Elements of operand i, and its offset in the concatenated operand buffer, where
+  // each operand takes a multiple of kScoreModOperandAlign floats (score_mod.py's
+  // concat_operands: 64-byte aligned starts, as GPU tensors want).
   int64_t size(int32_t i) const {
     return shape[i][0] * shape[i][1] * shape[i][2] * shape[i][3];
   }
   int64_t offset(int32_t i) const {
     int64_t o = 0;
-    for (int32_t j = 0; j < i; ++j) o += size(j);
+    for (int32_t j = 0; j < i; ++j)
+      o += (size(j) + kScoreModOperandAlign - 1) / kScoreModOperandAlign * kScoreModOperandAlign;
     return o;
   }
   int64_t total_size() const { return offset(n_operands); }

@@ -10,8 +10,8 @@ namespace {
 
 class Lowering {
  public:
-  Lowering(const ScoreModProgram& prog, PwProgram* out)
-      : prog_(prog), out_(out), node_of_(prog.n_regs(), -1) {}
+  Lowering(const ScoreModProgram& prog, int32_t n_operands, PwProgram* out)
+      : prog_(prog), n_operands_(n_operands), out_(out), node_of_(prog.n_regs(), -1) {}
 
   Status run() {
     out_->nodes.clear();
@@ -47,11 +47,43 @@ class Lowering {
     out_->nodes.push_back(n);
     return static_cast<int32_t>(out_->nodes.size()) - 1;
   }
+  // A node; its first input is made computed (header): c - x becomes -x + c, symmetric
+  // nodes swap their inputs, the others take the input through the computed zero.
   int32_t node(PwOp op, int32_t a = -1, int32_t b = -1, int32_t c = -1) {
+    if (op == PwOp::kSelect) {
+      b = computed(b);
+    } else if (!is_computed(a)) {
+      const bool b_computed = b >= 0 && is_computed(b);
+      if (b_computed && op == PwOp::kSub) return node(PwOp::kAdd, node(PwOp::kNeg, b), a);
+      if (b_computed && swaps(&op)) std::swap(a, b);
+      else a = computed(a);
+    }
     PwNode n;
     n.op = op, n.a = a, n.b = b, n.c = c;
     n.boolean = op >= PwOp::kCmpLt && op <= PwOp::kCmpNe;
+    n.computed = true;
     return add(n);
+  }
+  // Whether op(a, b) == op'(b, a); sets op to op'.
+  static bool swaps(PwOp* op) {
+    switch (*op) {
+      case PwOp::kAdd: case PwOp::kMul: case PwOp::kMax: case PwOp::kMin:
+      case PwOp::kCmpEq: case PwOp::kCmpNe:
+        return true;
+      case PwOp::kCmpLt: *op = PwOp::kCmpGt; return true;
+      case PwOp::kCmpGt: *op = PwOp::kCmpLt; return true;
+      case PwOp::kCmpLe: *op = PwOp::kCmpGe; return true;
+      case PwOp::kCmpGe: *op = PwOp::kCmpLe; return true;
+      default:
+        return false;
+    }
+  }
+  bool is_computed(int32_t n) const { return out_->nodes[n].computed; }
+  // n as a computed value: zero + n, zero = q index * 0 (made once).
+  int32_t computed(int32_t n) {
+    if (is_computed(n)) return n;
+    if (zero_ < 0) zero_ = node(PwOp::kMul, reg(3), constant(0.0f));
+    return node(PwOp::kAdd, zero_, n);
   }
   int32_t constant(float v) {
     PwNode n;
@@ -63,6 +95,7 @@ class Lowering {
     if (node_of_[r] < 0) {
       PwNode n;
       n.op = PwOp::kInput, n.input = r;
+      n.computed = r < kScoreModIndexInputs || r >= kScoreModIndexInputs + n_operands_;
       node_of_[r] = add(n);
     }
     return node_of_[r];
@@ -136,13 +169,20 @@ class Lowering {
     if (op <= SM_CONST || op >= SM_NUM_OPS || kDirect[op] == PwOp::kConst)
       return Status::Unimplemented("score_mod: opcode " + std::to_string(op) +
                                    " has no cuDNN pointwise form");
+    if (op == SM_DIV && out_->nodes[y].op == PwOp::kConst && std::isnormal(out_->nodes[y].value) &&
+        std::isnormal(1.0f / out_->nodes[y].value)) {  // x * (1 / c): cuDNN's DIV is slower
+      *result = node(PwOp::kMul, x, constant(1.0f / out_->nodes[y].value));
+      return Status::Ok();
+    }
     *result = node(kDirect[op], x, y);
     return Status::Ok();
   }
 
   const ScoreModProgram& prog_;
+  const int32_t n_operands_;
   PwProgram* out_;
   std::vector<int32_t> node_of_;  // program register -> node (-1: not made yet)
+  int32_t zero_ = -1;             // the computed zero (-1: not made yet)
 };
 
 float nan_max(float a, float b, bool max) {
@@ -152,8 +192,10 @@ float nan_max(float a, float b, bool max) {
 
 }  // namespace
 
-Status lower_to_pointwise(const ScoreModProgram& prog, PwProgram* out) {
-  return Lowering(prog, out).run();
+int32_t first_input(const PwNode& n) { return n.op == PwOp::kSelect ? n.b : n.a; }
+
+Status lower_to_pointwise(const ScoreModProgram& prog, int32_t n_operands, PwProgram* out) {
+  return Lowering(prog, n_operands, out).run();
 }
 
 float eval_pointwise(const PwProgram& p, const float* in) {

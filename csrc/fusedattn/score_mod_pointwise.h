@@ -5,7 +5,11 @@
 // rem) into nodes it has, and makes the types explicit: a comparison gives a boolean
 // (cuDNN's CMP_* output), a select takes a boolean condition (BINARY_SELECT), and a
 // boolean used as a number becomes select(b, 1, 0) (the programs treat comparisons
-// as 0.0 / 1.0). Pure C++: the lowering and its evaluator are tested on the CPU
+// as 0.0 / 1.0). cuDNN's fused attention takes a node's first input (a select's value
+// if true) only from the score stream: a value computed in the graph, never a scalar or
+// an operand in memory; the lowering swaps the inputs of symmetric nodes, makes c - x
+// into -x + c, and otherwise adds the value to a computed zero (q index * 0). A
+// division by a constant becomes a multiplication by its reciprocal (within 1.5 ulp). Pure C++: the lowering and its evaluator are tested on the CPU
 // against the program interpreter (score_mod.h).
 #pragma once
 
@@ -33,6 +37,7 @@ struct PwNode {
   int32_t input = -1;              // kInput: the program register
   float value = 0.0f;              // kConst
   bool boolean = false;            // the node's result is a boolean (comparisons)
+  bool computed = false;           // a value of the score stream: not a constant, not an operand
 };
 
 struct PwProgram {
@@ -45,10 +50,15 @@ struct PwProgram {
   }
 };
 
-// The pointwise form of `prog` (decoded by decode_score_mod). Nodes appear in
-// evaluation order; only the registers the output depends on are kept. Fails, naming
-// the operation, for what has no pointwise form.
-Status lower_to_pointwise(const ScoreModProgram& prog, PwProgram* out);
+// The node's first input as cuDNN reads it (a select's: b), or -1 for inputs and constants.
+int32_t first_input(const PwNode& n);
+
+// The pointwise form of `prog` (decoded by decode_score_mod; its registers
+// [kScoreModIndexInputs, kScoreModIndexInputs + n_operands) are the operands). Nodes
+// appear in evaluation order; only the registers the output depends on are kept; every
+// node's first input is computed. Fails, naming the operation, for what has no
+// pointwise form.
+Status lower_to_pointwise(const ScoreModProgram& prog, int32_t n_operands, PwProgram* out);
 
 // The program's value at one point: in[r] is input register r (the tests compare it
 // with eval_score_mod).

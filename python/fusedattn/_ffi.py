@@ -80,11 +80,13 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
+    i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
+        i32p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+                                   ctypes.c_int, ctypes.c_int, i32p, ctypes.c_int64,
+                                   ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
     lib.fa_softmax_type_name.restype = ctypes.c_char_p
     lib.fa_softmax_type_name.argtypes = [ctypes.c_int]
@@ -117,6 +119,8 @@ TARGETS = {
     # The CUDA handlers take one more result: their workspace (cuda_attention.cc).
     "fusedattn_attn_fwd_cuda": {"CUDA": "fa_cuda_attn_fwd"},
     "fusedattn_attn_bwd_cuda": {"CUDA": "fa_cuda_attn_bwd"},
+    "fusedattn_attn_fwd_sm_cuda": {"CUDA": "fa_cuda_attn_fwd_sm"},
+    "fusedattn_attn_bwd_sm_cuda": {"CUDA": "fa_cuda_attn_bwd_sm"},
     "fusedattn_softmax_fwd": {"cpu": "fa_cpu_softmax_fwd", "CUDA": "fa_cuda_softmax_fwd"},
     "fusedattn_softmax_bwd": {"cpu": "fa_cpu_softmax_bwd", "CUDA": "fa_cuda_softmax_bwd"},
     "fusedattn_small_seq_fwd": {"cpu": "fa_cpu_small_seq_fwd", "CUDA": "fa_cuda_small_seq_fwd"},
@@ -153,13 +157,23 @@ def select_backend(params: AttnParams, platform: int, device: int = 0) -> tuple[
     return lib.fa_backend_name(backend).decode(), status.value, buf.value.decode()
 
 
+def _int32_array(words):
+    """(pointer, length) of an int32 sequence for the C API; (None, 0) for None."""
+    if words is None:
+        return None, 0
+    arr = (ctypes.c_int32 * len(words))(*[int(w) for w in words])
+    return arr, len(words)
+
+
 def cudnn_check(params: AttnParams, device: int, want_lse: bool, want_max_logit: bool,
-                backward: bool) -> tuple[int, str]:
+                backward: bool, score_mod=None) -> tuple[int, str]:
     """Builds (once; the graph cache keeps it) the cuDNN graph that will serve the call:
-    (status code, message). The last word on whether cuDNN supports a configuration."""
+    (status code, message). The last word on whether cuDNN supports a configuration.
+    score_mod: the packed program attribute of a flex-attention call (or None)."""
     buf = ctypes.create_string_buffer(2048)
+    ptr, n = _int32_array(score_mod)
     code = lib.fa_cudnn_check(ctypes.byref(params), device, int(want_lse), int(want_max_logit),
-                              int(backward), buf, len(buf))
+                              int(backward), ptr, n, buf, len(buf))
     return code, buf.value.decode()
 
 
@@ -179,13 +193,14 @@ def softmax_kernel_available(params: SoftmaxParams, platform: int) -> tuple[bool
 
 
 def cuda_attn_workspace_bytes(params: AttnParams, device: int, want_lse: bool,
-                              want_max_logit: bool, backward: bool) -> int:
+                              want_max_logit: bool, backward: bool, score_mod=None) -> int:
     """Bytes of the CUDA attention handler's workspace result (builds the graph if needed)."""
     n = ctypes.c_int64(0)
     buf = ctypes.create_string_buffer(2048)
+    ptr, count = _int32_array(score_mod)
     code = lib.fa_cuda_attn_workspace_bytes(ctypes.byref(params), device, int(want_lse),
-                                            int(want_max_logit), int(backward), ctypes.byref(n),
-                                            buf, len(buf))
+                                            int(want_max_logit), int(backward), ptr, count,
+                                            ctypes.byref(n), buf, len(buf))
     if code != STATUS_OK:
         raise RuntimeError(f"fusedattn: cuDNN workspace query failed: {buf.value.decode()}")
     return int(n.value)

@@ -60,10 +60,11 @@ def _fwd_ffi(*ops, cfg: Config, dims: Dims):
     return call(*ops, **cfg.ffi_attrs())
 
 
-def _workspace(ops, cfg: Config, dims: Dims, backward: bool):
-    """The CUDA handler's workspace result, sized by the C++ side for this call."""
+def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None):
+    """The CUDA handler's workspace result, sized by the C++ side for this call
+    (score_mod: the packed program attribute of a flex-attention call)."""
     n = _ffi.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
-                                       cfg.want_max_logit, backward)
+                                       cfg.want_max_logit, backward, score_mod)
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
 
@@ -143,17 +144,19 @@ def _fields(params: _ffi.AttnParams) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
-                training: bool) -> tuple[str, str]:
+                training: bool, score_mod: tuple | None = None) -> tuple[str, str]:
     """("cudnn" | "xla_reference" | "none", reason) for a call on the GPU. training: the
     forward saves the lse for a backward, and both graphs must be served, so that the
-    backward sees the dropout mask its forward drew."""
+    backward sees the dropout mask its forward drew. score_mod: the packed program of a
+    flex-attention call (its graphs are asked for)."""
     params = _ffi.AttnParams(*fields)
     name, _, reason = _ffi.select_backend(params, _ffi.PLATFORM_CUDA, 0)
     if name != "cudnn":
         return name, reason
     checks = [("forward", False)] + ([("backward", True)] if training else [])
     for what, backward in checks:
-        code, msg = _ffi.cudnn_check(params, 0, want_lse or training, want_max_logit, backward)
+        code, msg = _ffi.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
+                                     score_mod)
         if code != _ffi.STATUS_OK:
             return "xla_reference", (f"xla_reference: cuDNN rejected the {what} graph of this "
                                      f"call ({msg}), so XLA computes the plain-JAX reference")
@@ -218,6 +221,45 @@ def _sm_attrs(cfg: Config, sm: _sm.ScoreMod):
     return dict(cfg.ffi_attrs(), score_mod=_sm.packed_attribute(sm))
 
 
+def _sm_key(sm: _sm.ScoreMod) -> tuple:
+    """The packed program as a hashable key (the graph cache and _gpu_choice take it)."""
+    return tuple(int(w) for w in _sm.packed_attribute(sm))
+
+
+def _fwd_sm_ffi_cuda(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_fwd_sm_cuda",
+        _fwd_results(ops, cfg, dims) + (_workspace(ops[:10], cfg, dims, False, _sm_key(sm)),),
+        vmap_method="broadcast_all")
+    return call(*ops, **_sm_attrs(cfg, sm))[:3]
+
+
+def _bwd_sm_ffi_cuda(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    """dq, dk, dv, dbias, doffset from the cuDNN graph; the operands' gradient (cuDNN has
+    none) from XLA's reference vjp, which XLA drops when nothing uses it."""
+    ops, dout = args[:11], args[12]
+    call = jax.ffi.ffi_call(
+        "fusedattn_attn_bwd_sm_cuda",
+        _bwd_results(ops[:10], dims) + (_workspace(ops[:10], cfg, dims, True, _sm_key(sm)),),
+        vmap_method="broadcast_all")
+    dq, dk, dv, dbias, doffset, _ = call(*args, **_sm_attrs(cfg, sm))
+    smo = ops[10]
+    if smo.size:
+        _, vjp = jax.vjp(lambda o: _reference_sm(*ops[:10], o, cfg=cfg, dims=dims, sm=sm)[0], smo)
+        dsm = vjp(dout)[0]
+    else:
+        dsm = jnp.zeros_like(smo)
+    return dq, dk, dv, dbias, _offset_grad(doffset), dsm
+
+
+def _gpu_sm_uses_cudnn(ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod, training: bool) -> bool:
+    if not _has_gpu():
+        return False
+    choice = _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
+                         training, _sm_key(sm))
+    return choice[0] == "cudnn"
+
+
 def _fwd_sm_ffi(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
     call = jax.ffi.ffi_call("fusedattn_attn_fwd_sm", _fwd_results(ops, cfg, dims),
                             vmap_method="broadcast_all")
@@ -251,10 +293,13 @@ def _bwd_reference_sm(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
     return vjp(dout)
 
 
-def _forward_sm(ops, cfg: Config, dims: Dims, sm):
+def _forward_sm(ops, cfg: Config, dims: Dims, sm, training: bool):
+    gpu = (_fwd_sm_ffi_cuda if _gpu_sm_uses_cudnn(ops[:10], cfg, dims, sm, training)
+           else _reference_sm)
     return jax.lax.platform_dependent(
         *ops,
         cpu=functools.partial(_fwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
         default=functools.partial(_reference_sm, cfg=cfg, dims=dims, sm=sm))
 
 
@@ -262,12 +307,16 @@ def _forward_sm(ops, cfg: Config, dims: Dims, sm):
 def _attention_sm(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo, cfg, dims,
                   sm):
     return _forward_sm((q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo), cfg,
-                       dims, sm)
+                       dims, sm, training=False)
 
 
 def _attention_sm_fwd(*args):
     ops, (cfg, dims, sm) = args[:11], args[11:]
-    out, lse, max_logit = _forward_sm(ops, dataclasses.replace(cfg, want_lse=True), dims, sm)
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    if _has_gpu() and jax.default_backend() != "cpu":
+        _warn_once(*_gpu_choice(_fields(_params_of(ops[:10], cfg, dims)), True,
+                                cfg.want_max_logit, True, _sm_key(sm)))
+    out, lse, max_logit = _forward_sm(ops, cfg, dims, sm, training=True)
     return (out, lse, max_logit), (ops, out, lse)
 
 
@@ -275,9 +324,12 @@ def _attention_sm_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)
     cfg = dataclasses.replace(cfg, want_lse=True)
+    gpu = (_bwd_sm_ffi_cuda if _gpu_sm_uses_cudnn(ops[:10], cfg, dims, sm, training=True)
+           else _bwd_reference_sm)
     dq, dk, dv, dbias, doffset, dsm = jax.lax.platform_dependent(
         *ops, out, dout, lse,
         cpu=functools.partial(_bwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
         default=functools.partial(_bwd_reference_sm, cfg=cfg, dims=dims, sm=sm))
     return (dq, dk, dv, dbias, doffset, None, None, None, None, None, dsm)
 
@@ -418,8 +470,11 @@ def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_au
     cfg = dataclasses.replace(call.cfg, want_lse=bool(return_aux),
                               want_max_logit=bool(return_max_logit))
     if jax.default_backend() != "cpu":
-        _warn_once("xla_reference", "score_mod runs XLA's reference on this platform (the "
-                   "fused GPU score_mod is not built yet)")
+        if _has_gpu():
+            _warn_once(*_gpu_choice(_fields(_params_of(call.operands, cfg, d)), cfg.want_lse,
+                                    cfg.want_max_logit, False, _sm_key(sm)))
+        else:
+            _warn_once("xla_reference", "score_mod runs XLA's reference on this platform")
     out, lse, max_logit = _attention_sm(*call.operands, _sm.concat_operands(arrays4), cfg,
                                         call.dims, sm)
     return _results(out, lse, max_logit, return_max_logit, return_aux)
@@ -427,6 +482,26 @@ def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_au
 
 # ---------------------------------------------------------------------------
 # Backend queries
+
+
+def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
+    if _platform_code(platform) == _ffi.PLATFORM_CPU:
+        return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
+                           "lowered program, forward and backward)")
+    name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA, 0)
+    if name != "cudnn":
+        return BackendInfo(name, False, reason)
+    if call.cfg.bias_type != AttnBiasType.NO_BIAS:
+        return BackendInfo("xla_reference", False, "xla_reference: score_mod with a bias is not "
+                           "fused on the GPU (cuDNN would apply the bias after the score_mod)")
+    if _has_gpu():  # the graphs themselves are asked
+        d = call.dims
+        sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
+        name, reason = _gpu_choice(_fields(call.params), False, want_max_logit, training,
+                                   _sm_key(sm))
+        return BackendInfo(name, name in _FUSED_BACKENDS, reason)
+    return BackendInfo("cudnn", True, "score_mod runs in the cuDNN graph as pointwise nodes "
+                       "(where cuDNN builds the graph; otherwise XLA's reference, with a warning)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -479,8 +554,11 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 softmax_offset=None,
                 return_max_logit=False,
                 platform: str | None = None,
-                score_mod=None) -> BackendInfo:
+                score_mod=None,
+                score_mod_operands=()) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
+    score_mod / score_mod_operands: as fused_attn's (on the GPU, a score_mod with a bias
+    runs XLA's reference; otherwise cuDNN's graph, when it builds).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
     jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
@@ -498,12 +576,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
     if score_mod is not None:
-        if _platform_code(platform) == _ffi.PLATFORM_CPU:
-            return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
-                               "lowered program, forward and backward)")
-        return BackendInfo("xla_reference", False, "score_mod on the GPU runs XLA's reference "
-                           "(fn over the materialized scores): the fused GPU score_mod is not "
-                           "built yet")
+        return _score_mod_backend(call, score_mod, score_mod_operands, platform,
+                                  bool(is_training), bool(return_max_logit))
     if not return_max_logit:
         served, reason = _small_seq_route(call.params, qkv, sequence_descriptor, platform)
         if served:

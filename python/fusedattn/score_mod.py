@@ -88,7 +88,8 @@ _SHAPE_ONLY = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims"}
 _CALLS = {"pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "jit"}
 SUPPORTED = sorted(set(_BINARY) | set(_UNARY) | _IDENTITY | _SHAPE_ONLY | {
-    "div", "select_n", "integer_pow", "square", "convert_element_type", "and", "or", "not",
+    "div", "select_n", "integer_pow", "square", "one_minus_square", "convert_element_type",
+    "and", "or", "not",
     "clamp", "stop_gradient", "pjit"})
 
 
@@ -235,6 +236,8 @@ def _lower_jaxpr(jaxpr, consts, in_regs, bld: _Builder, what: str) -> list[int]:
             outs = [args[0]]
         elif name == "square":
             outs = [bld.emit(Op.MUL, args[0], args[0])]
+        elif name == "one_minus_square":  # jax >= 0.11: tanh's derivative
+            outs = [bld.emit(Op.SUB, bld.const(1.0), bld.emit(Op.MUL, args[0], args[0]))]
         elif name == "integer_pow":
             outs = [bld.emit(Op.POW, args[0], bld.const(eqn.params["y"]))]
         elif name == "select_n":
@@ -321,7 +324,8 @@ def _split_operands(operands):
 
 def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
     """Lowers fn (and bprop) for operands; returns the ScoreMod and the array operands
-    as float32 [.., 4-d broadcastable] arrays. shape4 = (B, Hq, Sq, Skv)."""
+    as float32 [.., 4-d broadcastable] arrays (ShapeDtypeStructs for ShapeDtypeStruct
+    operands). shape4 = (B, Hq, Sq, Skv)."""
     if not callable(fn):
         raise ValueError(f"fused_attn: score_mod must be a function; got {type(fn).__name__}")
     if bprop is not None and not callable(bprop):
@@ -344,7 +348,10 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
             raise ValueError(f"fused_attn: score_mod_operands[{i}] must be numeric; got "
                              f"{jnp.result_type(x)}")
         shapes.append(s4)
-        arrays4.append(jnp.reshape(jnp.asarray(x, jnp.float32), s4))
+        if isinstance(x, jax.ShapeDtypeStruct):  # get_backend asks with shapes only
+            arrays4.append(jax.ShapeDtypeStruct(s4, jnp.float32))
+        else:
+            arrays4.append(jnp.reshape(jnp.asarray(x, jnp.float32), s4))
 
     def full_args(arr):
         it = iter(arr)
@@ -426,11 +433,22 @@ def packed_attribute(sm: ScoreMod) -> np.ndarray:
     return np.asarray(words, np.int32)
 
 
+# Each operand starts at a multiple of this many floats (64 bytes) of the concatenated
+# buffer, so that its address suits a GPU tensor (score_mod.h: ScoreMod::offset).
+OPERAND_ALIGN = 16
+
+
+def _padded(n: int) -> int:
+    return -(-n // OPERAND_ALIGN) * OPERAND_ALIGN
+
+
 def concat_operands(arrays4) -> jax.Array:
-    """The array operands flattened and concatenated (float32 [N]; [0] when none)."""
+    """The array operands flattened, each zero-padded to a multiple of OPERAND_ALIGN
+    floats, and concatenated (float32 [N]; [0] when none)."""
     if not arrays4:
         return jnp.zeros((0,), jnp.float32)
-    return jnp.concatenate([jnp.ravel(a) for a in arrays4])
+    return jnp.concatenate([jnp.pad(jnp.ravel(a), (0, _padded(a.size) - a.size))
+                            for a in arrays4])
 
 
 def split_operands(flat, sm: ScoreMod):
@@ -439,5 +457,5 @@ def split_operands(flat, sm: ScoreMod):
     for shp in sm.operand_shapes:
         n = int(np.prod(shp))
         out.append(jnp.reshape(flat[off:off + n], shp))
-        off += n
+        off += _padded(n)
     return out

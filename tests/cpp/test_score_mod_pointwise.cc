@@ -1,7 +1,8 @@
 // The cuDNN pointwise form of score_mod programs (score_mod_pointwise.h) computes what
 // the program interpreter does: every opcode, the expansions of the ones cuDNN has no
 // node for, booleans used as numbers and numbers used as conditions, on random inputs
-// and the edge values (0, negative, NaN); dead code makes no nodes.
+// and the edge values (0, negative, NaN); dead code makes no nodes; every node's first
+// input is computed (cuDNN's rule), constants and operands in either place.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,20 +17,25 @@ namespace fusedattn {
 namespace {
 
 constexpr int32_t kInputs = kScoreModIndexInputs;  // score, batch, head, q, kv
+constexpr int32_t kMaxOperands = 2;                 // scalar operands, registers 5, 6
 
-// Decodes a forward program of 5 inputs (no operands) with a trivial backward.
+// Decodes a forward program of 5 inputs and n_operands scalar operands with trivial
+// backward programs.
 class Program {
  public:
   Program(const std::vector<std::vector<int32_t>>& instr, const std::vector<float>& consts,
-          int32_t out = -1) {
-    attr_ = {0};
-    append(kInputs, instr, consts, out);
-    append(kInputs + 1, {}, {}, kInputs);  // backward: dscore as is
+          int32_t out = -1, int32_t n_operands = 0) {
+    attr_ = {n_operands};
+    for (int32_t i = 0; i < n_operands * 4; ++i) attr_.push_back(1);
+    const int32_t n_in = kInputs + n_operands;
+    append(n_in, instr, consts, out);
+    for (int32_t i = 0; i <= n_operands; ++i) append(n_in + 1, {}, {}, n_in);  // dscore as is
     const int64_t ext[4] = {2, 4, 8, 8};
     status_ = decode_score_mod(attr_.data(), int64_t(attr_.size()), ext, &sm_);
   }
   const Status& status() const { return status_; }
   const ScoreModProgram& fwd() const { return sm_.fwd; }
+  int32_t n_operands() const { return sm_.n_operands; }
 
  private:
   void append(int32_t n_in, const std::vector<std::vector<int32_t>>& instr,
@@ -48,16 +54,21 @@ void expect_same(const Program& p, const std::vector<std::vector<float>>& points
   SCOPED_TRACE(what);
   ASSERT_TRUE(p.status().ok()) << p.status().message;
   PwProgram pw;
-  const Status s = lower_to_pointwise(p.fwd(), &pw);
+  const Status s = lower_to_pointwise(p.fwd(), p.n_operands(), &pw);
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_FALSE(pw.nodes[pw.out].boolean);
-  std::vector<float> rows(kInputs * kMaxLanes, 0.0f), regs(p.fwd().n_regs() * kMaxLanes);
-  const float* in[kInputs];
-  for (int r = 0; r < kInputs; ++r) in[r] = rows.data() + r * kMaxLanes;
+  for (const PwNode& n : pw.nodes) {
+    const int32_t first = first_input(n);
+    if (first >= 0) EXPECT_TRUE(pw.nodes[first].computed) << "op " << int(n.op);
+  }
+  constexpr int32_t kRegs = kInputs + kMaxOperands;
+  std::vector<float> rows(kRegs * kMaxLanes, 0.0f), regs(p.fwd().n_regs() * kMaxLanes);
+  const float* in[kRegs];
+  for (int r = 0; r < kRegs; ++r) in[r] = rows.data() + r * kMaxLanes;
   const int64_t n = int64_t(points.size());
   ASSERT_LE(n, kMaxLanes);
   for (int64_t c = 0; c < n; ++c)
-    for (int r = 0; r < kInputs; ++r) rows[r * kMaxLanes + c] = points[c][r];
+    for (int r = 0; r < kRegs; ++r) rows[r * kMaxLanes + c] = points[c][r];
   const float* want = eval_score_mod(p.fwd(), in, regs.data(), 0, n);
   for (int64_t c = 0; c < n; ++c) {
     const float got = eval_pointwise(pw, points[c].data());
@@ -71,16 +82,18 @@ void expect_same(const Program& p, const std::vector<std::vector<float>>& points
   }
 }
 
-// Random (score, batch, head, q, kv) and the edge values of the score.
+// Random (score, batch, head, q, kv, operand 0, operand 1) and the edge values of the
+// score.
 std::vector<std::vector<float>> points() {
   std::mt19937 rng(7);
   std::normal_distribution<float> score(0.0f, 3.0f);
   std::uniform_int_distribution<int> idx(0, 9);
   std::vector<std::vector<float>> p;
   for (float s : {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -2.5f, 7.0f, -7.0f, NAN})
-    p.push_back({s, 1.0f, 2.0f, 3.0f, 5.0f});
+    p.push_back({s, 1.0f, 2.0f, 3.0f, 5.0f, 0.5f, -2.0f});
   while (p.size() < 48)
-    p.push_back({score(rng), float(idx(rng)), float(idx(rng)), float(idx(rng)), float(idx(rng))});
+    p.push_back({score(rng), float(idx(rng)), float(idx(rng)), float(idx(rng)), float(idx(rng)),
+                 score(rng), score(rng)});
   return p;
 }
 
@@ -124,17 +137,48 @@ TEST(ScoreModPointwise, BooleansAndConditions) {
   expect_same(Program({{SM_GT, 0, 4, 0}}, {}), points(), "a comparison as the output");
 }
 
+TEST(ScoreModPointwise, ConstantsAndOperandsComeSecond) {
+  // op(c, s), op(operand, s), op(operand, c) for every binary opcode: symmetric ones swap,
+  // the others read the constant / operand through the computed zero
+  for (int32_t op : {SM_ADD, SM_SUB, SM_MUL, SM_DIV, SM_MAX, SM_MIN, SM_POW, SM_REM, SM_LT, SM_LE,
+                     SM_GT, SM_GE, SM_EQ, SM_NE}) {
+    const std::string name = "opcode " + std::to_string(op);
+    expect_same(Program({{SM_CONST, 0, 0, 0}, {op, 5, 0, 0}}, {1.5f}), points(),
+                (name + " (constant, score)").c_str());
+    expect_same(Program({{op, 5, 0, 0}}, {}, -1, 1), points(), (name + " (operand, score)").c_str());
+    expect_same(Program({{SM_CONST, 0, 0, 0}, {op, 5, 7, 0}, {SM_ADD, 8, 0, 0}}, {0.75f}, -1, 2),
+                points(), (name + " (operand, constant) + score").c_str());
+  }
+  // unary on an operand; select with constant / operand branches; an operand as condition
+  expect_same(Program({{SM_EXP, 5, 0, 0}, {SM_MUL, 0, 6, 0}}, {}, -1, 1), points(),
+              "exp(operand) * s");
+  expect_same(Program({{SM_CONST, 0, 0, 0}, {SM_GT, 0, 3, 0}, {SM_SELECT, 8, 7, 5}}, {2.0f}, -1, 2),
+              points(), "select(s > q, 2, operand)");
+  expect_same(Program({{SM_SELECT, 6, 5, 0}}, {}, -1, 2), points(),
+              "select(operand 1, operand 0, s)");
+}
+
+TEST(ScoreModPointwise, DivisionByAConstantMultiplies) {
+  for (float c : {2.5f, -3.0f, 0.0f, 1e-39f}) {  // 0 and a denormal stay divisions
+    Program p({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}}, {c});
+    expect_same(p, points(), ("s / " + std::to_string(c)).c_str());
+    PwProgram pw;
+    ASSERT_TRUE(lower_to_pointwise(p.fwd(), 0, &pw).ok());
+    EXPECT_EQ(pw.nodes[pw.out].op, std::isnormal(c) ? PwOp::kMul : PwOp::kDiv) << c;
+  }
+}
+
 TEST(ScoreModPointwise, IdentityAndDeadCode) {
   Program identity({}, {}, 0);
   PwProgram pw;
   ASSERT_TRUE(identity.status().ok());
-  ASSERT_TRUE(lower_to_pointwise(identity.fwd(), &pw).ok());
+  ASSERT_TRUE(lower_to_pointwise(identity.fwd(), 0, &pw).ok());
   ASSERT_EQ(pw.nodes.size(), 1u);
   EXPECT_EQ(pw.nodes[0].op, PwOp::kInput);
   EXPECT_TRUE(pw.reads_input(0));
   // exp(batch) is computed but unused: no node reads the batch index
   Program dead({{SM_EXP, 1, 0, 0}, {SM_TANH, 0, 0, 0}}, {});
-  ASSERT_TRUE(lower_to_pointwise(dead.fwd(), &pw).ok());
+  ASSERT_TRUE(lower_to_pointwise(dead.fwd(), 0, &pw).ok());
   EXPECT_EQ(pw.nodes.size(), 2u);
   EXPECT_FALSE(pw.reads_input(1));
   expect_same(dead, points(), "dead code");

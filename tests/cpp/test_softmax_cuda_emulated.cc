@@ -34,12 +34,12 @@ Status emulate(const Args& a, const void* p0, const void* p1, const void* p2, co
     if constexpr (kFwd) {
       if (vec) {
         const cuda::FwdArgs k = cuda::for_kernel<TPR, kVec>(a);
-        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, kVec>, blocks(k), G::kBlock, k),
+        return cuda_emu::launch(cuda::fwd_kernel<T, TPR, E, kVec>(k), blocks(k), G::kBlock, k),
                Status::Ok();
       }
       if constexpr (cuda::kScalarServed<T, TPR, BPT>) {
         const cuda::FwdArgs k = cuda::for_kernel<TPR, 1>(a);
-        return cuda_emu::launch(cuda::softmax_fwd_kernel<T, TPR, E, 1>, blocks(k), G::kBlock, k),
+        return cuda_emu::launch(cuda::fwd_kernel<T, TPR, E, 1>(k), blocks(k), G::kBlock, k),
                Status::Ok();
       }
     } else {

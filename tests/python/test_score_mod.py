@@ -36,6 +36,10 @@ def learnable(s, b, h, q, k, w):
     return s * w + jax.nn.sigmoid(s)
 
 
+def alibi_plus_table(s, b, h, q, k, slopes, table):
+    return s - slopes * jnp.abs(q - k).astype(jnp.float32) + table
+
+
 def inputs(key, dtype=jnp.float32, Sq=S, Skv=S):
     kq, kk, kv, kd = jax.random.split(key, 4)
     return (normal(kq, (B, Sq, HQ, D), dtype), normal(kk, (B, Skv, HKV, D), dtype),
@@ -79,6 +83,10 @@ CASES = {
     "relpos": (relpos, lambda key: (normal(key, (1, 1, S, S)), 0.5)),
     "causal": (causal, lambda key: ()),
     "learnable": (learnable, lambda key: (jnp.float32(0.7),)),
+    # two array operands of sizes that are not multiples of the 16-float alignment
+    "two_arrays": (alibi_plus_table, lambda key: (
+        jnp.exp2(-jnp.arange(1, HQ + 1, dtype=jnp.float32)).reshape(1, HQ, 1, 1),
+        normal(key, (B, 1, S, 1)))),
 }
 
 
@@ -289,5 +297,24 @@ def test_get_backend_names_the_score_mod_path():
     x = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
     info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="cpu")
     assert (info.name, info.fused) == ("cpu_flash", True), info
-    info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="gpu")
-    assert info.name == "xla_reference" and "score_mod" in info.reason, info
+    # On the GPU a score_mod call goes where the plain call goes (cuDNN for bf16) ...
+    bf = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.bfloat16)
+    plain = fusedattn.get_backend((bf, bf, bf), platform="gpu")
+    info = fusedattn.get_backend((bf, bf, bf), score_mod=softcap, platform="gpu")
+    assert info.name == plain.name, (info, plain)
+    assert fusedattn.get_backend((x, x, x), score_mod=softcap, platform="gpu").name != "cudnn"
+    # ... but not with a bias, which cuDNN would add after the score_mod
+    bias = jax.ShapeDtypeStruct((1, 2, 8, 8), jnp.bfloat16)
+    info = fusedattn.get_backend((bf, bf, bf), bias, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+                                 score_mod=softcap, platform="gpu")
+    assert info.name != "cudnn", info
+    if plain.name == "cudnn":
+        assert info.name == "xla_reference" and "score_mod" in info.reason, info
+
+def test_operands_may_be_shapes_only():
+    """get_backend lowers the score_mod with ShapeDtypeStruct operands (no values)."""
+    slopes = jax.ShapeDtypeStruct((HQ, 1, 1), jnp.float32)
+    m, arrays4 = sm_mod.make_score_mod(alibi, (slopes,), None, (B, HQ, S, S))
+    assert arrays4 == [jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)]
+    real, _ = sm_mod.make_score_mod(alibi, (jnp.ones((HQ, 1, 1)),), None, (B, HQ, S, S))
+    assert m.fwd == real.fwd and m.bwd == real.bwd

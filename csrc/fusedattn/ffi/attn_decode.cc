@@ -291,4 +291,28 @@ Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi
   return Status::Ok();
 }
 
+Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> program,
+                             const ffi::AnyBuffer& operands, ffi::AnyBuffer* doperands,
+                             ScoreModCall* c) {
+  const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
+  FA_RETURN_IF_NOT_OK(decode_score_mod(program.begin(), static_cast<int64_t>(program.size()), ext,
+                                       &c->sm));
+  const int64_t want = p.num_slices * c->sm.total_size();
+  if (operands.element_type() != ffi::DataType::F32 ||
+      static_cast<int64_t>(operands.element_count()) != want)
+    return Status::Invalid("score_mod_operands: expected float32 with " + std::to_string(want) +
+                           " elements (the concatenated operands per vmap slice); got " +
+                           std::to_string(operands.element_count()));
+  c->operands = static_cast<const float*>(operands.untyped_data());
+  if (doperands) {
+    if (doperands->element_type() != ffi::DataType::F32 ||
+        static_cast<int64_t>(doperands->element_count()) != want)
+      return Status::Invalid("dscore_mod_operands: expected float32 with " + std::to_string(want) +
+                             " elements");
+    c->doperands = static_cast<float*>(doperands->untyped_data());
+  }
+  return Status::Ok();
+}
+
+
 }  // namespace fusedattn::ffi_glue

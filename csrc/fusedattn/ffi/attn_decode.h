@@ -21,6 +21,7 @@
 #include <string>
 
 #include "../params.h"
+#include "../score_mod.h"
 #include "../status.h"
 #include "common.h"
 
@@ -128,6 +129,19 @@ Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi
                           const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
                           ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv,
                           ffi::AnyBuffer* dbias, ffi::AnyBuffer* dsoftmax_offset, AttnTensors* t);
+
+// The score_mod pieces of a call (attributes and operand buffer), decoded and checked:
+// the operands are float32 [total] or [slices, total] (vmap), total = sm.total_size();
+// doperands (null: none) is their gradient result, of the same shape.
+struct ScoreModCall {
+  ScoreMod sm;
+  const float* operands = nullptr;
+  float* doperands = nullptr;
+};
+
+Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> program,
+                             const ffi::AnyBuffer& operands, ffi::AnyBuffer* doperands,
+                             ScoreModCall* c);
 
 }  // namespace fusedattn::ffi_glue
 

@@ -22,37 +22,6 @@ cpu::Extras extras(const AttnTensors& t) {
   return x;
 }
 
-// The score_mod pieces of a call (attributes and operand buffer), decoded and checked:
-// the operands are float32 [total] or [slices, total] (vmap), total = sm->total_size().
-struct ScoreModCall {
-  ScoreMod sm;
-  const float* operands = nullptr;
-  float* doperands = nullptr;
-};
-
-Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> program,
-                             const ffi::AnyBuffer& operands, ffi::AnyBuffer* doperands,
-                             ScoreModCall* c) {
-  const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
-  FA_RETURN_IF_NOT_OK(decode_score_mod(program.begin(), static_cast<int64_t>(program.size()), ext,
-                                       &c->sm));
-  const int64_t want = p.num_slices * c->sm.total_size();
-  if (operands.element_type() != ffi::DataType::F32 ||
-      static_cast<int64_t>(operands.element_count()) != want)
-    return Status::Invalid("score_mod_operands: expected float32 with " + std::to_string(want) +
-                           " elements (the concatenated operands per vmap slice); got " +
-                           std::to_string(operands.element_count()));
-  c->operands = static_cast<const float*>(operands.untyped_data());
-  if (doperands) {
-    if (doperands->element_type() != ffi::DataType::F32 ||
-        static_cast<int64_t>(doperands->element_count()) != want)
-      return Status::Invalid("dscore_mod_operands: expected float32 with " + std::to_string(want) +
-                             " elements");
-    c->doperands = static_cast<float*>(doperands->untyped_data());
-  }
-  return Status::Ok();
-}
-
 ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffer* out,
                    ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit,
                    const ffi::Span<const int32_t>* program, const ffi::AnyBuffer* sm_operands) {

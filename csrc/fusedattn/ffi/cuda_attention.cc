@@ -6,6 +6,10 @@
 //   (each with one more result: a uint8 workspace, sized at trace time by
 //   attn_workspace_bytes(), since XLA's FFI scratch allocator is not available to
 //   every custom call)
+//   fa_cuda_attn_fwd_sm / fa_cuda_attn_bwd_sm: the same with score_mod (flex attention):
+//   one more operand after the ten (the concatenated score_mod operands, f32) and the
+//   program attribute; the graph runs the program (cuda/cudnn/sdpa_graph.cc). The
+//   operands' gradient is not computed here (fusedattn/attention.py takes it from XLA).
 // Each decodes one AttnParams and AttnTensors (the same code as the CPU), maps the
 // params to a cached cuDNN graph (cuda/cudnn/sdpa_config.h), takes every temporary
 // from the workspace, and enqueues on XLA's stream.
@@ -144,20 +148,48 @@ struct BwdPlan {
   }
 };
 
+// A score_mod call as the graph code takes it (null: none), checked against p.
+struct SmArgs {
+  const ScoreModCall* call = nullptr;
+  cudnn::ScoreModSpec spec;
+  const cudnn::ScoreModSpec* get() const { return call ? &spec : nullptr; }
+};
+
+Status make_sm_args(const AttnParams& p, const ffi::Span<const int32_t>* program,
+                    const ffi::AnyBuffer* operands, ScoreModCall* call, SmArgs* out) {
+  if (!program) return Status::Ok();
+  FA_RETURN_IF_NOT_OK(decode_score_mod_call(p, *program, *operands, nullptr, call));
+  if (p.bias_type != FA_NO_BIAS)
+    return Status::Unimplemented("score_mod with a bias on cuDNN (the bias would follow the "
+                                 "score_mod there); fusedattn runs the reference instead");
+  out->call = call;
+  out->spec = {program->begin(), static_cast<int64_t>(program->size())};
+  return Status::Ok();
+}
+
+// Binds slice s's score_mod operands (their graph uids) into the pack.
+void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
+  if (!sm.call) return;
+  const ScoreMod& m = sm.call->sm;
+  for (int32_t i = 0; i < m.n_operands; ++i)
+    pack[cudnn::kScoreModOperand + i] =
+        const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
+}
+
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
                 ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
-                const AttnAttrs& attrs) {
+                const AttnAttrs& attrs, const SmArgs& sm) {
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
   const bool want_max = attrs.want_max_logit != 0;
-  const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0);
+  const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
 
-  const int64_t slices = cudnn::graph_per_slice(p) ? p.num_slices : 1;
+  const int64_t slices = cudnn::graph_per_slice(p, sm.get()) ? p.num_slices : 1;
   const int64_t rows = p.batch / slices, H = p.heads_q;
   const FwdPlan fp(p, c, *g);
   ScratchPlan plan = fp.plan;
@@ -186,6 +218,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
     if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
       pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
     if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) pack[cudnn::kSink] = plan.at<float>(sink_at);
+    bind_sm_operands(sm, s, pack);
     FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
     FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
   }
@@ -225,18 +258,19 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
                 const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
                 ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
                 ffi::AnyBuffer* dsoftmax_offset, ffi::AnyBuffer* workspace,
-                const AttnAttrs& attrs) {
+                const AttnAttrs& attrs, const SmArgs& sm) {
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
-  const SdpaConfig c = cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false);
+  const SdpaConfig c =
+      cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
 
-  const int64_t slices = cudnn::graph_per_slice(p) ? p.num_slices : 1;
+  const int64_t slices = cudnn::graph_per_slice(p, sm.get()) ? p.num_slices : 1;
   const int64_t rows = p.batch / slices, H = p.heads_q;
   const int64_t n_lse = p.batch * H * p.seqlen_q;
   const bool fix_lse = cudnn::rows_may_be_empty(p);
@@ -290,6 +324,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
       pack[cudnn::kSink] = plan.at<float>(sink_at);
       pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;  // the constant's gradient: discarded
     }
+    bind_sm_operands(sm, s, pack);
     FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
     FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
   }
@@ -306,7 +341,28 @@ ffi::Error attn_fwd_cuda(cudaStream_t stream, int32_t device,
                          ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
-  return to_ffi_error(attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs));
+  return to_ffi_error(
+      attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs, SmArgs{}));
+}
+
+ffi::Error attn_fwd_sm_cuda(cudaStream_t stream, int32_t device,
+                            ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
+                            ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
+  ScoreModCall call;
+  SmArgs sm;
+  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm));
+  return to_ffi_error(
+      attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs.base(), sm));
 }
 
 ffi::Error attn_bwd_cuda(cudaStream_t stream, int32_t device,
@@ -322,16 +378,41 @@ ffi::Error attn_bwd_cuda(cudaStream_t stream, int32_t device,
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
   return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
-                               &*dsoftmax_offset, &*workspace, attrs));
+                               &*dsoftmax_offset, &*workspace, attrs, SmArgs{}));
+}
+
+ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
+                            ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
+                            ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                            ffi::Result<ffi::AnyBuffer> dbias,
+                            ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                            ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
+  ScoreModCall call;
+  SmArgs sm;
+  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm));
+  return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
+                               &*dsoftmax_offset, &*workspace, attrs.base(), sm));
 }
 
 }  // namespace
 
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
-                            bool backward, int64_t* bytes) {
+                            bool backward, int64_t* bytes, const cudnn::ScoreModSpec* sm) {
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
-  const SdpaConfig c = backward ? cudnn::make_config(p, false, false)
-                                : cudnn::make_config(p, want_max_logit, want_lse);
+  if (sm && p.bias_type != FA_NO_BIAS)
+    return Status::Unimplemented("score_mod with a bias on cuDNN");
+  const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
+                                : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
   *bytes = static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
@@ -343,6 +424,7 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
 
 namespace ffi = xla::ffi;
 using fusedattn::ffi_glue::AttnAttrs;
+using fusedattn::ffi_glue::AttnScoreModAttrs;
 
 #define FA_CUDA_ATTN_OPERANDS        \
   .Arg<ffi::AnyBuffer>() /* q */     \
@@ -382,3 +464,34 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                                   .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());
+
+// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// operands concatenated), and the program attribute.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnScoreModAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnScoreModAttrs>());

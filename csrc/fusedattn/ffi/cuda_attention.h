@@ -4,14 +4,16 @@
 
 #include <cstdint>
 
+#include "../cuda/cudnn/sdpa_config.h"
 #include "../params.h"
 #include "../status.h"
 
 namespace fusedattn::ffi_glue {
 
 // Bytes of workspace the forward (backward) of p needs on `device`; the flags are the
-// forward's want_lse / want_max_logit attributes.
+// forward's want_lse / want_max_logit attributes, sm the score_mod (null: none).
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
-                            bool backward, int64_t* bytes);
+                            bool backward, int64_t* bytes,
+                            const cudnn::ScoreModSpec* sm = nullptr);
 
 }  // namespace fusedattn::ffi_glue

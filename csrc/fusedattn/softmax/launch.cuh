@@ -33,11 +33,14 @@ Status launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   const bool vec = vectorizable<T>(a.skv, {a.x, a.y}, a.mask);  // else the scalar kernel
   return with_config(int64_t{a.skv} * sizeof(T), [&](auto tpr, auto bpt) -> Status {
     constexpr int TPR = decltype(tpr)::value, E = decltype(bpt)::value / sizeof(T);
-    if (vec)
-      return launch_rows<TPR>(softmax_fwd_kernel<T, TPR, E, kVec>, for_kernel<TPR, kVec>(a),
-                              stream);
-    if constexpr (kScalarServed<T, TPR, decltype(bpt)::value>)
-      return launch_rows<TPR>(softmax_fwd_kernel<T, TPR, E, 1>, for_kernel<TPR, 1>(a), stream);
+    if (vec) {
+      const FwdArgs k = for_kernel<TPR, kVec>(a);
+      return launch_rows<TPR>(fwd_kernel<T, TPR, E, kVec>(k), k, stream);
+    }
+    if constexpr (kScalarServed<T, TPR, decltype(bpt)::value>) {
+      const FwdArgs k = for_kernel<TPR, 1>(a);
+      return launch_rows<TPR>(fwd_kernel<T, TPR, E, 1>(k), k, stream);
+    }
     return scalar_not_served(a.skv);
   });
 }

@@ -80,12 +80,18 @@ def run(args):
             for name, f in _impls(c).items():
                 if name.endswith("_xla") and c["S"] > args.xla_max_seq:
                     continue
-                if mode == "fwd+bwd":
-                    loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) * do)
-                    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                if mode == "fwd+bwd":  # do is an argument: a constant would be folded
+                    loss = lambda q, k, v, do, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) * do)
+                    fn, fargs = jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do)
                 else:
-                    fn = jax.jit(f)
-                row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
+                    fn, fargs = jax.jit(f), (q, k, v)
+                row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
+            slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
+            for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
+                # which backend ran it (a fallback to the reference must show in the table)
+                row[f"{name}_backend"] = fusedattn.get_backend(
+                    (q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK, score_mod=fn_,
+                    score_mod_operands=ops, is_training=mode != "fwd").name
             for name in ("softcap", "alibi"):
                 row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
                 if f"{name}_xla_ms" in row:
@@ -98,8 +104,9 @@ def run(args):
 def _fmt(r):
     g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
     return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
-            f"{g('softcap_ms')} ms ({g('softcap_vs_plain')}x plain, {g('softcap_vs_xla')}x xla) | "
-            f"alibi {g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
+            f"[{r.get('softcap_backend', '-')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
+            f"plain, {g('softcap_vs_xla')}x xla) | alibi [{r.get('alibi_backend', '-')}] "
+            f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
 
 
 def main(argv=None) -> int:

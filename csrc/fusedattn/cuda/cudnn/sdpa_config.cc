@@ -35,15 +35,16 @@ LayoutViews layout_views(const AttnParams& p) {
 
 }  // namespace
 
-bool graph_per_slice(const AttnParams& p) {
+bool graph_per_slice(const AttnParams& p, const ScoreModSpec* sm) {
   if (p.num_slices <= 1) return false;
-  return has_dropout(p) || p.softmax_type == FA_LEARNABLE_SOFTMAX ||
+  return sm != nullptr || has_dropout(p) || p.softmax_type == FA_LEARNABLE_SOFTMAX ||
          (p.bias_type != FA_NO_BIAS && p.bias_batch == 1);
 }
 
-SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse) {
+SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse,
+                       const ScoreModSpec* sm) {
   const LayoutViews l = layout_views(p);
-  const int64_t rows = graph_per_slice(p) ? p.batch / p.num_slices : p.batch;
+  const int64_t rows = graph_per_slice(p, sm) ? p.batch / p.num_slices : p.batch;
   SdpaConfig c;
   c.dtype = p.dtype;
   c.heads_q = p.heads_q;
@@ -89,6 +90,11 @@ SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse) 
   c.dropout = has_dropout(p) ? p.dropout : 0.0f;
   c.max_sum = want_max_logit;
   c.gen_stats = want_lse && !want_max_logit;
+  if (sm) {
+    c.score_mod.assign(sm->attr, sm->attr + sm->n);
+    c.sm_batch = rows;  // per slice (graph_per_slice): the operands' batch extent
+    c.segments = is_thd(p.layout) ? p.max_segments : 1;
+  }
   return c;
 }
 

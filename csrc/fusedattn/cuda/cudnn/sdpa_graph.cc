@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include "../../score_mod.h"
+#include "../../score_mod_pointwise.h"
 #include "../check.h"
 #include "frontend.h"
 #include "handle.h"
@@ -120,19 +122,193 @@ class Builder {
   std::map<Uid, Tensor> ragged_;
 };
 
-// The options both directions share: scale, padding, diagonal band, bias, sink, dropout.
+fe::PointwiseMode_t pointwise_mode(PwOp op) {
+  using M = fe::PointwiseMode_t;
+  switch (op) {
+    case PwOp::kAdd: return M::ADD;
+    case PwOp::kSub: return M::SUB;
+    case PwOp::kMul: return M::MUL;
+    case PwOp::kDiv: return M::DIV;
+    case PwOp::kMax: return M::MAX;
+    case PwOp::kMin: return M::MIN;
+    case PwOp::kPow: return M::POW;
+    case PwOp::kNeg: return M::NEG;
+    case PwOp::kAbs: return M::ABS;
+    case PwOp::kExp: return M::EXP;
+    case PwOp::kLog: return M::LOG;
+    case PwOp::kTanh: return M::TANH_FWD;
+    case PwOp::kSigmoid: return M::SIGMOID_FWD;
+    case PwOp::kSqrt: return M::SQRT;
+    case PwOp::kRsqrt: return M::RSQRT;
+    case PwOp::kFloor: return M::FLOOR;
+    case PwOp::kCeil: return M::CEIL;
+    case PwOp::kSin: return M::SIN;
+    case PwOp::kCos: return M::COS;
+    case PwOp::kErf: return M::ERF;
+    case PwOp::kCmpLt: return M::CMP_LT;
+    case PwOp::kCmpLe: return M::CMP_LE;
+    case PwOp::kCmpGt: return M::CMP_GT;
+    case PwOp::kCmpGe: return M::CMP_GE;
+    case PwOp::kCmpEq: return M::CMP_EQ;
+    case PwOp::kCmpNe: return M::CMP_NEQ;
+    case PwOp::kSelect: return M::BINARY_SELECT;
+    case PwOp::kInput:
+    case PwOp::kConst: break;
+  }
+  return M::NOT_SET;
+}
+
+// A config's score_mod as cuDNN subgraph code (SdpaConfig::score_mod). The forward
+// modifier runs the program on the scaled scores, then the masks; the backward one
+// runs the derived program on dS, reading the raw scores that the forward modifier
+// of the same (backward) graph kept, and keeps dS = 0 where it was 0 (masked keys:
+// a derivative that is NaN there must not leak). Shared by both lambdas of a graph.
+class ScoreModGraph {
+ public:
+  // Decodes and lowers the programs; seq_q / seq_kv: the length tensors (padding).
+  Status init(const SdpaConfig& c, Tensor seq_q, Tensor seq_kv) {
+    c_ = &c;
+    seq_q_ = std::move(seq_q);
+    seq_kv_ = std::move(seq_kv);
+    const int64_t ext[4] = {c.sm_batch, c.heads_q, c.seq_q, c.seq_kv};
+    FA_RETURN_IF_NOT_OK(
+        decode_score_mod(c.score_mod.data(), int64_t(c.score_mod.size()), ext, &sm_));
+    for (int32_t i = 0; i < sm_.n_operands && c.segments > 1; ++i)
+      if (sm_.shape[i][0] > 1)  // the graph's batch counts THD segments, not rows
+        return Status::Unimplemented("score_mod operand " + std::to_string(i) +
+                                     " has a batch dimension; cuDNN's THD graphs take "
+                                     "operands that broadcast over the batch only");
+    FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, sm_.n_operands, &fwd_));
+    return lower_to_pointwise(sm_.bwd, sm_.n_operands, &bwd_);
+  }
+
+  // The operands as graph inputs, [1|B, 1|Hq, 1|Sq, 1|Skv] f32 row-major.
+  void make_operands(fe::graph::Graph& g) {
+    for (int32_t i = 0; i < sm_.n_operands; ++i) {
+      const int64_t* d = sm_.shape[i];
+      operands_.push_back(g.tensor(Tensor_attributes()
+                                       .set_name("score_mod_operand_" + std::to_string(i))
+                                       .set_uid(kScoreModOperand + i)
+                                       .set_dim({d[0], d[1], d[2], d[3]})
+                                       .set_stride({d[1] * d[2] * d[3], d[2] * d[3], d[3], 1})
+                                       .set_data_type(fe::DataType_t::FLOAT)));
+    }
+  }
+
+  Tensor forward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& score) {
+    raw_ = score;
+    Tensor s = emit(g, fwd_, score, nullptr);
+    namespace sm = fe::graph::attn::score_modifiers;
+    const SdpaConfig& c = *c_;
+    if (c.padding) s = sm::padding_mask(g, s, seq_kv_, seq_q_);
+    if (c.diag != Diag::kNone || c.left_bound >= 0 || c.right_bound >= 0) {
+      const auto align = c.diag == Diag::kBottomRight ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                      : fe::DiagonalAlignment_t::TOP_LEFT;
+      std::optional<int64_t> left, right;
+      if (c.left_bound >= 0) left = c.left_bound;
+      if (c.right_bound >= 0) right = c.right_bound;
+      s = sm::sliding_window_mask(g, s, align, left, right, c.seq_q, c.seq_kv,
+                                  c.padding ? seq_q_ : nullptr, c.padding ? seq_kv_ : nullptr,
+                                  nullptr, nullptr);
+    }
+    return s;
+  }
+
+  Tensor backward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& ds) {
+    Tensor d = emit(g, bwd_, raw_, ds);
+    auto zero = std::make_shared<Tensor_attributes>(0.0f);
+    auto nonzero = g->pointwise(ds, zero, pw(fe::PointwiseMode_t::CMP_NEQ, "ds_nonzero"));
+    nonzero->set_data_type(fe::DataType_t::BOOLEAN);
+    // (the first input is the computed one: cuDNN's rule, score_mod_pointwise.h)
+    return g->pointwise(d, zero, nonzero, pw(fe::PointwiseMode_t::BINARY_SELECT, "ds_keep_zero"));
+  }
+
+ private:
+  static fe::graph::Pointwise_attributes pw(fe::PointwiseMode_t mode, const std::string& name) {
+    return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode);
+  }
+
+  // Program input register r: score, batch, head, q, kv, operands, then dscore.
+  Tensor input(const std::shared_ptr<fe::graph::Graph>& g, int32_t r, const Tensor& score,
+               const Tensor& ds) {
+    if (r == 0) return score;
+    if (r >= kScoreModIndexInputs) {
+      const int32_t k = r - kScoreModIndexInputs;
+      return k < sm_.n_operands ? operands_[k] : ds;
+    }
+    auto idx = g->pointwise(score, pw(fe::PointwiseMode_t::GEN_INDEX, "score_mod_index")
+                                       .set_axis(r - 1)
+                                       .set_compute_data_type(fe::DataType_t::INT32));
+    idx->set_data_type(fe::DataType_t::INT32);
+    if (r == 1 && c_->segments > 1) {  // THD: graph batch = row * segments + segment
+      auto seg = std::make_shared<Tensor_attributes>(float(c_->segments));
+      idx = g->pointwise(g->pointwise(idx, seg, pw(fe::PointwiseMode_t::DIV, "batch_div")),
+                         pw(fe::PointwiseMode_t::FLOOR, "batch_floor"));
+    }
+    return idx;
+  }
+
+  Tensor emit(const std::shared_ptr<fe::graph::Graph>& g, const PwProgram& prog,
+              const Tensor& score, const Tensor& ds) {
+    std::vector<Tensor> t(prog.nodes.size());
+    for (size_t i = 0; i < prog.nodes.size(); ++i) {
+      const PwNode& n = prog.nodes[i];
+      const std::string name = "score_mod_" + std::to_string(i);
+      if (n.op == PwOp::kInput) {
+        t[i] = input(g, n.input, score, ds);
+      } else if (n.op == PwOp::kConst) {
+        t[i] = std::make_shared<Tensor_attributes>(n.value);
+      } else if (n.op == PwOp::kSelect) {  // BINARY_SELECT(in0, in1, mask) = mask ? in0 : in1
+        t[i] = g->pointwise(t[n.b], t[n.c], t[n.a], pw(pointwise_mode(n.op), name));
+      } else if (n.b < 0) {
+        t[i] = g->pointwise(t[n.a], pw(pointwise_mode(n.op), name));
+      } else {
+        t[i] = g->pointwise(t[n.a], t[n.b], pw(pointwise_mode(n.op), name)
+                                                .set_compute_data_type(fe::DataType_t::FLOAT));
+      }
+      if (n.boolean) t[i]->set_data_type(fe::DataType_t::BOOLEAN);
+    }
+    return t[prog.out];
+  }
+
+  const SdpaConfig* c_ = nullptr;
+  ScoreMod sm_;
+  PwProgram fwd_, bwd_;
+  std::vector<Tensor> operands_;
+  Tensor seq_q_, seq_kv_, raw_;
+};
+
+// Sets score_mod (and its backward) on o: the masks move into the modifier.
 template <class Attrs>
-void common_options(const SdpaConfig& c, Builder& b, Attrs& o) {
-  o.set_attn_scale(c.scale);
-  if (c.padding)
-    o.set_padding_mask(true)
-        .set_seq_len_q(b.int_vector("seq_len_q", kSeqQ, c.batch))
-        .set_seq_len_kv(b.int_vector("seq_len_kv", kSeqKV, c.batch));
+Status set_score_mod(const SdpaConfig& c, Builder& b, Attrs& o, Tensor seq_q, Tensor seq_kv,
+                     bool backward) {
+  auto smg = std::make_shared<ScoreModGraph>();
+  FA_RETURN_IF_NOT_OK(smg->init(c, std::move(seq_q), std::move(seq_kv)));
+  smg->make_operands(*b.graph());
+  o.set_score_mod([smg](std::shared_ptr<fe::graph::Graph> g, Tensor s) {
+    return smg->forward(g, s);
+  });
+  if constexpr (std::is_same_v<Attrs, fe::graph::SDPA_backward_attributes>) {
+    if (backward)
+      o.set_score_mod_bprop([smg](std::shared_ptr<fe::graph::Graph> g, Tensor ds) {
+        return smg->backward(g, ds);
+      });
+  }
+  return Status::Ok();
+}
+
+// cuDNN's own diagonal band: causal alignment and window bounds.
+template <class Attrs>
+void band_options(const SdpaConfig& c, Attrs& o) {
   if (c.diag != Diag::kNone)
     o.set_diagonal_alignment(c.diag == Diag::kBottomRight ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
                                                           : fe::DiagonalAlignment_t::TOP_LEFT);
   if (c.left_bound >= 0) o.set_diagonal_band_left_bound(static_cast<int>(c.left_bound));
   if (c.right_bound >= 0) o.set_diagonal_band_right_bound(static_cast<int>(c.right_bound));
+}
+
+template <class Attrs>
+void extra_options(const SdpaConfig& c, Builder& b, Attrs& o) {
   if (c.bias) o.set_bias(b.bias());
   if (c.sink) o.set_sink_token(b.head_vector("sink", kSink));
   if (c.dropout > 0.0f) {
@@ -141,13 +317,34 @@ void common_options(const SdpaConfig& c, Builder& b, Attrs& o) {
   }
 }
 
-std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaConfig& c) {
+// The options both directions share: scale, padding, diagonal band, bias, sink, dropout
+// (with a score_mod, the modifier builds the masks).
+template <class Attrs>
+Status common_options(const SdpaConfig& c, Builder& b, Attrs& o, bool backward) {
+  o.set_attn_scale(c.scale);
+  Tensor seq_q, seq_kv;
+  if (c.padding) {
+    seq_q = b.int_vector("seq_len_q", kSeqQ, c.batch);
+    seq_kv = b.int_vector("seq_len_kv", kSeqKV, c.batch);
+    o.set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+  }
+  if (!c.score_mod.empty()) {
+    FA_RETURN_IF_NOT_OK(set_score_mod(c, b, o, seq_q, seq_kv, backward));
+  } else {
+    if (c.padding) o.set_padding_mask(true);
+    band_options(c, o);
+  }
+  extra_options(c, b, o);
+  return Status::Ok();
+}
+
+Status forward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* out) {
   Builder b(c);
   auto q = b.input("q", kQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
   auto k = b.input("k", kK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
   auto v = b.input("v", kV, c.heads_kv, c.seq_kv, c.dim_v, c.v, kRagV);
   auto opts = fe::graph::SDPA_attributes().set_name("sdpa_fwd").set_generate_stats(c.gen_stats);
-  common_options(c, b, opts);
+  FA_RETURN_IF_NOT_OK(common_options(c, b, opts, /*backward=*/false));
   if (c.max_sum) {
     opts.set_logit_max(b.row_stat("max", kMax));
     opts.set_score_sum_exp(b.row_stat("sum_exp", kSumExp));
@@ -158,10 +355,11 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaConfig& c) {
     stats->set_data_type(fe::DataType_t::FLOAT);
     b.output(stats, kStats, c.heads_q, c.seq_q, 1, c.lse, kRagStats);
   }
-  return b.graph();
+  *out = b.graph();
+  return Status::Ok();
 }
 
-std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaConfig& c) {
+Status backward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* out) {
   Builder b(c);
   auto q = b.input("q", kQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
   auto k = b.input("k", kK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
@@ -171,7 +369,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaConfig& c) {
   auto stats = b.input("stats", kStats, c.heads_q, c.seq_q, 1, c.lse, kRagStats);
   stats->set_data_type(fe::DataType_t::FLOAT);
   auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_bwd");
-  common_options(c, b, opts);
+  FA_RETURN_IF_NOT_OK(common_options(c, b, opts, /*backward=*/true));
   if (c.ragged) opts.set_max_total_seq_len_q(c.total_q).set_max_total_seq_len_kv(c.total_kv);
   if (c.bias) {
     auto db = b.graph()->tensor(Tensor_attributes()
@@ -186,12 +384,14 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaConfig& c) {
   b.output(dq, kDQ, c.heads_q, c.seq_q, c.dim_qk, c.q, kRagQ);
   b.output(dk, kDK, c.heads_kv, c.seq_kv, c.dim_qk, c.k, kRagK);
   b.output(dv, kDV, c.heads_kv, c.seq_kv, c.dim_v, c.v, kRagV);
-  return b.graph();
+  *out = b.graph();
+  return Status::Ok();
 }
 
 Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* out) {
   try {
-    auto g = backward ? backward_graph(c) : forward_graph(c);
+    std::shared_ptr<fe::graph::Graph> g;
+    FA_RETURN_IF_NOT_OK(backward ? backward_graph(c, &g) : forward_graph(c, &g));
     std::lock_guard<std::mutex> lock(h->mu);
     FA_FE_RETURN_IF_ERROR(g->validate(), "graph validation");
     FA_FE_RETURN_IF_ERROR(g->build_operation_graph(h->handle), "operation graph");
@@ -219,11 +419,14 @@ struct CacheEntry {
 }  // namespace
 
 std::vector<int64_t> SdpaConfig::key() const {
-  return {dtype, batch, heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v,
+  std::vector<int64_t> words = {dtype, batch, heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v,
           q.b, q.h, q.s, k.b, k.h, k.s, v.b, v.h, v.s, o.b, o.h, o.s, lse.b, lse.h, lse.s,
           ragged, total_q, total_kv, padding, static_cast<int64_t>(diag), left_bound, right_bound,
           float_bits(scale), bias, bias_b, bias_h, bias_view.b, bias_view.h, bias_view.s, sink,
-          float_bits(dropout), gen_stats, max_sum};
+          float_bits(dropout), gen_stats, max_sum, sm_batch, segments,
+          static_cast<int64_t>(score_mod.size())};
+  words.insert(words.end(), score_mod.begin(), score_mod.end());  // the program is in the graph
+  return words;
 }
 
 int64_t built_graph_count() { return g_built.load(); }

@@ -52,6 +52,13 @@ struct SdpaConfig {
   float dropout = 0.0f;
   // Forward outputs: stats = lse; max_sum = row max + row sum of exp (max_logit needs them).
   bool gen_stats = false, max_sum = false;
+  // score_mod (flex attention): the packed program attribute of score_mod.h (empty:
+  // none). Its graphs run the program on the scaled scores, then build the masks
+  // themselves (cuDNN builds none beside a score_mod: padding, diag and bounds above
+  // say which); operand i is the f32 tensor kScoreModOperand + i of its decoded shape,
+  // batch extent sm_batch. THD: batch_idx is the graph batch / segments.
+  std::vector<int32_t> score_mod;
+  int64_t sm_batch = 0, segments = 1;
 
   std::vector<int64_t> key() const;
 };
@@ -61,6 +68,7 @@ enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kMax, kSumExp, kBias, kSeqQ, kSeqKV,
   kRagQ, kRagK, kRagV, kRagO, kRagStats, kSeed, kOffset, kSink,
   kDO, kDQ, kDK, kDV, kDBias, kDSink,
+  kScoreModOperand = 64,  // + operand index (< kMaxScoreModOperands)
 };
 
 struct BuiltGraph {
