@@ -412,8 +412,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     score_mod: fn(score, batch_idx, head_idx, q_idx, kv_idx, *operands) -> score, written
       with jax.numpy on scalars (flex attention; score_mod.py has the rules): applied to the
       scaled, biased logits before the masks and the softmax, inside the CPU kernel
-      (forward and backward, with the derivative traced from fn); other platforms run the
-      reference with fn over the materialized scores. score_mod_operands: arrays
+      (forward and backward, with the derivative traced from fn) and, on the GPU, as
+      pointwise nodes of cuDNN's graph (a bias, or a graph cuDNN declines, runs the
+      reference with fn over the materialized scores; so does an operand's gradient on
+      the GPU). score_mod_operands: arrays
       broadcastable to [B, Hq, Sq, Skv] (differentiable) or Python/NumPy scalars (baked
       in). In THD layouts each segment is a sequence of its own: q_idx and kv_idx count
       from its first query and key token (so relative positions, ALiBi and a causal
