@@ -13,7 +13,8 @@
 // q, k and the saved log-sum-exp. delta is summed in float32 from the weights, not
 // taken as dout . out: out is rounded to T, and in bf16/fp16 that rounding shows in dq
 // (the dS_j no longer sum to 0). When a row's keys fit one chunk, delta comes from the
-// chunk's registers; otherwise a first pass over V (row_delta) finds it.
+// chunk's registers; otherwise a first pass over V (row_delta) finds it, and keeps the
+// dP_j in shared memory for the main pass, which then reads only K: V is read once.
 #pragma once
 
 #include "fwd_kernel.cuh"
@@ -21,11 +22,12 @@
 namespace fusedattn::small_seq::cuda {
 
 // delta = sum_j P_j dP_j over the keys [0, hi) of one (query row, head), as a pass of
-// its own over V (and K when the weights are recomputed). Every lane gets it.
+// its own over V (and K when the weights are recomputed). Every lane gets it. With
+// dp_out (a warp's kMaxWidth floats of shared memory), dP_j goes to dp_out[j] too.
 template <class T, int D, bool kUseProbs>
 __device__ float row_delta(const T* kb, const T* vb, int kv_stride, int hi, const float* prow,
                            const float (&qf)[Geo<T, D>::kE], const float (&dof)[Geo<T, D>::kE],
-                           float s2, float lse2, int lane) {
+                           float s2, float lse2, int lane, float* dp_out = nullptr) {
   using G = Geo<T, D>;
   constexpr int kLpr = G::kLpr, kRps = G::kRps;
   const int sub = lane / kLpr, pos = lane % kLpr;
@@ -44,18 +46,24 @@ __device__ float row_delta(const T* kb, const T* vb, int kv_stride, int hi, cons
       const float s = row_sum<kLpr>(dot<T, D>(qf, kr));
       p = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
     }
-    acc += p * row_sum<kLpr>(dot<T, D>(dof, vr));
+    const float dp = row_sum<kLpr>(dot<T, D>(dof, vr));
+    if (dp_out && pos == 0 && j < hi) dp_out[j] = dp;
+    acc += p * dp;
   }
   return across_rows_sum<kLpr>(acc);
 }
 
 // dq of query row t, head h (keys [0, hi) of the segment kept). With kWriteKv (the
 // segment's only (row, head) pair), also dk and dv of every key row of the segment.
-// kUseProbs: the weights come from P, else from q, k and the log-sum-exp.
-template <class T, int D, int kCs, bool kUseProbs, bool kWriteKv>
+// kUseProbs: the weights come from P, else from q, k and the log-sum-exp. kStashed
+// (with P, for rows whose keys span several chunks): the delta pass keeps dP in shared
+// memory and the main pass reads no V. A code path of its own: mixed with the other
+// it spills (ptxas, the 5-block budget of min_blocks).
+template <class T, int D, int kCs, bool kUseProbs, bool kWriteKv, bool kStashed = false>
 __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows& kv, int hi,
                         int lane) {
-  constexpr bool use_probs = kUseProbs, write_kv = kWriteKv;
+  constexpr bool use_probs = kUseProbs, write_kv = kWriteKv, stashed = kStashed;
+  static_assert(!kStashed || kUseProbs, "dP is stashed only where P bounds the keys");
   using G = Geo<T, D>;
   constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
   constexpr int kChunk = kCs * kRps;
@@ -79,10 +87,15 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
   for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
 
   const int n = write_kv ? kv.len : hi;  // key rows visited
-  const bool one_chunk = n <= kChunk;    // delta from the chunk's registers
+  const bool one_chunk = !stashed && n <= kChunk;  // delta from the chunk's registers
+  // (stashed: hi <= n <= width <= kMaxWidth)
+  __shared__ float dp_stash[kWarpsPerBlock][kMaxWidth];
+  float* stash = stashed ? dp_stash[threadIdx.x / 32] : nullptr;
+  if (stashed) __syncwarp();  // the previous work item's reads of the stash are done
   float delta = one_chunk ? 0.0f
                           : row_delta<T, D, use_probs>(kb, vb, kv_stride, hi, prow, qf, dof, s2,
-                                                       lse2, lane);
+                                                       lse2, lane, stash);
+  if (stashed) __syncwarp();  // the stash is written
   for (int j0 = 0; j0 < n; j0 += kChunk) {
     RowSlice<T, D> kr[kCs], vr[kCs];
     float p[kCs];
@@ -91,10 +104,10 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
       const int j = j0 + c * kRps + sub;
       if (j < n) {
         kr[c].load(kb + int64_t{j} * kv_stride, pos);
-        vr[c].load(vb + int64_t{j} * kv_stride, pos);
+        if (!stashed) vr[c].load(vb + int64_t{j} * kv_stride, pos);
       } else {
         kr[c].zero();
-        vr[c].zero();
+        if (!stashed) vr[c].zero();
       }
       p[c] = use_probs && j < hi ? __ldg(prow + j) : 0.0f;
     }
@@ -102,7 +115,9 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
       const int j = j0 + c * kRps + sub;
-      dp[c] = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
+      // (keys past hi: P = 0, so dS = 0 whatever dP is)
+      if constexpr (stashed) dp[c] = j < hi ? stash[j] : 0.0f;
+      else dp[c] = row_sum<kLpr>(dot<T, D>(dof, vr[c]));
       if constexpr (!use_probs) {
         const float s = row_sum<kLpr>(dot<T, D>(qf, kr[c]));
         p[c] = j < hi ? exp2f(s * s2 - lse2) : 0.0f;
@@ -216,15 +231,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, (min_blocks<T, D, kCs, tr
   for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
     const int hq0 = hk * a.group;
     const bool use_probs = fast_segment(qr.len, kv.len, a.width);
+    constexpr int kChunk = kCs * Geo<T, D>::kRps;
     if (use_probs && qr.len == 1 && a.group == 1) {
       // The common case: one (row, head) pair writes dq, dk and dv in one pass.
-      bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, row_hi(a.mask, 0, 1, kv.len), lane);
+      const int hi = row_hi(a.mask, 0, 1, kv.len);
+      if (kv.len <= kChunk) bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
+      else bwd_row<T, D, kCs, true, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
     } else if (use_probs) {
       // GQA (or a segment without query): dq per (row, head), then dk/dv over the group.
       for (int r = 0; r < qr.len; ++r)
-        for (int h = hq0; h < hq0 + a.group; ++h)
-          bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv,
-                                          row_hi(a.mask, r, qr.len, kv.len), lane);
+        for (int h = hq0; h < hq0 + a.group; ++h) {
+          const int hi = row_hi(a.mask, r, qr.len, kv.len);
+          if (hi <= kChunk) bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv, hi, lane);
+          else bwd_row<T, D, kCs, true, false, true>(a, pack, qr.begin + r, h, kv, hi, lane);
+        }
       bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
     } else {
       // A broken promise: correct, not fast (one key row per sub-group at a time).

@@ -83,7 +83,7 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
 // code needs, except where a warp's chunk is small (one 16-byte vector per lane per row,
 // at most 2 rows per sub-group): there a warp has little in flight, so more warps must
 // be resident: 6 blocks (24 warps, <= 85 registers) for the one-row forward, 5 (<= 102)
-// elsewhere, 4 for the backward where that still spills (float32, sm_80). All without
+// elsewhere, 4 for the backward where that still spills (float32, sm_80, 2-byte D 256). All without
 // spills (ptxas -v, sm_80 and sm_90a).
 template <class T, int D, int kCs, bool kBackward>
 constexpr int min_blocks() {
@@ -92,7 +92,7 @@ constexpr int min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   return 4;  // sm_80's backward code needs a few more registers
 #else
-  return sizeof(T) == 4 ? 4 : 5;
+  return sizeof(T) == 4 || D == 256 ? 4 : 5;  // 2-byte D 256: its stashed dP path spills at 5
 #endif
 }
 
