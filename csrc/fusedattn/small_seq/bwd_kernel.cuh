@@ -58,7 +58,7 @@ __device__ float row_delta(const T* kb, const T* vb, int kv_stride, int hi, cons
 // kUseProbs: the weights come from P, else from q, k and the log-sum-exp. kStashed
 // (with P, for rows whose keys span several chunks): the delta pass keeps dP in shared
 // memory and the main pass reads no V. A code path of its own: mixed with the other
-// it spills (ptxas, the 5-block budget of min_blocks).
+// it spills (ptxas, the 5-block budget of bwd_min_blocks).
 template <class T, int D, int kCs, bool kUseProbs, bool kWriteKv, bool kStashed = false>
 __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows& kv, int hi,
                         int lane) {
@@ -225,7 +225,7 @@ __device__ void bwd_kv(const KernelArgs& a, int pack, int hk, const Rows& qr, co
 }
 
 template <class T, int D, int kCs, int kCb>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, (min_blocks<T, D, kCs, true>()))
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, (bwd_min_blocks<T, D, kCs>()))
     small_seq_bwd_kernel(const KernelArgs a) {
   const int lane = threadIdx.x & 31;
   for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {

@@ -2,10 +2,11 @@
 //   q [packs, Tq, Hq, D], k/v [packs, Tkv, Hkv, D] -> out [packs, Tq, Hq, D],
 //   probs P [packs, Tq, Hq, W] f32 and stats [packs, Tq, Hq, 2] f32 (when save_aux).
 // A segment normally has one query row, so a warp reads its q row once, streams the
-// segment's K and V rows in chunks of kCs rows per sub-group (all loads of a chunk
-// are issued before any is used, so many bytes are in flight), and keeps an online
-// softmax across chunks in float32. Neighbouring warps take the neighbouring heads
-// of the same segment: with GQA they read the same K/V rows, which L1 serves.
+// segment's K and V rows in chunks of kCs rows per sub-group through shared memory
+// (copied a few steps ahead, see "Forward" below), and keeps an online softmax across
+// chunks in float32. Neighbouring warps take the neighbouring heads of the same
+// segment: with GQA they read the same K/V rows, which L1 serves.
+// The helpers above "Forward" (work items, zeroing, register budgets) serve the backward too.
 #pragma once
 
 #include <math.h>
@@ -78,17 +79,15 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
   }
 }
 
-// Blocks per SM to reserve registers for. Left to itself, ptxas spills to reach a
-// high occupancy, and with a larger minimum it spills to fit; 1 lets it use what the
-// code needs, except where a warp's chunk is small (one 16-byte vector per lane per row,
-// at most 2 rows per sub-group): there a warp has little in flight, so more warps must
-// be resident: 6 blocks (24 warps, <= 85 registers) for the one-row forward, 5 (<= 102)
-// elsewhere, 4 for the backward where that still spills (float32, sm_80, 2-byte D 256). All without
-// spills (ptxas -v, sm_80 and sm_90a).
-template <class T, int D, int kCs, bool kBackward>
-constexpr int min_blocks() {
+// Blocks per SM to reserve registers for, backward kernel. Left to itself, ptxas spills
+// to reach a high occupancy, and with a larger minimum it spills to fit; 1 lets it use
+// what the code needs, except where a warp's chunk is small (one 16-byte vector per lane
+// per row, at most 2 rows per sub-group): there a warp has little in flight, so more warps
+// must be resident: 5 blocks (<= 102 registers), 4 where that still spills (float32,
+// sm_80, 2-byte D 256). Without spills (ptxas -v, sm_80 and sm_90a) but for bf16 D 64.
+template <class T, int D, int kCs>
+constexpr int bwd_min_blocks() {
   if (Geo<T, D>::kVpl != 1 || kCs > 2) return 1;
-  if (!kBackward) return kCs == 1 ? 6 : 5;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   return 4;  // sm_80's backward code needs a few more registers
 #else
@@ -96,114 +95,309 @@ constexpr int min_blocks() {
 #endif
 }
 
-// One query row t of head h against the keys [kv.begin, kv.begin + n) of its kv head.
+// ---- Forward -----------------------------------------------------------------------
+// The forward splits a warp into teams of kLpr lanes (Geo: the lanes that share a head
+// row; D 128 bf16: two teams of 16, D >= 256: one team of 32); a team works on one work
+// item at a time, so a warp has kRps items in hand, and no reduction crosses teams.
+// A team's work is a sequence of steps; a step is one chunk of kCs keys of one query row
+// (or, for a segment without query rows, only the zeroing of its rows). The team copies
+// the q, K and V slices of a step into shared memory with cp.async kFwdStages - 1 steps
+// before it computes it, so several work items' rows are in flight without holding
+// registers (one item a warp at a time, the narrow rows, D 128/256 with a few keys, were
+// latency-bound at 70-85% of the copy bandwidth). Each lane copies and later reads its
+// own slices only. Step descriptors go from the copying code (the "walker") to the
+// computing code through a small ring in shared memory. Teams of a warp run the same
+// code on similar items, so they mostly issue together; every shuffle and barrier names
+// only its team's lanes, so where they part (ragged segments) each still runs correctly.
+
+constexpr int kFwdStages = 3;  // steps a team has in shared memory: 1 computed, 2 in flight
+
+struct FwdStep {
+  Rows qr;           // the segment's q rows (its unused rows are zeroed on its first step)
+  int32_t pack, h;   // pack and q head
+  int32_t t;         // query row (pack-relative); -1: none (a segment without query rows)
+  int32_t kv_begin;  // first key row of the segment
+  int32_t n;         // keys the row keeps
+  int32_t j0;        // first key of this chunk
+  int32_t first;     // first step of its work item
+  int32_t valid;     // 0: past the team's last work item
+};
+
+// Shared memory of one warp and stage: [kSlots][32] vectors (slot-major, lane-minor: a
+// warp's access to one slot is 512 contiguous bytes, free of bank conflicts).
 template <class T, int D, int kCs>
-__device__ void fwd_row(const KernelArgs& a, int pack, int t, int h, const Rows& kv, int n,
-                        int lane) {
-  using G = Geo<T, D>;
-  constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
-  constexpr int kChunk = kCs * kRps;  // key rows per chunk
-  const int sub = lane / kLpr, pos = lane % kLpr;
-  const int64_t kv0 = row_offset(pack, a.kvs.tokens, kv.begin, a.heads_kv, h / a.group, D);
-  const T* kb = static_cast<const T*>(a.k) + kv0;
-  const T* vb = static_cast<const T*>(a.v) + kv0;
-  const int kv_stride = a.heads_kv * D;  // elements from one key row to the next
-  const int64_t qrow = row_offset(pack, a.qs.tokens, t, a.heads_q, h, 1);
+struct FwdLayout {
+  static constexpr int kVpl = Geo<T, D>::kVpl;
+  static constexpr int kSlots = kVpl * (1 + 2 * kCs);  // q, K rows, V rows
+  static constexpr int kStageVecs = kSlots * 32;
+  static constexpr int kBlockBytes = kWarpsPerBlock * kFwdStages * kStageVecs * 16;
+  __device__ static constexpr int q() { return 0; }
+  __device__ static constexpr int k(int c) { return kVpl * (1 + c); }
+  __device__ static constexpr int v(int c) { return kVpl * (1 + kCs + c); }
+};
 
-  // Scores in log2 units: exp2 is one instruction.
-  float qf[kE];
-  load_row<T, D>(static_cast<const T*>(a.q) + qrow * D, pos, qf, a.scale * kLog2e);
-  float* prow = a.save_aux ? a.probs + qrow * a.width : nullptr;
-  float m = -INFINITY, l = 0.0f, acc[kE], sc[kCs];
-#pragma unroll
-  for (int e = 0; e < kE; ++e) acc[e] = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kCs; ++c) sc[c] = -INFINITY;
+// The lanes of the team of `lane` (teams of kLpr lanes).
+template <int kLpr>
+__device__ __forceinline__ unsigned team_mask(int lane) {
+  if constexpr (kLpr == 32) return kAllLanes;
+  else return ((1u << kLpr) - 1) << (lane / kLpr * kLpr);
+}
 
-  for (int j0 = 0; j0 < n; j0 += kChunk) {
-    RowSlice<T, D> kr[kCs], vr[kCs];
+// Walks a team's steps in order: work items u = v, v + V, v + 2V, ... for team v of V
+// (so neighbouring teams take neighbouring heads of a segment; their segment entries
+// loaded kLpr at a time, one a lane), then rows, then chunks. Team-uniform.
+template <int kLpr, int kChunk>
+struct FwdWalker {
+  const KernelArgs& a;
+  RawRows (*staged)[2];  // this team's kLpr segment entries (q, kv)
+  unsigned mask;
+  int pos, teams, u0, i, count, r, kv_len;
+  FwdStep s;  // the next step
+
+  __device__ FwdWalker(const KernelArgs& args, RawRows (*st)[2], int lane)
+      : a(args), staged(st), mask(team_mask<kLpr>(lane)), pos(lane % kLpr) {
+    constexpr int kTeams = 32 / kLpr;
+    teams = gridDim.x * kWarpsPerBlock * kTeams;
+    u0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * kTeams + lane / kLpr;
+    s.valid = u0 < a.units;
+    if (s.valid) load_group();
+  }
+
+  __device__ void load_group() {
+    __syncwarp(mask);  // every lane has read the previous entries
+    const int mine = u0 + pos * teams;  // < 2^30 + 32 * teams: no overflow (validate())
+    if (mine < a.units) {
+      const int seg = mine / a.heads_q;
+      const int sg = seg % a.segments, pack = seg / a.segments;
+      staged[pos][0] = load_rows(a.qs, pack, a.segments, sg);
+      staged[pos][1] = load_rows(a.kvs, pack, a.segments, sg);
+    }
+    __syncwarp(mask);
+    count = min(kLpr, (a.units - u0 + teams - 1) / teams);
+    enter(0);
+  }
+
+  __device__ void enter(int item) {
+    i = item;
+    const int u = u0 + i * teams;
+    const int seg = u / a.heads_q;
+    const int sg = seg % a.segments;
+    s.pack = seg / a.segments;
+    s.h = u % a.heads_q;
+    s.qr = clamp_rows(a.qs, staged[i][0], a.segments, sg);
+    const Rows kv = clamp_rows(a.kvs, staged[i][1], a.segments, sg);
+    s.kv_begin = kv.begin;
+    kv_len = kv.len;
+    s.first = 1;
+    s.j0 = 0;
+    r = 0;
+    set_row();
+  }
+
+  __device__ void set_row() {
+    const bool has = r < s.qr.len;
+    s.t = has ? s.qr.begin + r : -1;
+    s.n = has ? row_hi(a.mask, r, s.qr.len, kv_len) : 0;
+  }
+
+  __device__ void advance() {
+    s.first = 0;
+    if (r < s.qr.len) {
+      s.j0 += kChunk;
+      if (s.j0 < s.n) return;
+      s.j0 = 0;
+      ++r;
+      if (r < s.qr.len) return set_row();
+    }
+    if (i + 1 < count) return enter(i + 1);
+    u0 += kLpr * teams;
+    s.valid = u0 < a.units;
+    if (s.valid) load_group();
+  }
+};
+
+// Starts the copies of step s into `stage` (this lane's place in it) and closes the group
+// (an empty one past the end: every step is one group). Key j0 + c goes to K/V slot c.
+template <class T, int D, int kCs>
+__device__ __forceinline__ void fwd_copy(const KernelArgs& a, const FwdStep& s, uint4* stage,
+                                         int pos) {
+  using L = FwdLayout<T, D, kCs>;
+  if (s.valid && s.t >= 0) {
+    if (s.j0 == 0) {
+      const int64_t qrow = row_offset(s.pack, a.qs.tokens, s.t, a.heads_q, s.h, D);
+      RowSlice<T, D>::copy_async(static_cast<const T*>(a.q) + qrow, pos, stage + 32 * L::q());
+    }
+    const int64_t kv0 = row_offset(s.pack, a.kvs.tokens, s.kv_begin, a.heads_kv, s.h / a.group, D);
+    const int kv_stride = a.heads_kv * D;  // elements from one key row to the next
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
-      const int j = j0 + c * kRps + sub;
-      if (j < n) {
-        kr[c].load(kb + int64_t{j} * kv_stride, pos);
-        vr[c].load(vb + int64_t{j} * kv_stride, pos);
+      const int j = s.j0 + c;
+      if (j < s.n) {
+        const int64_t off = kv0 + int64_t{j} * kv_stride;
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.k) + off, pos, stage + 32 * L::k(c));
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.v) + off, pos, stage + 32 * L::v(c));
       }
     }
-    float chunk_max = -INFINITY;
+  }
+  cp_async_commit();
+}
+
+// The online-softmax state of one query row, carried from chunk to chunk (float32; scores
+// in log2 units, exp2 being one instruction).
+template <class T, int D, int kCs>
+struct FwdRow {
+  static constexpr int kE = Geo<T, D>::kE;
+  float qf[kE], acc[kE], sc[kCs], m, l;
+};
+
+// One chunk of keys [j0, j0 + kCs) of a row, from shared memory; the first chunk of a
+// row starts its state. Every lane of the team gets every score. Scores of all but the
+// last chunk wait in P (raw) until the final max and sum are known.
+template <class T, int D, int kCs>
+__device__ __forceinline__ void fwd_chunk(const KernelArgs& a, const FwdStep& d,
+                                          const uint4* stage, float* prow,
+                                          FwdRow<T, D, kCs>& st, unsigned mask, int pos) {
+  using G = Geo<T, D>;
+  using L = FwdLayout<T, D, kCs>;
+  constexpr int kLpr = G::kLpr, kE = G::kE;
+  if (d.j0 == 0) {
+    RowSlice<T, D> qs;
+    qs.load_shared(stage + 32 * L::q());
+    qs.to_float(st.qf, a.scale * kLog2e);
+    st.m = -INFINITY;
+    st.l = 0.0f;
 #pragma unroll
-    for (int c = 0; c < kCs; ++c) {
-      const int j = j0 + c * kRps + sub;
-      const float s = row_sum<kLpr>(j < n ? dot<T, D>(qf, kr[c]) : 0.0f);
-      sc[c] = j < n ? s : -INFINITY;
-      chunk_max = fmaxf(chunk_max, sc[c]);
+    for (int e = 0; e < kE; ++e) st.acc[e] = 0.0f;
+  }
+  if (d.n == 0) return;  // no keys: the state stays empty (m = -inf, l = 0)
+  float chunk_max = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kCs; ++c) {
+    float part = 0.0f;
+    if (d.j0 + c < d.n) {
+      RowSlice<T, D> kr;
+      kr.load_shared(stage + 32 * L::k(c));
+      part = dot<T, D>(st.qf, kr);
     }
-    // Finite: row j0 < n is in this chunk.
-    const float m_new = fmaxf(m, across_rows_max<kLpr>(chunk_max));
-    const float alpha = exp2f(m - m_new);  // 0 on the first chunk (m = -inf)
-    float chunk_sum = 0.0f;
+    const float s = row_sum<kLpr>(part, mask);
+    st.sc[c] = d.j0 + c < d.n ? s : -INFINITY;
+    chunk_max = fmaxf(chunk_max, st.sc[c]);
+  }
+  // Finite: key j0 < n is in this chunk.
+  const float m_new = fmaxf(st.m, chunk_max);
+  const float alpha = exp2f(st.m - m_new);  // 0 on the first chunk (m = -inf)
+  float chunk_sum = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kE; ++e) acc[e] *= alpha;
+  for (int e = 0; e < kE; ++e) st.acc[e] *= alpha;
 #pragma unroll
-    for (int c = 0; c < kCs; ++c) {
-      const int j = j0 + c * kRps + sub;
-      const float p = j < n ? exp2f(sc[c] - m_new) : 0.0f;
-      if (j < n) axpy<T, D>(acc, p, vr[c]);
+  for (int c = 0; c < kCs; ++c) {
+    if (d.j0 + c < d.n) {
+      const float p = exp2f(st.sc[c] - m_new);
+      RowSlice<T, D> vr;
+      vr.load_shared(stage + 32 * L::v(c));
+      axpy<T, D>(st.acc, p, vr);
       chunk_sum += p;
     }
-    l = l * alpha + across_rows_sum<kLpr>(chunk_sum);
-    m = m_new;
-    // Scores of all but the last chunk wait in P (raw) until the final max and sum
-    // are known; the lane that parks a score is the lane that reads it back.
-    if (prow && j0 + kChunk < n) {
-#pragma unroll
-      for (int c = 0; c < kCs; ++c) {
-        const int j = j0 + c * kRps + sub;
-        if (pos == 0 && j < a.width) prow[j] = sc[c];
-      }
-    }
   }
-
+  st.l = st.l * alpha + chunk_sum;
+  st.m = m_new;
+  if (prow && pos == 0 && d.j0 + kCs < d.n) {
 #pragma unroll
-  for (int e = 0; e < kE; ++e) acc[e] = across_rows_sum<kLpr>(acc[e]);
-  const float inv = n > 0 ? 1.0f / l : 0.0f;
-  if (sub == 0) store_row<T, D>(static_cast<T*>(a.out) + qrow * D, pos, acc, inv);
-  if (!prow) return;
-
-  const int last0 = n > 0 ? (n - 1) / kChunk * kChunk : 0;  // first row of the last chunk
-  if (pos == 0) {
-    for (int j = sub; j < last0 && j < a.width; j += kRps) prow[j] = exp2f(prow[j] - m) * inv;
-#pragma unroll
-    for (int c = 0; c < kCs; ++c) {
-      const int j = last0 + c * kRps + sub;
-      if (j < a.width) prow[j] = j < n ? exp2f(sc[c] - m) * inv : 0.0f;
-    }
-  }
-  for (int j = last0 + kChunk + lane; j < a.width; j += 32) prow[j] = 0.0f;
-  if (lane == 0) {
-    a.stats[qrow * 2] = n > 0 ? m * kLn2 : -INFINITY;
-    a.stats[qrow * 2 + 1] = n > 0 ? (m + log2f(l)) * kLn2 : -INFINITY;
+    for (int c = 0; c < kCs; ++c)
+      if (d.j0 + c < a.width) prow[d.j0 + c] = st.sc[c];
   }
 }
 
+// After a row's last chunk: out = acc / l, and with save_aux P (normalized) and the stats.
 template <class T, int D, int kCs>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, (min_blocks<T, D, kCs, false>()))
-    small_seq_fwd_kernel(const KernelArgs a) {
-  const int lane = threadIdx.x & 31;
-  for_each_unit(a, a.heads_q, [&](int pack, int h, const Rows& qr, const Rows& kv) {
-    for (int r = 0; r < qr.len; ++r)
-      fwd_row<T, D, kCs>(a, pack, qr.begin + r, h, kv, row_hi(a.mask, r, qr.len, kv.len), lane);
+__device__ __forceinline__ void fwd_finish(const KernelArgs& a, const FwdStep& d, int64_t qrow,
+                                           float* prow, const FwdRow<T, D, kCs>& st, int pos) {
+  constexpr int kLpr = Geo<T, D>::kLpr;
+  const int n = d.n;
+  const float m = st.m;
+  const float inv = n > 0 ? 1.0f / st.l : 0.0f;
+  store_row<T, D>(static_cast<T*>(a.out) + qrow * D, pos, st.acc, inv);
+  if (!prow) return;
 
-    for_gaps(qr, [&](int begin, int end) {
-      zero_rows<T, D>(a.out, pack, a.qs.tokens, a.heads_q, h, begin, end, lane);
-      if (!a.save_aux) return;
-      for (int t = begin; t < end; ++t) {
-        const int64_t row = row_offset(pack, a.qs.tokens, t, a.heads_q, h, 1);
-        for (int j = lane; j < a.width; j += 32) a.probs[row * a.width + j] = 0.0f;
-        if (lane < 2) a.stats[row * 2 + lane] = -INFINITY;
-      }
-    });
+  const int last0 = d.j0;  // first key of the last chunk
+  if (pos == 0) {
+    for (int j = 0; j < last0 && j < a.width; ++j) prow[j] = exp2f(prow[j] - m) * inv;
+#pragma unroll
+    for (int c = 0; c < kCs; ++c) {
+      const int j = last0 + c;
+      if (j < a.width) prow[j] = j < n ? exp2f(st.sc[c] - m) * inv : 0.0f;
+    }
+    a.stats[qrow * 2] = n > 0 ? m * kLn2 : -INFINITY;
+    a.stats[qrow * 2 + 1] = n > 0 ? (m + log2f(st.l)) * kLn2 : -INFINITY;
+  }
+  for (int j = last0 + kCs + pos; j < a.width; j += kLpr) prow[j] = 0.0f;
+}
+
+// Zeroes the outputs of the segment's q rows that it owns but does not use (one team).
+template <class T, int D>
+__device__ void fwd_zero_gaps(const KernelArgs& a, const FwdStep& d, int pos) {
+  constexpr int kLpr = Geo<T, D>::kLpr;
+  for_gaps(d.qr, [&](int begin, int end) {
+    for (int t = begin; t < end; ++t) {
+      const int64_t row = row_offset(d.pack, a.qs.tokens, t, a.heads_q, d.h, 1);
+      store_zero_row<T, D>(static_cast<T*>(a.out) + row * D, pos);
+      if (!a.save_aux) continue;
+      for (int j = pos; j < a.width; j += kLpr) a.probs[row * a.width + j] = 0.0f;
+      if (pos < 2) a.stats[row * 2 + pos] = -INFINITY;
+    }
   });
+}
+
+// Blocks per SM the forward is compiled for: as many as its shared memory allows, at most
+// 7 (28 warps, <= 72 registers a thread; at 8 the one-key kernels spill a little). The
+// copies in flight take no registers.
+template <class T, int D, int kCs>
+constexpr int fwd_min_blocks() {
+  constexpr int by_smem = (200 * 1024) / FwdLayout<T, D, kCs>::kBlockBytes;
+  return by_smem < 1 ? 1 : (by_smem > 7 ? 7 : by_smem);
+}
+
+template <class T, int D, int kCs>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, (fwd_min_blocks<T, D, kCs>()))
+    small_seq_fwd_kernel(const KernelArgs a) {
+  using L = FwdLayout<T, D, kCs>;
+  constexpr int kLpr = Geo<T, D>::kLpr;
+  extern __shared__ uint4 fwd_smem[];  // [warps][kFwdStages][kSlots][32]
+  __shared__ RawRows staged[kWarpsPerBlock][32][2];  // kLpr entries a team
+  __shared__ FwdStep ring[kWarpsPerBlock][32 / kLpr][kFwdStages + 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, pos = lane % kLpr;
+  const unsigned mask = team_mask<kLpr>(lane);
+  uint4* mine = fwd_smem + warp * (kFwdStages * L::kStageVecs) + lane;
+  FwdStep* steps = ring[warp][lane / kLpr];
+
+  FwdWalker<kLpr, kCs> walk(a, staged[warp] + lane / kLpr * kLpr, lane);
+  // Step k's copies go to stage k % kFwdStages, its descriptor to steps[k % (kFwdStages + 1)]:
+  // one more descriptor than stages, so a lane still reading step k's while another lane
+  // already writes step k + kFwdStages's never meet (the __syncwarp below bounds the skew).
+  auto issue = [&](int k) {
+    if (pos == 0) steps[k % (kFwdStages + 1)] = walk.s;
+    fwd_copy<T, D, kCs>(a, walk.s, mine + (k % kFwdStages) * L::kStageVecs, pos);
+    if (walk.s.valid) walk.advance();
+  };
+#pragma unroll
+  for (int k = 0; k < kFwdStages - 1; ++k) issue(k);
+
+  FwdRow<T, D, kCs> st;
+  for (int k = 0;; ++k) {
+    issue(k + kFwdStages - 1);
+    __syncwarp(mask);
+    const FwdStep d = steps[k % (kFwdStages + 1)];
+    if (!d.valid) break;
+    cp_async_wait<kFwdStages - 1>();  // step k's copies have landed
+    if (d.first) fwd_zero_gaps<T, D>(a, d, pos);
+    if (d.t < 0) continue;
+    const uint4* stage = mine + (k % kFwdStages) * L::kStageVecs;
+    const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.t, a.heads_q, d.h, 1);
+    float* prow = a.save_aux ? a.probs + qrow * a.width : nullptr;
+    fwd_chunk<T, D, kCs>(a, d, stage, prow, st, mask, pos);
+    if (d.j0 + kCs >= d.n) fwd_finish<T, D, kCs>(a, d, qrow, prow, st, pos);
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit (the last groups are empty)
 }
 
 }  // namespace fusedattn::small_seq::cuda

@@ -1,11 +1,14 @@
-// Picks the chunk size of the small-seq kernels and launches them; included by the
+// Picks the chunk sizes of the small-seq kernels and launches them; included by the
 // per-head-dim files (small_seq_d*.cu) so each head dim compiles on its own.
 //
-// kCs (key rows per sub-group and chunk, forward and the backward's dq pass) is the
-// smallest power of two that covers P's width W in one chunk, capped so a chunk's K
-// and V slices take at most 64 registers: a small W keeps few registers and many warps
-// resident, a large W issues many loads per warp. kCb (the backward's dk/dv pass,
-// GQA or broken promises only) also keeps its float accumulators within 64 registers.
+// Forward: kCs keys a chunk (a team's step, fwd_kernel.cuh), the smallest power of two
+// that covers P's width W, at most 2 (1 where a lane holds several vectors of a row):
+// a step's slices wait in shared memory, and small steps leave room for 6-8 blocks an SM.
+// Backward: kCs key rows per sub-group and chunk (main and dq pass), the smallest power of
+// two that covers W in one chunk, capped so a chunk's K and V slices take at most 64
+// registers: a small W keeps few registers and many warps resident, a large W issues many
+// loads per warp. kCb (the dk/dv pass, GQA or broken promises only) also keeps its float
+// accumulators within 64 registers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +17,7 @@
 
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "../cuda/check.h"
 #include "bwd_kernel.cuh"
@@ -23,6 +27,7 @@ namespace fusedattn::small_seq::cuda {
 template <class T, int D>
 struct Chunks {
   using G = Geo<T, D>;
+  static constexpr int kFwdMax = G::kVpl == 1 ? 2 : 1;
   static constexpr int kCsMax = 8 / G::kVpl;
   static constexpr int kCbMax = 1;
 };
@@ -34,62 +39,70 @@ inline int chunk_steps(int64_t width, int rows_per_step, int cap) {
   return cs;
 }
 
-// Blocks of `kernel` that stay resident on the current device: the kernels walk
-// their work items in a loop, so a larger grid would only queue. The per-SM figure of
-// each kernel is asked once (it depends on the kernel's registers, not on the call).
-template <class Kernel>
-Status resident_blocks(Kernel kernel, int64_t* blocks) {
-  static std::atomic<int> per_sm{0};
-  int device = 0, sms = 0, n = per_sm.load(std::memory_order_relaxed);
+// Launches kKernel with a grid of the blocks that stay resident on the current device:
+// the kernels walk their work items in a loop, so a larger grid would only queue. Each
+// kernel's per-SM figure (it depends on the kernel's registers and shared memory, not on
+// the call) is asked once per device, after allowing the kernel more than 48 KiB of
+// dynamic shared memory where it needs that (a setting of each device's own).
+template <auto kKernel>
+Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const char* what) {
+  constexpr int kDevices = 64;  // devices whose figure is kept; others ask on every launch
+  static std::atomic<int> per_sm[kDevices];  // 0: not asked yet
+  int device = 0, sms = 0;
   FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int n = device < kDevices ? per_sm[device].load(std::memory_order_relaxed) : 0;
   if (n == 0) {
+    if (smem > 48 * 1024)
+      FA_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     FA_CUDA_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarpsPerBlock * 32, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kWarpsPerBlock * 32, smem));
     n = n > 0 ? n : 1;
-    per_sm.store(n, std::memory_order_relaxed);
+    if (device < kDevices) per_sm[device].store(n, std::memory_order_relaxed);
   }
-  *blocks = int64_t{sms} * n;
-  return Status::Ok();
-}
-
-template <class Kernel>
-Status launch_kernel(Kernel kernel, const KernelArgs& a, cudaStream_t stream, const char* what) {
-  int64_t resident = 0;
-  Status s = resident_blocks(kernel, &resident);
-  if (!s.ok()) return s;
+  const int64_t resident = int64_t{sms} * n;
   const int64_t needed = (a.units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const dim3 grid(static_cast<unsigned>(needed < resident ? needed : resident));
-  kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+  kKernel<<<grid, kWarpsPerBlock * 32, smem, stream>>>(a);
   return fusedattn::cuda::cuda_status(cudaGetLastError(), what);
 }
 
-template <class T, int D, int kCs>
-Status launch_chunked(const KernelArgs& a, bool backward, cudaStream_t stream) {
-  constexpr int kCb = kCs < Chunks<T, D>::kCbMax ? kCs : Chunks<T, D>::kCbMax;
-  if (backward)
-    return launch_kernel(small_seq_bwd_kernel<T, D, kCs, kCb>, a, stream,
-                         "small-seq backward kernel launch");
-  return launch_kernel(small_seq_fwd_kernel<T, D, kCs>, a, stream,
-                       "small-seq forward kernel launch");
+// Calls launch(std::integral_constant<int, cs>) for cs in {1, 2, 4, 8}, cs <= kMax.
+template <int kMax, class Launch>
+Status with_chunk(int cs, Launch&& launch) {
+  switch (cs) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2:
+      if constexpr (kMax >= 2) return launch(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      if constexpr (kMax >= 4) return launch(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      if constexpr (kMax >= 8) return launch(std::integral_constant<int, 8>{});
+      break;
+  }
+  return Status::Internal("small-seq: no kernel for this chunk size (a bug)");
 }
 
 template <class T, int D>
 Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
-  constexpr int kMax = Chunks<T, D>::kCsMax;
-  switch (chunk_steps(a.width, Geo<T, D>::kRps, kMax)) {
-    case 1: return launch_chunked<T, D, 1>(a, backward, stream);
-    case 2:
-      if constexpr (kMax >= 2) return launch_chunked<T, D, 2>(a, backward, stream);
-      break;
-    case 4:
-      if constexpr (kMax >= 4) return launch_chunked<T, D, 4>(a, backward, stream);
-      break;
-    case 8:
-      if constexpr (kMax >= 8) return launch_chunked<T, D, 8>(a, backward, stream);
-      break;
+  using C = Chunks<T, D>;
+  if (backward) {
+    const int cs = chunk_steps(a.width, Geo<T, D>::kRps, C::kCsMax);
+    return with_chunk<C::kCsMax>(cs, [&](auto chunk) {
+      constexpr int kCs = decltype(chunk)::value;
+      constexpr int kCb = kCs < C::kCbMax ? kCs : C::kCbMax;
+      return launch_kernel<small_seq_bwd_kernel<T, D, kCs, kCb>>(
+          a, 0, stream, "small-seq backward kernel launch");
+    });
   }
-  return Status::Internal("small-seq: no kernel for this chunk size (a bug)");
+  return with_chunk<C::kFwdMax>(chunk_steps(a.width, 1, C::kFwdMax), [&](auto chunk) {
+    constexpr int kCs = decltype(chunk)::value;
+    return launch_kernel<small_seq_fwd_kernel<T, D, kCs>>(
+        a, FwdLayout<T, D, kCs>::kBlockBytes, stream, "small-seq forward kernel launch");
+  });
 }
 
 template <int D>

@@ -76,6 +76,22 @@ struct VecIO<__half> {
   }
 };
 
+// 16 bytes global -> shared memory, asynchronously (sm_80+). Each lane waits for its own
+// copies (cp_async_wait) and reads only what it copied itself: no warp barrier needed.
+__device__ __forceinline__ void cp_async16(uint4* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+// Closes the lane's current group of copies.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of the lane's groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 template <class T, int D>
 struct Geo {
   static constexpr int kVec = VecIO<T>::kN;
@@ -97,6 +113,19 @@ struct RowSlice {
     const uint4* p = reinterpret_cast<const uint4*>(row) + pos;
 #pragma unroll
     for (int i = 0; i < G::kVpl; ++i) r[i] = __ldg(p + i * G::kLpr);
+  }
+  // Starts copying this lane's slice of `row` to shared memory: vector i goes to slot[32 * i]
+  // (slot: this lane's place in a warp's [kVpl][32] array). cp.async takes no registers,
+  // so a warp can have rows of several work items in flight (see fwd_kernel.cuh).
+  __device__ __forceinline__ static void copy_async(const T* row, int pos, uint4* slot) {
+    const uint4* p = reinterpret_cast<const uint4*>(row) + pos;
+#pragma unroll
+    for (int i = 0; i < G::kVpl; ++i) cp_async16(slot + 32 * i, p + i * G::kLpr);
+  }
+  // Reads what copy_async put at slot (after cp_async_wait).
+  __device__ __forceinline__ void load_shared(const uint4* slot) {
+#pragma unroll
+    for (int i = 0; i < G::kVpl; ++i) r[i] = slot[32 * i];
   }
   __device__ __forceinline__ void zero() {
 #pragma unroll
@@ -168,11 +197,12 @@ __device__ __forceinline__ void axpy(float (&acc)[Geo<T, D>::kE], float w, const
   }
 }
 
-// Sum over the kLpr lanes of a sub-group (every lane of it gets the sum).
+// Sum over the kLpr lanes of a sub-group (every lane of it gets the sum). mask: the lanes
+// taking part (the whole warp, or only the sub-group where sub-groups work on their own).
 template <int kLpr>
-__device__ __forceinline__ float row_sum(float x) {
+__device__ __forceinline__ float row_sum(float x, unsigned mask = kAllLanes) {
 #pragma unroll
-  for (int o = kLpr / 2; o > 0; o >>= 1) x += __shfl_xor_sync(kAllLanes, x, o);
+  for (int o = kLpr / 2; o > 0; o >>= 1) x += __shfl_xor_sync(mask, x, o);
   return x;
 }
 
