@@ -224,46 +224,212 @@ __device__ void bwd_kv(const KernelArgs& a, int pack, int hk, const Rows& qr, co
   }
 }
 
+// One work item the general way: loads from global memory as it goes.
+template <class T, int D, int kCs, int kCb>
+__device__ void bwd_item(const KernelArgs& a, int pack, int hk, const Rows& qr, const Rows& kv,
+                         int lane) {
+  const int hq0 = hk * a.group;
+  const bool use_probs = fast_segment(qr.len, kv.len, a.width);
+  constexpr int kChunk = kCs * Geo<T, D>::kRps;
+  if (use_probs && qr.len == 1 && a.group == 1) {
+    // The common case: one (row, head) pair writes dq, dk and dv in one pass.
+    const int hi = row_hi(a.mask, 0, 1, kv.len);
+    if (kv.len <= kChunk) bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
+    else bwd_row<T, D, kCs, true, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
+  } else if (use_probs) {
+    // GQA (or a segment without query): dq per (row, head), then dk/dv over the group.
+    for (int r = 0; r < qr.len; ++r)
+      for (int h = hq0; h < hq0 + a.group; ++h) {
+        const int hi = row_hi(a.mask, r, qr.len, kv.len);
+        if (hi <= kChunk) bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv, hi, lane);
+        else bwd_row<T, D, kCs, true, false, true>(a, pack, qr.begin + r, h, kv, hi, lane);
+      }
+    bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
+  } else {
+    // A broken promise: correct, not fast (one key row per sub-group at a time).
+    for (int r = 0; r < qr.len; ++r)
+      for (int h = hq0; h < hq0 + a.group; ++h)
+        bwd_row<T, D, 1, false, false>(a, pack, qr.begin + r, h, kv,
+                                       row_hi(a.mask, r, qr.len, kv.len), lane);
+    bwd_kv<T, D, 1, false>(a, pack, hk, qr, kv, lane);
+  }
+}
+
+// Zeroes dq, dk and dv of the rows a segment owns but does not use.
+template <class T, int D>
+__device__ void bwd_zero_gaps(const KernelArgs& a, int pack, int hk, const Rows& qr,
+                              const Rows& kv, int lane) {
+  for_gaps(qr, [&](int begin, int end) {
+    for (int h = hk * a.group; h < (hk + 1) * a.group; ++h)
+      zero_rows<T, D>(a.dq, pack, a.qs.tokens, a.heads_q, h, begin, end, lane);
+  });
+  for_gaps(kv, [&](int begin, int end) {
+    zero_rows<T, D>(a.dk, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
+    zero_rows<T, D>(a.dv, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
+  });
+}
+
+// ---- Pipelined backward ---------------------------------------------------------------
+// Where a chunk's slices fit in a modest amount of shared memory, the warp copies the q,
+// dout, P, K and V slices of its next work item into shared memory (cp.async) while it
+// computes the current one, as the forward does (fwd_kernel.cuh), for the items of the
+// common case: one query row, no GQA, every key within one chunk and P's width. Other
+// items take bwd_item when their turn comes (nothing copied ahead).
+
+constexpr int kBwdStages = 2;  // items a warp has in shared memory: 1 computed, 1 in flight
+
+struct BwdStep {
+  Rows qr, kv;
+  int32_t pack, hk;
+  int32_t fast;   // the common case: its slices are in shared memory
+  int32_t valid;  // 0: past the warp's last item
+};
+
+// A warp's stage: [kSlots][32] vectors: q, dout, K rows, V rows, then P (4 of 16 bytes used).
+template <class T, int D, int kCs>
+struct BwdLayout {
+  static constexpr int kVpl = Geo<T, D>::kVpl;
+  static constexpr int kSlots = kVpl * (2 + 2 * kCs) + kCs;
+  static constexpr int kStageVecs = kSlots * 32;
+  static constexpr int kBlockBytes = kWarpsPerBlock * kBwdStages * kStageVecs * 16;
+  static constexpr bool kPipelined = kBlockBytes <= 64 * 1024;
+  __device__ static constexpr int q() { return 0; }
+  __device__ static constexpr int dout() { return kVpl; }
+  __device__ static constexpr int k(int c) { return kVpl * (2 + c); }
+  __device__ static constexpr int v(int c) { return kVpl * (2 + kCs + c); }
+  __device__ static constexpr int p(int c) { return kVpl * (2 + 2 * kCs) + c; }
+};
+
+// Starts the copies of a common-case item into `stage` (this lane's place) and closes the
+// group (an empty one for the other items: every item is one group).
+template <class T, int D, int kCs>
+__device__ __forceinline__ void bwd_copy(const KernelArgs& a, const BwdStep& s, uint4* stage,
+                                         int lane) {
+  using G = Geo<T, D>;
+  using L = BwdLayout<T, D, kCs>;
+  const int sub = lane / G::kLpr, pos = lane % G::kLpr;
+  if (s.fast) {
+    const int n = s.kv.len, hi = row_hi(a.mask, 0, 1, n);
+    const int64_t qrow = row_offset(s.pack, a.qs.tokens, s.qr.begin, a.heads_q, s.hk, 1);
+    RowSlice<T, D>::copy_async(static_cast<const T*>(a.q) + qrow * D, pos, stage + 32 * L::q());
+    RowSlice<T, D>::copy_async(static_cast<const T*>(a.dout) + qrow * D, pos,
+                               stage + 32 * L::dout());
+    const int64_t kv0 = row_offset(s.pack, a.kvs.tokens, s.kv.begin, a.heads_kv, s.hk, D);
+    const int kv_stride = a.heads_kv * D;
+#pragma unroll
+    for (int c = 0; c < kCs; ++c) {
+      const int j = c * G::kRps + sub;
+      if (j < n) {
+        const int64_t off = kv0 + int64_t{j} * kv_stride;
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.k) + off, pos, stage + 32 * L::k(c));
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.v) + off, pos, stage + 32 * L::v(c));
+      }
+      if (j < hi) cp_async4(stage + 32 * L::p(c), a.probs_in + qrow * a.width + j);
+    }
+  }
+  cp_async_commit();
+}
+
+// The common case from shared memory: bwd_row's one-chunk path (dq, dk, dv in one pass).
+template <class T, int D, int kCs>
+__device__ __forceinline__ void bwd_fast(const KernelArgs& a, const BwdStep& d,
+                                         const uint4* stage, int lane) {
+  using G = Geo<T, D>;
+  using L = BwdLayout<T, D, kCs>;
+  constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
+  const int sub = lane / kLpr, pos = lane % kLpr;
+  const int n = d.kv.len, hi = row_hi(a.mask, 0, 1, n);
+  const int64_t kv0 = row_offset(d.pack, a.kvs.tokens, d.kv.begin, a.heads_kv, d.hk, D);
+  T* dkb = static_cast<T*>(a.dk) + kv0;
+  T* dvb = static_cast<T*>(a.dv) + kv0;
+  const int kv_stride = a.heads_kv * D;
+  const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.qr.begin, a.heads_q, d.hk, 1);
+
+  float qf[kE], dof[kE], dq[kE], p[kCs], dp[kCs];
+  RowSlice<T, D> x;
+  x.load_shared(stage + 32 * L::q());
+  x.to_float(qf);
+  x.load_shared(stage + 32 * L::dout());
+  x.to_float(dof);
+  float acc = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kCs; ++c) {
+    const int j = c * kRps + sub;
+    float part = 0.0f;
+    if (j < n) {
+      x.load_shared(stage + 32 * L::v(c));
+      part = dot<T, D>(dof, x);
+    }
+    dp[c] = row_sum<kLpr>(part);
+    p[c] = j < hi ? reinterpret_cast<const float*>(stage + 32 * L::p(c))[0] : 0.0f;
+    acc += p[c] * dp[c];
+  }
+  const float delta = across_rows_sum<kLpr>(acc);
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kCs; ++c) {
+    const int j = c * kRps + sub;
+    if (j < n) {
+      const float ds = p[c] * (dp[c] - delta);  // 0 for keys the row does not keep
+      x.load_shared(stage + 32 * L::k(c));
+      axpy<T, D>(dq, ds, x);
+      store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, qf, ds * a.scale);
+      store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, dof, p[c]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dq[e] = across_rows_sum<kLpr>(dq[e]);
+  if (sub == 0) store_row<T, D>(static_cast<T*>(a.dq) + qrow * D, pos, dq, a.scale);
+}
+
 template <class T, int D, int kCs, int kCb>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, (bwd_min_blocks<T, D, kCs>()))
     small_seq_bwd_kernel(const KernelArgs a) {
-  const int lane = threadIdx.x & 31;
-  for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
-    const int hq0 = hk * a.group;
-    const bool use_probs = fast_segment(qr.len, kv.len, a.width);
-    constexpr int kChunk = kCs * Geo<T, D>::kRps;
-    if (use_probs && qr.len == 1 && a.group == 1) {
-      // The common case: one (row, head) pair writes dq, dk and dv in one pass.
-      const int hi = row_hi(a.mask, 0, 1, kv.len);
-      if (kv.len <= kChunk) bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
-      else bwd_row<T, D, kCs, true, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
-    } else if (use_probs) {
-      // GQA (or a segment without query): dq per (row, head), then dk/dv over the group.
-      for (int r = 0; r < qr.len; ++r)
-        for (int h = hq0; h < hq0 + a.group; ++h) {
-          const int hi = row_hi(a.mask, r, qr.len, kv.len);
-          if (hi <= kChunk) bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv, hi, lane);
-          else bwd_row<T, D, kCs, true, false, true>(a, pack, qr.begin + r, h, kv, hi, lane);
-        }
-      bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
-    } else {
-      // A broken promise: correct, not fast (one key row per sub-group at a time).
-      for (int r = 0; r < qr.len; ++r)
-        for (int h = hq0; h < hq0 + a.group; ++h)
-          bwd_row<T, D, 1, false, false>(a, pack, qr.begin + r, h, kv,
-                                         row_hi(a.mask, r, qr.len, kv.len), lane);
-      bwd_kv<T, D, 1, false>(a, pack, hk, qr, kv, lane);
+  using L = BwdLayout<T, D, kCs>;
+  constexpr int kChunk = kCs * Geo<T, D>::kRps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  if constexpr (!L::kPipelined) {
+    for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
+      bwd_item<T, D, kCs, kCb>(a, pack, hk, qr, kv, lane);
+      bwd_zero_gaps<T, D>(a, pack, hk, qr, kv, lane);
+    });
+  } else {
+    extern __shared__ uint4 bwd_smem[];  // [warps][kBwdStages][kSlots][32]
+    __shared__ RawRows staged[kWarpsPerBlock][32][2];
+    __shared__ BwdStep ring[kWarpsPerBlock][kBwdStages + 1];
+    uint4* mine = bwd_smem + warp * (kBwdStages * L::kStageVecs) + lane;
+    BwdStep* steps = ring[warp];
+    ItemWalker<32> walk(a, a.heads_kv, staged[warp], lane);
+    // As in the forward: item k's copies go to stage k % kBwdStages, its descriptor to
+    // steps[k % (kBwdStages + 1)].
+    auto issue = [&](int k) {
+      BwdStep s;
+      s.valid = walk.valid;
+      s.pack = walk.pack;
+      s.hk = walk.h;
+      s.qr = walk.qr;
+      s.kv = walk.kv;
+      s.fast = walk.valid && a.group == 1 && walk.qr.len == 1 &&
+               fast_segment(walk.qr.len, walk.kv.len, a.width) && walk.kv.len <= kChunk;
+      if (lane == 0) steps[k % (kBwdStages + 1)] = s;
+      bwd_copy<T, D, kCs>(a, s, mine + (k % kBwdStages) * L::kStageVecs, lane);
+      if (walk.valid) walk.next();
+    };
+#pragma unroll
+    for (int k = 0; k < kBwdStages - 1; ++k) issue(k);
+    for (int k = 0;; ++k) {
+      issue(k + kBwdStages - 1);
+      __syncwarp();
+      const BwdStep d = steps[k % (kBwdStages + 1)];
+      if (!d.valid) break;
+      cp_async_wait<kBwdStages - 1>();  // item k's copies have landed
+      if (d.fast) bwd_fast<T, D, kCs>(a, d, mine + (k % kBwdStages) * L::kStageVecs, lane);
+      else bwd_item<T, D, kCs, kCb>(a, d.pack, d.hk, d.qr, d.kv, lane);
+      bwd_zero_gaps<T, D>(a, d.pack, d.hk, d.qr, d.kv, lane);
     }
-
-    for_gaps(qr, [&](int begin, int end) {
-      for (int h = hq0; h < hq0 + a.group; ++h)
-        zero_rows<T, D>(a.dq, pack, a.qs.tokens, a.heads_q, h, begin, end, lane);
-    });
-    for_gaps(kv, [&](int begin, int end) {
-      zero_rows<T, D>(a.dk, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
-      zero_rows<T, D>(a.dv, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
-    });
-  });
+    cp_async_wait<0>();
+  }
 }
 
 }  // namespace fusedattn::small_seq::cuda

@@ -82,17 +82,12 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
 // Blocks per SM to reserve registers for, backward kernel. Left to itself, ptxas spills
 // to reach a high occupancy, and with a larger minimum it spills to fit; 1 lets it use
 // what the code needs, except where a warp's chunk is small (one 16-byte vector per lane
-// per row, at most 2 rows per sub-group): there a warp has little in flight, so more warps
-// must be resident: 5 blocks (<= 102 registers), 4 where that still spills (float32,
-// sm_80, 2-byte D 256). Without spills (ptxas -v, sm_80 and sm_90a) but for bf16 D 64.
+// per row, at most 2 rows per sub-group): there 4 blocks (<= 128 registers), the most
+// without spills (ptxas -v, sm_80 and sm_90a) now that the kernel also carries the
+// copy-ahead path (bwd_kernel.cuh), whose copies in flight take no registers.
 template <class T, int D, int kCs>
 constexpr int bwd_min_blocks() {
-  if (Geo<T, D>::kVpl != 1 || kCs > 2) return 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  return 4;  // sm_80's backward code needs a few more registers
-#else
-  return sizeof(T) == 4 || D == 256 ? 4 : 5;  // 2-byte D 256: its stashed dP path spills at 5
-#endif
+  return Geo<T, D>::kVpl != 1 || kCs > 2 ? 1 : 4;
 }
 
 // ---- Forward -----------------------------------------------------------------------
@@ -143,34 +138,37 @@ __device__ __forceinline__ unsigned team_mask(int lane) {
   else return ((1u << kLpr) - 1) << (lane / kLpr * kLpr);
 }
 
-// Walks a team's steps in order: work items u = v, v + V, v + 2V, ... for team v of V
-// (so neighbouring teams take neighbouring heads of a segment; their segment entries
-// loaded kLpr at a time, one a lane), then rows, then chunks. Team-uniform.
-template <int kLpr, int kChunk>
-struct FwdWalker {
+// Walks a team's work items in order: u = v, v + V, v + 2V, ... for team v of V (so
+// neighbouring teams take neighbouring heads of a segment), their segment entries loaded
+// kLpr at a time, one a lane, into `staged`. heads: q heads (forward) or kv heads
+// (backward) a segment has. Team-uniform; a team of 32 lanes is a warp.
+template <int kLpr>
+struct ItemWalker {
   const KernelArgs& a;
   RawRows (*staged)[2];  // this team's kLpr segment entries (q, kv)
   unsigned mask;
-  int pos, teams, u0, i, count, r, kv_len;
-  FwdStep s;  // the next step
+  int heads, pos, teams, u0, i, count;
+  bool valid;   // false: past the team's last item
+  int pack, h;  // the current item
+  Rows qr, kv;
 
-  __device__ FwdWalker(const KernelArgs& args, RawRows (*st)[2], int lane)
-      : a(args), staged(st), mask(team_mask<kLpr>(lane)), pos(lane % kLpr) {
+  __device__ ItemWalker(const KernelArgs& args, int heads_, RawRows (*st)[2], int lane)
+      : a(args), staged(st), mask(team_mask<kLpr>(lane)), heads(heads_), pos(lane % kLpr) {
     constexpr int kTeams = 32 / kLpr;
     teams = gridDim.x * kWarpsPerBlock * kTeams;
     u0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * kTeams + lane / kLpr;
-    s.valid = u0 < a.units;
-    if (s.valid) load_group();
+    valid = u0 < a.units;
+    if (valid) load_group();
   }
 
   __device__ void load_group() {
     __syncwarp(mask);  // every lane has read the previous entries
     const int mine = u0 + pos * teams;  // < 2^30 + 32 * teams: no overflow (validate())
     if (mine < a.units) {
-      const int seg = mine / a.heads_q;
-      const int sg = seg % a.segments, pack = seg / a.segments;
-      staged[pos][0] = load_rows(a.qs, pack, a.segments, sg);
-      staged[pos][1] = load_rows(a.kvs, pack, a.segments, sg);
+      const int seg = mine / heads;
+      const int sg = seg % a.segments, pk = seg / a.segments;
+      staged[pos][0] = load_rows(a.qs, pk, a.segments, sg);
+      staged[pos][1] = load_rows(a.kvs, pk, a.segments, sg);
     }
     __syncwarp(mask);
     count = min(kLpr, (a.units - u0 + teams - 1) / teams);
@@ -180,14 +178,41 @@ struct FwdWalker {
   __device__ void enter(int item) {
     i = item;
     const int u = u0 + i * teams;
-    const int seg = u / a.heads_q;
+    const int seg = u / heads;
     const int sg = seg % a.segments;
-    s.pack = seg / a.segments;
-    s.h = u % a.heads_q;
-    s.qr = clamp_rows(a.qs, staged[i][0], a.segments, sg);
-    const Rows kv = clamp_rows(a.kvs, staged[i][1], a.segments, sg);
-    s.kv_begin = kv.begin;
-    kv_len = kv.len;
+    pack = seg / a.segments;
+    h = u % heads;
+    qr = clamp_rows(a.qs, staged[i][0], a.segments, sg);
+    kv = clamp_rows(a.kvs, staged[i][1], a.segments, sg);
+  }
+
+  __device__ void next() {
+    if (i + 1 < count) return enter(i + 1);
+    u0 += kLpr * teams;
+    valid = u0 < a.units;
+    if (valid) load_group();
+  }
+};
+
+// Walks a team's forward steps: its work items, then their query rows, then chunks.
+template <int kLpr, int kChunk>
+struct FwdWalker {
+  ItemWalker<kLpr> it;
+  int r;
+  FwdStep s;  // the next step
+
+  __device__ FwdWalker(const KernelArgs& a, RawRows (*st)[2], int lane)
+      : it(a, a.heads_q, st, lane) {
+    start_item();
+  }
+
+  __device__ void start_item() {
+    s.valid = it.valid;
+    if (!it.valid) return;
+    s.pack = it.pack;
+    s.h = it.h;
+    s.qr = it.qr;
+    s.kv_begin = it.kv.begin;
     s.first = 1;
     s.j0 = 0;
     r = 0;
@@ -197,7 +222,7 @@ struct FwdWalker {
   __device__ void set_row() {
     const bool has = r < s.qr.len;
     s.t = has ? s.qr.begin + r : -1;
-    s.n = has ? row_hi(a.mask, r, s.qr.len, kv_len) : 0;
+    s.n = has ? row_hi(it.a.mask, r, s.qr.len, it.kv.len) : 0;
   }
 
   __device__ void advance() {
@@ -209,10 +234,8 @@ struct FwdWalker {
       ++r;
       if (r < s.qr.len) return set_row();
     }
-    if (i + 1 < count) return enter(i + 1);
-    u0 += kLpr * teams;
-    s.valid = u0 < a.units;
-    if (s.valid) load_group();
+    it.next();
+    start_item();
   }
 };
 
@@ -349,12 +372,12 @@ __device__ void fwd_zero_gaps(const KernelArgs& a, const FwdStep& d, int pos) {
 }
 
 // Blocks per SM the forward is compiled for: as many as its shared memory allows, at most
-// 7 (28 warps, <= 72 registers a thread; at 8 the one-key kernels spill a little). The
-// copies in flight take no registers.
+// 6 (24 warps, <= 85 registers a thread; at 7 and 8 the one-key kernels spill a little).
+// The copies in flight take no registers.
 template <class T, int D, int kCs>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = (200 * 1024) / FwdLayout<T, D, kCs>::kBlockBytes;
-  return by_smem < 1 ? 1 : (by_smem > 7 ? 7 : by_smem);
+  return by_smem < 1 ? 1 : (by_smem > 6 ? 6 : by_smem);
 }
 
 template <class T, int D, int kCs>

@@ -94,8 +94,9 @@ Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
     return with_chunk<C::kCsMax>(cs, [&](auto chunk) {
       constexpr int kCs = decltype(chunk)::value;
       constexpr int kCb = kCs < C::kCbMax ? kCs : C::kCbMax;
+      using L = BwdLayout<T, D, kCs>;
       return launch_kernel<small_seq_bwd_kernel<T, D, kCs, kCb>>(
-          a, 0, stream, "small-seq backward kernel launch");
+          a, L::kPipelined ? L::kBlockBytes : 0, stream, "small-seq backward kernel launch");
     });
   }
   return with_chunk<C::kFwdMax>(chunk_steps(a.width, 1, C::kFwdMax), [&](auto chunk) {
