@@ -1,11 +1,11 @@
-// Forward small-seq CUDA kernel. A warp works on one (segment, q head) at a time:
-//   q [packs, Tq, Hq, D], k/v [packs, Tkv, Hkv, D] -> out [packs, Tq, Hq, D],
-//   probs P [packs, Tq, Hq, W] f32 and stats [packs, Tq, Hq, 2] f32 (when save_aux).
-// A segment normally has one query row, so a warp reads its q row once, streams the
-// segment's K and V rows in chunks of kCs rows per sub-group through shared memory
-// (copied a few steps ahead, see "Forward" below), and keeps an online softmax across
-// chunks in float32. Neighbouring warps take the neighbouring heads of the same
-// segment: with GQA they read the same K/V rows, which L1 serves.
+// Forward small-seq CUDA kernel: q [packs, Tq, Hq, D], k/v [packs, Tkv, Hkv, D] ->
+//   out [packs, Tq, Hq, D], probs P [packs, Tq, Hq, W] f32 and stats [packs, Tq, Hq, 2] f32
+//   (when save_aux). A team of lanes (a warp or part of one, see "Forward" below) works on
+// one (segment, q head) at a time: a segment normally has one query row, so the team reads
+// its q row once, streams the segment's K and V rows in chunks through shared memory
+// (copied a few steps ahead), and keeps an online softmax across chunks in float32.
+// Neighbouring teams take the neighbouring heads of the same segment: with GQA they read
+// the same K/V rows, which L1 serves.
 // The helpers above "Forward" (work items, zeroing, register budgets) serve the backward too.
 #pragma once
 
