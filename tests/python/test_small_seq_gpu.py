@@ -100,11 +100,32 @@ def test_scaling_factor(key):
     check_backward_poisoned(case)
 
 
-@pytest.mark.parametrize("dim", [128, 512])
-def test_broken_promises(key, dim):
+# heads (4, 4): the backward's team kernel, which leaves broken segments to the warp;
+# (4, 2): the GQA kernel.
+@pytest.mark.parametrize("heads", [(4, 2), (4, 4)])
+@pytest.mark.parametrize("dim", [64, 128, 512])
+def test_broken_promises(key, dim, heads):
     case = thd_case(key, [2, 11, 4, 0, 70, 9], q_lens=[1, 3, 1, 2, 1, 0], width=4,
-                    heads=(4, 2), dim=dim, dtype=jnp.bfloat16, pad_kv=1, pad_q=1,
+                    heads=heads, dim=dim, dtype=jnp.bfloat16, pad_kv=1, pad_q=1,
                     mask=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+    check_forward(case)
+    check_backward_poisoned(case)
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_broken_promises_among_many(key, dim):
+    """A few broken segments among thousands of kept ones: the warps that meet one retrace
+    their teams' items, the others do not."""
+    rng = np.random.default_rng(dim)
+    n = 4000
+    kv_lens = rng.integers(0, 9, n)
+    q_lens = np.ones(n, np.int32)
+    q_lens[rng.choice(n, 12, replace=False)] = 0
+    broken = rng.choice(n, 10, replace=False)
+    kv_lens[broken[:5]] = 13
+    q_lens[broken[5:]] = 2
+    case = thd_case(key, kv_lens, q_lens=q_lens, width=8, heads=(2, 2), dim=dim,
+                    dtype=jnp.float16, pad_kv=1)
     check_forward(case)
     check_backward_poisoned(case)
 

@@ -1,20 +1,22 @@
-// Backward small-seq CUDA kernel. A warp works on one (segment, kv head) at a time:
-//   q, dout [packs, Tq, Hq, D], k, v [packs, Tkv, Hkv, D], probs P [packs, Tq, Hq, W] f32,
-//   stats [packs, Tq, Hq, 2] f32 -> dq [packs, Tq, Hq, D], dk, dv [packs, Tkv, Hkv, D].
+// Backward small-seq CUDA kernels: q, dout [packs, Tq, Hq, D], k, v [packs, Tkv, Hkv, D],
+//   probs P [packs, Tq, Hq, W] f32, stats [packs, Tq, Hq, 2] f32 -> dq [packs, Tq, Hq, D],
+//   dk, dv [packs, Tkv, Hkv, D]. A work item is one (segment, kv head).
 // With dP_j = dout . v_j, delta = sum_j P_j dP_j and dS_j = P_j (dP_j - delta):
 //   dq = scale sum_j dS_j k_j,  dk_j = scale sum_rows dS_j q,  dv_j = sum_rows P_j dout,
 // where "rows" are the (query row, q head) pairs of the segment that see key j. A kv row
-// belongs to one segment, so its warp owns dk/dv there: no atomics.
-// One query and no GQA (the common case): one pass over the keys writes dq, dk and dv.
-// Otherwise a dq pass per (query row, q head), then a dk/dv pass that sums over the
-// group in registers (q, dout and V come back from L1).
+// belongs to one segment, so its item owns dk/dv there: no atomics.
+// Two kernels:
+// - No GQA (group 1): teams of lanes, as in the forward (see "Backward in teams" below);
+//   segments that broke the promise are left to the whole warp at the end (bwd_general).
+// - GQA: a warp an item, a dq pass per (query row, q head), then a dk/dv pass that sums
+//   over the group in registers (q, dout and V come back from L1).
 // P comes from the forward where it holds every weight of the segment; where a segment
 // broke the promise (more q rows or keys than P holds) the weights are recomputed from
 // q, k and the saved log-sum-exp. delta is summed in float32 from the weights, not
 // taken as dout . out: out is rounded to T, and in bf16/fp16 that rounding shows in dq
-// (the dS_j no longer sum to 0). When a row's keys fit one chunk, delta comes from the
-// chunk's registers; otherwise a first pass over V (row_delta) finds it, and keeps the
-// dP_j in shared memory for the main pass, which then reads only K: V is read once.
+// (the dS_j no longer sum to 0). In the warp path, when a row's keys fit one chunk, delta
+// comes from the chunk's registers; otherwise a first pass over V (row_delta) finds it,
+// and keeps the dP_j in shared memory for the main pass, which then reads only K.
 #pragma once
 
 #include "fwd_kernel.cuh"
@@ -53,16 +55,14 @@ __device__ float row_delta(const T* kb, const T* vb, int kv_stride, int hi, cons
   return across_rows_sum<kLpr>(acc);
 }
 
-// dq of query row t, head h (keys [0, hi) of the segment kept). With kWriteKv (the
-// segment's only (row, head) pair), also dk and dv of every key row of the segment.
-// kUseProbs: the weights come from P, else from q, k and the log-sum-exp. kStashed
-// (with P, for rows whose keys span several chunks): the delta pass keeps dP in shared
-// memory and the main pass reads no V. A code path of its own: mixed with the other
-// it spills (ptxas, the 5-block budget of bwd_min_blocks).
-template <class T, int D, int kCs, bool kUseProbs, bool kWriteKv, bool kStashed = false>
+// dq of query row t, head h (keys [0, hi) of the segment kept). kUseProbs: the weights
+// come from P, else from q, k and the log-sum-exp. kStashed (with P, for rows whose keys
+// span several chunks): the delta pass keeps dP in shared memory and the main pass reads
+// no V.
+template <class T, int D, int kCs, bool kUseProbs, bool kStashed = false>
 __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows& kv, int hi,
                         int lane) {
-  constexpr bool use_probs = kUseProbs, write_kv = kWriteKv, stashed = kStashed;
+  constexpr bool use_probs = kUseProbs, stashed = kStashed;
   static_assert(!kStashed || kUseProbs, "dP is stashed only where P bounds the keys");
   using G = Geo<T, D>;
   constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
@@ -71,8 +71,6 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
   const int64_t kv0 = row_offset(pack, a.kvs.tokens, kv.begin, a.heads_kv, h / a.group, D);
   const T* kb = static_cast<const T*>(a.k) + kv0;
   const T* vb = static_cast<const T*>(a.v) + kv0;
-  T* dkb = static_cast<T*>(a.dk) + kv0;
-  T* dvb = static_cast<T*>(a.dv) + kv0;
   const int kv_stride = a.heads_kv * D;
   const int64_t qrow = row_offset(pack, a.qs.tokens, t, a.heads_q, h, 1);
 
@@ -86,7 +84,7 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
 #pragma unroll
   for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
 
-  const int n = write_kv ? kv.len : hi;  // key rows visited
+  const int n = hi;  // key rows visited
   const bool one_chunk = !stashed && n <= kChunk;  // delta from the chunk's registers
   // (stashed: hi <= n <= width <= kMaxWidth)
   __shared__ float dp_stash[kWarpsPerBlock][kMaxWidth];
@@ -131,15 +129,8 @@ __device__ void bwd_row(const KernelArgs& a, int pack, int t, int h, const Rows&
     }
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
-      const int j = j0 + c * kRps + sub;
       const float ds = p[c] * (dp[c] - delta);  // 0 for keys the row does not keep
       axpy<T, D>(dq, ds, kr[c]);
-      if constexpr (write_kv) {
-        if (j < n) {
-          store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, qf, ds * a.scale);
-          store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, dof, p[c]);
-        }
-      }
     }
   }
 #pragma unroll
@@ -224,211 +215,347 @@ __device__ void bwd_kv(const KernelArgs& a, int pack, int hk, const Rows& qr, co
   }
 }
 
-// One work item the general way: loads from global memory as it goes.
+// A segment that broke the promise (more query rows or keys than P holds): the weights
+// are recomputed from q, k and the log-sum-exp; correct, not fast (one key row per
+// sub-group at a time).
+template <class T, int D>
+__device__ void bwd_general(const KernelArgs& a, int pack, int hk, const Rows& qr, const Rows& kv,
+                            int lane) {
+  const int hq0 = hk * a.group;
+  for (int r = 0; r < qr.len; ++r)
+    for (int h = hq0; h < hq0 + a.group; ++h)
+      bwd_row<T, D, 1, false>(a, pack, qr.begin + r, h, kv, row_hi(a.mask, r, qr.len, kv.len),
+                              lane);
+  bwd_kv<T, D, 1, false>(a, pack, hk, qr, kv, lane);
+}
+
+// One work item of the GQA kernel: dq per (row, q head), then dk/dv over the group.
 template <class T, int D, int kCs, int kCb>
 __device__ void bwd_item(const KernelArgs& a, int pack, int hk, const Rows& qr, const Rows& kv,
                          int lane) {
-  const int hq0 = hk * a.group;
-  const bool use_probs = fast_segment(qr.len, kv.len, a.width);
+  if (!fast_segment(qr.len, kv.len, a.width)) return bwd_general<T, D>(a, pack, hk, qr, kv, lane);
   constexpr int kChunk = kCs * Geo<T, D>::kRps;
-  if (use_probs && qr.len == 1 && a.group == 1) {
-    // The common case: one (row, head) pair writes dq, dk and dv in one pass.
-    const int hi = row_hi(a.mask, 0, 1, kv.len);
-    if (kv.len <= kChunk) bwd_row<T, D, kCs, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
-    else bwd_row<T, D, kCs, true, true, true>(a, pack, qr.begin, hk, kv, hi, lane);
-  } else if (use_probs) {
-    // GQA (or a segment without query): dq per (row, head), then dk/dv over the group.
-    for (int r = 0; r < qr.len; ++r)
-      for (int h = hq0; h < hq0 + a.group; ++h) {
-        const int hi = row_hi(a.mask, r, qr.len, kv.len);
-        if (hi <= kChunk) bwd_row<T, D, kCs, true, false>(a, pack, qr.begin + r, h, kv, hi, lane);
-        else bwd_row<T, D, kCs, true, false, true>(a, pack, qr.begin + r, h, kv, hi, lane);
-      }
-    bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
-  } else {
-    // A broken promise: correct, not fast (one key row per sub-group at a time).
-    for (int r = 0; r < qr.len; ++r)
-      for (int h = hq0; h < hq0 + a.group; ++h)
-        bwd_row<T, D, 1, false, false>(a, pack, qr.begin + r, h, kv,
-                                       row_hi(a.mask, r, qr.len, kv.len), lane);
-    bwd_kv<T, D, 1, false>(a, pack, hk, qr, kv, lane);
-  }
+  for (int r = 0; r < qr.len; ++r)
+    for (int h = hk * a.group; h < (hk + 1) * a.group; ++h) {
+      const int hi = row_hi(a.mask, r, qr.len, kv.len);
+      if (hi <= kChunk) bwd_row<T, D, kCs, true>(a, pack, qr.begin + r, h, kv, hi, lane);
+      else bwd_row<T, D, kCs, true, true>(a, pack, qr.begin + r, h, kv, hi, lane);
+    }
+  bwd_kv<T, D, kCb, true>(a, pack, hk, qr, kv, lane);
 }
 
 // Zeroes dq, dk and dv of the rows a segment owns but does not use.
 template <class T, int D>
 __device__ void bwd_zero_gaps(const KernelArgs& a, int pack, int hk, const Rows& qr,
                               const Rows& kv, int lane) {
+  constexpr int kLpr = Geo<T, D>::kLpr, kRps = Geo<T, D>::kRps;
+  const int sub = lane / kLpr, pos = lane % kLpr;
   for_gaps(qr, [&](int begin, int end) {
     for (int h = hk * a.group; h < (hk + 1) * a.group; ++h)
-      zero_rows<T, D>(a.dq, pack, a.qs.tokens, a.heads_q, h, begin, end, lane);
+      zero_rows<T, D>(a.dq, pack, a.qs.tokens, a.heads_q, h, begin, end, sub, kRps, pos);
   });
   for_gaps(kv, [&](int begin, int end) {
-    zero_rows<T, D>(a.dk, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
-    zero_rows<T, D>(a.dv, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, lane);
+    zero_rows<T, D>(a.dk, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, sub, kRps, pos);
+    zero_rows<T, D>(a.dv, pack, a.kvs.tokens, a.heads_kv, hk, begin, end, sub, kRps, pos);
   });
 }
 
-// ---- Pipelined backward ---------------------------------------------------------------
-// Where a chunk's slices fit in a modest amount of shared memory, the warp copies the q,
-// dout, P, K and V slices of its next work item into shared memory (cp.async) while it
-// computes the current one, as the forward does (fwd_kernel.cuh), for the items of the
-// common case: one query row, no GQA, every key within one chunk and P's width. Other
-// items take bwd_item when their turn comes (nothing copied ahead).
 
-constexpr int kBwdStages = 2;  // items a warp has in shared memory: 1 computed, 1 in flight
+// Blocks per SM to reserve registers for, GQA kernel. Left to itself, ptxas spills to
+// reach a high occupancy, and with a larger minimum it spills to fit; 1 lets it use what
+// the code needs, except where a warp's chunk is small (one 16-byte vector per lane per
+// row, at most 2 rows per sub-group): there 4 blocks (<= 128 registers).
+template <class T, int D, int kCs>
+constexpr int bwd_gqa_min_blocks() {
+  return Geo<T, D>::kVpl != 1 || kCs > 2 ? 1 : 4;
+}
+
+template <class T, int D, int kCs, int kCb>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, (bwd_gqa_min_blocks<T, D, kCs>()))
+    small_seq_bwd_gqa_kernel(const KernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
+    bwd_item<T, D, kCs, kCb>(a, pack, hk, qr, kv, lane);
+    bwd_zero_gaps<T, D>(a, pack, hk, qr, kv, lane);
+  });
+}
+
+// ---- Backward in teams ----------------------------------------------------------------
+// Without GQA a segment's common case is one query row, so the backward can stream like
+// the forward: teams of kLpr lanes, one (segment, head) each, a step being a chunk of kTs
+// keys whose K, V and P slices (and, on the first step, q and dout) are copied into shared
+// memory kBwdStages - 1 steps ahead. Streaming needs no second pass over the keys:
+//   dq = scale (A - delta B),  A = sum_j P_j dP_j k_j,  B = sum_j P_j k_j
+// both summed as the keys go by; dv_j = P_j dout is written at key j's step; dk_j =
+// scale (P_j dP_j - P_j delta) q waits for delta, at the row's last step, which takes
+// P_j and P_j dP_j of the earlier keys from shared memory (the team's stash) and those of
+// its own chunk from registers. A segment without query row only zeroes its rows.
+// Segments that broke the promise (several query rows, more keys than P holds) are left
+// for the warp to retrace after its teams are done (bwd_general; correct, not fast).
+
+constexpr int kBwdStages = 3;  // steps a team has in shared memory: 1 computed, 2 in flight
+
+enum BwdKind : int32_t { kBwdPast = 0, kBwdRow, kBwdNoRow, kBwdDeferred };
 
 struct BwdStep {
-  Rows qr, kv;
-  int32_t pack, hk;
-  int32_t fast;   // the common case: its slices are in shared memory
-  int32_t valid;  // 0: past the warp's last item
+  Rows qr, kv;        // the segment's rows (its unused rows are zeroed on its first step)
+  int32_t pack, h;    // pack and head (q head = kv head)
+  int32_t hi;         // keys the query row keeps (the segment has kv.len)
+  int32_t j0;         // first key of this chunk
+  int32_t kind;       // BwdKind
 };
 
-// A warp's stage: [kSlots][32] vectors: q, dout, K rows, V rows, then P (4 of 16 bytes used).
-template <class T, int D, int kCs>
+// One warp's stage: [kSlots][32] vectors (q, dout, K rows, V rows: slot-major, lane-minor
+// as in the forward), then [kTs][32] floats of P (lane-minor: each lane copies the weights
+// of the chunk's keys for itself).
+template <class T, int D, int kTs>
 struct BwdLayout {
   static constexpr int kVpl = Geo<T, D>::kVpl;
-  static constexpr int kSlots = kVpl * (2 + 2 * kCs) + kCs;
-  static constexpr int kStageVecs = kSlots * 32;
+  static constexpr int kSlots = kVpl * (2 + 2 * kTs);
+  static constexpr int kStageVecs = kSlots * 32 + kTs * 8;
   static constexpr int kBlockBytes = kWarpsPerBlock * kBwdStages * kStageVecs * 16;
-  static constexpr bool kPipelined = kBlockBytes <= 64 * 1024;
   __device__ static constexpr int q() { return 0; }
   __device__ static constexpr int dout() { return kVpl; }
   __device__ static constexpr int k(int c) { return kVpl * (2 + c); }
-  __device__ static constexpr int v(int c) { return kVpl * (2 + kCs + c); }
-  __device__ static constexpr int p(int c) { return kVpl * (2 + 2 * kCs) + c; }
+  __device__ static constexpr int v(int c) { return kVpl * (2 + kTs + c); }
+  // P of key c of the chunk, for `lane`, in a warp's stage
+  __device__ static const float* p(const uint4* stage, int c, int lane) {
+    return reinterpret_cast<const float*>(stage + kSlots * 32) + c * 32 + lane;
+  }
 };
 
-// Starts the copies of a common-case item into `stage` (this lane's place) and closes the
-// group (an empty one for the other items: every item is one group).
-template <class T, int D, int kCs>
+// Walks a team's backward steps: its work items, then chunks of the query row's keys.
+template <int kLpr, int kTs>
+struct BwdWalker {
+  ItemWalker<kLpr> it;
+  BwdStep s;  // the next step
+
+  __device__ BwdWalker(const KernelArgs& a, RawRows (*st)[2], int lane)
+      : it(a, a.heads_kv, st, lane) {
+    start_item();
+  }
+
+  __device__ void start_item() {
+    s.j0 = 0;
+    if (!it.valid) {
+      s.kind = kBwdPast;
+      return;
+    }
+    s.pack = it.pack;
+    s.h = it.h;
+    s.qr = it.qr;
+    s.kv = it.kv;
+    s.hi = row_hi(it.a.mask, 0, 1, it.kv.len);
+    s.kind = !fast_segment(it.qr.len, it.kv.len, it.a.width) ? kBwdDeferred
+             : it.qr.len == 0                                ? kBwdNoRow
+                                                             : kBwdRow;
+  }
+
+  __device__ void advance() {
+    if (s.kind == kBwdRow) {
+      s.j0 += kTs;
+      if (s.j0 < s.kv.len) return;
+    }
+    it.next();
+    start_item();
+  }
+};
+
+// Starts the copies of step s into the warp's `stage` (this lane's places in it) and closes
+// the group (an empty one for other steps: every step is one group).
+template <class T, int D, int kTs>
 __device__ __forceinline__ void bwd_copy(const KernelArgs& a, const BwdStep& s, uint4* stage,
-                                         int lane) {
-  using G = Geo<T, D>;
-  using L = BwdLayout<T, D, kCs>;
-  const int sub = lane / G::kLpr, pos = lane % G::kLpr;
-  if (s.fast) {
-    const int n = s.kv.len, hi = row_hi(a.mask, 0, 1, n);
-    const int64_t qrow = row_offset(s.pack, a.qs.tokens, s.qr.begin, a.heads_q, s.hk, 1);
-    RowSlice<T, D>::copy_async(static_cast<const T*>(a.q) + qrow * D, pos, stage + 32 * L::q());
-    RowSlice<T, D>::copy_async(static_cast<const T*>(a.dout) + qrow * D, pos,
-                               stage + 32 * L::dout());
-    const int64_t kv0 = row_offset(s.pack, a.kvs.tokens, s.kv.begin, a.heads_kv, s.hk, D);
+                                         int lane, int pos) {
+  using L = BwdLayout<T, D, kTs>;
+  if (s.kind == kBwdRow) {
+    const int64_t qrow = row_offset(s.pack, a.qs.tokens, s.qr.begin, a.heads_q, s.h, 1);
+    if (s.j0 == 0) {
+      RowSlice<T, D>::copy_async(static_cast<const T*>(a.q) + qrow * D, pos,
+                                 stage + 32 * L::q() + lane);
+      RowSlice<T, D>::copy_async(static_cast<const T*>(a.dout) + qrow * D, pos,
+                                 stage + 32 * L::dout() + lane);
+    }
+    const int64_t kv0 = row_offset(s.pack, a.kvs.tokens, s.kv.begin, a.heads_kv, s.h, D);
     const int kv_stride = a.heads_kv * D;
 #pragma unroll
-    for (int c = 0; c < kCs; ++c) {
-      const int j = c * G::kRps + sub;
-      if (j < n) {
+    for (int c = 0; c < kTs; ++c) {
+      const int j = s.j0 + c;
+      if (j < s.kv.len) {
         const int64_t off = kv0 + int64_t{j} * kv_stride;
-        RowSlice<T, D>::copy_async(static_cast<const T*>(a.k) + off, pos, stage + 32 * L::k(c));
-        RowSlice<T, D>::copy_async(static_cast<const T*>(a.v) + off, pos, stage + 32 * L::v(c));
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.k) + off, pos,
+                                   stage + 32 * L::k(c) + lane);
+        RowSlice<T, D>::copy_async(static_cast<const T*>(a.v) + off, pos,
+                                   stage + 32 * L::v(c) + lane);
       }
-      if (j < hi) cp_async4(stage + 32 * L::p(c), a.probs_in + qrow * a.width + j);
+      if (j < s.hi)
+        cp_async4(const_cast<float*>(L::p(stage, c, lane)), a.probs_in + qrow * a.width + j);
     }
   }
   cp_async_commit();
 }
 
-// The common case from shared memory: bwd_row's one-chunk path (dq, dk, dv in one pass).
-template <class T, int D, int kCs>
-__device__ __forceinline__ void bwd_fast(const KernelArgs& a, const BwdStep& d,
-                                         const uint4* stage, int lane) {
+// What a team carries from step to step of a row (float32).
+template <class T, int D>
+struct BwdRowState {
+  static constexpr int kE = Geo<T, D>::kE;
+  float qf[kE], dof[kE], sa[kE], sb[kE], delta;  // sa, sb: A and B above
+};
+
+// One step (a chunk of keys) of a row, from the warp's stage; the row's last step writes
+// dq and every dk. stash: the team's [2][kMaxWidth] floats (P_j, then P_j dP_j).
+template <class T, int D, int kTs>
+__device__ __forceinline__ void bwd_step(const KernelArgs& a, const BwdStep& d,
+                                         const uint4* stage, float* stash,
+                                         BwdRowState<T, D>& st, unsigned mask, int lane,
+                                         int pos) {
   using G = Geo<T, D>;
-  using L = BwdLayout<T, D, kCs>;
-  constexpr int kLpr = G::kLpr, kRps = G::kRps, kE = G::kE;
-  const int sub = lane / kLpr, pos = lane % kLpr;
-  const int n = d.kv.len, hi = row_hi(a.mask, 0, 1, n);
-  const int64_t kv0 = row_offset(d.pack, a.kvs.tokens, d.kv.begin, a.heads_kv, d.hk, D);
+  using L = BwdLayout<T, D, kTs>;
+  constexpr int kLpr = G::kLpr, kE = G::kE;
+  const int n = d.kv.len;
+  const int64_t kv0 = row_offset(d.pack, a.kvs.tokens, d.kv.begin, a.heads_kv, d.h, D);
+  const int kv_stride = a.heads_kv * D;
   T* dkb = static_cast<T*>(a.dk) + kv0;
   T* dvb = static_cast<T*>(a.dv) + kv0;
-  const int kv_stride = a.heads_kv * D;
-  const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.qr.begin, a.heads_q, d.hk, 1);
-
-  float qf[kE], dof[kE], dq[kE], p[kCs], dp[kCs];
   RowSlice<T, D> x;
-  x.load_shared(stage + 32 * L::q());
-  x.to_float(qf);
-  x.load_shared(stage + 32 * L::dout());
-  x.to_float(dof);
-  float acc = 0.0f;
+  if (d.j0 == 0) {
+    x.load_shared(stage + 32 * L::q() + lane);
+    x.to_float(st.qf);
+    x.load_shared(stage + 32 * L::dout() + lane);
+    x.to_float(st.dof);
+    st.delta = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kCs; ++c) {
-    const int j = c * kRps + sub;
+    for (int e = 0; e < kE; ++e) st.sa[e] = st.sb[e] = 0.0f;
+  }
+  float p[kTs], pdp[kTs];
+#pragma unroll
+  for (int c = 0; c < kTs; ++c) {
+    const int j = d.j0 + c;
     float part = 0.0f;
     if (j < n) {
-      x.load_shared(stage + 32 * L::v(c));
-      part = dot<T, D>(dof, x);
+      x.load_shared(stage + 32 * L::v(c) + lane);
+      part = dot<T, D>(st.dof, x);
     }
-    dp[c] = row_sum<kLpr>(part);
-    p[c] = j < hi ? reinterpret_cast<const float*>(stage + 32 * L::p(c))[0] : 0.0f;
-    acc += p[c] * dp[c];
-  }
-  const float delta = across_rows_sum<kLpr>(acc);
-#pragma unroll
-  for (int e = 0; e < kE; ++e) dq[e] = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kCs; ++c) {
-    const int j = c * kRps + sub;
+    const float dp = row_sum<kLpr>(part, mask);
+    p[c] = j < d.hi ? *L::p(stage, c, lane) : 0.0f;  // 0 for keys the row does not keep
+    pdp[c] = p[c] * dp;
+    st.delta += pdp[c];
     if (j < n) {
-      const float ds = p[c] * (dp[c] - delta);  // 0 for keys the row does not keep
-      x.load_shared(stage + 32 * L::k(c));
-      axpy<T, D>(dq, ds, x);
-      store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, qf, ds * a.scale);
-      store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, dof, p[c]);
+      x.load_shared(stage + 32 * L::k(c) + lane);
+      axpy2<T, D>(st.sa, pdp[c], st.sb, p[c], x);
+      store_row<T, D>(dvb + int64_t{j} * kv_stride, pos, st.dof, p[c]);
     }
   }
+  if (d.j0 + kTs < n) {  // not the last step: keep P_j and P_j dP_j for dk
+    if (pos == 0) {
 #pragma unroll
-  for (int e = 0; e < kE; ++e) dq[e] = across_rows_sum<kLpr>(dq[e]);
-  if (sub == 0) store_row<T, D>(static_cast<T*>(a.dq) + qrow * D, pos, dq, a.scale);
+      for (int c = 0; c < kTs; ++c) {
+        stash[d.j0 + c] = p[c];  // j0 + c < n <= width <= kMaxWidth
+        stash[kMaxWidth + d.j0 + c] = pdp[c];
+      }
+    }
+    return;
+  }
+  const float delta = st.delta;
+  float dq[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dq[e] = fmaf(-delta, st.sb[e], st.sa[e]);
+  const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.qr.begin, a.heads_q, d.h, 1);
+  store_row<T, D>(static_cast<T*>(a.dq) + qrow * D, pos, dq, a.scale);
+  for (int j = 0; j < d.j0; ++j)  // the earlier chunks' keys (stash written before the
+    store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, st.qf,  // loop's __syncwarp)
+                    fmaf(-stash[j], delta, stash[kMaxWidth + j]) * a.scale);
+#pragma unroll
+  for (int c = 0; c < kTs; ++c) {
+    const int j = d.j0 + c;
+    if (j < n)
+      store_row<T, D>(dkb + int64_t{j} * kv_stride, pos, st.qf,
+                      fmaf(-p[c], delta, pdp[c]) * a.scale);
+  }
 }
 
-template <class T, int D, int kCs, int kCb>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, (bwd_min_blocks<T, D, kCs>()))
-    small_seq_bwd_kernel(const KernelArgs a) {
-  using L = BwdLayout<T, D, kCs>;
-  constexpr int kChunk = kCs * Geo<T, D>::kRps;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  if constexpr (!L::kPipelined) {
-    for_each_unit(a, a.heads_kv, [&](int pack, int hk, const Rows& qr, const Rows& kv) {
-      bwd_item<T, D, kCs, kCb>(a, pack, hk, qr, kv, lane);
-      bwd_zero_gaps<T, D>(a, pack, hk, qr, kv, lane);
-    });
-  } else {
-    extern __shared__ uint4 bwd_smem[];  // [warps][kBwdStages][kSlots][32]
-    __shared__ RawRows staged[kWarpsPerBlock][32][2];
-    __shared__ BwdStep ring[kWarpsPerBlock][kBwdStages + 1];
-    uint4* mine = bwd_smem + warp * (kBwdStages * L::kStageVecs) + lane;
-    BwdStep* steps = ring[warp];
-    ItemWalker<32> walk(a, a.heads_kv, staged[warp], lane);
-    // As in the forward: item k's copies go to stage k % kBwdStages, its descriptor to
-    // steps[k % (kBwdStages + 1)].
-    auto issue = [&](int k) {
-      BwdStep s;
-      s.valid = walk.valid;
-      s.pack = walk.pack;
-      s.hk = walk.h;
-      s.qr = walk.qr;
-      s.kv = walk.kv;
-      s.fast = walk.valid && a.group == 1 && walk.qr.len == 1 &&
-               fast_segment(walk.qr.len, walk.kv.len, a.width) && walk.kv.len <= kChunk;
-      if (lane == 0) steps[k % (kBwdStages + 1)] = s;
-      bwd_copy<T, D, kCs>(a, s, mine + (k % kBwdStages) * L::kStageVecs, lane);
-      if (walk.valid) walk.next();
-    };
+// Zeroes a segment's unused rows of dq, dk and dv (one team), and with no query row also
+// its dk and dv.
+template <class T, int D>
+__device__ void bwd_team_zero(const KernelArgs& a, const BwdStep& d, int pos) {
+  for_gaps(d.qr, [&](int begin, int end) {
+    zero_rows<T, D>(a.dq, d.pack, a.qs.tokens, a.heads_q, d.h, begin, end, 0, 1, pos);
+  });
+  auto kv_rows = [&](int begin, int end) {
+    zero_rows<T, D>(a.dk, d.pack, a.kvs.tokens, a.heads_kv, d.h, begin, end, 0, 1, pos);
+    zero_rows<T, D>(a.dv, d.pack, a.kvs.tokens, a.heads_kv, d.h, begin, end, 0, 1, pos);
+  };
+  for_gaps(d.kv, kv_rows);
+  if (d.kind == kBwdNoRow) kv_rows(d.kv.begin, d.kv.begin + d.kv.len);
+}
+
+// Blocks per SM the team kernel is compiled for: as many as its shared memory allows
+// (stages, plus about 10 KiB of its own), at most 4 (<= 128 registers a thread).
+template <class T, int D, int kTs>
+constexpr int bwd_team_min_blocks() {
+  constexpr int by_smem = (220 * 1024) / (BwdLayout<T, D, kTs>::kBlockBytes + 10 * 1024);
+  return by_smem < 1 ? 1 : (by_smem > 4 ? 4 : by_smem);
+}
+
+template <class T, int D, int kTs>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, (bwd_team_min_blocks<T, D, kTs>()))
+    small_seq_bwd_team_kernel(const KernelArgs a) {
+  using L = BwdLayout<T, D, kTs>;
+  constexpr int kLpr = Geo<T, D>::kLpr, kTeams = 32 / kLpr;
+  extern __shared__ uint4 bwd_smem[];  // [warps][kBwdStages][kStageVecs]
+  __shared__ RawRows staged[kWarpsPerBlock][32][2];  // kLpr entries a team
+  __shared__ BwdStep ring[kWarpsPerBlock][kTeams][kBwdStages + 1];
+  __shared__ float stash[kWarpsPerBlock][kTeams][2 * kMaxWidth];
+  __shared__ int deferred[kWarpsPerBlock];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, team = lane / kLpr;
+  const int pos = lane % kLpr;
+  const unsigned mask = team_mask<kLpr>(lane);
+  uint4* stages = bwd_smem + warp * (kBwdStages * L::kStageVecs);
+  BwdStep* steps = ring[warp][team];
+  if (lane == 0) deferred[warp] = 0;
+  __syncwarp();
+
+  BwdWalker<kLpr, kTs> walk(a, staged[warp] + team * kLpr, lane);
+  // As in the forward: step k's copies go to stage k % kBwdStages, its descriptor to
+  // steps[k % (kBwdStages + 1)].
+  auto issue = [&](int k) {
+    if (pos == 0) steps[k % (kBwdStages + 1)] = walk.s;
+    bwd_copy<T, D, kTs>(a, walk.s, stages + (k % kBwdStages) * L::kStageVecs, lane, pos);
+    if (walk.s.kind != kBwdPast) walk.advance();
+  };
 #pragma unroll
-    for (int k = 0; k < kBwdStages - 1; ++k) issue(k);
-    for (int k = 0;; ++k) {
-      issue(k + kBwdStages - 1);
-      __syncwarp();
-      const BwdStep d = steps[k % (kBwdStages + 1)];
-      if (!d.valid) break;
-      cp_async_wait<kBwdStages - 1>();  // item k's copies have landed
-      if (d.fast) bwd_fast<T, D, kCs>(a, d, mine + (k % kBwdStages) * L::kStageVecs, lane);
-      else bwd_item<T, D, kCs, kCb>(a, d.pack, d.hk, d.qr, d.kv, lane);
-      bwd_zero_gaps<T, D>(a, d.pack, d.hk, d.qr, d.kv, lane);
+  for (int k = 0; k < kBwdStages - 1; ++k) issue(k);
+
+  BwdRowState<T, D> st;
+  for (int k = 0;; ++k) {
+    issue(k + kBwdStages - 1);
+    __syncwarp(mask);
+    const BwdStep d = steps[k % (kBwdStages + 1)];
+    if (d.kind == kBwdPast) break;
+    if (d.kind == kBwdDeferred) {
+      if (pos == 0) deferred[warp] = 1;
+      continue;
     }
-    cp_async_wait<0>();
+    cp_async_wait<kBwdStages - 1>();  // step k's copies have landed
+    if (d.j0 == 0) bwd_team_zero<T, D>(a, d, pos);
+    if (d.kind == kBwdRow)
+      bwd_step<T, D, kTs>(a, d, stages + (k % kBwdStages) * L::kStageVecs, stash[warp][team], st,
+                          mask, lane, pos);
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit (the last groups are empty)
+
+  __syncwarp();  // the teams are done (and `deferred` is final)
+  if (!deferred[warp]) return;
+  const int first = (blockIdx.x * kWarpsPerBlock + warp) * kTeams;
+  const int stride = gridDim.x * kWarpsPerBlock * kTeams;
+  for (int t = 0; t < kTeams; ++t) {
+    ItemWalker<32> w(a, a.heads_kv, staged[warp], lane, first + t, stride);
+    while (w.valid) {
+      if (!fast_segment(w.qr.len, w.kv.len, a.width)) {
+        bwd_general<T, D>(a, w.pack, w.h, w.qr, w.kv, lane);
+        bwd_zero_gaps<T, D>(a, w.pack, w.h, w.qr, w.kv, lane);
+      }
+      w.next();
+    }
   }
 }
 

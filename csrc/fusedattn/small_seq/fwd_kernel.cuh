@@ -6,7 +6,7 @@
 // (copied a few steps ahead), and keeps an online softmax across chunks in float32.
 // Neighbouring teams take the neighbouring heads of the same segment: with GQA they read
 // the same K/V rows, which L1 serves.
-// The helpers above "Forward" (work items, zeroing, register budgets) serve the backward too.
+// The helpers above "Forward" (work items, zeroing) and the walkers serve the backward too.
 #pragma once
 
 #include <math.h>
@@ -35,14 +35,14 @@ __device__ __forceinline__ void for_gaps(const Rows& r, F&& fn) {
   if (start_after < r.own_end) fn(start_after, r.own_end);
 }
 
-// Zeroes rows [begin, end) of head h of a [packs, tokens, heads, D] tensor (one row per sub-group).
+// Zeroes rows [begin, end) of head h of a [packs, tokens, heads, D] tensor: the kLpr lanes
+// of row group `group` of `groups` zero the rows begin + group, begin + group + groups, ...
+// (a warp: its kRps sub-groups; a team: one group).
 template <class T, int D>
 __device__ void zero_rows(void* base, int pack, int tokens, int heads, int h, int begin, int end,
-                          int lane) {
-  using G = Geo<T, D>;
-  for (int t = begin + lane / G::kLpr; t < end; t += G::kRps)
-    store_zero_row<T, D>(static_cast<T*>(base) + row_offset(pack, tokens, t, heads, h, D),
-                         lane % G::kLpr);
+                          int group, int groups, int pos) {
+  for (int t = begin + group; t < end; t += groups)
+    store_zero_row<T, D>(static_cast<T*>(base) + row_offset(pack, tokens, t, heads, h, D), pos);
 }
 
 // Runs body(pack, head, q rows, kv rows) for each of this warp's work items, a work
@@ -77,17 +77,6 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
     }
     __syncwarp();  // every lane is done with the staged entries before they are replaced
   }
-}
-
-// Blocks per SM to reserve registers for, backward kernel. Left to itself, ptxas spills
-// to reach a high occupancy, and with a larger minimum it spills to fit; 1 lets it use
-// what the code needs, except where a warp's chunk is small (one 16-byte vector per lane
-// per row, at most 2 rows per sub-group): there 4 blocks (<= 128 registers), the most
-// without spills (ptxas -v, sm_80 and sm_90a) now that the kernel also carries the
-// copy-ahead path (bwd_kernel.cuh), whose copies in flight take no registers.
-template <class T, int D, int kCs>
-constexpr int bwd_min_blocks() {
-  return Geo<T, D>::kVpl != 1 || kCs > 2 ? 1 : 4;
 }
 
 // ---- Forward -----------------------------------------------------------------------
@@ -153,12 +142,20 @@ struct ItemWalker {
   Rows qr, kv;
 
   __device__ ItemWalker(const KernelArgs& args, int heads_, RawRows (*st)[2], int lane)
-      : a(args), staged(st), mask(team_mask<kLpr>(lane)), heads(heads_), pos(lane % kLpr) {
-    constexpr int kTeams = 32 / kLpr;
-    teams = gridDim.x * kWarpsPerBlock * kTeams;
-    u0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * kTeams + lane / kLpr;
+      : ItemWalker(args, heads_, st, lane, first_item(lane), gridDim.x * kWarpsPerBlock * (32 / kLpr)) {}
+
+  // Walks the items first, first + stride, ... instead (a warp retracing its teams' items).
+  __device__ ItemWalker(const KernelArgs& args, int heads_, RawRows (*st)[2], int lane, int first,
+                        int stride)
+      : a(args), staged(st), mask(team_mask<kLpr>(lane)), heads(heads_), pos(lane % kLpr),
+        teams(stride), u0(first) {
     valid = u0 < a.units;
     if (valid) load_group();
+  }
+
+  // The first item of the team of `lane`.
+  __device__ static int first_item(int lane) {
+    return (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * (32 / kLpr) + lane / kLpr;
   }
 
   __device__ void load_group() {
@@ -274,11 +271,13 @@ struct FwdRow {
 };
 
 // One chunk of keys [j0, j0 + kCs) of a row, from shared memory; the first chunk of a
-// row starts its state. Every lane of the team gets every score. Scores of all but the
-// last chunk wait in P (raw) until the final max and sum are known.
+// row starts its state. Every lane of the team gets every score. With save_aux, scores of
+// all but the last chunk wait (raw) in the team's stash, kMaxWidth floats of shared
+// memory, until the final max and sum are known (kept in P itself, the row's end would
+// wait on reading them back).
 template <class T, int D, int kCs>
 __device__ __forceinline__ void fwd_chunk(const KernelArgs& a, const FwdStep& d,
-                                          const uint4* stage, float* prow,
+                                          const uint4* stage, float* stash,
                                           FwdRow<T, D, kCs>& st, unsigned mask, int pos) {
   using G = Geo<T, D>;
   using L = FwdLayout<T, D, kCs>;
@@ -324,17 +323,19 @@ __device__ __forceinline__ void fwd_chunk(const KernelArgs& a, const FwdStep& d,
   }
   st.l = st.l * alpha + chunk_sum;
   st.m = m_new;
-  if (prow && pos == 0 && d.j0 + kCs < d.n) {
+  if (a.save_aux && pos == 0 && d.j0 + kCs < d.n) {
 #pragma unroll
     for (int c = 0; c < kCs; ++c)
-      if (d.j0 + c < a.width) prow[d.j0 + c] = st.sc[c];
+      if (d.j0 + c < a.width) stash[d.j0 + c] = st.sc[c];  // width <= kMaxWidth
   }
 }
 
 // After a row's last chunk: out = acc / l, and with save_aux P (normalized) and the stats.
+// The stash holds the earlier chunks' scores (written before the step loop's __syncwarp).
 template <class T, int D, int kCs>
 __device__ __forceinline__ void fwd_finish(const KernelArgs& a, const FwdStep& d, int64_t qrow,
-                                           float* prow, const FwdRow<T, D, kCs>& st, int pos) {
+                                           float* prow, const float* stash,
+                                           const FwdRow<T, D, kCs>& st, int pos) {
   constexpr int kLpr = Geo<T, D>::kLpr;
   const int n = d.n;
   const float m = st.m;
@@ -343,8 +344,8 @@ __device__ __forceinline__ void fwd_finish(const KernelArgs& a, const FwdStep& d
   if (!prow) return;
 
   const int last0 = d.j0;  // first key of the last chunk
+  for (int j = pos; j < last0 && j < a.width; j += kLpr) prow[j] = exp2f(stash[j] - m) * inv;
   if (pos == 0) {
-    for (int j = 0; j < last0 && j < a.width; ++j) prow[j] = exp2f(prow[j] - m) * inv;
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
       const int j = last0 + c;
@@ -388,6 +389,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, (fwd_min_blocks<T, D, kCs
   extern __shared__ uint4 fwd_smem[];  // [warps][kFwdStages][kSlots][32]
   __shared__ RawRows staged[kWarpsPerBlock][32][2];  // kLpr entries a team
   __shared__ FwdStep ring[kWarpsPerBlock][32 / kLpr][kFwdStages + 1];
+  __shared__ float stash[kWarpsPerBlock][32 / kLpr][kMaxWidth];  // a team's raw scores
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, pos = lane % kLpr;
   const unsigned mask = team_mask<kLpr>(lane);
   uint4* mine = fwd_smem + warp * (kFwdStages * L::kStageVecs) + lane;
@@ -417,8 +419,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, (fwd_min_blocks<T, D, kCs
     const uint4* stage = mine + (k % kFwdStages) * L::kStageVecs;
     const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.t, a.heads_q, d.h, 1);
     float* prow = a.save_aux ? a.probs + qrow * a.width : nullptr;
-    fwd_chunk<T, D, kCs>(a, d, stage, prow, st, mask, pos);
-    if (d.j0 + kCs >= d.n) fwd_finish<T, D, kCs>(a, d, qrow, prow, st, pos);
+    float* scores = stash[warp][lane / kLpr];
+    fwd_chunk<T, D, kCs>(a, d, stage, scores, st, mask, pos);
+    if (d.j0 + kCs >= d.n) fwd_finish<T, D, kCs>(a, d, qrow, prow, scores, st, pos);
   }
   cp_async_wait<0>();  // nothing left in flight at exit (the last groups are empty)
 }

@@ -4,11 +4,10 @@
 // Forward: kCs keys a chunk (a team's step, fwd_kernel.cuh), the smallest power of two
 // that covers P's width W, at most 2 (1 where a lane holds several vectors of a row):
 // a step's slices wait in shared memory, and small steps leave room for 6-8 blocks an SM.
-// Backward: kCs key rows per sub-group and chunk (main and dq pass), the smallest power of
-// two that covers W in one chunk, capped so a chunk's K and V slices take at most 64
-// registers: a small W keeps few registers and many warps resident, a large W issues many
-// loads per warp. kCb (the dk/dv pass, GQA or broken promises only) also keeps its float
-// accumulators within 64 registers.
+// Backward without GQA: kTs keys a team's step, chosen as the forward's kCs (the team
+// kernel, bwd_kernel.cuh). With GQA: kCs key rows per sub-group and chunk (dq pass), the
+// smallest power of two that covers W in one chunk, capped so a chunk's K and V slices take
+// at most 64 registers; kCb (the dk/dv pass) keeps its float accumulators within 64.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,8 +41,8 @@ inline int chunk_steps(int64_t width, int rows_per_step, int cap) {
 // Launches kKernel with a grid of the blocks that stay resident on the current device:
 // the kernels walk their work items in a loop, so a larger grid would only queue. Each
 // kernel's per-SM figure (it depends on the kernel's registers and shared memory, not on
-// the call) is asked once per device, after allowing the kernel more than 48 KiB of
-// dynamic shared memory where it needs that (a setting of each device's own).
+// the call) is asked once per device, after allowing the kernel its dynamic shared memory
+// (static + dynamic beyond 48 KiB needs that; a setting of each device's own).
 template <auto kKernel>
 Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const char* what) {
   constexpr int kDevices = 64;  // devices whose figure is kept; others ask on every launch
@@ -53,7 +52,7 @@ Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const c
   FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   int n = device < kDevices ? per_sm[device].load(std::memory_order_relaxed) : 0;
   if (n == 0) {
-    if (smem > 48 * 1024)
+    if (smem > 0)
       FA_CUDA_RETURN_IF_ERROR(
           cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     FA_CUDA_RETURN_IF_ERROR(
@@ -89,17 +88,24 @@ Status with_chunk(int cs, Launch&& launch) {
 template <class T, int D>
 Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
   using C = Chunks<T, D>;
+  const int steps = chunk_steps(a.width, 1, C::kFwdMax);
+  if (backward && a.group == 1) {
+    return with_chunk<C::kFwdMax>(steps, [&](auto chunk) {
+      constexpr int kTs = decltype(chunk)::value;
+      return launch_kernel<small_seq_bwd_team_kernel<T, D, kTs>>(
+          a, BwdLayout<T, D, kTs>::kBlockBytes, stream, "small-seq backward kernel launch");
+    });
+  }
   if (backward) {
     const int cs = chunk_steps(a.width, Geo<T, D>::kRps, C::kCsMax);
     return with_chunk<C::kCsMax>(cs, [&](auto chunk) {
       constexpr int kCs = decltype(chunk)::value;
       constexpr int kCb = kCs < C::kCbMax ? kCs : C::kCbMax;
-      using L = BwdLayout<T, D, kCs>;
-      return launch_kernel<small_seq_bwd_kernel<T, D, kCs, kCb>>(
-          a, L::kPipelined ? L::kBlockBytes : 0, stream, "small-seq backward kernel launch");
+      return launch_kernel<small_seq_bwd_gqa_kernel<T, D, kCs, kCb>>(
+          a, 0, stream, "small-seq backward (GQA) kernel launch");
     });
   }
-  return with_chunk<C::kFwdMax>(chunk_steps(a.width, 1, C::kFwdMax), [&](auto chunk) {
+  return with_chunk<C::kFwdMax>(steps, [&](auto chunk) {
     constexpr int kCs = decltype(chunk)::value;
     return launch_kernel<small_seq_fwd_kernel<T, D, kCs>>(
         a, FwdLayout<T, D, kCs>::kBlockBytes, stream, "small-seq forward kernel launch");

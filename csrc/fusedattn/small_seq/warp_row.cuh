@@ -202,6 +202,24 @@ __device__ __forceinline__ void axpy(float (&acc)[Geo<T, D>::kE], float w, const
   }
 }
 
+// a += wa * b, c += wc * b (b unpacked once)
+template <class T, int D>
+__device__ __forceinline__ void axpy2(float (&a)[Geo<T, D>::kE], float wa,
+                                      float (&c)[Geo<T, D>::kE], float wc,
+                                      const RowSlice<T, D>& b) {
+  using G = Geo<T, D>;
+#pragma unroll
+  for (int i = 0; i < G::kVpl; ++i) {
+    float x[G::kVec];
+    VecIO<T>::unpack(b.r[i], x);
+#pragma unroll
+    for (int e = 0; e < G::kVec; ++e) {
+      a[i * G::kVec + e] = fmaf(wa, x[e], a[i * G::kVec + e]);
+      c[i * G::kVec + e] = fmaf(wc, x[e], c[i * G::kVec + e]);
+    }
+  }
+}
+
 // Sum over the kLpr lanes of a sub-group (every lane of it gets the sum). mask: the lanes
 // taking part (the whole warp, or only the sub-group where sub-groups work on their own).
 template <int kLpr>
