@@ -242,10 +242,11 @@ template <class T, int D, int kCs>
 __device__ __forceinline__ void fwd_copy(const KernelArgs& a, const FwdStep& s, uint4* stage,
                                          int pos) {
   using L = FwdLayout<T, D, kCs>;
+  using S = RowSlice<T, D>;  // copies past L1 (cp_async16's kStream)
   if (s.valid && s.t >= 0) {
     if (s.j0 == 0) {
       const int64_t qrow = row_offset(s.pack, a.qs.tokens, s.t, a.heads_q, s.h, D);
-      RowSlice<T, D>::copy_async(static_cast<const T*>(a.q) + qrow, pos, stage + 32 * L::q());
+      S::template copy_async<true>(static_cast<const T*>(a.q) + qrow, pos, stage + 32 * L::q());
     }
     const int64_t kv0 = row_offset(s.pack, a.kvs.tokens, s.kv_begin, a.heads_kv, s.h / a.group, D);
     const int kv_stride = a.heads_kv * D;  // elements from one key row to the next
@@ -254,8 +255,8 @@ __device__ __forceinline__ void fwd_copy(const KernelArgs& a, const FwdStep& s, 
       const int j = s.j0 + c;
       if (j < s.n) {
         const int64_t off = kv0 + int64_t{j} * kv_stride;
-        RowSlice<T, D>::copy_async(static_cast<const T*>(a.k) + off, pos, stage + 32 * L::k(c));
-        RowSlice<T, D>::copy_async(static_cast<const T*>(a.v) + off, pos, stage + 32 * L::v(c));
+        S::template copy_async<true>(static_cast<const T*>(a.k) + off, pos, stage + 32 * L::k(c));
+        S::template copy_async<true>(static_cast<const T*>(a.v) + off, pos, stage + 32 * L::v(c));
       }
     }
   }

@@ -78,9 +78,17 @@ struct VecIO<__half> {
 
 // 16 bytes global -> shared memory, asynchronously (sm_80+). Each lane waits for its own
 // copies (cp_async_wait) and reads only what it copied itself: no warp barrier needed.
+// kStream: past L1 (.cg), with L2 prefetching the 256-byte block: the forward's K/V
+// stream ran 1-4.5 points of the copy bandwidth faster so, the backward's that much slower
+// (H100 A/B, bench/RESULTS.md), which keeps the default.
+template <bool kStream = false>
 __device__ __forceinline__ void cp_async16(uint4* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  if constexpr (kStream)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 // 4 bytes global -> shared memory, asynchronously (as cp_async16).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
@@ -122,10 +130,11 @@ struct RowSlice {
   // Starts copying this lane's slice of `row` to shared memory: vector i goes to slot[32 * i]
   // (slot: this lane's place in a warp's [kVpl][32] array). cp.async takes no registers,
   // so a warp can have rows of several work items in flight (see fwd_kernel.cuh).
+  template <bool kStream = false>
   __device__ __forceinline__ static void copy_async(const T* row, int pos, uint4* slot) {
     const uint4* p = reinterpret_cast<const uint4*>(row) + pos;
 #pragma unroll
-    for (int i = 0; i < G::kVpl; ++i) cp_async16(slot + 32 * i, p + i * G::kLpr);
+    for (int i = 0; i < G::kVpl; ++i) cp_async16<kStream>(slot + 32 * i, p + i * G::kLpr);
   }
   // Reads what copy_async put at slot (after cp_async_wait).
   __device__ __forceinline__ void load_shared(const uint4* slot) {
