@@ -19,6 +19,8 @@
 // and keeps the dP_j in shared memory for the main pass, which then reads only K.
 #pragma once
 
+#include <type_traits>
+
 #include "fwd_kernel.cuh"
 
 namespace fusedattn::small_seq::cuda {
@@ -318,9 +320,11 @@ struct BwdLayout {
   __device__ static constexpr int dout() { return kVpl; }
   __device__ static constexpr int k(int c) { return kVpl * (2 + c); }
   __device__ static constexpr int v(int c) { return kVpl * (2 + kTs + c); }
-  // P of key c of the chunk, for `lane`, in a warp's stage
-  __device__ static const float* p(const uint4* stage, int c, int lane) {
-    return reinterpret_cast<const float*>(stage + kSlots * 32) + c * 32 + lane;
+  // P of key c of the chunk, for `lane`, in a warp's stage (uint4 or const uint4)
+  template <class V>
+  __device__ static auto p(V* stage, int c, int lane) {
+    using F = std::conditional_t<std::is_const_v<V>, const float, float>;
+    return reinterpret_cast<F*>(stage + kSlots * 32) + c * 32 + lane;
   }
 };
 
@@ -388,7 +392,7 @@ __device__ __forceinline__ void bwd_copy(const KernelArgs& a, const BwdStep& s, 
                                    stage + 32 * L::v(c) + lane);
       }
       if (j < s.hi)
-        cp_async4(const_cast<float*>(L::p(stage, c, lane)), a.probs_in + qrow * a.width + j);
+        cp_async4(L::p(stage, c, lane), a.probs_in + qrow * a.width + j);
     }
   }
   cp_async_commit();
