@@ -90,26 +90,34 @@ CASES = {
 }
 
 
+def array_operands(ops):
+    """(indices of the array operands in ops, full(arrays) -> ops with those arrays put back):
+    the tests differentiate with respect to the arrays only; scalars stay Python floats."""
+    idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
+
+    def full(arr):
+        f = list(ops)
+        for i, a in zip(idx, arr):
+            f[i] = a
+        return tuple(f)
+
+    return idx, full
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward_and_grads_match_the_reference(key, name):
     fn, make_ops = CASES[name]
     q, k, v, dout = inputs(key)
     ops = make_ops(jax.random.fold_in(key, 1))
-    arr_idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
+    arr_idx, full = array_operands(ops)
 
     def ours(q, k, v, *arr):
-        full = list(ops)
-        for i, a in zip(arr_idx, arr):
-            full[i] = a
         return fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
-                                    score_mod_operands=tuple(full), return_max_logit=True,
+                                    score_mod_operands=full(arr), return_max_logit=True,
                                     return_aux=True)
 
     def ref(q, k, v, *arr):
-        full = list(ops)
-        for i, a in zip(arr_idx, arr):
-            full[i] = a
-        return ref_call(q, k, v, fn, tuple(full))
+        return ref_call(q, k, v, fn, full(arr))
 
     arrs = [ops[i] for i in arr_idx]
     out, aux = jax.jit(ours)(q, k, v, *arrs)
@@ -169,13 +177,7 @@ def thd_call(fn, mask, ops):
     sd = fusedattn.SequenceDescriptor.from_seqlens_and_offsets(
         (jnp.asarray(THD_Q[0]), jnp.asarray(THD_KV[0])),
         (jnp.asarray(THD_Q[1]), jnp.asarray(THD_KV[1])))
-    arr_idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
-
-    def full(arr):
-        f = list(ops)
-        for i, a in zip(arr_idx, arr):
-            f[i] = a
-        return tuple(f)
+    arr_idx, full = array_operands(ops)
 
     def ours(q, k, v, *arr):
         out, aux = fusedattn.fused_attn(

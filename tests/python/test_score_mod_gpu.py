@@ -12,7 +12,8 @@ import pytest
 import fusedattn
 from conftest import normal
 from fusedattn import AttnMaskType
-from test_score_mod import CASES, HQ, T, causal, ref_call, softcap, thd_call
+from test_score_mod import (CASES, HQ, T, array_operands, causal, ref_call, softcap,
+                            thd_call)
 
 pytestmark = pytest.mark.gpu
 S, D = 128, 64
@@ -56,14 +57,7 @@ def test_matches_the_reference(key, name, dtype):
            "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
                name, lambda: make_ops(kop))()
     q, k, v, dout = gpu_inputs(key, dtype)
-    arr_idx = [i for i, x in enumerate(ops) if not isinstance(x, float)]
-
-    def full(arr):
-        f = list(ops)
-        for i, a in zip(arr_idx, arr):
-            f[i] = a
-        return tuple(f)
-
+    arr_idx, full = array_operands(ops)
     ours = lambda q, k, v, *arr: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
                                                       score_mod_operands=full(arr))
     ref = lambda q, k, v, *arr: ref_call(q, k, v, fn, full(arr))[0]
