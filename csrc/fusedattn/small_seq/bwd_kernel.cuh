@@ -262,7 +262,6 @@ __device__ void bwd_zero_gaps(const KernelArgs& a, int pack, int hk, const Rows&
   });
 }
 
-
 // Blocks per SM to reserve registers for, GQA kernel. Left to itself, ptxas spills to
 // reach a high occupancy, and with a larger minimum it spills to fit; 1 lets it use what
 // the code needs, except where a warp's chunk is small (one 16-byte vector per lane per

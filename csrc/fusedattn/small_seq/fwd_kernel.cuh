@@ -5,7 +5,7 @@
 // its q row once, streams the segment's K and V rows in chunks through shared memory
 // (copied a few steps ahead), and keeps an online softmax across chunks in float32.
 // Neighbouring teams take the neighbouring heads of the same segment: with GQA they read
-// the same K/V rows, which L1 serves.
+// the same K/V rows, which L2 serves (the copies pass L1 by, see cp_async16).
 // The helpers above "Forward" (work items, zeroing) and the walkers serve the backward too.
 #pragma once
 
@@ -142,7 +142,8 @@ struct ItemWalker {
   Rows qr, kv;
 
   __device__ ItemWalker(const KernelArgs& args, int heads_, RawRows (*st)[2], int lane)
-      : ItemWalker(args, heads_, st, lane, first_item(lane), gridDim.x * kWarpsPerBlock * (32 / kLpr)) {}
+      : ItemWalker(args, heads_, st, lane, first_item(lane),
+                   gridDim.x * kWarpsPerBlock * (32 / kLpr)) {}
 
   // Walks the items first, first + stride, ... instead (a warp retracing its teams' items).
   __device__ ItemWalker(const KernelArgs& args, int heads_, RawRows (*st)[2], int lane, int first,
