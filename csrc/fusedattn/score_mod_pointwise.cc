@@ -2,11 +2,55 @@
 #include "score_mod_pointwise.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <string>
+#include <tuple>
 
 namespace fusedattn {
 namespace {
+
+float nan_max(float a, float b, bool max) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return max ? std::max(a, b) : std::min(a, b);
+}
+
+// One node's operation on its inputs' values (booleans as 0.0 / 1.0).
+float apply(PwOp op, float x, float y, float z) {
+  float r = 0.0f;
+  switch (op) {
+    case PwOp::kInput: case PwOp::kConst: break;  // not operations
+    case PwOp::kAdd: r = x + y; break;
+    case PwOp::kSub: r = x - y; break;
+    case PwOp::kMul: r = x * y; break;
+    case PwOp::kDiv: r = x / y; break;
+    case PwOp::kMax: r = nan_max(x, y, true); break;
+    case PwOp::kMin: r = nan_max(x, y, false); break;
+    case PwOp::kPow: r = std::pow(x, y); break;
+    case PwOp::kNeg: r = -x; break;
+    case PwOp::kAbs: r = std::fabs(x); break;
+    case PwOp::kExp: r = std::exp(x); break;
+    case PwOp::kLog: r = std::log(x); break;
+    case PwOp::kTanh: r = std::tanh(x); break;
+    case PwOp::kSigmoid: r = 1.0f / (1.0f + std::exp(-x)); break;
+    case PwOp::kSqrt: r = std::sqrt(x); break;
+    case PwOp::kRsqrt: r = 1.0f / std::sqrt(x); break;
+    case PwOp::kFloor: r = std::floor(x); break;
+    case PwOp::kCeil: r = std::ceil(x); break;
+    case PwOp::kSin: r = std::sin(x); break;
+    case PwOp::kCos: r = std::cos(x); break;
+    case PwOp::kErf: r = std::erf(x); break;
+    case PwOp::kCmpLt: r = x < y; break;
+    case PwOp::kCmpLe: r = x <= y; break;
+    case PwOp::kCmpGt: r = x > y; break;
+    case PwOp::kCmpGe: r = x >= y; break;
+    case PwOp::kCmpEq: r = x == y; break;
+    case PwOp::kCmpNe: r = x != y; break;
+    case PwOp::kSelect: r = x != 0.0f ? y : z; break;
+  }
+  return r;
+}
 
 class Lowering {
  public:
@@ -50,6 +94,9 @@ class Lowering {
   // A node; its first input is made computed (header): c - x becomes -x + c, symmetric
   // nodes swap their inputs, the others take the input through the computed zero.
   int32_t node(PwOp op, int32_t a = -1, int32_t b = -1, int32_t c = -1) {
+    if (op != PwOp::kSelect && !(op >= PwOp::kCmpLt && op <= PwOp::kCmpNe) && is_const(a) &&
+        (b < 0 || is_const(b)))  // folded: every element would compute the same number
+      return constant(apply(op, value(a), b >= 0 ? value(b) : 0.0f, 0.0f));
     if (op == PwOp::kSelect) {
       b = computed(b);
     } else if (!is_computed(a)) {
@@ -79,6 +126,8 @@ class Lowering {
     }
   }
   bool is_computed(int32_t n) const { return out_->nodes[n].computed; }
+  bool is_const(int32_t n) const { return out_->nodes[n].op == PwOp::kConst; }
+  float value(int32_t n) const { return out_->nodes[n].value; }
   // n as a computed value: zero + n, zero = q index * 0 (made once).
   int32_t computed(int32_t n) {
     if (is_computed(n)) return n;
@@ -185,11 +234,6 @@ class Lowering {
   int32_t zero_ = -1;             // the computed zero (-1: not made yet)
 };
 
-float nan_max(float a, float b, bool max) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return max ? std::max(a, b) : std::min(a, b);
-}
-
 }  // namespace
 
 int32_t first_input(const PwNode& n) { return n.op == PwOp::kSelect ? n.b : n.a; }
@@ -198,45 +242,46 @@ Status lower_to_pointwise(const ScoreModProgram& prog, int32_t n_operands, PwPro
   return Lowering(prog, n_operands, out).run();
 }
 
+std::vector<int32_t> same_nodes(const PwProgram& a, const PwProgram& b) {
+  // Value numbering: a node's number names (operation, constant or input, its inputs'
+  // numbers); numbering a's nodes first, b's node gets a's node where its number is one
+  // of theirs.
+  using Key = std::tuple<int32_t, int32_t, uint32_t, int32_t, int32_t, int32_t>;
+  std::map<Key, int32_t> number;  // key -> value number
+  std::vector<int32_t> node_of;   // value number -> node of a (-1: b's own)
+  auto numbers = [&](const PwProgram& p, bool is_a) {
+    std::vector<int32_t> vn(p.nodes.size());
+    for (size_t i = 0; i < p.nodes.size(); ++i) {
+      const PwNode& n = p.nodes[i];
+      uint32_t bits = 0;
+      std::memcpy(&bits, &n.value, sizeof bits);
+      auto in = [&](int32_t k) { return k >= 0 ? vn[k] : -1; };
+      const Key key{int32_t(n.op), n.input, n.op == PwOp::kConst ? bits : 0u, in(n.a), in(n.b),
+                    in(n.c)};
+      auto [it, added] = number.try_emplace(key, int32_t(node_of.size()));
+      if (added) node_of.push_back(is_a ? int32_t(i) : -1);
+      vn[i] = it->second;
+    }
+    return vn;
+  };
+  numbers(a, true);
+  std::vector<int32_t> same = numbers(b, false);
+  for (int32_t& v : same) v = node_of[v];
+  return same;
+}
+
 float eval_pointwise(const PwProgram& p, const float* in) {
   std::vector<float> v(p.nodes.size());
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const PwNode& n = p.nodes[i];
-    const float x = n.a >= 0 ? v[n.a] : 0.0f, y = n.b >= 0 ? v[n.b] : 0.0f;
-    const float z = n.c >= 0 ? v[n.c] : 0.0f;
-    float r = 0.0f;
-    switch (n.op) {
-      case PwOp::kInput: r = in[n.input]; break;
-      case PwOp::kConst: r = n.value; break;
-      case PwOp::kAdd: r = x + y; break;
-      case PwOp::kSub: r = x - y; break;
-      case PwOp::kMul: r = x * y; break;
-      case PwOp::kDiv: r = x / y; break;
-      case PwOp::kMax: r = nan_max(x, y, true); break;
-      case PwOp::kMin: r = nan_max(x, y, false); break;
-      case PwOp::kPow: r = std::pow(x, y); break;
-      case PwOp::kNeg: r = -x; break;
-      case PwOp::kAbs: r = std::fabs(x); break;
-      case PwOp::kExp: r = std::exp(x); break;
-      case PwOp::kLog: r = std::log(x); break;
-      case PwOp::kTanh: r = std::tanh(x); break;
-      case PwOp::kSigmoid: r = 1.0f / (1.0f + std::exp(-x)); break;
-      case PwOp::kSqrt: r = std::sqrt(x); break;
-      case PwOp::kRsqrt: r = 1.0f / std::sqrt(x); break;
-      case PwOp::kFloor: r = std::floor(x); break;
-      case PwOp::kCeil: r = std::ceil(x); break;
-      case PwOp::kSin: r = std::sin(x); break;
-      case PwOp::kCos: r = std::cos(x); break;
-      case PwOp::kErf: r = std::erf(x); break;
-      case PwOp::kCmpLt: r = x < y; break;
-      case PwOp::kCmpLe: r = x <= y; break;
-      case PwOp::kCmpGt: r = x > y; break;
-      case PwOp::kCmpGe: r = x >= y; break;
-      case PwOp::kCmpEq: r = x == y; break;
-      case PwOp::kCmpNe: r = x != y; break;
-      case PwOp::kSelect: r = x != 0.0f ? y : z; break;
+    if (n.op == PwOp::kInput) {
+      v[i] = in[n.input];
+    } else if (n.op == PwOp::kConst) {
+      v[i] = n.value;
+    } else {
+      v[i] = apply(n.op, n.a >= 0 ? v[n.a] : 0.0f, n.b >= 0 ? v[n.b] : 0.0f,
+                   n.c >= 0 ? v[n.c] : 0.0f);
     }
-    v[i] = r;
   }
   return v[p.out];
 }

@@ -60,6 +60,13 @@ int32_t first_input(const PwNode& n);
 // pointwise form.
 Status lower_to_pointwise(const ScoreModProgram& prog, int32_t n_operands, PwProgram* out);
 
+// For each node of `b`, a node of `a` that computes the same value from the same inputs
+// (the same operation on nodes that are the same, the same constant or input), or -1.
+// The backward graph of cuDNN runs the forward program and then the backward one on the
+// same scores: the backward reads what they share from the forward's nodes (softcap's
+// backward: 1 - tanh(s / c)^2 takes the forward's tanh instead of a second one).
+std::vector<int32_t> same_nodes(const PwProgram& a, const PwProgram& b);
+
 // The program's value at one point: in[r] is input register r (the tests compare it
 // with eval_score_mod).
 float eval_pointwise(const PwProgram& p, const float* in);

@@ -19,22 +19,31 @@ namespace {
 constexpr int32_t kInputs = kScoreModIndexInputs;  // score, batch, head, q, kv
 constexpr int32_t kMaxOperands = 2;                 // scalar operands, registers 5, 6
 
+using Instrs = std::vector<std::vector<int32_t>>;
+
 // Decodes a forward program of 5 inputs and n_operands scalar operands with trivial
-// backward programs.
+// backward programs, or with a given backward program (no operands; dscore is register 5).
 class Program {
  public:
-  Program(const std::vector<std::vector<int32_t>>& instr, const std::vector<float>& consts,
-          int32_t out = -1, int32_t n_operands = 0) {
+  Program(const Instrs& instr, const std::vector<float>& consts, int32_t out = -1,
+          int32_t n_operands = 0) {
     attr_ = {n_operands};
     for (int32_t i = 0; i < n_operands * 4; ++i) attr_.push_back(1);
     const int32_t n_in = kInputs + n_operands;
     append(n_in, instr, consts, out);
     for (int32_t i = 0; i <= n_operands; ++i) append(n_in + 1, {}, {}, n_in);  // dscore as is
-    const int64_t ext[4] = {2, 4, 8, 8};
-    status_ = decode_score_mod(attr_.data(), int64_t(attr_.size()), ext, &sm_);
+    decode();
+  }
+  Program(const Instrs& fwd, const std::vector<float>& fwd_consts, const Instrs& bwd,
+          const std::vector<float>& bwd_consts) {
+    attr_ = {0};
+    append(kInputs, fwd, fwd_consts, -1);
+    append(kInputs + 1, bwd, bwd_consts, -1);
+    decode();
   }
   const Status& status() const { return status_; }
   const ScoreModProgram& fwd() const { return sm_.fwd; }
+  const ScoreModProgram& bwd() const { return sm_.bwd; }
   int32_t n_operands() const { return sm_.n_operands; }
 
  private:
@@ -42,6 +51,10 @@ class Program {
               const std::vector<float>& consts, int32_t out) {
     const std::vector<int32_t> p = test::program(n_in, instr, consts, out);
     attr_.insert(attr_.end(), p.begin(), p.end());
+  }
+  void decode() {
+    const int64_t ext[4] = {2, 4, 8, 8};
+    status_ = decode_score_mod(attr_.data(), int64_t(attr_.size()), ext, &sm_);
   }
   std::vector<int32_t> attr_;
   ScoreMod sm_;
@@ -182,6 +195,77 @@ TEST(ScoreModPointwise, IdentityAndDeadCode) {
   EXPECT_EQ(pw.nodes.size(), 2u);
   EXPECT_FALSE(pw.reads_input(1));
   expect_same(dead, points(), "dead code");
+}
+
+// Node k's value at one point (the program with k as its output).
+float node_value(PwProgram p, int32_t k, const float* in) {
+  p.out = k;
+  return eval_pointwise(p, in);
+}
+
+TEST(ScoreModPointwise, BackwardSharesTheForwardsNodes) {
+  // softcap tanh(s / 50) * 50 and its derivative as JAX writes it (make_score_mod):
+  // ds * (u + u * t) / 50 with u = (1 * 50) * (1 - t), t = tanh(s / 50) (s: register 0,
+  // dscore: 5)
+  const Program p({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0}, {SM_MUL, 7, 5, 0}},
+                  {50.0f},
+                  {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 6, 0}, {SM_TANH, 7, 0, 0}, {SM_CONST, 1, 0, 0},
+                   {SM_SUB, 9, 8, 0}, {SM_MUL, 9, 6, 0}, {SM_MUL, 11, 10, 0}, {SM_MUL, 12, 8, 0},
+                   {SM_ADD, 12, 13, 0}, {SM_DIV, 14, 6, 0}, {SM_MUL, 5, 15, 0}},
+                  {50.0f, 1.0f});
+  ASSERT_TRUE(p.status().ok()) << p.status().message;
+  PwProgram fwd, bwd;
+  ASSERT_TRUE(lower_to_pointwise(p.fwd(), 0, &fwd).ok());
+  ASSERT_TRUE(lower_to_pointwise(p.bwd(), 0, &bwd).ok());
+  const std::vector<int32_t> same = same_nodes(fwd, bwd);
+  ASSERT_EQ(same.size(), bwd.nodes.size());
+  int tanh_shared = 0;
+  for (size_t i = 0; i < bwd.nodes.size(); ++i) {
+    const PwNode& n = bwd.nodes[i];
+    if (n.op == PwOp::kTanh) {
+      ASSERT_GE(same[i], 0) << "the backward's tanh is the forward's";
+      ++tanh_shared;
+    }
+    if (same[i] < 0) continue;
+    EXPECT_EQ(fwd.nodes[same[i]].op, n.op) << "node " << i;
+    EXPECT_FALSE(n.op == PwOp::kInput && n.input == kInputs) << "dscore has no forward node";
+    for (const auto& pt : points()) {  // the shared pair has one value everywhere
+      float in[kInputs + 1];
+      std::copy(pt.begin(), pt.begin() + kInputs + 1, in);  // dscore: the operand 0 column
+      const float want = node_value(bwd, int32_t(i), in), got = node_value(fwd, same[i], in);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << "node " << i;
+      else EXPECT_EQ(got, want) << "node " << i;
+    }
+  }
+  EXPECT_EQ(tanh_shared, 1);
+  // 50 * (1 - t) * (1 + t) / 50 as JAX writes it multiplies 1 by 50: folded, so no node
+  // computes from constants only (nor needs the computed zero, which reads the q index).
+  for (const PwNode& n : bwd.nodes)
+    if (n.op != PwOp::kInput && n.op != PwOp::kConst)
+      EXPECT_FALSE(bwd.nodes[n.a].op == PwOp::kConst && (n.b < 0 || bwd.nodes[n.b].op == PwOp::kConst))
+          << "op " << int(n.op);
+  EXPECT_FALSE(bwd.reads_input(3));
+  // Nodes that read dscore are the backward's own.
+  std::vector<bool> reads_ds(bwd.nodes.size(), false);
+  for (size_t i = 0; i < bwd.nodes.size(); ++i) {
+    const PwNode& n = bwd.nodes[i];
+    reads_ds[i] = (n.op == PwOp::kInput && n.input == kInputs) ||
+                  (n.a >= 0 && reads_ds[n.a]) || (n.b >= 0 && reads_ds[n.b]) ||
+                  (n.c >= 0 && reads_ds[n.c]);
+    if (reads_ds[i]) EXPECT_EQ(same[i], -1) << "node " << i;
+  }
+  EXPECT_TRUE(reads_ds[bwd.out]);
+
+  // A different constant makes a different value: tanh(s / 25) is not tanh(s / 50).
+  const Program q({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0}}, {50.0f},
+                  {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 6, 0}, {SM_TANH, 7, 0, 0}, {SM_MUL, 5, 8, 0}},
+                  {25.0f});
+  ASSERT_TRUE(q.status().ok()) << q.status().message;
+  ASSERT_TRUE(lower_to_pointwise(q.fwd(), 0, &fwd).ok());
+  ASSERT_TRUE(lower_to_pointwise(q.bwd(), 0, &bwd).ok());
+  const std::vector<int32_t> none = same_nodes(fwd, bwd);
+  for (size_t i = 0; i < bwd.nodes.size(); ++i)
+    if (bwd.nodes[i].op != PwOp::kInput) EXPECT_EQ(none[i], -1) << "node " << i;
 }
 
 }  // namespace

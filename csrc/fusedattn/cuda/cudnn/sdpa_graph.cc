@@ -160,9 +160,10 @@ fe::PointwiseMode_t pointwise_mode(PwOp op) {
 
 // A config's score_mod as cuDNN subgraph code (SdpaConfig::score_mod). The forward
 // modifier runs the program on the scaled scores, then the masks; the backward one
-// runs the derived program on dS, reading the raw scores that the forward modifier
-// of the same (backward) graph kept, and keeps dS = 0 where it was 0 (masked keys:
-// a derivative that is NaN there must not leak). Shared by both lambdas of a graph.
+// runs the derived program on dS, reading the raw scores and every value it shares with
+// the forward program (same_nodes) from the forward modifier of the same (backward)
+// graph, and keeps dS = 0 where it was 0 (masked keys: a derivative that is NaN there
+// must not leak). Shared by both lambdas of a graph.
 class ScoreModGraph {
  public:
   // Decodes and lowers the programs; seq_q / seq_kv: the length tensors (padding).
@@ -179,7 +180,9 @@ class ScoreModGraph {
                                      " has a batch dimension; cuDNN's THD graphs take "
                                      "operands that broadcast over the batch only");
     FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, sm_.n_operands, &fwd_));
-    return lower_to_pointwise(sm_.bwd, sm_.n_operands, &bwd_);
+    FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.bwd, sm_.n_operands, &bwd_));
+    shared_ = same_nodes(fwd_, bwd_);
+    return Status::Ok();
   }
 
   // The operands as graph inputs, [1|B, 1|Hq, 1|Sq, 1|Skv] f32 row-major.
@@ -197,7 +200,7 @@ class ScoreModGraph {
 
   Tensor forward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& score) {
     raw_ = score;
-    Tensor s = emit(g, fwd_, score, nullptr);
+    Tensor s = emit(g, fwd_, score, nullptr, &fwd_t_);
     namespace sm = fe::graph::attn::score_modifiers;
     const SdpaConfig& c = *c_;
     if (c.padding) s = sm::padding_mask(g, s, seq_kv_, seq_q_);
@@ -215,7 +218,8 @@ class ScoreModGraph {
   }
 
   Tensor backward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& ds) {
-    Tensor d = emit(g, bwd_, raw_, ds);
+    std::vector<Tensor> t;
+    Tensor d = emit(g, bwd_, raw_, ds, &t);
     auto zero = std::make_shared<Tensor_attributes>(0.0f);
     auto nonzero = g->pointwise(ds, zero, pw(fe::PointwiseMode_t::CMP_NEQ, "ds_nonzero"));
     nonzero->set_data_type(fe::DataType_t::BOOLEAN);
@@ -248,13 +252,20 @@ class ScoreModGraph {
     return idx;
   }
 
+  // Emits prog's nodes (their tensors into *t) and returns its output. The backward
+  // program (ds given) takes the nodes it shares with the forward one from fwd_t_.
   Tensor emit(const std::shared_ptr<fe::graph::Graph>& g, const PwProgram& prog,
-              const Tensor& score, const Tensor& ds) {
-    std::vector<Tensor> t(prog.nodes.size());
+              const Tensor& score, const Tensor& ds, std::vector<Tensor>* tensors) {
+    std::vector<Tensor>& t = *tensors;
+    t.assign(prog.nodes.size(), nullptr);
+    const bool backward = ds != nullptr;
     for (size_t i = 0; i < prog.nodes.size(); ++i) {
       const PwNode& n = prog.nodes[i];
-      const std::string name = "score_mod_" + std::to_string(i);
-      if (n.op == PwOp::kInput) {
+      const std::string name = (backward ? "score_mod_bwd_" : "score_mod_") + std::to_string(i);
+      const int32_t same = backward ? shared_[i] : -1;
+      if (same >= 0 && same < int32_t(fwd_t_.size()) && fwd_t_[same]) {
+        t[i] = fwd_t_[same];
+      } else if (n.op == PwOp::kInput) {
         t[i] = input(g, n.input, score, ds);
       } else if (n.op == PwOp::kConst) {
         t[i] = std::make_shared<Tensor_attributes>(n.value);
@@ -274,6 +285,8 @@ class ScoreModGraph {
   const SdpaConfig* c_ = nullptr;
   ScoreMod sm_;
   PwProgram fwd_, bwd_;
+  std::vector<int32_t> shared_;  // backward node -> the forward node of its value, or -1
+  std::vector<Tensor> fwd_t_;    // the forward program's tensors in the current graph
   std::vector<Tensor> operands_;
   Tensor seq_q_, seq_kv_, raw_;
 };
