@@ -95,6 +95,7 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
 // only its team's lanes, so where they part (ragged segments) each still runs correctly.
 
 constexpr int kFwdStages = 3;  // steps a team has in shared memory: 1 computed, 2 in flight
+// (the kernel's default: scripts/small_seq_fwd_sweep.cu times other depths)
 
 struct FwdStep {
   Rows qr;           // the segment's q rows (its unused rows are zeroed on its first step)
@@ -109,12 +110,12 @@ struct FwdStep {
 
 // Shared memory of one warp and stage: [kSlots][32] vectors (slot-major, lane-minor: a
 // warp's access to one slot is 512 contiguous bytes, free of bank conflicts).
-template <class T, int D, int kCs>
+template <class T, int D, int kCs, int kStages = kFwdStages>
 struct FwdLayout {
   static constexpr int kVpl = Geo<T, D>::kVpl;
   static constexpr int kSlots = kVpl * (1 + 2 * kCs);  // q, K rows, V rows
   static constexpr int kStageVecs = kSlots * 32;
-  static constexpr int kBlockBytes = kWarpsPerBlock * kFwdStages * kStageVecs * 16;
+  static constexpr int kBlockBytes = kWarpsPerBlock * kStages * kStageVecs * 16;
   __device__ static constexpr int q() { return 0; }
   __device__ static constexpr int k(int c) { return kVpl * (1 + c); }
   __device__ static constexpr int v(int c) { return kVpl * (1 + kCs + c); }
@@ -375,50 +376,54 @@ __device__ void fwd_zero_gaps(const KernelArgs& a, const FwdStep& d, int pos) {
 }
 
 // Blocks per SM the forward is compiled for: as many as its shared memory allows, at most
-// 6 (24 warps, <= 85 registers a thread; at 7 and 8 the one-key kernels spill a little).
-// The copies in flight take no registers.
-template <class T, int D, int kCs>
+// 4 (16 warps, <= 128 registers a thread). The copies in flight take no registers, and 16
+// warps keep enough of them going: at 6 blocks (registers capped at 80) the forward moved
+// 0.6 to 6.8 points of the copy bandwidth less at every point of the bench grid
+// (scripts/small_seq_fwd_sweep.cu on the H100, bench/RESULTS.md).
+template <class T, int D, int kCs, int kStages = kFwdStages>
 constexpr int fwd_min_blocks() {
-  constexpr int by_smem = (200 * 1024) / FwdLayout<T, D, kCs>::kBlockBytes;
-  return by_smem < 1 ? 1 : (by_smem > 6 ? 6 : by_smem);
+  constexpr int by_smem = (200 * 1024) / FwdLayout<T, D, kCs, kStages>::kBlockBytes;
+  return by_smem < 1 ? 1 : (by_smem > 4 ? 4 : by_smem);
 }
 
-template <class T, int D, int kCs>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, (fwd_min_blocks<T, D, kCs>()))
+// kStages, kBlocks: the defaults unless a sweep asks for others.
+template <class T, int D, int kCs, int kStages = kFwdStages,
+          int kBlocks = fwd_min_blocks<T, D, kCs, kStages>()>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocks)
     small_seq_fwd_kernel(const KernelArgs a) {
-  using L = FwdLayout<T, D, kCs>;
+  using L = FwdLayout<T, D, kCs, kStages>;
   constexpr int kLpr = Geo<T, D>::kLpr;
-  extern __shared__ uint4 fwd_smem[];  // [warps][kFwdStages][kSlots][32]
+  extern __shared__ uint4 fwd_smem[];  // [warps][kStages][kSlots][32]
   __shared__ RawRows staged[kWarpsPerBlock][32][2];  // kLpr entries a team
-  __shared__ FwdStep ring[kWarpsPerBlock][32 / kLpr][kFwdStages + 1];
+  __shared__ FwdStep ring[kWarpsPerBlock][32 / kLpr][kStages + 1];
   __shared__ float stash[kWarpsPerBlock][32 / kLpr][kMaxWidth];  // a team's raw scores
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, pos = lane % kLpr;
   const unsigned mask = team_mask<kLpr>(lane);
-  uint4* mine = fwd_smem + warp * (kFwdStages * L::kStageVecs) + lane;
+  uint4* mine = fwd_smem + warp * (kStages * L::kStageVecs) + lane;
   FwdStep* steps = ring[warp][lane / kLpr];
 
   FwdWalker<kLpr, kCs> walk(a, staged[warp] + lane / kLpr * kLpr, lane);
-  // Step k's copies go to stage k % kFwdStages, its descriptor to steps[k % (kFwdStages + 1)]:
+  // Step k's copies go to stage k % kStages, its descriptor to steps[k % (kStages + 1)]:
   // one more descriptor than stages, so a lane still reading step k's while another lane
-  // already writes step k + kFwdStages's never meet (the __syncwarp below bounds the skew).
+  // already writes step k + kStages's never meet (the __syncwarp below bounds the skew).
   auto issue = [&](int k) {
-    if (pos == 0) steps[k % (kFwdStages + 1)] = walk.s;
-    fwd_copy<T, D, kCs>(a, walk.s, mine + (k % kFwdStages) * L::kStageVecs, pos);
+    if (pos == 0) steps[k % (kStages + 1)] = walk.s;
+    fwd_copy<T, D, kCs>(a, walk.s, mine + (k % kStages) * L::kStageVecs, pos);
     if (walk.s.valid) walk.advance();
   };
 #pragma unroll
-  for (int k = 0; k < kFwdStages - 1; ++k) issue(k);
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
 
   FwdRow<T, D, kCs> st;
   for (int k = 0;; ++k) {
-    issue(k + kFwdStages - 1);
+    issue(k + kStages - 1);
     __syncwarp(mask);
-    const FwdStep d = steps[k % (kFwdStages + 1)];
+    const FwdStep d = steps[k % (kStages + 1)];
     if (!d.valid) break;
-    cp_async_wait<kFwdStages - 1>();  // step k's copies have landed
+    cp_async_wait<kStages - 1>();  // step k's copies have landed
     if (d.first) fwd_zero_gaps<T, D>(a, d, pos);
     if (d.t < 0) continue;
-    const uint4* stage = mine + (k % kFwdStages) * L::kStageVecs;
+    const uint4* stage = mine + (k % kStages) * L::kStageVecs;
     const int64_t qrow = row_offset(d.pack, a.qs.tokens, d.t, a.heads_q, d.h, 1);
     float* prow = a.save_aux ? a.probs + qrow * a.width : nullptr;
     float* scores = stash[warp][lane / kLpr];
