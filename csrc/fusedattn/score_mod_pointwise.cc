@@ -270,6 +270,107 @@ std::vector<int32_t> same_nodes(const PwProgram& a, const PwProgram& b) {
   return same;
 }
 
+namespace {
+
+// A node's values over all inputs without NaN: within [lo, hi] (infinite ends: unbounded),
+// and 0 wherever dscore is (zero).
+struct Range {
+  double lo = -INFINITY, hi = INFINITY;
+  bool zero = false;
+  bool finite() const { return std::fabs(lo) < 1e30 && std::fabs(hi) < 1e30; }
+};
+
+Range span(double a, double b, double c, double d) {
+  Range r;
+  const double v[4] = {a, b, c, d};
+  r.lo = r.hi = v[0];
+  for (double x : v) {
+    if (std::isnan(x)) return Range{};  // inf - inf, 0 * inf: unbounded
+    r.lo = std::min(r.lo, x), r.hi = std::max(r.hi, x);
+  }
+  return r;
+}
+
+Range range_of(const PwNode& n, const std::vector<Range>& r, int32_t dscore) {
+  static const Range kAny;
+  const Range& a = n.a >= 0 ? r[n.a] : kAny;
+  const Range& b = n.b >= 0 ? r[n.b] : kAny;
+  const Range& c = n.c >= 0 ? r[n.c] : kAny;
+  Range out;
+  switch (n.op) {
+    case PwOp::kInput:
+      if (n.input >= 1 && n.input < kScoreModIndexInputs) out.lo = 0, out.hi = 2147483647.0;
+      out.zero = n.input == dscore;
+      return out;
+    case PwOp::kConst:
+      out.lo = out.hi = n.value;
+      out.zero = n.value == 0.0f;
+      return out;
+    case PwOp::kAdd:
+    case PwOp::kSub:
+      out = n.op == PwOp::kAdd ? span(a.lo + b.lo, a.hi + b.hi, a.lo + b.lo, a.hi + b.hi)
+                               : span(a.lo - b.hi, a.hi - b.lo, a.lo - b.hi, a.hi - b.lo);
+      out.zero = a.zero && b.zero;
+      return out;
+    case PwOp::kMul:
+      out = span(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi);
+      out.zero = (a.zero && b.finite()) || (b.zero && a.finite());
+      return out;
+    case PwOp::kDiv:  // by a constant other than 0 (a denormal's reciprocal overflows)
+      if (b.lo == b.hi && std::fabs(b.lo) >= 1e-30) {
+        out = span(a.lo / b.lo, a.hi / b.lo, a.lo / b.lo, a.hi / b.lo);
+        out.zero = a.zero;
+      }
+      return out;
+    case PwOp::kMax:
+    case PwOp::kMin:
+      out = span(a.lo, a.hi, b.lo, b.hi);
+      out.zero = a.zero && b.zero;
+      return out;
+    case PwOp::kSelect:
+      out = span(b.lo, b.hi, c.lo, c.hi);
+      out.zero = b.zero && c.zero;
+      return out;
+    case PwOp::kNeg:
+      out = span(-a.hi, -a.lo, -a.hi, -a.lo);
+      out.zero = a.zero;
+      return out;
+    case PwOp::kAbs:
+      out = a.lo >= 0 ? a : span(0, std::max(-a.lo, a.hi), 0, 0);
+      out.zero = a.zero;
+      return out;
+    case PwOp::kTanh:
+    case PwOp::kSin:
+    case PwOp::kErf:  // odd, within [-1, 1]: 0 at 0
+      out.lo = -1, out.hi = 1;
+      out.zero = a.zero;
+      return out;
+    case PwOp::kCos:
+      out.lo = -1, out.hi = 1;
+      return out;
+    case PwOp::kSigmoid:
+      out.lo = 0, out.hi = 1;
+      return out;
+    case PwOp::kExp:
+      if (a.hi < 80) out.lo = 0, out.hi = std::exp(a.hi);
+      return out;
+    case PwOp::kCmpLt: case PwOp::kCmpLe: case PwOp::kCmpGt: case PwOp::kCmpGe:
+    case PwOp::kCmpEq: case PwOp::kCmpNe:
+      out.lo = 0, out.hi = 1;
+      return out;
+    default:  // log, sqrt, pow, floor, ...: unbounded, not known to be 0
+      return out;
+  }
+}
+
+}  // namespace
+
+bool zero_where_dscore_is(const PwProgram& p, int32_t dscore) {
+  std::vector<Range> r(p.nodes.size());
+  for (size_t i = 0; i < p.nodes.size(); ++i) r[i] = range_of(p.nodes[i], r, dscore);
+  return r[p.out].zero;
+}
+
 float eval_pointwise(const PwProgram& p, const float* in) {
   std::vector<float> v(p.nodes.size());
   for (size_t i = 0; i < p.nodes.size(); ++i) {

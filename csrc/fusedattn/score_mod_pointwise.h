@@ -67,6 +67,13 @@ Status lower_to_pointwise(const ScoreModProgram& prog, int32_t n_operands, PwPro
 // backward: 1 - tanh(s / c)^2 takes the forward's tanh instead of a second one).
 std::vector<int32_t> same_nodes(const PwProgram& a, const PwProgram& b);
 
+// Whether the backward program `p` (dscore: input register `dscore`) is 0 wherever dscore
+// is 0 and no input is NaN, by the ranges of its nodes: dscore times or divided by
+// something finite (softcap: ds * (1 - t * t)), dscore itself (ALiBi), sums and selects
+// of such. Then cuDNN's backward needs no guard keeping dS = 0 at masked keys. Conservative:
+// false where it cannot tell.
+bool zero_where_dscore_is(const PwProgram& p, int32_t dscore);
+
 // The program's value at one point: in[r] is input register r (the tests compare it
 // with eval_score_mod).
 float eval_pointwise(const PwProgram& p, const float* in);

@@ -268,5 +268,52 @@ TEST(ScoreModPointwise, BackwardSharesTheForwardsNodes) {
     if (bwd.nodes[i].op != PwOp::kInput) EXPECT_EQ(none[i], -1) << "node " << i;
 }
 
+TEST(ScoreModPointwise, WhereTheBackwardIsZeroWithDscore) {
+  // Backward programs of the identity forward (dscore: register 5, score: 0, q: 3, kv: 4).
+  struct Case {
+    const char* what;
+    Instrs bwd;
+    std::vector<float> consts;
+    bool zero;
+  };
+  const std::vector<Case> cases = {
+      {"ds", {{SM_ADD, 5, 5, 0}}, {}, true},
+      {"ds * (1 - tanh(s)^2)",
+       {{SM_TANH, 0, 0, 0}, {SM_MUL, 6, 6, 0}, {SM_CONST, 0, 0, 0}, {SM_SUB, 8, 7, 0},
+        {SM_MUL, 5, 9, 0}},
+       {1.0f}, true},
+      {"ds * sigmoid(s) / 4", {{SM_SIGMOID, 0, 0, 0}, {SM_MUL, 5, 6, 0}, {SM_CONST, 0, 0, 0},
+                               {SM_DIV, 7, 8, 0}}, {4.0f}, true},
+      {"ds * (q - kv)", {{SM_SUB, 3, 4, 0}, {SM_MUL, 6, 5, 0}}, {}, true},
+      {"s > 0 ? ds : 0", {{SM_CONST, 0, 0, 0}, {SM_GT, 0, 6, 0}, {SM_SELECT, 7, 5, 6}}, {0.0f}, true},
+      {"ds * exp(s)", {{SM_EXP, 0, 0, 0}, {SM_MUL, 5, 6, 0}}, {}, false},
+      {"ds * s", {{SM_MUL, 5, 0, 0}}, {}, false},
+      {"ds / s", {{SM_DIV, 5, 0, 0}}, {}, false},
+      {"ds / 0", {{SM_CONST, 0, 0, 0}, {SM_DIV, 5, 6, 0}}, {0.0f}, false},
+      {"ds + 1", {{SM_CONST, 0, 0, 0}, {SM_ADD, 5, 6, 0}}, {1.0f}, false},
+      {"s > 0 ? ds : 1", {{SM_CONST, 0, 0, 0}, {SM_CONST, 1, 0, 0}, {SM_GT, 0, 6, 0},
+                          {SM_SELECT, 8, 5, 7}}, {0.0f, 1.0f}, false},
+      {"ds * (q * 1e30 * 1e30)", {{SM_CONST, 0, 0, 0}, {SM_MUL, 3, 6, 0}, {SM_MUL, 7, 6, 0},
+                                  {SM_MUL, 5, 8, 0}}, {1e30f}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Program p({}, {}, c.bwd, c.consts);
+    ASSERT_TRUE(p.status().ok()) << p.status().message;
+    PwProgram bwd;
+    ASSERT_TRUE(lower_to_pointwise(p.bwd(), 0, &bwd).ok());
+    EXPECT_EQ(zero_where_dscore_is(bwd, kInputs), c.zero);
+    if (!c.zero) continue;
+    for (auto pt : points()) {  // what it claims: 0 at dscore = 0, every finite input
+      if (std::isnan(pt[0])) continue;
+      pt[kInputs] = 0.0f;
+      for (float s : {pt[0], 1e30f, -1e30f, INFINITY, -INFINITY}) {
+        pt[0] = s;
+        EXPECT_EQ(eval_pointwise(bwd, pt.data()), 0.0f) << "s=" << s;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn

@@ -163,7 +163,8 @@ fe::PointwiseMode_t pointwise_mode(PwOp op) {
 // runs the derived program on dS, reading the raw scores and every value it shares with
 // the forward program (same_nodes) from the forward modifier of the same (backward)
 // graph, and keeps dS = 0 where it was 0 (masked keys: a derivative that is NaN there
-// must not leak). Shared by both lambdas of a graph.
+// must not leak) unless the program provably does so itself (zero_where_dscore_is).
+// Shared by both lambdas of a graph.
 class ScoreModGraph {
  public:
   // Decodes and lowers the programs; seq_q / seq_kv: the length tensors (padding).
@@ -182,6 +183,7 @@ class ScoreModGraph {
     FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.fwd, sm_.n_operands, &fwd_));
     FA_RETURN_IF_NOT_OK(lower_to_pointwise(sm_.bwd, sm_.n_operands, &bwd_));
     shared_ = same_nodes(fwd_, bwd_);
+    guard_free_ = zero_where_dscore_is(bwd_, kScoreModIndexInputs + sm_.n_operands);
     return Status::Ok();
   }
 
@@ -220,6 +222,10 @@ class ScoreModGraph {
   Tensor backward(const std::shared_ptr<fe::graph::Graph>& g, const Tensor& ds) {
     std::vector<Tensor> t;
     Tensor d = emit(g, bwd_, raw_, ds, &t);
+    // Without padding every score comes from real rows of q and k, so where the program
+    // gives 0 for dS = 0 at any finite score (softcap, ALiBi), the guard has nothing to do.
+    // Padded rows may hold anything (NaN scores): those graphs keep it.
+    if (!c_->padding && guard_free_) return d;
     auto zero = std::make_shared<Tensor_attributes>(0.0f);
     auto nonzero = g->pointwise(ds, zero, pw(fe::PointwiseMode_t::CMP_NEQ, "ds_nonzero"));
     nonzero->set_data_type(fe::DataType_t::BOOLEAN);
@@ -287,6 +293,7 @@ class ScoreModGraph {
   PwProgram fwd_, bwd_;
   std::vector<int32_t> shared_;  // backward node -> the forward node of its value, or -1
   std::vector<Tensor> fwd_t_;    // the forward program's tensors in the current graph
+  bool guard_free_ = false;      // the backward program is 0 wherever dS is
   std::vector<Tensor> operands_;
   Tensor seq_q_, seq_kv_, raw_;
 };
