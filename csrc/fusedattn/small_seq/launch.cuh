@@ -43,8 +43,10 @@ inline int chunk_steps(int64_t width, int rows_per_step, int cap) {
 // kernel's per-SM figure (it depends on the kernel's registers and shared memory, not on
 // the call) is asked once per device, after allowing the kernel its dynamic shared memory
 // (static + dynamic beyond 48 KiB needs that; a setting of each device's own).
+// per_sm_cap > 0: at most that many blocks an SM (fewer warps than fit).
 template <auto kKernel>
-Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const char* what) {
+Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const char* what,
+                     int per_sm_cap = 0) {
   constexpr int kDevices = 64;  // devices whose figure is kept; others ask on every launch
   static std::atomic<int> per_sm[kDevices];  // 0: not asked yet
   int device = 0, sms = 0;
@@ -60,6 +62,7 @@ Status launch_kernel(const KernelArgs& a, int smem, cudaStream_t stream, const c
     n = n > 0 ? n : 1;
     if (device < kDevices) per_sm[device].store(n, std::memory_order_relaxed);
   }
+  if (per_sm_cap > 0 && n > per_sm_cap) n = per_sm_cap;
   const int64_t resident = int64_t{sms} * n;
   const int64_t needed = (a.units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const dim3 grid(static_cast<unsigned>(needed < resident ? needed : resident));
@@ -105,10 +108,14 @@ Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
           a, 0, stream, "small-seq backward (GQA) kernel launch");
     });
   }
+  // Rows of at most 4 keys and D <= 256 ran 1-2.5 points of the copy bandwidth faster with
+  // 3 blocks an SM than with 4 (D 512 and longer rows 0.2-0.7 slower; H100 sweep,
+  // scripts/small_seq_fwd_sweep.cu).
+  const int cap = D <= 256 && a.width <= 4 ? 3 : 0;
   return with_chunk<C::kFwdMax>(steps, [&](auto chunk) {
     constexpr int kCs = decltype(chunk)::value;
     return launch_kernel<small_seq_fwd_kernel<T, D, kCs>>(
-        a, FwdLayout<T, D, kCs>::kBlockBytes, stream, "small-seq forward kernel launch");
+        a, FwdLayout<T, D, kCs>::kBlockBytes, stream, "small-seq forward kernel launch", cap);
   });
 }
 
