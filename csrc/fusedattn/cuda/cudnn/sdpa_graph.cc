@@ -1,9 +1,12 @@
 #include "sdpa_graph.h"
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include "../../score_mod.h"
 #include "../../score_mod_pointwise.h"
@@ -408,6 +411,52 @@ Status backward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* ou
   return Status::Ok();
 }
 
+// Tuning diagnostics (scripts/cudnn_plans.sh): FUSEDATTN_CUDNN_HEUR = A (the default), B or
+// FALLBACK picks the heuristics' list of plans; FUSEDATTN_CUDNN_PLAN = i builds the list's
+// plan i instead of the first that builds; FUSEDATTN_CUDNN_ENGINE = e (with
+// FUSEDATTN_CUDNN_KERNEL_CFG = k) asks for engine e's plan (with that kernel config) instead of
+// the heuristics; FUSEDATTN_CUDNN_PLAN_LOG prints the list, the engines' knobs and the plan
+// built to stderr.
+fe::HeurMode_t heur_mode() {
+  const char* e = std::getenv("FUSEDATTN_CUDNN_HEUR");
+  if (e && std::strcmp(e, "B") == 0) return fe::HeurMode_t::B;
+  if (e && std::strcmp(e, "FALLBACK") == 0) return fe::HeurMode_t::FALLBACK;
+  return fe::HeurMode_t::A;
+}
+
+Status build_chosen_plan(fe::graph::Graph& g, DeviceHandle* h, bool backward) {
+  const char* pick = std::getenv("FUSEDATTN_CUDNN_PLAN");
+  if (!pick) {
+    FA_FE_RETURN_IF_ERROR(g.build_plans(h->handle), "plan build");
+  } else {
+    FA_FE_RETURN_IF_ERROR(g.build_plan_at_index(h->handle, std::atoll(pick)), "plan build (FUSEDATTN_CUDNN_PLAN)");
+  }
+  if (std::getenv("FUSEDATTN_CUDNN_PLAN_LOG")) {
+    const int64_t n = g.get_execution_plan_count();
+    std::string names, built;
+    for (int64_t i = 0; i < n; ++i) {
+      std::string name;
+      if (g.get_plan_name_at_index(i, name).is_good()) names += " [" + std::to_string(i) + "] " + name;
+    }
+    (void)g.get_plan_name(built);
+    int64_t engines = 0;
+    if (g.get_engine_count(engines).is_good()) {
+      for (int64_t e = 0; e < engines; ++e) {
+        std::vector<fe::Knob> knobs;
+        if (!g.get_knobs_for_engine(e, knobs).is_good()) continue;
+        names += "; engine " + std::to_string(e) + " knobs:";
+        for (const fe::Knob& k : knobs)
+          names += " type " + std::to_string(int64_t(k.type)) + " [" + std::to_string(k.minValue) +
+                   ", " + std::to_string(k.maxValue) + "] by " + std::to_string(k.stride);
+      }
+    }
+    std::fprintf(stderr, "fusedattn cudnn %s graph: %lld plans:%s; built: %s\n",
+                 backward ? "backward" : "forward", static_cast<long long>(n), names.c_str(),
+                 built.c_str());
+  }
+  return Status::Ok();
+}
+
 Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* out) {
   try {
     std::shared_ptr<fe::graph::Graph> g;
@@ -415,9 +464,17 @@ Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* ou
     std::lock_guard<std::mutex> lock(h->mu);
     FA_FE_RETURN_IF_ERROR(g->validate(), "graph validation");
     FA_FE_RETURN_IF_ERROR(g->build_operation_graph(h->handle), "operation graph");
-    FA_FE_RETURN_IF_ERROR(g->create_execution_plans({fe::HeurMode_t::A}), "execution plans");
+    if (const char* engine = std::getenv("FUSEDATTN_CUDNN_ENGINE")) {
+      std::unordered_map<fe::KnobType_t, int64_t> knobs;
+      if (const char* cfg = std::getenv("FUSEDATTN_CUDNN_KERNEL_CFG"))
+        knobs[fe::KnobType_t::KERNEL_CFG] = std::atoll(cfg);
+      FA_FE_RETURN_IF_ERROR(g->create_execution_plan(std::atoll(engine), knobs),
+                            "execution plan (FUSEDATTN_CUDNN_ENGINE)");
+    } else {
+      FA_FE_RETURN_IF_ERROR(g->create_execution_plans({heur_mode()}), "execution plans");
+    }
     FA_FE_RETURN_IF_ERROR(g->check_support(h->handle), "support check");
-    FA_FE_RETURN_IF_ERROR(g->build_plans(h->handle), "plan build");
+    FA_RETURN_IF_NOT_OK(build_chosen_plan(*g, h, backward));
     int64_t ws = 0;
     FA_FE_RETURN_IF_ERROR(g->get_workspace_size(ws), "workspace size");
     out->graph = std::move(g);
