@@ -187,9 +187,9 @@ void sweep(int skv, double copy) {
   constexpr int kDef = ssc::fwd_min_blocks<T, D, kCs, 3>();
   const int cap = D <= 256 && skv <= 4 ? 3 : 0;  // launch.cuh's grid for these rows
   double t = run_variant<D, kCs, 3, kDef>(w, true, &diff, cap);
-  report(("default (3 stages, " + std::to_string(kDef) + " blocks" + (cap ? ", grid of 3/SM)" : ")"))
-             .c_str(),
-         w, t, copy, diff);
+  const std::string grid = cap ? ", grid of 3/SM)" : ")";
+  report(("default (3 stages, " + std::to_string(kDef) + " blocks" + grid).c_str(), w, t, copy,
+         diff);
   if (cap) {
     t = run_variant<D, kCs, 3, kDef>(w, false, &diff);
     report("3 stages, 4 blocks, full grid", w, t, copy, diff);
@@ -219,7 +219,8 @@ void sweep(int skv, double copy) {
 
 // Arguments: [D [Skv]] to time only those points (e.g. under a profiler).
 int main(int argc, char** argv) {
-  const int only_d = argc > 1 ? std::atoi(argv[1]) : 0, only_skv = argc > 2 ? std::atoi(argv[2]) : 0;
+  const int only_d = argc > 1 ? std::atoi(argv[1]) : 0;
+  const int only_skv = argc > 2 ? std::atoi(argv[2]) : 0;
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const size_t n = (size_t{1} << 30) / 16;  // 1 GiB of uint4

@@ -9,7 +9,8 @@ BIN=.carry/small_seq_fwd_sweep
 case "${1:-}" in
   build)
     mkdir -p .carry
-    nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/fusedattn -Icsrc scripts/small_seq_fwd_sweep.cu -o "$BIN" ;;
+    nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/fusedattn -Icsrc scripts/small_seq_fwd_sweep.cu \
+      -o "$BIN" ;;
   run)
     shift
     "$BIN" "$@" ;;

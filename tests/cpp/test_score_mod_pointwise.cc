@@ -242,7 +242,8 @@ TEST(ScoreModPointwise, BackwardSharesTheForwardsNodes) {
   // computes from constants only (nor needs the computed zero, which reads the q index).
   for (const PwNode& n : bwd.nodes)
     if (n.op != PwOp::kInput && n.op != PwOp::kConst)
-      EXPECT_FALSE(bwd.nodes[n.a].op == PwOp::kConst && (n.b < 0 || bwd.nodes[n.b].op == PwOp::kConst))
+      EXPECT_FALSE(bwd.nodes[n.a].op == PwOp::kConst &&
+                   (n.b < 0 || bwd.nodes[n.b].op == PwOp::kConst))
           << "op " << int(n.op);
   EXPECT_FALSE(bwd.reads_input(3));
   // Nodes that read dscore are the backward's own.
@@ -285,7 +286,8 @@ TEST(ScoreModPointwise, WhereTheBackwardIsZeroWithDscore) {
       {"ds * sigmoid(s) / 4", {{SM_SIGMOID, 0, 0, 0}, {SM_MUL, 5, 6, 0}, {SM_CONST, 0, 0, 0},
                                {SM_DIV, 7, 8, 0}}, {4.0f}, true},
       {"ds * (q - kv)", {{SM_SUB, 3, 4, 0}, {SM_MUL, 6, 5, 0}}, {}, true},
-      {"s > 0 ? ds : 0", {{SM_CONST, 0, 0, 0}, {SM_GT, 0, 6, 0}, {SM_SELECT, 7, 5, 6}}, {0.0f}, true},
+      {"s > 0 ? ds : 0", {{SM_CONST, 0, 0, 0}, {SM_GT, 0, 6, 0}, {SM_SELECT, 7, 5, 6}}, {0.0f},
+       true},
       {"ds * exp(s)", {{SM_EXP, 0, 0, 0}, {SM_MUL, 5, 6, 0}}, {}, false},
       {"ds * s", {{SM_MUL, 5, 0, 0}}, {}, false},
       {"ds / s", {{SM_DIV, 5, 0, 0}}, {}, false},

@@ -429,14 +429,16 @@ Status build_chosen_plan(fe::graph::Graph& g, DeviceHandle* h, bool backward) {
   if (!pick) {
     FA_FE_RETURN_IF_ERROR(g.build_plans(h->handle), "plan build");
   } else {
-    FA_FE_RETURN_IF_ERROR(g.build_plan_at_index(h->handle, std::atoll(pick)), "plan build (FUSEDATTN_CUDNN_PLAN)");
+    FA_FE_RETURN_IF_ERROR(g.build_plan_at_index(h->handle, std::atoll(pick)),
+                          "plan build (FUSEDATTN_CUDNN_PLAN)");
   }
   if (std::getenv("FUSEDATTN_CUDNN_PLAN_LOG")) {
     const int64_t n = g.get_execution_plan_count();
     std::string names, built;
     for (int64_t i = 0; i < n; ++i) {
       std::string name;
-      if (g.get_plan_name_at_index(i, name).is_good()) names += " [" + std::to_string(i) + "] " + name;
+      if (g.get_plan_name_at_index(i, name).is_good())
+        names += " [" + std::to_string(i) + "] " + name;
     }
     (void)g.get_plan_name(built);
     int64_t engines = 0;
