@@ -1,0 +1,305 @@
+// Flash attention forward for Hopper (sm_90a), head dim 128, bf16 / fp16, written for the
+// score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more MUFU operation per
+// score, which cuDNN leaves unhidden). The structure is FlashAttention-3's:
+//   - one producer warpgroup: a single thread streams Q once and K, V tiles through a
+//     two-stage ring with the copy engine (TMA), each stage guarded by full / empty mbarriers;
+//   - two consumer warpgroups, 64 query rows each (a 128-row block): S = Q K^T and O += P V
+//     with wgmma, the online softmax in registers;
+//   - ping-pong: the two consumers take turns issuing their products (named barriers 1, 2),
+//     so one group's softmax (exp2, the modifier's tanh) runs while the other's products do;
+//   - within a group, the product P_{i-1} V_{i-1} is issued beside S_i = Q K_i^T and runs
+//     while the softmax of S_i does.
+// Keys are visited last block first, so the masked blocks (the causal diagonal, the ragged
+// end) come first and the rest run unmasked.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "sm90.cuh"
+
+namespace fusedattn::cuda::hopper {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;   // query rows of a thread block: two consumer groups of 64
+constexpr int kBlockN = 128;   // keys of a step
+constexpr int kStages = 2;     // K and V tiles in flight
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;  // a Q, K or V tile: 32 KiB
+constexpr uint32_t kHalfBytes = kTileBytes / 2;  // 64 columns of a tile: one 128-byte swizzle
+                                                 // span, the copy engine's box
+
+// Everything the kernel reads. Strides are in elements; lse may be null.
+struct FwdArgs {
+  CUtensorMap q, k, v;  // {D, S, H, B}, box {64, 128, 1, 1}, 128-byte swizzle
+  void* out;
+  int64_t o_b, o_s, o_h;
+  float* lse;  // natural log, as the CPU engine and cuDNN write it
+  int64_t l_b, l_h, l_s;
+  int seqlen_q, seqlen_kv, heads_per_kv;
+  int diag;              // causal: query i sees key j when j <= i + diag
+  float mul_in, mul_out;  // the modifier's constants (below)
+};
+
+struct Smem {
+  uint8_t q[kTileBytes];
+  uint8_t k[kStages][kTileBytes];
+  uint8_t v[kStages][kTileBytes];
+  uint64_t q_full, k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+};
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
+
+// Score modifiers: raw score q.k -> x in log2 units, so that the softmax is exp2(x - max).
+struct PlainScores {  // x = s * scale * log2(e): mul_in = scale * log2(e)
+  __device__ __forceinline__ static float apply(float s, float in, float) { return s * in; }
+};
+struct SoftcapScores {  // x = c * tanh(s * scale / c) * log2(e): in = scale / c, out = c log2(e)
+  __device__ __forceinline__ static float apply(float s, float in, float out) {
+    return out * tanh_approx(s * in);
+  }
+};
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  }
+  return r;
+}
+
+// The accumulator layout of wgmma m64nN (per thread of a warpgroup): warp w holds rows
+// 16w..16w+15; lane (g = lane / 4, t = lane % 4) holds, for each 8-column chunk j,
+// d[4j + 0..1] = row g, columns 8j + 2t + 0..1 and d[4j + 2..3] = row g + 8, same columns.
+// So a thread owns two rows (r = 0, 1: d[4j + 2r + e]) and a row is spread over 4 lanes.
+
+// One step of the online softmax on this thread's 64 scores of block n: modify, mask,
+// update the running max and sum, leave exp2(x - max) in s and the factor that rescales
+// the old accumulator in corr.
+template <class Mod, bool kCausal, bool kMask>
+__device__ __forceinline__ void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
+                                             float (&corr)[2], const FwdArgs& a, int row0,
+                                             int col0) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = Mod::apply(s[i], a.mul_in, a.mul_out);
+  if constexpr (kMask) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int col = col0 + 8 * (i / 4) + (i % 2), row = row0 + 8 * ((i / 2) % 2);
+      if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) s[i] = -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = mx[r];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float base = m == -INFINITY ? 0.0f : m;  // a row with nothing seen yet
+    corr[r] = exp2_approx(mx[r] - base);
+    mx[r] = m;
+    float l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      s[4 * j + 2 * r] = exp2_approx(s[4 * j + 2 * r] - base);
+      s[4 * j + 2 * r + 1] = exp2_approx(s[4 * j + 2 * r + 1] - base);
+      l += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+    sum[r] = sum[r] * corr[r] + l;  // this lane's part; the 4 lanes add up at the end
+  }
+}
+
+// S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
+// Before either: fence_regs() and wgmma_fence(), so that no instruction touches a register
+// of the products between their issue and the wait.
+template <int N, class R>
+__device__ __forceinline__ void fence_regs(R (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_reg(r[i]);
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kHalfBytes + (kk % 4) * 32;
+    wgmma_ss_m64n128k16<kBf16>(s, desc_sw128(q_addr + off, 16, 1024),
+                               desc_sw128(k_addr + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its two 64-column
+// halves are the leading-byte stride, 8-key groups the 1024-byte stride.
+template <bool kBf16>
+__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[32], uint32_t v_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_rs_m64n128k16<kBf16>(o, a, desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024));
+  }
+  wgmma_commit();
+}
+
+template <class Mod, bool kCausal, bool kBf16>
+__global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+
+  // Causal: the longest rows (the last blocks) start first.
+  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int m0 = m_block * kBlockM;
+  int n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
+  if (kCausal) n_end = min(n_end, (m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
+  const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.q_full, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&sm.k_full[st], 1);
+      mbar_init(&sm.v_full[st], 1);
+      mbar_init(&sm.k_empty[st], 256);  // every consumer thread releases
+      mbar_init(&sm.v_empty[st], 256);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (group == 0) {  // producer
+    regs_dec<24>();
+    if (tid == 0) {
+      tma_prefetch_map(&a.q);
+      tma_prefetch_map(&a.k);
+      tma_prefetch_map(&a.v);
+      const int h_kv = h / a.heads_per_kv;
+      mbar_expect_bytes(&sm.q_full, kTileBytes);
+      tma_load_4d(&a.q, &sm.q_full, sm.q, 0, m0, h, b);
+      tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, m0, h, b);
+      for (int it = 0; it < n_end; ++it) {
+        const int n = n_end - 1 - it, st = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        mbar_wait(&sm.k_empty[st], ph ^ 1);
+        mbar_expect_bytes(&sm.k_full[st], kTileBytes);
+        tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, n * kBlockN, h_kv, b);
+        tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, n * kBlockN, h_kv, b);
+        mbar_wait(&sm.v_empty[st], ph ^ 1);
+        mbar_expect_bytes(&sm.v_full[st], kTileBytes);
+        tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, n * kBlockN, h_kv, b);
+        tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, n * kBlockN, h_kv, b);
+      }
+    }
+    return;
+  }
+
+  regs_inc<240>();
+  const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of the block
+  const int warp = tid / 32, lane = tid % 32;
+  const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0, row0 + 8
+  const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;
+
+  float o[64], s[64];
+  uint32_t p[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+
+  if (c == 1) named_arrive(1);  // consumer 0 takes the first turn
+  mbar_wait(&sm.q_full, 0);
+  float corr[2];
+  // S_it's softmax: modify, mask where the block needs it, update max and sum.
+  auto softmax = [&](int n) {
+    const int col0 = n * kBlockN + 2 * (lane % 4);
+    if ((n + 1) * kBlockN > a.seqlen_kv || (kCausal && (n + 1) * kBlockN - 1 > m0 + a.diag))
+      softmax_step<Mod, kCausal, true>(s, mx, sum, corr, a, row0, col0);
+    else
+      softmax_step<Mod, kCausal, false>(s, mx, sum, corr, a, row0, col0);
+  };
+  {  // the first block (the last keys): no P V yet
+    mbar_wait(&sm.k_full[0], 0);
+    named_sync(1 + c);  // this group's turn at the tensor cores
+    fence_regs(s);
+    wgmma_fence();
+    issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[0]));
+    named_arrive(2 - c);  // the other group's turn
+    wgmma_wait<0>();
+    fence_regs(s);
+    mbar_arrive(&sm.k_empty[0]);
+    softmax(n_end - 1);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+  }
+  for (int it = 1; it < n_end; ++it) {
+    const int st = it % kStages, prev = (it - 1) % kStages;
+    mbar_wait(&sm.k_full[st], (it / kStages) & 1);
+    named_sync(1 + c);
+    fence_regs(s);
+    fence_regs(o);
+    fence_regs(p);
+    wgmma_fence();
+    issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];  // to the max of P_{it-1}
+    mbar_wait(&sm.v_full[prev], ((it - 1) / kStages) & 1);
+    wgmma_fence();  // o changed since the last fence
+    issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
+    named_arrive(2 - c);
+    wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
+    fence_regs(s);
+    mbar_arrive(&sm.k_empty[st]);
+    softmax(n_end - 1 - it);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+    mbar_arrive(&sm.v_empty[prev]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+  }
+  {  // the last P V
+    const int st = (n_end - 1) % kStages;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+    mbar_wait(&sm.v_full[st], ((n_end - 1) / kStages) & 1);
+    fence_regs(o);
+    fence_regs(p);
+    wgmma_fence();
+    issue_pv<kBf16>(o, p, smem_addr(sm.v[st]));
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+  if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
+
+  // Epilogue: O / sum straight from registers, and the log-sum-exp.
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = row0 + 8 * r;
+    if (row >= a.seqlen_q) continue;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* out = static_cast<T*>(a.out) + b * a.o_b + row * a.o_s + h * a.o_h;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t v = pack2<kBf16>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = v;
+    }
+    if (a.lse && lane % 4 == 0)
+      a.lse[b * a.l_b + h * a.l_h + row * a.l_s] =
+          l > 0.0f ? (mx[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+  }
+#endif
+}
+
+}  // namespace fusedattn::cuda::hopper

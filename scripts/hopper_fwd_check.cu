@@ -1,0 +1,210 @@
+// GPU machine: checks the Hopper flash forward (csrc/fusedattn/cuda/hopper) against a plain
+// float32 reference kernel of this file on fresh random inputs (outputs poisoned with NaN
+// first), then times it at the score_mod bench's shapes. Build and run:
+//   bash scripts/hopper_fwd_check.sh build   # here: writes .carry/hopper_fwd_check
+//   bash scripts/hopper_fwd_check.sh run     # GPU machine (carry .carry)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "fusedattn/cuda/hopper/flash_fwd.h"
+
+using fusedattn::cuda::hopper::FlashFwdParams;
+
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e = (x);                                                               \
+    if (e != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));    \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+template <class T>
+__device__ float to_f(T x) { return static_cast<float>(x); }
+
+__device__ uint32_t hash(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16;
+  return x;
+}
+
+template <class T>
+__global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float u = (hash(static_cast<uint32_t>(i) * 2654435761u + seed) >> 8) * (1.0f / 16777216.0f);
+    x[i] = static_cast<T>(amp * (2.0f * u - 1.0f));
+  }
+}
+
+// One thread per (b, h, query row): exact softmax in float32.
+template <class T>
+__global__ void reference(FlashFwdParams p, float* out, float* lse) {
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
+  const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
+                b = idx / (p.seqlen_q * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
+  auto score = [&](int64_t j) {
+    const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
+    float d = 0.0f;
+    for (int x = 0; x < 128; ++x) d += to_f(q[x]) * to_f(k[x]);
+    d *= p.scale;
+    if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
+    return d;
+  };
+  auto seen = [&](int64_t j) { return !p.causal || j <= i + p.diag; };
+  float m = -INFINITY;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j)
+    if (seen(j)) m = fmaxf(m, score(j));
+  float acc[128] = {}, l = 0.0f;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j) {
+    if (!seen(j)) continue;
+    const float e = expf(score(j) - m);
+    l += e;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
+    for (int x = 0; x < 128; ++x) acc[x] += e * to_f(v[x]);
+  }
+  for (int x = 0; x < 128; ++x) out[idx * 128 + x] = acc[x] / l;
+  lse[idx] = m + logf(l);
+}
+
+struct Case {
+  const char* name;
+  bool bf16, causal, bhsd;
+  int B, Sq, Skv, Hq, Hkv;
+  float softcap, amp;
+};
+
+template <class T>
+bool check(const Case& cs) {
+  const int64_t D = 128, nq = int64_t{cs.B} * cs.Sq * cs.Hq * D,
+                nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D;
+  T *q, *k, *v, *o;
+  float *lse, *ref_o, *ref_lse;
+  CHECK(cudaMalloc(&q, nq * sizeof(T)));
+  CHECK(cudaMalloc(&k, nk * sizeof(T)));
+  CHECK(cudaMalloc(&v, nk * sizeof(T)));
+  CHECK(cudaMalloc(&o, nq * sizeof(T)));
+  CHECK(cudaMalloc(&lse, nq / D * 4));
+  CHECK(cudaMalloc(&ref_o, nq * 4));
+  CHECK(cudaMalloc(&ref_lse, nq / D * 4));
+  static uint32_t seed = 1;
+  fill<<<1024, 256>>>(q, nq, seed++, cs.amp);
+  fill<<<1024, 256>>>(k, nk, seed++, cs.amp);
+  fill<<<1024, 256>>>(v, nk, seed++, 1.0f);
+  CHECK(cudaMemset(o, 0xff, nq * sizeof(T)));  // NaN
+  CHECK(cudaMemset(lse, 0xff, nq / D * 4));
+  FlashFwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
+    *sb = S * H * D;
+    if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
+  };
+  strides(cs.Sq, cs.Hq, &p.q_b, &p.q_s, &p.q_h);
+  strides(cs.Skv, cs.Hkv, &p.k_b, &p.k_s, &p.k_h);
+  strides(cs.Skv, cs.Hkv, &p.v_b, &p.v_s, &p.v_h);
+  strides(cs.Sq, cs.Hq, &p.o_b, &p.o_s, &p.o_h);
+  p.l_b = int64_t{cs.Hq} * cs.Sq, p.l_h = cs.Sq, p.l_s = 1;
+  p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq,
+  p.heads_kv = cs.Hkv, p.head_dim = D;
+  p.bf16 = cs.bf16, p.causal = cs.causal, p.diag = cs.Skv - cs.Sq;
+  p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
+  const std::string why = fusedattn::cuda::hopper::flash_fwd_unsupported(p, 90);
+  if (!why.empty()) { std::printf("%s: unsupported: %s\n", cs.name, why.c_str()); return false; }
+  const auto st = fusedattn::cuda::hopper::flash_fwd(p, 0);
+  if (!st.ok()) { std::printf("%s: %s\n", cs.name, st.message.c_str()); return false; }
+  const int64_t rows = nq / D;
+  reference<T><<<(rows + 127) / 128, 128>>>(p, ref_o, ref_lse);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<T> ho(nq);
+  std::vector<float> hr(nq), hl(rows), hrl(rows);
+  CHECK(cudaMemcpy(ho.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hr.data(), ref_o, nq * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hl.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hrl.data(), ref_lse, rows * 4, cudaMemcpyDeviceToHost));
+  // ref is [B, H, S, D] by row index; ours through the strides.
+  double err = 0, lerr = 0;
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % cs.Sq, h = r / cs.Sq % cs.Hq, b = r / (int64_t{cs.Sq} * cs.Hq);
+    const T* row = ho.data() + b * p.o_b + i * p.o_s + h * p.o_h;
+    for (int x = 0; x < D; ++x) {
+      const float ours = static_cast<float>(row[x]), want = hr[r * D + x];
+      const double e = std::fabs(ours - want);
+      if (!(e <= 1e-2 + 1e-2 * std::fabs(want))) ++bad;
+      if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
+    }
+    const double le = std::fabs(hl[b * p.l_b + h * p.l_h + i] - hrl[r]);
+    if (!(le <= 1e-3 + 1e-3 * std::fabs(hrl[r]))) ++bad;
+    if (!(le <= lerr)) lerr = std::isnan(le) ? INFINITY : le;
+  }
+  std::printf("%-44s max |out err| %.2e  max |lse err| %.2e  bad %lld  %s\n", cs.name, err, lerr,
+              static_cast<long long>(bad), bad ? "FAIL" : "ok");
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o, (void*)ref_lse})
+    CHECK(cudaFree(ptr));
+  return bad == 0;
+}
+
+void time_case(int B, int S, bool causal, float softcap) {
+  const int64_t H = 16, D = 128, n = int64_t{B} * S * H * D;
+  __nv_bfloat16 *q, *k, *v, *o;
+  float* lse;
+  for (auto** ptr : {&q, &k, &v, &o}) CHECK(cudaMalloc(ptr, n * 2));
+  CHECK(cudaMalloc(&lse, n / D * 4));
+  fill<<<1024, 256>>>(q, n, 11, 1.0f);
+  fill<<<1024, 256>>>(k, n, 12, 1.0f);
+  fill<<<1024, 256>>>(v, n, 13, 1.0f);
+  FlashFwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  p.q_b = p.k_b = p.v_b = p.o_b = S * H * D;
+  p.q_s = p.k_s = p.v_s = p.o_s = H * D;
+  p.q_h = p.k_h = p.v_h = p.o_h = D;
+  p.l_b = H * S, p.l_h = S, p.l_s = 1;
+  p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = p.heads_kv = H, p.head_dim = D;
+  p.causal = causal, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = softcap;
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < 25; ++r) {
+    CHECK(cudaEventRecord(e0));
+    if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) std::exit(1);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 5) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double t = ms[ms.size() / 2];
+  const double flops = 4.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
+  std::printf("time B %d S %5d %-7s %-8s %.3f ms  %.0f TFLOP/s\n", B, S,
+              causal ? "causal" : "full", softcap > 0 ? "softcap" : "plain", t, flops / t / 1e9);
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse}) CHECK(cudaFree(ptr));
+}
+
+int main() {
+  const Case cases[] = {
+      {"bf16 plain full S1000 GQA 4/2", true, false, false, 2, 1000, 1000, 4, 2, 0.0f, 1.0f},
+      {"bf16 softcap50 causal S1024", true, true, false, 2, 1024, 1024, 4, 4, 50.0f, 1.0f},
+      {"bf16 softcap20 causal Sq700 Skv1000 amp3", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f},
+      {"fp16 plain causal S513 MQA 2/1", false, true, false, 2, 513, 513, 2, 1, 0.0f, 1.0f},
+      {"bf16 softcap30 full Sq130 Skv2100 bhsd", true, false, true, 3, 130, 2100, 2, 1, 30.0f, 2.0f},
+      {"bf16 plain causal S4096 bhsd", true, true, true, 1, 4096, 4096, 2, 2, 0.0f, 1.0f},
+  };
+  bool ok = true;
+  for (const Case& c : cases) ok &= c.bf16 ? check<__nv_bfloat16>(c) : check<__half>(c);
+  std::printf("checks: %s\n", ok ? "all passed" : "FAILED");
+  if (!ok) return 1;
+  for (bool causal : {true, false})
+    for (float cap : {0.0f, 50.0f}) {
+      time_case(4, 4096, causal, cap);
+      time_case(1, 16384, causal, cap);
+    }
+  return 0;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Hopper flash forward's own check and timing (scripts/hopper_fwd_check.cu).
+#   bash scripts/hopper_fwd_check.sh build   # here: writes .carry/hopper_fwd_check
+#   bash scripts/hopper_fwd_check.sh run     # GPU machine (carry .carry)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.carry/hopper_fwd_check
+case "${1:-}" in
+  build)
+    mkdir -p .carry
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
+      scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu -o "$BIN" ;;
+  run)
+    "$BIN" ;;
+  *)
+    echo "usage: $0 build | run" >&2
+    exit 2 ;;
+esac
