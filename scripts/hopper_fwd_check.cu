@@ -78,6 +78,7 @@ struct Case {
   bool bf16, causal, bhsd;
   int B, Sq, Skv, Hq, Hkv;
   float softcap, amp;
+  int poly = -1;  // softcap kernel's kPolyChunks (-1: the default)
 };
 
 template <class T>
@@ -113,7 +114,7 @@ bool check(const Case& cs) {
   p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq,
   p.heads_kv = cs.Hkv, p.head_dim = D;
   p.bf16 = cs.bf16, p.causal = cs.causal, p.diag = cs.Skv - cs.Sq;
-  p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
+  p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap, p.poly_chunks = cs.poly;
   const std::string why = fusedattn::cuda::hopper::flash_fwd_unsupported(p, 90);
   if (!why.empty()) { std::printf("%s: unsupported: %s\n", cs.name, why.c_str()); return false; }
   const auto st = fusedattn::cuda::hopper::flash_fwd(p, 0);
@@ -150,7 +151,7 @@ bool check(const Case& cs) {
   return bad == 0;
 }
 
-void time_case(int B, int S, bool causal, float softcap) {
+void time_case(int B, int S, bool causal, float softcap, int poly = -1) {
   const int64_t H = 16, D = 128, n = int64_t{B} * S * H * D;
   __nv_bfloat16 *q, *k, *v, *o;
   float* lse;
@@ -167,6 +168,7 @@ void time_case(int B, int S, bool causal, float softcap) {
   p.l_b = H * S, p.l_h = S, p.l_s = 1;
   p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = p.heads_kv = H, p.head_dim = D;
   p.causal = causal, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = softcap;
+  p.poly_chunks = poly;
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
@@ -183,8 +185,9 @@ void time_case(int B, int S, bool causal, float softcap) {
   std::sort(ms.begin(), ms.end());
   const double t = ms[ms.size() / 2];
   const double flops = 4.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
-  std::printf("time B %d S %5d %-7s %-8s %.3f ms  %.0f TFLOP/s\n", B, S,
-              causal ? "causal" : "full", softcap > 0 ? "softcap" : "plain", t, flops / t / 1e9);
+  std::printf("time B %d S %5d %-7s %-8s poly %2d %.3f ms  %.0f TFLOP/s\n", B, S,
+              causal ? "causal" : "full", softcap > 0 ? "softcap" : "plain", poly, t,
+              flops / t / 1e9);
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse}) CHECK(cudaFree(ptr));
 }
 
@@ -196,15 +199,21 @@ int main() {
       {"fp16 plain causal S513 MQA 2/1", false, true, false, 2, 513, 513, 2, 1, 0.0f, 1.0f},
       {"bf16 softcap30 full Sq130 Skv2100 bhsd", true, false, true, 3, 130, 2100, 2, 1, 30.0f, 2.0f},
       {"bf16 plain causal S4096 bhsd", true, true, true, 1, 4096, 4096, 2, 2, 0.0f, 1.0f},
+      {"bf16 softcap20 causal amp3 poly 0", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 0},
+      {"bf16 softcap20 causal amp3 poly 1", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 1},
+      {"bf16 softcap20 causal amp3 poly 3", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 3},
   };
   bool ok = true;
   for (const Case& c : cases) ok &= c.bf16 ? check<__nv_bfloat16>(c) : check<__half>(c);
   std::printf("checks: %s\n", ok ? "all passed" : "FAILED");
   if (!ok) return 1;
-  for (bool causal : {true, false})
-    for (float cap : {0.0f, 50.0f}) {
-      time_case(4, 4096, causal, cap);
-      time_case(1, 16384, causal, cap);
+  for (bool causal : {true, false}) {
+    time_case(4, 4096, causal, 0.0f);
+    time_case(1, 16384, causal, 0.0f);
+    for (int poly : {0, 1, 10}) {  // 10: probe (no tanh)
+      time_case(4, 4096, causal, 50.0f, poly);
+      time_case(1, 16384, causal, 50.0f, poly);
     }
+  }
   return 0;
 }

@@ -8,7 +8,7 @@ BIN=.carry/hopper_fwd_check
 case "${1:-}" in
   build)
     mkdir -p .carry
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -DFA_HOPPER_SWEEP \
       scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu -o "$BIN" ;;
   run)
     "$BIN" ;;

@@ -5,8 +5,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <algorithm>
 #include <cmath>
-#include <mutex>
 
 #include "../check.h"
 #include "fwd_kernel.cuh"
@@ -14,7 +14,7 @@
 namespace fusedattn::cuda::hopper {
 namespace {
 
-constexpr int64_t kMaxGrid = 65535;  // grid y (heads) and z (batch)
+constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // grid x
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -56,20 +56,34 @@ Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t S, int64_
   return Status::Ok();
 }
 
-template <class Mod, bool kCausal, bool kBf16>
+#ifdef FA_HOPPER_SWEEP  // timing probes only (their results are not softcap's)
+struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
+  __device__ __forceinline__ static float pre(float s, float in) { return s * in; }
+};
+struct ProbePolyTanh {  // tanh's Taylor polynomial to x^7 on the FMA pipe (exact for small x)
+  __device__ __forceinline__ static float pre(float s, float in) {
+    const float x = s * in, x2 = x * x;
+    return x * fmaf(x2, fmaf(x2, fmaf(x2, -0.053968254f, 0.13333334f), -0.33333334f), 1.0f);
+  }
+};
+#endif
+
+template <class Mod, bool kCausal, bool kBf16, int kPoly>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16>;
+  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kPoly>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
   return cuda_status(cudaGetLastError(), "flash_fwd_kernel launch");
 }
 
-template <class Mod>
+template <class Mod, int kPoly>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   if (p.causal)
-    return p.bf16 ? launch<Mod, true, true>(a, grid, stream) : launch<Mod, true, false>(a, grid, stream);
-  return p.bf16 ? launch<Mod, false, true>(a, grid, stream) : launch<Mod, false, false>(a, grid, stream);
+    return p.bf16 ? launch<Mod, true, true, kPoly>(a, grid, stream)
+                  : launch<Mod, true, false, kPoly>(a, grid, stream);
+  return p.bf16 ? launch<Mod, false, true, kPoly>(a, grid, stream)
+                : launch<Mod, false, false, kPoly>(a, grid, stream);
 }
 
 }  // namespace
@@ -78,7 +92,8 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
   if (p.head_dim != kHeadDim) return "head dim must be 128";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if (p.batch > kMaxGrid || p.heads_q > kMaxGrid) return "batch and heads must be at most 65535";
+  if ((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch > kMaxBlocks)
+    return "more than 2^31 - 1 blocks of 128 query rows";
   if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
@@ -108,15 +123,31 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);
   a.diag = static_cast<int>(std::min<int64_t>(p.diag, p.seqlen_kv));
   const float log2e = 1.4426950408889634f;
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.batch = static_cast<int>(p.batch);
+  // About 24 MiB of K and V per section: half of the H100's L2.
+  const int64_t kv_bytes = 2 * p.seqlen_kv * kHeadDim * 2;
+  a.section = static_cast<int>(std::clamp<int64_t>((int64_t{24} << 20) / kv_bytes, 1,
+                                                   p.heads_q * p.batch));
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q *
+                                        p.batch));
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;
-    return launch_mod<SoftcapScores>(p, a, grid, stream);
+#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.cu: the share of exponentials on the FMA pipe
+    switch (p.poly_chunks) {
+      case 0: return launch_mod<SoftcapScores, 0>(p, a, grid, stream);
+      case 1: return launch_mod<SoftcapScores, 1>(p, a, grid, stream);
+      case 3: return launch_mod<SoftcapScores, 3>(p, a, grid, stream);
+      case 10: return launch_mod<ProbeNoTanh, 0>(p, a, grid, stream);
+      case 11: return launch_mod<ProbePolyTanh, 0>(p, a, grid, stream);
+      default: break;
+    }
+#endif
+    return launch_mod<SoftcapScores, kSoftcapPolyChunks>(p, a, grid, stream);
   }
-  a.mul_in = p.scale * log2e;
-  return launch_mod<PlainScores>(p, a, grid, stream);
+  a.mul_out = p.scale * log2e;
+  return launch_mod<PlainScores, 0>(p, a, grid, stream);
 }
 
 }  // namespace fusedattn::cuda::hopper

@@ -26,6 +26,7 @@ struct FlashFwdParams {
   int64_t diag = 0;      // causal: query i sees key j when j <= i + diag
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
+  int poly_chunks = -1;  // sweep builds only (FA_HOPPER_SWEEP): kPolyChunks of the softcap kernel
 };
 
 // Empty when the kernel can run p on a device of compute capability cc (major * 10 +

@@ -40,9 +40,10 @@ struct FwdArgs {
   int64_t o_b, o_s, o_h;
   float* lse;  // natural log, as the CPU engine and cuDNN write it
   int64_t l_b, l_h, l_s;
-  int seqlen_q, seqlen_kv, heads_per_kv;
+  int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
+  int section;           // (batch, head) pairs whose blocks run side by side (block order)
   int diag;              // causal: query i sees key j when j <= i + diag
-  float mul_in, mul_out;  // the modifier's constants (below)
+  float mul_in, mul_out;  // the score modifier's constants (below)
 };
 
 struct Smem {
@@ -53,15 +54,33 @@ struct Smem {
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
 
-// Score modifiers: raw score q.k -> x in log2 units, so that the softmax is exp2(x - max).
-struct PlainScores {  // x = s * scale * log2(e): mul_in = scale * log2(e)
-  __device__ __forceinline__ static float apply(float s, float in, float) { return s * in; }
+// Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s), a
+// map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
+// exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
+constexpr int kSoftcapPolyChunks = 1;  // of every 4 chunks (H100 sweep: scripts/hopper_fwd_check)
+
+struct PlainScores {  // v = s; out = scale * log2(e)
+  __device__ __forceinline__ static float pre(float s, float) { return s; }
 };
-struct SoftcapScores {  // x = c * tanh(s * scale / c) * log2(e): in = scale / c, out = c log2(e)
-  __device__ __forceinline__ static float apply(float s, float in, float out) {
-    return out * tanh_approx(s * in);
-  }
+struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
+                        // out = c log2(e)
+  __device__ __forceinline__ static float pre(float s, float in) { return tanh_approx(s * in); }
 };
+
+// 2^x for x <= 0 on the FMA and integer pipes (after FlashAttention-4): x = n + f with n
+// rounded to nearest, f in [-0.5, 0.5]; 2^f by a cubic (relative error 7.6e-5, far below
+// the 16-bit rounding of P); n goes into the exponent field. x below -126 (-inf too) gives
+// 2^-126 or less: with n >= -126 and 2^f >= 2^-0.5 the exponent field cannot go below 0.
+__device__ __forceinline__ float exp2_poly(float x) {
+  x = fmaxf(x, -126.0f);
+  const float shifted = x + 12582912.0f;  // 1.5 * 2^23: n lands in the low mantissa bits
+  const float n = shifted - 12582912.0f;
+  const float f = x - n;
+  float p = fmaf(0.0551692433655262f, f, 0.24260540306568146f);
+  p = fmaf(p, f, 0.6932608485221863f);
+  p = fmaf(p, f, 0.9999284744262695f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+}
 
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -82,14 +101,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // So a thread owns two rows (r = 0, 1: d[4j + 2r + e]) and a row is spread over 4 lanes.
 
 // One step of the online softmax on this thread's 64 scores of block n: modify, mask,
-// update the running max and sum, leave exp2(x - max) in s and the factor that rescales
-// the old accumulator in corr.
-template <class Mod, bool kCausal, bool kMask>
-__device__ __forceinline__ void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
+// update the running max (of v) and sum, leave exp2(x - max x) in s and, when it returns
+// true, the factor that rescales the old accumulator in corr. Columns of the 8-column chunks j with j % 4 <
+// kPolyChunks take exp2_poly: that share of the exponentials leaves the MUFU pipe, which
+// softcap's tanh loads as much as the exponentials do.
+template <class Mod, bool kCausal, bool kMask, int kPolyChunks>
+__device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
                                              float (&corr)[2], const FwdArgs& a, int row0,
                                              int col0) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = Mod::apply(s[i], a.mul_in, a.mul_out);
+  for (int i = 0; i < 64; ++i) s[i] = Mod::pre(s[i], a.mul_in);
   if constexpr (kMask) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
@@ -97,25 +118,45 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float (&mx)[2], flo
       if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) s[i] = -INFINITY;
     }
   }
+  // The running max moves only when some row of the warp grew by more than 8 (log2 units):
+  // until then P <= 2^8, which 16-bit P and the float32 sums hold exactly as well, and the
+  // accumulator's rescale is skipped (after FlashAttention-4). A row with nothing seen yet
+  // (max -inf) always moves.
+  float m_new[2];
+  bool move = false;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float m = mx[r];
 #pragma unroll
     for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float base = m == -INFINITY ? 0.0f : m;  // a row with nothing seen yet
-    corr[r] = exp2_approx(mx[r] - base);
-    mx[r] = m;
+    m_new[r] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    move |= (m_new[r] - mx[r]) * a.mul_out > 8.0f || mx[r] == -INFINITY;
+  }
+  move = __any_sync(0xffffffffu, move);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (move) {
+      // exp2(-inf - -inf) would be NaN: a row still at -inf keeps base 0.
+      const float base = m_new[r] == -INFINITY ? 0.0f : m_new[r] * a.mul_out;
+      corr[r] = exp2_approx(fmaf(mx[r], a.mul_out, -base));
+      mx[r] = m_new[r];
+    }
+    const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * a.mul_out;
     float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      s[4 * j + 2 * r] = exp2_approx(s[4 * j + 2 * r] - base);
-      s[4 * j + 2 * r + 1] = exp2_approx(s[4 * j + 2 * r + 1] - base);
-      l += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * r + e];
+        const float arg = fmaf(x, a.mul_out, -base);
+        x = j % 4 < kPolyChunks ? exp2_poly(arg) : exp2_approx(arg);
+        l += x;
+      }
     }
-    sum[r] = sum[r] * corr[r] + l;  // this lane's part; the 4 lanes add up at the end
+    sum[r] = move ? sum[r] * corr[r] + l : sum[r] + l;  // this lane's part: 4 lanes add up
   }
+  return move;
 }
 
 // S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
@@ -150,15 +191,21 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[32], uint
   wgmma_commit();
 }
 
-template <class Mod, bool kCausal, bool kBf16>
+template <class Mod, bool kCausal, bool kBf16, int kPolyChunks>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
 
-  // Causal: the longest rows (the last blocks) start first.
-  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Block order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
+  // together; inside a section the query blocks go last first (causal: the longest rows
+  // first), each across the section's pairs. The shortest blocks end the grid.
+  const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int pairs = a.heads_q * a.batch;
+  const int sec = blockIdx.x / (a.section * num_m), base = sec * a.section;
+  const int size = min(a.section, pairs - base), within = blockIdx.x - sec * a.section * num_m;
+  const int m_block = num_m - 1 - within / size, pair = base + within % size;
+  const int h = pair % a.heads_q, b = pair / a.heads_q;
   const int m0 = m_block * kBlockM;
   int n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
   if (kCausal) n_end = min(n_end, (m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
@@ -217,13 +264,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   if (c == 1) named_arrive(1);  // consumer 0 takes the first turn
   mbar_wait(&sm.q_full, 0);
   float corr[2];
+  bool rescale = false;  // whether o needs corr before the next P V
   // S_it's softmax: modify, mask where the block needs it, update max and sum.
   auto softmax = [&](int n) {
     const int col0 = n * kBlockN + 2 * (lane % 4);
     if ((n + 1) * kBlockN > a.seqlen_kv || (kCausal && (n + 1) * kBlockN - 1 > m0 + a.diag))
-      softmax_step<Mod, kCausal, true>(s, mx, sum, corr, a, row0, col0);
+      rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
     else
-      softmax_step<Mod, kCausal, false>(s, mx, sum, corr, a, row0, col0);
+      rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
   };
   {  // the first block (the last keys): no P V yet
     mbar_wait(&sm.k_full[0], 0);
@@ -248,8 +296,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     fence_regs(p);
     wgmma_fence();
     issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+    if (rescale) {  // to the max of P_{it-1}
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];  // to the max of P_{it-1}
+      for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+    }
     mbar_wait(&sm.v_full[prev], ((it - 1) / kStages) & 1);
     wgmma_fence();  // o changed since the last fence
     issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
@@ -267,8 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   }
   {  // the last P V
     const int st = (n_end - 1) % kStages;
+    if (rescale) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+      for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+    }
     mbar_wait(&sm.v_full[st], ((n_end - 1) / kStages) & 1);
     fence_regs(o);
     fence_regs(p);
@@ -297,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     }
     if (a.lse && lane % 4 == 0)
       a.lse[b * a.l_b + h * a.l_h + row * a.l_s] =
-          l > 0.0f ? (mx[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+          l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
   }
 #endif
 }
