@@ -9,6 +9,7 @@
 #include "validate.h"
 #ifdef FUSEDATTN_WITH_CUDA
 #include "cuda/cudnn/sdpa_config.h"
+#include "cuda/hopper/flash_fwd.h"
 #include "cuda/platform.h"
 #include "ffi/cuda_attention.h"
 #endif
@@ -115,6 +116,15 @@ int fa_cuda_attn_workspace_bytes(const FaAttnParams* p, int device, int want_lse
 int64_t fa_cudnn_graphs_built() {
 #ifdef FUSEDATTN_WITH_CUDA
   return fusedattn::cudnn::built_graph_count();
+#else
+  return 0;
+#endif
+}
+
+// Hopper flash forward launches so far in this process (tests: which kernel ran).
+int64_t fa_hopper_fwd_launches() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return fusedattn::cuda::hopper::launch_count();
 #else
   return 0;
 #endif

@@ -156,4 +156,39 @@ const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in,
   return row(prog.out_reg());
 }
 
+bool match_softcap(const ScoreModProgram& prog, float* k1, float* k2) {
+  const int32_t n_in = prog.n_inputs();
+  auto def = [&](int32_t r) -> const int32_t* { return r >= n_in ? prog.instr(r - n_in) : nullptr; };
+  auto constant = [&](int32_t r, float* v) {
+    const int32_t* d = def(r);
+    if (!d || d[0] != SM_CONST) return false;
+    *v = prog.consts[d[1]];
+    return std::isfinite(*v);
+  };
+  // One of the product's two arguments is a constant; `other` gets the rest.
+  auto product = [&](const int32_t* d, float* c, int32_t* other) {
+    if (!d || d[0] != SM_MUL) return false;
+    if (constant(d[1], c)) return *other = d[2], true;
+    if (constant(d[2], c)) return *other = d[1], true;
+    return false;
+  };
+  int32_t t = 0, z = 0, s = 0;
+  float outer = 0.0f, inner = 0.0f;
+  if (!product(def(prog.out_reg()), &outer, &t) || !(outer > 0.0f)) return false;
+  const int32_t* tanh_def = def(t);
+  if (!tanh_def || tanh_def[0] != SM_TANH) return false;
+  z = tanh_def[1];
+  const int32_t* z_def = def(z);
+  if (z_def && z_def[0] == SM_DIV && constant(z_def[2], &inner) && inner != 0.0f) {
+    s = z_def[1];
+    inner = 1.0f / inner;
+  } else if (!product(z_def, &inner, &s)) {
+    return false;
+  }
+  if (s != 0 || inner == 0.0f || !std::isfinite(inner)) return false;  // register 0: the score
+  *k1 = outer;
+  *k2 = inner;
+  return true;
+}
+
 }  // namespace fusedattn

@@ -81,4 +81,9 @@ constexpr int kMaxLanes = 64;
 const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in, float* regs,
                             int64_t lo, int64_t hi);
 
+// Whether prog computes k1 * tanh(score * k2) (softcapping: k1 = c, k2 = 1 / c) with
+// constants k1 > 0 and k2 != 0, written as JAX traces it: tanh of score * k2, k2 * score or
+// score / (1 / k2), times k1 on either side. The Hopper forward runs this family natively.
+bool match_softcap(const ScoreModProgram& prog, float* k1, float* k2);
+
 }  // namespace fusedattn

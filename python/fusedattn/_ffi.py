@@ -80,6 +80,7 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
+    lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -209,6 +210,11 @@ def cuda_attn_workspace_bytes(params: AttnParams, device: int, want_lse: bool,
 def cudnn_graphs_built() -> int:
     """cuDNN graphs built so far in this process (each distinct configuration once)."""
     return int(lib.fa_cudnn_graphs_built())
+
+
+def hopper_fwd_launches() -> int:
+    """Launches of the Hopper flash forward (cuda/hopper) so far in this process."""
+    return int(lib.fa_hopper_fwd_launches())
 
 
 def version() -> str:

@@ -39,6 +39,51 @@ TEST(ScoreMod, DecodesAndEvaluates) {
   for (int c = 3; c < 40; ++c) EXPECT_NEAR(o[c], std::tanh(in_rows[c] / 2.0f) * 2.0f, 1e-6f);
 }
 
+// The softcap family the Hopper forward runs natively, in the forms JAX traces, and
+// programs that only look like it.
+bool softcap_of(const std::vector<std::vector<int32_t>>& instr, const std::vector<float>& consts,
+                float* k1, float* k2) {
+  std::vector<int32_t> a = {0};
+  const auto fwd = program(5, instr, consts);
+  const auto bwd = program(6, {{SM_CONST, 0, 0, 0}}, {1.0f});
+  a.insert(a.end(), fwd.begin(), fwd.end());
+  a.insert(a.end(), bwd.begin(), bwd.end());
+  ScoreMod sm;
+  EXPECT_TRUE(decode_score_mod(a.data(), int64_t(a.size()), kExt, &sm).ok());
+  return match_softcap(sm.fwd, k1, k2);
+}
+
+TEST(ScoreMod, MatchesSoftcap) {
+  float k1 = 0, k2 = 0;
+  // tanh(s / 50) * 50
+  ASSERT_TRUE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0},
+                          {SM_MUL, 7, 5, 0}}, {50.0f}, &k1, &k2));
+  EXPECT_EQ(k1, 50.0f);
+  EXPECT_FLOAT_EQ(k2, 0.02f);
+  // 30 * tanh((1 / 30) * s)
+  ASSERT_TRUE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_MUL, 5, 0, 0}, {SM_TANH, 6, 0, 0},
+                          {SM_CONST, 1, 0, 0}, {SM_MUL, 8, 7, 0}}, {1.0f / 30, 30.0f}, &k1, &k2));
+  EXPECT_EQ(k1, 30.0f);
+  EXPECT_FLOAT_EQ(k2, 1.0f / 30);
+  // Not softcap: a negative or zero cap, tanh of an index, no tanh, something after the
+  // product, a division by zero, a computed (non-constant) factor.
+  const std::vector<float> c = {50.0f, -50.0f, 0.0f};
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_CONST, 1, 0, 0}, {SM_DIV, 0, 5, 0},
+                           {SM_TANH, 7, 0, 0}, {SM_MUL, 8, 6, 0}}, c, &k1, &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_CONST, 2, 0, 0}, {SM_DIV, 0, 5, 0},
+                           {SM_TANH, 7, 0, 0}, {SM_MUL, 8, 6, 0}}, c, &k1, &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_DIV, 3, 5, 0}, {SM_TANH, 6, 0, 0},
+                           {SM_MUL, 7, 5, 0}}, c, &k1, &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_MUL, 6, 5, 0}}, c, &k1,
+                          &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0},
+                           {SM_MUL, 7, 5, 0}, {SM_ADD, 8, 5, 0}}, c, &k1, &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 2, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0},
+                           {SM_CONST, 0, 0, 0}, {SM_MUL, 7, 8, 0}}, c, &k1, &k2));
+  EXPECT_FALSE(softcap_of({{SM_CONST, 0, 0, 0}, {SM_MUL, 0, 0, 0}, {SM_TANH, 6, 0, 0},
+                           {SM_MUL, 7, 5, 0}}, c, &k1, &k2));
+}
+
 TEST(ScoreMod, RejectsMalformedPrograms) {
   ScoreMod sm;
   auto attr = softcap_attr();

@@ -15,6 +15,7 @@
 // from the workspace, and enqueues on XLA's stream.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -22,6 +23,7 @@
 #include "../cuda/attn_fixup.h"
 #include "../cuda/check.h"
 #include "../cuda/cudnn/sdpa_config.h"
+#include "../cuda/hopper/flash_fwd.h"
 #include "attn_decode.h"
 #include "cuda_attention.h"
 #include "../cuda/platform.h"
@@ -30,6 +32,7 @@ namespace fusedattn::ffi_glue {
 namespace {
 
 using cudnn::SdpaConfig;
+namespace hopper = cuda::hopper;
 using Pack = std::unordered_map<int64_t, void*>;
 
 // Carves 256-byte aligned regions out of the workspace result (a uint8 buffer that
@@ -176,6 +179,43 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
         const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
 }
 
+// Whether the Hopper flash forward (cuda/hopper) takes this call: a softcap score_mod
+// (k1 tanh(k2 s), cuDNN's kernel leaves its tanh unhidden: bench/RESULTS.md) on an sm_90
+// device, and nothing in the call beyond that kernel. Fills fp when it does.
+// FUSEDATTN_HOPPER_FWD=0 sends these calls to cuDNN too (for comparisons).
+bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm, int device,
+                    bool want_max, hopper::FlashFwdParams* fp) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
+    return !e || std::strcmp(e, "0") != 0;
+  }();
+  float k1 = 0.0f, k2 = 0.0f;
+  if (!enabled || !sm.call || sm.call->sm.n_operands != 0 || !match_softcap(sm.call->sm.fwd, &k1, &k2))
+    return false;
+  if (want_max || p.bias_type != FA_NO_BIAS || has_dropout(p) ||
+      p.softmax_type != FA_VANILLA_SOFTMAX || p.dtype == FA_FLOAT32 || is_thd(p.layout) ||
+      has_padding(p.mask_type) || p.window_left != -1 ||
+      (p.window_right != -1 && !is_causal(p.mask_type)) || p.head_dim_qk != p.head_dim_v)
+    return false;
+  PlatformInfo info;
+  if (!cuda::platform_info(device, &info).ok()) return false;
+  fp->q = t.q, fp->k = t.k, fp->v = t.v, fp->out = t.out, fp->lse = t.lse;
+  fp->q_b = t.sq.b, fp->q_s = t.sq.s, fp->q_h = t.sq.h;
+  fp->k_b = t.sk.b, fp->k_s = t.sk.s, fp->k_h = t.sk.h;
+  fp->v_b = t.sv.b, fp->v_s = t.sv.s, fp->v_h = t.sv.h;
+  fp->o_b = t.so.b, fp->o_s = t.so.s, fp->o_h = t.so.h;
+  fp->l_b = t.slse.b, fp->l_h = t.slse.h, fp->l_s = t.slse.s;
+  fp->batch = p.batch, fp->seqlen_q = p.seqlen_q, fp->seqlen_kv = p.seqlen_kv;
+  fp->heads_q = p.heads_q, fp->heads_kv = p.heads_kv, fp->head_dim = p.head_dim_qk;
+  fp->bf16 = p.dtype == FA_BFLOAT16;
+  fp->causal = is_causal(p.mask_type);
+  fp->diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
+  // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
+  fp->softcap = k1;
+  fp->scale = p.scale * k2 * k1;
+  return hopper::flash_fwd_unsupported(*fp, info.sm).empty();
+}
+
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
                 ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
                 const AttnAttrs& attrs, const SmArgs& sm) {
@@ -185,6 +225,13 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
   FA_RETURN_IF_NOT_OK(check_backend(p, device));
   const bool want_max = attrs.want_max_logit != 0;
+  hopper::FlashFwdParams hp;
+  if (use_hopper_fwd(p, t, sm, device, want_max, &hp)) {
+    FA_RETURN_IF_NOT_OK(hopper::flash_fwd(hp, stream));
+    // max_logit is not returned to the caller: NaN makes any misuse visible.
+    return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
+                             "cudaMemsetAsync(max_logit)");
+  }
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));

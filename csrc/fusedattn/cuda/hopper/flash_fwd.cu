@@ -6,6 +6,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "../check.h"
@@ -15,6 +16,8 @@ namespace fusedattn::cuda::hopper {
 namespace {
 
 constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // grid x
+
+std::atomic<int64_t> launches{0};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -74,6 +77,7 @@ Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+  launches.fetch_add(1, std::memory_order_relaxed);
   return cuda_status(cudaGetLastError(), "flash_fwd_kernel launch");
 }
 
@@ -87,6 +91,8 @@ Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStre
 }
 
 }  // namespace
+
+int64_t launch_count() { return launches.load(std::memory_order_relaxed); }
 
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";

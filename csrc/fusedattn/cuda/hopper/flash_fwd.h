@@ -36,4 +36,7 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc);
 // Enqueues the forward on `stream`. p must be supported.
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream);
 
+// Launches so far in this process.
+int64_t launch_count();
+
 }  // namespace fusedattn::cuda::hopper

@@ -1,0 +1,107 @@
+"""The Hopper flash forward (csrc/fusedattn/cuda/hopper) on an H100 (pytest -m gpu; skipped
+without an sm_90 GPU): softcap score_mods at head dim 128 run there (its launch counter
+moves), other calls do not; forward, log-sum-exp and gradients (cuDNN's backward reads this
+forward's log-sum-exp) against the float32 reference with fn over the materialized scores,
+in bf16 and fp16, with and without causal masks, GQA, ragged lengths and the packed layout."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from conftest import normal
+from fusedattn import AttnMaskType, QKVLayout, _ffi
+from test_score_mod import B, HQ, alibi, ref_call
+from test_score_mod_gpu import check, close
+
+D = 128
+
+
+def _is_hopper():
+    try:
+        return any(getattr(d, "compute_capability", "") == "9.0" for d in jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 GPU (H100, H200)")]
+
+
+def cap50(s, b, h, q, k):
+    return jnp.tanh(s / 50.0) * 50.0
+
+
+def cap20(s, b, h, q, k):  # the other way round, and a cap the scores reach
+    return 20.0 * jnp.tanh(s * (1.0 / 20.0))
+
+
+def inputs(key, dtype, Sq, Skv, hkv, amp=1.0):
+    ks = jax.random.split(key, 4)
+    return (normal(ks[0], (B, Sq, HQ, D), dtype) * amp,
+            normal(ks[1], (B, Skv, hkv, D), dtype) * amp,
+            normal(ks[2], (B, Skv, hkv, D), dtype), normal(ks[3], (B, Sq, HQ, D), dtype))
+
+
+def runs_hopper(fn, *args):
+    before = _ffi.hopper_fwd_launches()
+    out = jax.block_until_ready(jax.jit(fn)(*args))
+    return out, _ffi.hopper_fwd_launches() > before
+
+
+CASES = [  # mask, Sq, Skv, Hkv, fn, amp
+    (AttnMaskType.NO_MASK, 300, 777, 4, cap50, 1.0),
+    (AttnMaskType.CAUSAL_MASK, 512, 512, 2, cap50, 1.0),
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 1, cap20, 3.0),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 4, cap20, 3.0),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,fn,amp", CASES,
+                         ids=["full-ragged", "causal-gqa", "causal-mqa-cap20", "bottom-right"])
+def test_softcap_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, amp):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, amp)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                                attn_mask_type=mask, return_aux=True)
+    ref_out, ref_lse, _ = ref_call(q, k, v, fn, (), attn_mask_type=mask)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    lse = np.asarray(aux["softmax_aux"])[..., 0]
+    assert not np.isnan(lse).any()
+    np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
+    first = lambda q, k, v: ours(q, k, v)[0]
+    check(first, lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask)[0], (q, k, v),
+          dout)
+
+
+def test_packed_layout(key):
+    q, k, v, _ = inputs(key, jnp.bfloat16, 384, 384, HQ)
+    qkv = jnp.stack([q, k, v], axis=2)  # [B, S, 3, H, D]
+    ours = lambda qkv: fusedattn.fused_attn((qkv,), None, None, None, score_mod=cap50,
+                                            attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                            qkv_layout=QKVLayout.BS3HD)
+    out, ran = runs_hopper(ours, qkv)
+    assert ran
+    ref = ref_call(q, k, v, cap50, (), attn_mask_type=AttnMaskType.CAUSAL_MASK)[0]
+    close("out", out, ref)
+
+
+def test_other_calls_stay_on_cudnn(key):
+    """ALiBi, head dim 64, and a max_logit request are not the kernel's: cuDNN runs them."""
+    q, k, v, _ = inputs(key, jnp.bfloat16, 256, 256, HQ)
+    slopes = jnp.linspace(0.1, 0.8, HQ, dtype=jnp.float32).reshape(1, HQ, 1, 1)
+    calls = [
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=alibi,
+                                              score_mod_operands=(slopes,)), (q, k, v)),
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50),
+         (q[..., :64], k[..., :64], v[..., :64])),
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50,
+                                              return_max_logit=True)[0], (q, k, v)),
+    ]
+    for fn, args in calls:
+        out, ran = runs_hopper(fn, *args)
+        assert not ran
+        assert not np.isnan(np.asarray(out, np.float32)).any()
