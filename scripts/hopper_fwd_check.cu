@@ -199,6 +199,8 @@ int main() {
       {"fp16 plain causal S513 MQA 2/1", false, true, false, 2, 513, 513, 2, 1, 0.0f, 1.0f},
       {"bf16 softcap30 full Sq130 Skv2100 bhsd", true, false, true, 3, 130, 2100, 2, 1, 30.0f, 2.0f},
       {"bf16 plain causal S4096 bhsd", true, true, true, 1, 4096, 4096, 2, 2, 0.0f, 1.0f},
+      {"bf16 softcap50 full 512 tiles (persistent)", true, false, false, 4, 2048, 2048, 8, 8, 50.0f, 1.0f},
+      {"fp16 plain full Sq1000 Skv1500 384 tiles", false, false, false, 3, 1000, 1500, 16, 4, 0.0f, 1.0f},
       {"bf16 softcap20 causal amp3 poly 0", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 0},
       {"bf16 softcap20 causal amp3 poly 1", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 1},
       {"bf16 softcap20 causal amp3 poly 3", true, true, false, 2, 700, 1000, 4, 4, 20.0f, 3.0f, 3},

@@ -135,8 +135,19 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   const int64_t kv_bytes = 2 * p.seqlen_kv * kHeadDim * 2;
   a.section = static_cast<int>(std::clamp<int64_t>((int64_t{24} << 20) / kv_bytes, 1,
                                                    p.heads_q * p.batch));
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q *
-                                        p.batch));
+  // Without a mask every tile is the same work: one persistent thread block an SM (its
+  // shared memory allows no second) hides each tile's start behind the last one's end.
+  // Causal tiles differ in length, and a fixed share each left SMs idle at the end (H100:
+  // 15-20% slower than a block a tile, which the hardware hands out as SMs free up).
+  const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
+  int64_t blocks = tiles;
+  if (!p.causal) {
+    int device = 0, sms = 0;
+    FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = std::min<int64_t>(tiles, sms);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks));
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;

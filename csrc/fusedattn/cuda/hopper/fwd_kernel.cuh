@@ -50,7 +50,8 @@ struct Smem {
   uint8_t q[kTileBytes];
   uint8_t k[kStages][kTileBytes];
   uint8_t v[kStages][kTileBytes];
-  uint64_t q_full, k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+  uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
+      v_empty[kStages];
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
 
@@ -191,32 +192,50 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[32], uint
   wgmma_commit();
 }
 
+// A work tile: 128 query rows of one (batch, head) and the key blocks they see.
+struct Tile {
+  int m0, h, b, n_end;
+};
+
+// Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
+// together; inside a section the query blocks go last first (causal: the longest rows
+// first), each across the section's pairs. The shortest blocks end the order.
+template <bool kCausal>
+__device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
+  const int pairs = a.heads_q * a.batch;
+  const int sec = t / (a.section * num_m), base = sec * a.section;
+  const int size = min(a.section, pairs - base), within = t - sec * a.section * num_m;
+  const int pair = base + within % size;
+  Tile tile;
+  tile.m0 = (num_m - 1 - within / size) * kBlockM;
+  tile.h = pair % a.heads_q;
+  tile.b = pair / a.heads_q;
+  tile.n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
+  if (kCausal) tile.n_end = min(tile.n_end, (tile.m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
+  return tile;
+}
+
+// Each thread block takes tiles blockIdx.x, + gridDim.x, ... (the host launches one block a
+// tile for causal calls, one an SM otherwise). The K / V ring's
+// stage and phase run on across tiles (kv counts the blocks so far); Q has one buffer,
+// refilled once both consumers' last Q K^T of the tile is done (q_empty), so the next
+// tile's Q arrives during this one's last P V and epilogue.
 template <class Mod, bool kCausal, bool kBf16, int kPolyChunks>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-
-  // Block order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
-  // together; inside a section the query blocks go last first (causal: the longest rows
-  // first), each across the section's pairs. The shortest blocks end the grid.
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
-  const int pairs = a.heads_q * a.batch;
-  const int sec = blockIdx.x / (a.section * num_m), base = sec * a.section;
-  const int size = min(a.section, pairs - base), within = blockIdx.x - sec * a.section * num_m;
-  const int m_block = num_m - 1 - within / size, pair = base + within % size;
-  const int h = pair % a.heads_q, b = pair / a.heads_q;
-  const int m0 = m_block * kBlockM;
-  int n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
-  if (kCausal) n_end = min(n_end, (m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
+  const int num_tiles = num_m * a.heads_q * a.batch;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
+    mbar_init(&sm.q_empty, 256);  // every consumer thread releases
     for (int st = 0; st < kStages; ++st) {
       mbar_init(&sm.k_full[st], 1);
       mbar_init(&sm.v_full[st], 1);
-      mbar_init(&sm.k_empty[st], 256);  // every consumer thread releases
+      mbar_init(&sm.k_empty[st], 256);
       mbar_init(&sm.v_empty[st], 256);
     }
     mbar_init_fence();
@@ -229,127 +248,144 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       tma_prefetch_map(&a.q);
       tma_prefetch_map(&a.k);
       tma_prefetch_map(&a.v);
-      const int h_kv = h / a.heads_per_kv;
-      mbar_expect_bytes(&sm.q_full, kTileBytes);
-      tma_load_4d(&a.q, &sm.q_full, sm.q, 0, m0, h, b);
-      tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, m0, h, b);
-      for (int it = 0; it < n_end; ++it) {
-        const int n = n_end - 1 - it, st = it % kStages;
-        const uint32_t ph = (it / kStages) & 1;
-        mbar_wait(&sm.k_empty[st], ph ^ 1);
-        mbar_expect_bytes(&sm.k_full[st], kTileBytes);
-        tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, n * kBlockN, h_kv, b);
-        tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, n * kBlockN, h_kv, b);
-        mbar_wait(&sm.v_empty[st], ph ^ 1);
-        mbar_expect_bytes(&sm.v_full[st], kTileBytes);
-        tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, n * kBlockN, h_kv, b);
-        tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, n * kBlockN, h_kv, b);
+      uint32_t kv = 0;
+      for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+        const Tile tile = tile_at<kCausal>(a, t, num_m);
+        const int h_kv = tile.h / a.heads_per_kv;
+        mbar_wait(&sm.q_empty, (k & 1) ^ 1);
+        mbar_expect_bytes(&sm.q_full, kTileBytes);
+        tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.m0, tile.h, tile.b);
+        tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.m0, tile.h, tile.b);
+        for (int it = 0; it < tile.n_end; ++it, ++kv) {
+          const int n = tile.n_end - 1 - it, st = kv % kStages;
+          const uint32_t ph = (kv / kStages) & 1;
+          mbar_wait(&sm.k_empty[st], ph ^ 1);
+          mbar_expect_bytes(&sm.k_full[st], kTileBytes);
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, n * kBlockN, h_kv, tile.b);
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, n * kBlockN, h_kv,
+                      tile.b);
+          mbar_wait(&sm.v_empty[st], ph ^ 1);
+          mbar_expect_bytes(&sm.v_full[st], kTileBytes);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, n * kBlockN, h_kv, tile.b);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, n * kBlockN, h_kv,
+                      tile.b);
+        }
       }
     }
     return;
   }
 
   regs_inc<240>();
-  const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of the block
+  const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of a tile
   const int warp = tid / 32, lane = tid % 32;
-  const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0, row0 + 8
   const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;
-
   float o[64], s[64];
   uint32_t p[32];
+  uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
+  for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+    const Tile tile = tile_at<kCausal>(a, t, num_m);
+    const int n_end = tile.n_end;
+    const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    float corr[2];
+    bool rescale = false;  // whether o needs corr before the next P V
+    // S's softmax for key block n: modify, mask where the block needs it, max and sum.
+    auto softmax = [&](int n) {
+      const int col0 = n * kBlockN + 2 * (lane % 4);
+      if ((n + 1) * kBlockN > a.seqlen_kv ||
+          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag))
+        rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
+      else
+        rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
+    };
 
-  if (c == 1) named_arrive(1);  // consumer 0 takes the first turn
-  mbar_wait(&sm.q_full, 0);
-  float corr[2];
-  bool rescale = false;  // whether o needs corr before the next P V
-  // S_it's softmax: modify, mask where the block needs it, update max and sum.
-  auto softmax = [&](int n) {
-    const int col0 = n * kBlockN + 2 * (lane % 4);
-    if ((n + 1) * kBlockN > a.seqlen_kv || (kCausal && (n + 1) * kBlockN - 1 > m0 + a.diag))
-      rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
-    else
-      rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
-  };
-  {  // the first block (the last keys): no P V yet
-    mbar_wait(&sm.k_full[0], 0);
-    named_sync(1 + c);  // this group's turn at the tensor cores
-    fence_regs(s);
-    wgmma_fence();
-    issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[0]));
-    named_arrive(2 - c);  // the other group's turn
-    wgmma_wait<0>();
-    fence_regs(s);
-    mbar_arrive(&sm.k_empty[0]);
-    softmax(n_end - 1);
+    if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
+    mbar_wait(&sm.q_full, k & 1);
+    {  // the first block (the last keys): no P V yet
+      const int st = kv % kStages;
+      mbar_wait(&sm.k_full[st], (kv / kStages) & 1);
+      named_sync(1 + c);  // this group's turn at the tensor cores
+      fence_regs(s);
+      wgmma_fence();
+      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      named_arrive(2 - c);  // the other group's turn
+      wgmma_wait<0>();
+      fence_regs(s);
+      mbar_arrive(&sm.k_empty[st]);
+      if (n_end == 1) mbar_arrive(&sm.q_empty);
+      softmax(n_end - 1);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
-  }
-  for (int it = 1; it < n_end; ++it) {
-    const int st = it % kStages, prev = (it - 1) % kStages;
-    mbar_wait(&sm.k_full[st], (it / kStages) & 1);
-    named_sync(1 + c);
-    fence_regs(s);
-    fence_regs(o);
-    fence_regs(p);
-    wgmma_fence();
-    issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
-    if (rescale) {  // to the max of P_{it-1}
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
-    mbar_wait(&sm.v_full[prev], ((it - 1) / kStages) & 1);
-    wgmma_fence();  // o changed since the last fence
-    issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
-    named_arrive(2 - c);
-    wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
-    fence_regs(s);
-    mbar_arrive(&sm.k_empty[st]);
-    softmax(n_end - 1 - it);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(p);
-    mbar_arrive(&sm.v_empty[prev]);
+    for (int it = 1; it < n_end; ++it) {
+      const int st = (kv + it) % kStages, prev = (kv + it - 1) % kStages;
+      mbar_wait(&sm.k_full[st], ((kv + it) / kStages) & 1);
+      named_sync(1 + c);
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(p);
+      wgmma_fence();
+      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      if (rescale) {  // to the max of the previous P
 #pragma unroll
-    for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
-  }
-  {  // the last P V
-    const int st = (n_end - 1) % kStages;
-    if (rescale) {
+        for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+      }
+      mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
+      wgmma_fence();  // o changed since the last fence
+      issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
+      named_arrive(2 - c);
+      wgmma_wait<1>();  // S is ready; the previous P V may still run
+      fence_regs(s);
+      mbar_arrive(&sm.k_empty[st]);
+      if (it == n_end - 1) mbar_arrive(&sm.q_empty);
+      softmax(n_end - 1 - it);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(p);
+      mbar_arrive(&sm.v_empty[prev]);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
-    mbar_wait(&sm.v_full[st], ((n_end - 1) / kStages) & 1);
-    fence_regs(o);
-    fence_regs(p);
-    wgmma_fence();
-    issue_pv<kBf16>(o, p, smem_addr(sm.v[st]));
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-  if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
+    {  // the last P V
+      const int st = (kv + n_end - 1) % kStages;
+      if (rescale) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+      }
+      mbar_wait(&sm.v_full[st], ((kv + n_end - 1) / kStages) & 1);
+      fence_regs(o);
+      fence_regs(p);
+      wgmma_fence();
+      issue_pv<kBf16>(o, p, smem_addr(sm.v[st]));
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(&sm.v_empty[st]);
+    }
+    kv += n_end;
+    if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
 
-  // Epilogue: O / sum straight from registers, and the log-sum-exp.
-  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+    // Epilogue: O / sum straight from registers, and the log-sum-exp.
+    using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = row0 + 8 * r;
-    if (row >= a.seqlen_q) continue;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* out = static_cast<T*>(a.out) + b * a.o_b + row * a.o_s + h * a.o_h;
+    for (int r = 0; r < 2; ++r) {
+      float l = sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = row0 + 8 * r;
+      if (row >= a.seqlen_q) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      T* out = static_cast<T*>(a.out) + tile.b * a.o_b + row * a.o_s + tile.h * a.o_h;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t v = pack2<kBf16>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = v;
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = v;
+      }
+      if (a.lse && lane % 4 == 0)
+        a.lse[tile.b * a.l_b + tile.h * a.l_h + row * a.l_s] =
+            l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
-    if (a.lse && lane % 4 == 0)
-      a.lse[b * a.l_b + h * a.l_h + row * a.l_s] =
-          l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
   }
 #endif
 }
