@@ -1,8 +1,8 @@
 // Flash attention forward for Hopper (sm_90a), head dim 128, bf16 / fp16, written for the
 // score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more MUFU operation per
 // score, which cuDNN leaves unhidden). The structure is FlashAttention-3's:
-//   - one producer warpgroup: a single thread streams Q once and K, V tiles through a
-//     two-stage ring with the copy engine (TMA), each stage guarded by full / empty mbarriers;
+//   - one producer warpgroup: a single thread streams each tile's Q and its K, V blocks
+//     through a two-stage ring with the copy engine (TMA), guarded by full / empty mbarriers;
 //   - two consumer warpgroups, 64 query rows each (a 128-row block): S = Q K^T and O += P V
 //     with wgmma, the online softmax in registers;
 //   - ping-pong: the two consumers take turns issuing their products (named barriers 1, 2),
@@ -160,15 +160,15 @@ __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], flo
   return move;
 }
 
-// S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
-// Before either: fence_regs() and wgmma_fence(), so that no instruction touches a register
-// of the products between their issue and the wait.
+// Before issue_qk / issue_pv: fence_regs() on their registers and wgmma_fence(), so that no
+// instruction touches a register of the products between their issue and the wait.
 template <int N, class R>
 __device__ __forceinline__ void fence_regs(R (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) fence_reg(r[i]);
 }
 
+// S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
 template <bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
 #pragma unroll
@@ -216,10 +216,10 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 }
 
 // Each thread block takes tiles blockIdx.x, + gridDim.x, ... (the host launches one block a
-// tile for causal calls, one an SM otherwise). The K / V ring's
-// stage and phase run on across tiles (kv counts the blocks so far); Q has one buffer,
-// refilled once both consumers' last Q K^T of the tile is done (q_empty), so the next
-// tile's Q arrives during this one's last P V and epilogue.
+// tile for causal calls, one an SM otherwise). The K / V ring's stage and phase run on
+// across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
+// consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
+// this one's last P V and epilogue.
 template <class Mod, bool kCausal, bool kBf16, int kPolyChunks>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
