@@ -10,9 +10,16 @@ case "${1:-}" in
     mkdir -p .carry
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -DFA_HOPPER_SWEEP \
       scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu -o "$BIN" ;;
+  build-profile)  # the same with FA_HOPPER_PROFILE: cycles by phase of the consumer loop
+    mkdir -p .carry
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -DFA_HOPPER_SWEEP \
+      -DFA_HOPPER_PROFILE scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu \
+      -o .carry/hopper_fwd_profile ;;
+  run-profile)
+    .carry/hopper_fwd_profile ;;
   run)
     "$BIN" ;;
   *)
-    echo "usage: $0 build | run" >&2
+    echo "usage: $0 build | run | build-profile | run-profile" >&2
     exit 2 ;;
 esac

@@ -95,6 +95,14 @@ Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStre
 
 int64_t launch_count() { return launches.load(std::memory_order_relaxed); }
 
+#ifdef FA_HOPPER_PROFILE  // scripts/hopper_fwd_check.cu: cycles by phase since the last call
+void profile_take(unsigned long long (&out)[32]) {
+  cudaMemcpyFromSymbol(out, g_profile, sizeof(out));
+  const unsigned long long zero[32] = {};
+  cudaMemcpyToSymbol(g_profile, zero, sizeof(zero));
+}
+#endif
+
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
   if (p.head_dim != kHeadDim) return "head dim must be 128";

@@ -103,21 +103,23 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 // One step of the online softmax on this thread's 64 scores of block n: modify, mask,
 // update the running max (of v) and sum, leave exp2(x - max x) in s and, when it returns
-// true, the factor that rescales the old accumulator in corr. Columns of the 8-column chunks j with j % 4 <
-// kPolyChunks take exp2_poly: that share of the exponentials leaves the MUFU pipe, which
-// softcap's tanh loads as much as the exponentials do.
+// true, the factor that rescales the old accumulator in corr. Columns of the 8-column
+// chunks j with j % 4 < kPolyChunks take exp2_poly: that share of the exponentials leaves
+// the MUFU pipe, which softcap's tanh loads as much as the exponentials do.
 template <class Mod, bool kCausal, bool kMask, int kPolyChunks>
 __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
                                              float (&corr)[2], const FwdArgs& a, int row0,
                                              int col0) {
+  auto masked = [&](int i) {
+    const int col = col0 + 8 * (i / 4) + (i % 2), row = row0 + 8 * ((i / 2) % 2);
+    return col >= a.seqlen_kv || (kCausal && col > row + a.diag);
+  };
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] = Mod::pre(s[i], a.mul_in);
   if constexpr (kMask) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int col = col0 + 8 * (i / 4) + (i % 2), row = row0 + 8 * ((i / 2) % 2);
-      if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) s[i] = -INFINITY;
-    }
+    for (int i = 0; i < 64; ++i)
+      if (masked(i)) s[i] = -INFINITY;
   }
   // The running max moves only when some row of the warp grew by more than 8 (log2 units):
   // until then P <= 2^8, which 16-bit P and the float32 sums hold exactly as well, and the
@@ -191,6 +193,25 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[32], uint
   }
   wgmma_commit();
 }
+
+// FA_HOPPER_PROFILE (scripts/hopper_fwd_check.cu only): consumer thread 0 of each group
+// adds the clock cycles of each phase of its loop to g_profile[16 * group + phase].
+#ifdef FA_HOPPER_PROFILE
+__device__ unsigned long long g_profile[32];
+#define FA_PROFILE_PHASE(phase)      \
+  do {                               \
+    const long long now = clock64(); \
+    prof[phase] += now - prof_last;  \
+    prof_last = now;                 \
+  } while (0)
+#else
+#define FA_PROFILE_PHASE(phase) \
+  do {                          \
+  } while (0)
+#endif
+enum ProfilePhase {
+  kWaitKV, kWaitTurn, kIssue, kWaitS, kSoftmax, kWaitPV, kOther, kTileEnds, kWaitQ, kFirst, kLast
+};
 
 // A work tile: 128 query rows of one (batch, head) and the key blocks they see.
 struct Tile {
@@ -282,6 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   float o[64], s[64];
   uint32_t p[32];
   uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
+#ifdef FA_HOPPER_PROFILE
+  long long prof[16] = {}, prof_last = clock64();
+#endif
   for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
     const Tile tile = tile_at<kCausal>(a, t, num_m);
     const int n_end = tile.n_end;
@@ -301,8 +325,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
         rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
     };
 
+    FA_PROFILE_PHASE(kTileEnds);
     if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
     mbar_wait(&sm.q_full, k & 1);
+    FA_PROFILE_PHASE(kWaitQ);
     {  // the first block (the last keys): no P V yet
       const int st = kv % kStages;
       mbar_wait(&sm.k_full[st], (kv / kStages) & 1);
@@ -319,10 +345,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 #pragma unroll
       for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
+    FA_PROFILE_PHASE(kFirst);
     for (int it = 1; it < n_end; ++it) {
       const int st = (kv + it) % kStages, prev = (kv + it - 1) % kStages;
+      FA_PROFILE_PHASE(kOther);
       mbar_wait(&sm.k_full[st], ((kv + it) / kStages) & 1);
+      FA_PROFILE_PHASE(kWaitKV);
       named_sync(1 + c);
+      FA_PROFILE_PHASE(kWaitTurn);
       fence_regs(s);
       fence_regs(o);
       fence_regs(p);
@@ -336,18 +366,23 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       wgmma_fence();  // o changed since the last fence
       issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
       named_arrive(2 - c);
+      FA_PROFILE_PHASE(kIssue);
       wgmma_wait<1>();  // S is ready; the previous P V may still run
       fence_regs(s);
+      FA_PROFILE_PHASE(kWaitS);
       mbar_arrive(&sm.k_empty[st]);
       if (it == n_end - 1) mbar_arrive(&sm.q_empty);
       softmax(n_end - 1 - it);
+      FA_PROFILE_PHASE(kSoftmax);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(p);
+      FA_PROFILE_PHASE(kWaitPV);
       mbar_arrive(&sm.v_empty[prev]);
 #pragma unroll
       for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
+    FA_PROFILE_PHASE(kOther);
     {  // the last P V
       const int st = (kv + n_end - 1) % kStages;
       if (rescale) {
@@ -363,6 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(o);
       mbar_arrive(&sm.v_empty[st]);
     }
+    FA_PROFILE_PHASE(kLast);
     kv += n_end;
     if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
 
@@ -387,6 +423,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
             l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
   }
+#ifdef FA_HOPPER_PROFILE
+  FA_PROFILE_PHASE(kTileEnds);
+  if (tid == 0)
+    for (int i = 0; i < 16; ++i) atomicAdd(&g_profile[16 * c + i], prof[i]);
+#endif
 #endif
 }
 
