@@ -60,6 +60,10 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
     for (int x = 0; x < 128; ++x) d += to_f(q[x]) * to_f(k[x]);
     d *= p.scale;
     if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
+    if (p.alibi_slopes) {
+      const float rel = static_cast<float>(j - i);
+      d += p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
+    }
     return d;
   };
   auto seen = [&](int64_t j) { return !p.causal || j <= i + p.diag; };
@@ -84,7 +88,18 @@ struct Case {
   int B, Sq, Skv, Hq, Hkv;
   float softcap, amp;
   int poly = -1;  // softcap kernel's kPolyChunks (-1: the default)
+  int alibi = 0;  // 1: + slope_h (kv - q); 2: - slope_h |kv - q|; 3: one slope, - (kv - q)
 };
+
+// ALiBi slopes 2^(-8 (h + 1) / H), on the device.
+const float* alibi_slopes(int H) {
+  std::vector<float> h(H);
+  for (int i = 0; i < H; ++i) h[i] = std::exp2(-8.0f * (i + 1) / H);
+  float* d;
+  CHECK(cudaMalloc(&d, H * 4));
+  CHECK(cudaMemcpy(d, h.data(), H * 4, cudaMemcpyHostToDevice));
+  return d;
+}
 
 template <class T>
 bool check(const Case& cs) {
@@ -120,6 +135,12 @@ bool check(const Case& cs) {
   p.heads_kv = cs.Hkv, p.head_dim = D;
   p.bf16 = cs.bf16, p.causal = cs.causal, p.diag = cs.Skv - cs.Sq;
   p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap, p.poly_chunks = cs.poly;
+  if (cs.alibi) {
+    p.alibi_slopes = alibi_slopes(cs.Hq);
+    p.alibi_stride = cs.alibi == 3 ? 0 : 1;
+    p.alibi_sign = cs.alibi == 1 ? 1.0f : -1.0f;
+    p.alibi_abs = cs.alibi == 2;
+  }
   const std::string why = fusedattn::cuda::hopper::flash_fwd_unsupported(p, 90);
   if (!why.empty()) { std::printf("%s: unsupported: %s\n", cs.name, why.c_str()); return false; }
   const auto st = fusedattn::cuda::hopper::flash_fwd(p, 0);
@@ -153,6 +174,7 @@ bool check(const Case& cs) {
               static_cast<long long>(bad), bad ? "FAIL" : "ok");
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o, (void*)ref_lse})
     CHECK(cudaFree(ptr));
+  if (p.alibi_slopes) CHECK(cudaFree(const_cast<float*>(p.alibi_slopes)));
   return bad == 0;
 }
 
@@ -162,6 +184,7 @@ bool check(const Case& cs) {
 struct Variant {
   float softcap;
   int poly;  // -1: the default kernel; other values: FA_HOPPER_SWEEP's probes
+  bool alibi = false;
 };
 
 void time_shape(int B, int S, bool causal, const std::vector<Variant>& variants) {
@@ -181,13 +204,19 @@ void time_shape(int B, int S, bool causal, const std::vector<Variant>& variants)
   p.l_b = H * S, p.l_h = S, p.l_s = 1;
   p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = p.heads_kv = H, p.head_dim = D;
   p.causal = causal, p.scale = 1.0f / std::sqrt(128.0f);
+  const float* slopes = alibi_slopes(H);
+  auto set = [&](const Variant& var) {
+    p.softcap = var.softcap, p.poly_chunks = var.poly;
+    p.alibi_slopes = var.alibi ? slopes : nullptr;
+    p.alibi_stride = 1, p.alibi_sign = 1.0f;
+  };
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   std::vector<std::vector<float>> ms(variants.size());
   for (int round = 0; round < 8; ++round) {
     for (size_t i = 0; i < variants.size(); ++i) {
-      p.softcap = variants[i].softcap, p.poly_chunks = variants[i].poly;
+      set(variants[i]);
       CHECK(cudaEventRecord(e0));
       for (int r = 0; r < 10; ++r)
         if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) std::exit(1);
@@ -201,7 +230,7 @@ void time_shape(int B, int S, bool causal, const std::vector<Variant>& variants)
   const double flops = 4.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
 #ifdef FA_HOPPER_PROFILE  // one more launch of each: where consumer thread 0's cycles go
   for (const Variant& var : variants) {
-    p.softcap = var.softcap, p.poly_chunks = var.poly;
+    set(var);
     unsigned long long prof[32];
     fusedattn::cuda::hopper::profile_take(prof);
     if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) std::exit(1);
@@ -225,10 +254,12 @@ void time_shape(int B, int S, bool causal, const std::vector<Variant>& variants)
     std::sort(ms[i].begin(), ms[i].end());
     const double t = ms[i][ms[i].size() / 2];
     std::printf("time B %d S %5d %-7s %-8s poly %2d %.3f ms  %.0f TFLOP/s  (rounds %.3f-%.3f)\n",
-                B, S, causal ? "causal" : "full", variants[i].softcap > 0 ? "softcap" : "plain",
+                B, S, causal ? "causal" : "full",
+                variants[i].alibi ? "alibi" : variants[i].softcap > 0 ? "softcap" : "plain",
                 variants[i].poly, t, flops / t / 1e9, ms[i].front(), ms[i].back());
   }
-  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse}) CHECK(cudaFree(ptr));
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)slopes})
+    CHECK(cudaFree(ptr));
 }
 
 int main() {
@@ -248,15 +279,19 @@ int main() {
       {"bf16 softcap50 causal amp6", true, true, false, 2, 900, 900, 4, 2, 50.0f, 6.0f},
       {"bf16 softcap52 full amp6 Skv777", true, false, false, 1, 300, 777, 4, 4, 52.0f, 6.0f},
       {"fp16 softcap30 causal amp3", false, true, false, 2, 700, 700, 4, 4, 30.0f, 3.0f},
+      {"bf16 alibi causal S1000 GQA 8/2", true, true, false, 2, 1000, 1000, 8, 2, 0.0f, 1.0f, -1, 1},
+      {"fp16 alibi |kv - q| full Sq300 Skv777", false, false, false, 2, 300, 777, 4, 4, 0.0f, 1.0f, -1, 2},
+      {"bf16 alibi one slope bottom-right 200/650", true, true, true, 2, 200, 650, 4, 1, 0.0f, 2.0f, -1, 3},
+      {"bf16 alibi full 512 tiles (persistent)", true, false, false, 4, 2048, 2048, 8, 8, 0.0f, 1.0f, -1, 1},
   };
   bool ok = true;
   for (const Case& c : cases) ok &= c.bf16 ? check<__nv_bfloat16>(c) : check<__half>(c);
   std::printf("checks: %s\n", ok ? "all passed" : "FAILED");
   if (!ok) return 1;
-  // -1: the default kernel; 0 / 3: softcap with 0 / 3 of 4 exponential chunks on the FMA
-  // pipe (the default: 1); 10: probe (softcap without its tanh)
-  const std::vector<Variant> variants = {{0.0f, -1}, {50.0f, -1}, {50.0f, 0}, {50.0f, 3},
-                                         {50.0f, 10}};
+  // -1: the default kernel (plain, softcap, ALiBi); 0: softcap with none of the exponentials
+  // on the FMA pipe (the default: a quarter); 10: probe (softcap without its tanh)
+  const std::vector<Variant> variants = {{0.0f, -1}, {50.0f, -1}, {0.0f, -1, true},
+                                         {50.0f, 0}, {50.0f, 10}};
   for (bool causal : {true, false}) {
     time_shape(4, 4096, causal, variants);
     time_shape(1, 16384, causal, variants);

@@ -191,4 +191,52 @@ bool match_softcap(const ScoreModProgram& prog, float* k1, float* k2) {
   return true;
 }
 
+bool match_alibi(const ScoreMod& sm, AlibiForm* form) {
+  if (sm.n_operands != 1 || sm.shape[0][0] != 1 || sm.shape[0][2] != 1 || sm.shape[0][3] != 1)
+    return false;
+  const ScoreModProgram& prog = sm.fwd;
+  const int32_t n_in = prog.n_inputs();
+  constexpr int32_t kScore = 0, kQ = 3, kKv = 4, kSlopes = kScoreModIndexInputs;
+  auto def = [&](int32_t r) -> const int32_t* { return r >= n_in ? prog.instr(r - n_in) : nullptr; };
+  // out = score + m or score - m
+  const int32_t* out = def(prog.out_reg());
+  if (!out || (out[0] != SM_ADD && out[0] != SM_SUB)) return false;
+  int32_t m = 0;
+  float sign = 1.0f;
+  if (out[1] == kScore && out[2] != kScore) {
+    m = out[2];
+    if (out[0] == SM_SUB) sign = -1.0f;
+  } else if (out[0] == SM_ADD && out[2] == kScore && out[1] != kScore) {
+    m = out[1];
+  } else {
+    return false;
+  }
+  // m = slopes * d, either way round
+  const int32_t* md = def(m);
+  if (!md || md[0] != SM_MUL) return false;
+  int32_t d = 0;
+  if (md[1] == kSlopes && md[2] != kSlopes)
+    d = md[2];
+  else if (md[2] == kSlopes && md[1] != kSlopes)
+    d = md[1];
+  else
+    return false;
+  // d = kv - q, q - kv, or the abs of either
+  const int32_t* dd = def(d);
+  bool abs = false;
+  if (dd && dd[0] == SM_ABS) {
+    abs = true;
+    dd = def(dd[1]);
+  }
+  if (!dd || dd[0] != SM_SUB) return false;
+  if (dd[1] == kQ && dd[2] == kKv) {
+    if (!abs) sign = -sign;
+  } else if (!(dd[1] == kKv && dd[2] == kQ)) {
+    return false;
+  }
+  form->sign = sign;
+  form->abs = abs;
+  return true;
+}
+
 }  // namespace fusedattn

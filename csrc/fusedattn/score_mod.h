@@ -86,4 +86,14 @@ const float* eval_score_mod(const ScoreModProgram& prog, const float* const* in,
 // score / (1 / k2), times k1 on either side. The Hopper forward runs this family natively.
 bool match_softcap(const ScoreModProgram& prog, float* k1, float* k2);
 
+// ALiBi: score + sign * slopes[h] * (kv - q), or with |kv - q| (abs), where slopes is the
+// call's one array operand, of shape [1, Hq | 1, 1, 1]; written as JAX traces it (score
+// - slopes * (q - kv), score + (kv - q) * slopes, score - slopes * |q - kv|, ...). The Hopper
+// forward runs this family natively.
+struct AlibiForm {
+  float sign = 0.0f;  // +1 or -1
+  bool abs = false;
+};
+bool match_alibi(const ScoreMod& sm, AlibiForm* form);
+
 }  // namespace fusedattn

@@ -104,11 +104,18 @@ class Lowering {
       if (b_computed && op == PwOp::kSub) return node(PwOp::kAdd, node(PwOp::kNeg, b), a);
       if (b_computed && swaps(&op)) std::swap(a, b);
       else a = computed(a);
+    } else if (b >= 0 && !is_scored(a) && is_scored(b)) {
+      // Both computed, only b from the score: the score first (index terms second). cuDNN's
+      // backward gave q and k gradients of 1e11 for (kv - q) * slope + s (H100, cuDNN 9.19;
+      // scripts/alibi_bwd_probe.py), and right ones for s + (kv - q) * slope.
+      if (op == PwOp::kSub) return node(PwOp::kAdd, node(PwOp::kNeg, b), a);
+      if (swaps(&op)) std::swap(a, b);
     }
     PwNode n;
     n.op = op, n.a = a, n.b = b, n.c = c;
     n.boolean = op >= PwOp::kCmpLt && op <= PwOp::kCmpNe;
     n.computed = true;
+    n.scored = (a >= 0 && is_scored(a)) || (b >= 0 && is_scored(b)) || (c >= 0 && is_scored(c));
     return add(n);
   }
   // Whether op(a, b) == op'(b, a); sets op to op'.
@@ -126,6 +133,7 @@ class Lowering {
     }
   }
   bool is_computed(int32_t n) const { return out_->nodes[n].computed; }
+  bool is_scored(int32_t n) const { return out_->nodes[n].scored; }
   bool is_const(int32_t n) const { return out_->nodes[n].op == PwOp::kConst; }
   float value(int32_t n) const { return out_->nodes[n].value; }
   // n as a computed value: zero + n, zero = q index * 0 (made once).
@@ -145,6 +153,7 @@ class Lowering {
       PwNode n;
       n.op = PwOp::kInput, n.input = r;
       n.computed = r < kScoreModIndexInputs || r >= kScoreModIndexInputs + n_operands_;
+      n.scored = r == 0 || r >= kScoreModIndexInputs + n_operands_;  // score, dscore
       node_of_[r] = add(n);
     }
     return node_of_[r];

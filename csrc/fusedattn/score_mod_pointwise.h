@@ -8,7 +8,9 @@
 // as 0.0 / 1.0). cuDNN's fused attention takes a node's first input (a select's value
 // if true) only from the score stream: a value computed in the graph, never a scalar or
 // an operand in memory; the lowering swaps the inputs of symmetric nodes, makes c - x
-// into -x + c, and otherwise adds the value to a computed zero (q index * 0). A
+// into -x + c, and otherwise adds the value to a computed zero (q index * 0). Where both
+// inputs are computed and only the second depends on the score itself, it goes first the
+// same way (cuDNN's backward miscomputed dS otherwise: score_mod_pointwise.cc). A
 // division by a constant becomes a multiplication by its reciprocal (within 1.5 ulp). Pure C++: the lowering and its evaluator are tested on the CPU
 // against the program interpreter (score_mod.h).
 #pragma once
@@ -38,6 +40,7 @@ struct PwNode {
   float value = 0.0f;              // kConst
   bool boolean = false;            // the node's result is a boolean (comparisons)
   bool computed = false;           // a value of the score stream: not a constant, not an operand
+  bool scored = false;             // depends on the score (or dscore) itself, not only indices
 };
 
 struct PwProgram {

@@ -84,6 +84,49 @@ TEST(ScoreMod, MatchesSoftcap) {
                            {SM_MUL, 7, 5, 0}}, c, &k1, &k2));
 }
 
+// The ALiBi family (one [1, Hq | 1, 1, 1] operand: register 5; q, kv: registers 3, 4).
+bool alibi_of(const std::vector<std::vector<int32_t>>& instr, AlibiForm* form,
+              std::vector<int32_t> shape = {1, 4, 1, 1}) {
+  std::vector<int32_t> a = {1};
+  a.insert(a.end(), shape.begin(), shape.end());
+  for (const auto& prog : {program(6, instr, {}), program(7, {{SM_CONST, 0, 0, 0}}, {1.0f}),
+                           program(7, {{SM_CONST, 0, 0, 0}}, {0.0f})})
+    a.insert(a.end(), prog.begin(), prog.end());
+  ScoreMod sm;
+  EXPECT_TRUE(decode_score_mod(a.data(), int64_t(a.size()), kExt, &sm).ok());
+  return match_alibi(sm, form);
+}
+
+TEST(ScoreMod, MatchesAlibi) {
+  AlibiForm f;
+  // s - slopes * (q - kv): s + slopes * (kv - q)
+  ASSERT_TRUE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}}, &f));
+  EXPECT_EQ(f.sign, 1.0f);
+  EXPECT_FALSE(f.abs);
+  // (kv - q) * slopes + s, one slope for all heads
+  ASSERT_TRUE(alibi_of({{SM_SUB, 4, 3, 0}, {SM_MUL, 6, 5, 0}, {SM_ADD, 7, 0, 0}}, &f,
+                       {1, 1, 1, 1}));
+  EXPECT_EQ(f.sign, 1.0f);
+  // s + slopes * (q - kv)
+  ASSERT_TRUE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_ADD, 0, 7, 0}}, &f));
+  EXPECT_EQ(f.sign, -1.0f);
+  // s - slopes * |q - kv|
+  ASSERT_TRUE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_ABS, 6, 0, 0}, {SM_MUL, 5, 7, 0},
+                        {SM_SUB, 0, 8, 0}}, &f));
+  EXPECT_EQ(f.sign, -1.0f);
+  EXPECT_TRUE(f.abs);
+  // Not ALiBi: slopes that vary with the query, m - s, slopes * (q - q), slopes * slopes,
+  // a batch index for q, something after the sum.
+  EXPECT_FALSE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}}, &f,
+                        {1, 4, 8, 1}));
+  EXPECT_FALSE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 7, 0, 0}}, &f));
+  EXPECT_FALSE(alibi_of({{SM_SUB, 3, 3, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}}, &f));
+  EXPECT_FALSE(alibi_of({{SM_MUL, 5, 5, 0}, {SM_SUB, 0, 6, 0}}, &f));
+  EXPECT_FALSE(alibi_of({{SM_SUB, 1, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}}, &f));
+  EXPECT_FALSE(alibi_of({{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0},
+                         {SM_MUL, 8, 8, 0}}, &f));
+}
+
 TEST(ScoreMod, RejectsMalformedPrograms) {
   ScoreMod sm;
   auto attr = softcap_attr();

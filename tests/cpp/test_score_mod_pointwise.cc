@@ -171,6 +171,19 @@ TEST(ScoreModPointwise, ConstantsAndOperandsComeSecond) {
               "select(operand 1, operand 0, s)");
 }
 
+TEST(ScoreModPointwise, TheScoreComesBeforeIndexTerms) {
+  // (kv - q) * operand + s and (kv - q) - s: both inputs computed, only the second from the
+  // score; the score goes first (cuDNN's backward miscomputed dS otherwise)
+  for (int32_t op : {SM_ADD, SM_SUB, SM_MUL, SM_MAX}) {
+    const Program p({{SM_SUB, 4, 3, 0}, {SM_MUL, 6, 5, 0}, {op, 7, 0, 0}}, {}, -1, 1);
+    expect_same(p, points(), ("(kv - q) * operand, then opcode " + std::to_string(op)).c_str());
+    PwProgram pw;
+    ASSERT_TRUE(lower_to_pointwise(p.fwd(), p.n_operands(), &pw).ok());
+    for (const PwNode& n : pw.nodes)
+      if (n.scored && n.b >= 0) EXPECT_TRUE(pw.nodes[first_input(n)].scored) << "op " << op;
+  }
+}
+
 TEST(ScoreModPointwise, DivisionByAConstantMultiplies) {
   for (float c : {2.5f, -3.0f, 0.0f, 1e-39f}) {  // 0 and a denormal stay divisions
     Program p({{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}}, {c});

@@ -1,8 +1,9 @@
 """The Hopper flash forward (csrc/fusedattn/cuda/hopper) on an H100 (pytest -m gpu; skipped
-without an sm_90 GPU): softcap score_mods at head dim 128 run there (its launch counter
-moves), other calls do not; forward, log-sum-exp and gradients (cuDNN's backward reads this
-forward's log-sum-exp) against the float32 reference with fn over the materialized scores,
-in bf16 and fp16, with and without causal masks, GQA, ragged lengths and the packed layout."""
+without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
+counter moves), other calls do not; forward, log-sum-exp and gradients (cuDNN's backward
+reads this forward's log-sum-exp) against the float32 reference with fn over the
+materialized scores, in bf16 and fp16, with and without causal masks, GQA, ragged lengths
+and the packed layout."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 import fusedattn
 from conftest import normal
 from fusedattn import AttnMaskType, QKVLayout, _ffi
-from test_score_mod import B, HQ, alibi, ref_call
+from test_score_mod import B, HQ, alibi, alibi_plus_table, ref_call
 from test_score_mod_gpu import check, close
 
 D = 128
@@ -77,6 +78,41 @@ def test_softcap_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, amp):
           dout)
 
 
+def alibi_causal(s, b, h, q, k, slopes):  # the bench's form
+    return s - slopes * (q - k).astype(jnp.float32)
+
+
+def alibi_reversed(s, b, h, q, k, slopes):  # + (kv - q) * slopes, written the other way round
+    return (k - q).astype(jnp.float32) * slopes + s
+
+
+ALIBI_CASES = [  # mask, Sq, Skv, Hkv, fn, slopes' head extent
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, alibi_causal, HQ),
+    (AttnMaskType.NO_MASK, 300, 777, 4, alibi, HQ),  # - slopes |q - kv|
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 1, alibi_reversed, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,fn,hs", ALIBI_CASES,
+                         ids=["causal-gqa", "full-abs-ragged", "bottom-right-one-slope"])
+def test_alibi_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, hs):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv)
+    slopes = jnp.exp2(-8.0 * jnp.arange(1, hs + 1, dtype=jnp.float32) / hs).reshape(1, hs, 1, 1)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                                score_mod_operands=(slopes,),
+                                                attn_mask_type=mask, return_aux=True)
+    ref = lambda q, k, v: ref_call(q, k, v, fn, (slopes,), attn_mask_type=mask)
+    ref_out, ref_lse, _ = ref(q, k, v)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    lse = np.asarray(aux["softmax_aux"])[..., 0]
+    assert not np.isnan(lse).any()
+    np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
+    check(lambda q, k, v: ours(q, k, v)[0], lambda q, k, v: ref(q, k, v)[0], (q, k, v), dout)
+
+
 def test_packed_layout(key):
     q, k, v, _ = inputs(key, jnp.bfloat16, 384, 384, HQ)
     qkv = jnp.stack([q, k, v], axis=2)  # [B, S, 3, H, D]
@@ -90,12 +126,18 @@ def test_packed_layout(key):
 
 
 def test_other_calls_stay_on_cudnn(key):
-    """ALiBi, head dim 64, and a max_logit request are not the kernel's: cuDNN runs them."""
+    """ALiBi plus a table, per-query slopes, head dim 64, and a max_logit request are not the
+    kernel's: cuDNN runs them."""
     q, k, v, _ = inputs(key, jnp.bfloat16, 256, 256, HQ)
     slopes = jnp.linspace(0.1, 0.8, HQ, dtype=jnp.float32).reshape(1, HQ, 1, 1)
+    table = jnp.linspace(-1.0, 1.0, 256 * 256, dtype=jnp.float32).reshape(1, 1, 256, 256)
+    per_query = jnp.linspace(0.1, 0.8, 256, dtype=jnp.float32).reshape(1, 1, 256, 1)
     calls = [
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                              score_mod=alibi_plus_table,
+                                              score_mod_operands=(slopes, table)), (q, k, v)),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=alibi,
-                                              score_mod_operands=(slopes,)), (q, k, v)),
+                                              score_mod_operands=(per_query,)), (q, k, v)),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50),
          (q[..., :64], k[..., :64], v[..., :64])),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50,

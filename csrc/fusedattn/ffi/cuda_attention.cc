@@ -180,8 +180,9 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
 }
 
 // Whether the Hopper flash forward (cuda/hopper) takes this call: a softcap score_mod
-// (k1 tanh(k2 s), cuDNN's kernel leaves its tanh unhidden: bench/RESULTS.md) on an sm_90
-// device, and nothing in the call beyond that kernel. Fills fp when it does.
+// (k1 tanh(k2 s), cuDNN's kernel leaves its tanh unhidden: bench/RESULTS.md) or an ALiBi
+// one (s +- slopes[h] (kv - q) or |kv - q|, one vmap slice) on an sm_90 device, and
+// nothing in the call beyond that kernel. Fills fp when it does.
 // FUSEDATTN_HOPPER_FWD=0 sends these calls to cuDNN too (for comparisons).
 bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm, int device,
                     bool want_max, hopper::FlashFwdParams* fp) {
@@ -189,9 +190,12 @@ bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
     return !e || std::strcmp(e, "0") != 0;
   }();
+  if (!enabled || !sm.call) return false;
+  const ScoreMod& m = sm.call->sm;
   float k1 = 0.0f, k2 = 0.0f;
-  if (!enabled || !sm.call || sm.call->sm.n_operands != 0 || !match_softcap(sm.call->sm.fwd, &k1, &k2))
-    return false;
+  AlibiForm alibi;
+  const bool softcap = m.n_operands == 0 && match_softcap(m.fwd, &k1, &k2);
+  if (!softcap && !(p.num_slices == 1 && match_alibi(m, &alibi))) return false;
   if (want_max || p.bias_type != FA_NO_BIAS || has_dropout(p) ||
       p.softmax_type != FA_VANILLA_SOFTMAX || p.dtype == FA_FLOAT32 || is_thd(p.layout) ||
       has_padding(p.mask_type) || p.window_left != -1 ||
@@ -210,9 +214,16 @@ bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp->bf16 = p.dtype == FA_BFLOAT16;
   fp->causal = is_causal(p.mask_type);
   fp->diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
-  // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
-  fp->softcap = k1;
-  fp->scale = p.scale * k2 * k1;
+  if (softcap) {  // the program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c)
+    fp->softcap = k1;
+    fp->scale = p.scale * k2 * k1;
+  } else {
+    fp->scale = p.scale;
+    fp->alibi_slopes = sm.call->operands + m.offset(0);
+    fp->alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
+    fp->alibi_sign = alibi.sign;
+    fp->alibi_abs = alibi.abs;
+  }
   return hopper::flash_fwd_unsupported(*fp, info.sm).empty();
 }
 

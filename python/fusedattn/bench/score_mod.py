@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fusedattn
-from fusedattn import AttnMaskType
+from fusedattn import AttnMaskType, _ffi
 
 from .common import run_info, time_fn
 
@@ -85,7 +85,10 @@ def run(args):
                     fn, fargs = jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do)
                 else:
                     fn, fargs = jax.jit(f), (q, k, v)
+                launches = _ffi.hopper_fwd_launches()
                 row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
+                # whether its forward ran fusedattn's Hopper kernel (cuda/hopper)
+                row[f"{name}_hopper_fwd"] = _ffi.hopper_fwd_launches() > launches
             slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
             for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
                 # which backend ran it (a fallback to the reference must show in the table)
@@ -103,9 +106,11 @@ def run(args):
 
 def _fmt(r):
     g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
+    # the backend get_backend names, and "fwd hopper" when the forward ran cuda/hopper
+    b = lambda n: r.get(f"{n}_backend", "-") + (", fwd hopper" if r.get(f"{n}_hopper_fwd") else "")
     return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
-            f"[{r.get('softcap_backend', '-')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
-            f"plain, {g('softcap_vs_xla')}x xla) | alibi [{r.get('alibi_backend', '-')}] "
+            f"[{b('softcap')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
+            f"plain, {g('softcap_vs_xla')}x xla) | alibi [{b('alibi')}] "
             f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
 
 

@@ -61,10 +61,12 @@ Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t S, int64_
 
 #ifdef FA_HOPPER_SWEEP  // timing probes only (their results are not softcap's)
 struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
-  __device__ __forceinline__ static float pre(float s, float in) { return s * in; }
+  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
+    return s * in;
+  }
 };
 struct ProbePolyTanh {  // tanh's Taylor polynomial to x^7 on the FMA pipe (exact for small x)
-  __device__ __forceinline__ static float pre(float s, float in) {
+  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     const float x = s * in, x2 = x * x;
     return x * fmaf(x2, fmaf(x2, fmaf(x2, -0.053968254f, 0.13333334f), -0.33333334f), 1.0f);
   }
@@ -113,6 +115,10 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
   if (p.causal && p.diag < 0) return "causal with diag < 0 leaves rows without keys";
+  if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
+  if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
+                         (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
+    return "alibi_stride must be 0 or 1 and alibi_sign +-1";
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
     if (!aligned16(ptr)) return "q, k, v and out must be 16-byte aligned";
   for (int64_t s : {p.q_b, p.q_s, p.q_h, p.k_b, p.k_s, p.k_h, p.v_b, p.v_s, p.v_h})
@@ -171,6 +177,15 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
     }
 #endif
     return launch_mod<SoftcapScores, kSoftcapPolyChunks>(p, a, grid, stream);
+  }
+  if (p.alibi_slopes) {
+    a.mul_in = p.scale * log2e;
+    a.mul_out = 1.0f;
+    a.slopes = p.alibi_slopes;
+    a.slope_stride = static_cast<int>(p.alibi_stride);
+    a.slope_mul = p.alibi_sign * log2e;
+    return p.alibi_abs ? launch_mod<AlibiScores<true>, 0>(p, a, grid, stream)
+                       : launch_mod<AlibiScores<false>, 0>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
   return launch_mod<PlainScores, 0>(p, a, grid, stream);

@@ -26,6 +26,12 @@ struct FlashFwdParams {
   int64_t diag = 0;      // causal: query i sees key j when j <= i + diag
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
+  // Non-null: ALiBi, scores become scale * s + sign * slopes[h * stride] * g(kv - q), with
+  // g = |.| when abs, the query head h, stride 0 (one slope) or 1, float32 slopes.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 0;
+  float alibi_sign = 1.0f;
+  bool alibi_abs = false;
   int poly_chunks = -1;  // sweep builds only (FA_HOPPER_SWEEP): kPolyChunks of the softcap kernel
 };
 

@@ -44,6 +44,9 @@ struct FwdArgs {
   int section;           // (batch, head) pairs whose blocks run side by side (block order)
   int diag;              // causal: query i sees key j when j <= i + diag
   float mul_in, mul_out;  // the score modifier's constants (below)
+  const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
+  int slope_stride;
+  float slope_mul;        // ALiBi: the slope's factor (+-log2(e))
 };
 
 struct Smem {
@@ -55,17 +58,30 @@ struct Smem {
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
 
-// Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s), a
-// map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
+// Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
+// a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
 // exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
+// pre also gets the score's relative position kv - q, as the affine map d0 + off of a
+// per-block d0 and the element's compile-time offset off (ALiBi's bias).
 constexpr int kSoftcapPolyChunks = 1;  // of every 4 chunks (H100 sweep: scripts/hopper_fwd_check)
 
 struct PlainScores {  // v = s; out = scale * log2(e)
-  __device__ __forceinline__ static float pre(float s, float) { return s; }
+  __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
 };
 struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
                         // out = c log2(e)
-  __device__ __forceinline__ static float pre(float s, float in) { return tanh_approx(s * in); }
+  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
+    return tanh_approx(s * in);
+  }
+};
+template <bool kAbs>
+struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in = scale
+                      // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
+  __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
+                                              float off) {
+    if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
+    return fmaf(s, in, fmaf(slope, off, slope * d0));  // slope * d0: once a block
+  }
 };
 
 // 2^x for x <= 0 on the FMA and integer pipes (after FlashAttention-4): x = n + f with n
@@ -109,13 +125,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <class Mod, bool kCausal, bool kMask, int kPolyChunks>
 __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
                                              float (&corr)[2], const FwdArgs& a, int row0,
-                                             int col0) {
+                                             int col0, float slope) {
   auto masked = [&](int i) {
     const int col = col0 + 8 * (i / 4) + (i % 2), row = row0 + 8 * ((i / 2) % 2);
     return col >= a.seqlen_kv || (kCausal && col > row + a.diag);
   };
+  const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = Mod::pre(s[i], a.mul_in);
+  for (int i = 0; i < 64; ++i)
+    s[i] = Mod::pre(s[i], a.mul_in, slope, d0,
+                    static_cast<float>(8 * (i / 4) + (i % 2) - 8 * ((i / 2) % 2)));
   if constexpr (kMask) {
 #pragma unroll
     for (int i = 0; i < 64; ++i)
@@ -315,14 +334,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
     float corr[2];
     bool rescale = false;  // whether o needs corr before the next P V
+    const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
     // S's softmax for key block n: modify, mask where the block needs it, max and sum.
     auto softmax = [&](int n) {
       const int col0 = n * kBlockN + 2 * (lane % 4);
       if ((n + 1) * kBlockN > a.seqlen_kv ||
           (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag))
-        rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
+        rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0,
+                                                                slope);
       else
-        rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0);
+        rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0,
+                                                                 slope);
     };
 
     FA_PROFILE_PHASE(kTileEnds);
