@@ -51,6 +51,19 @@ def runs_hopper(fn, *args):
     return out, _ffi.hopper_fwd_launches() > before
 
 
+def check_on_hopper(ours, ref, q, k, v, dout):
+    """ours(q, k, v) -> (out, aux) must run the Hopper forward; out and the log-sum-exp
+    against ref(q, k, v) -> (out, lse, _), then q, k, v gradients through cuDNN's backward."""
+    ref_out, ref_lse, _ = ref(q, k, v)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    lse = np.asarray(aux["softmax_aux"])[..., 0]
+    assert not np.isnan(lse).any()
+    np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
+    check(lambda q, k, v: ours(q, k, v)[0], lambda q, k, v: ref(q, k, v)[0], (q, k, v), dout)
+
+
 CASES = [  # mask, Sq, Skv, Hkv, fn, amp
     (AttnMaskType.NO_MASK, 300, 777, 4, cap50, 1.0),
     (AttnMaskType.CAUSAL_MASK, 512, 512, 2, cap50, 1.0),
@@ -66,16 +79,8 @@ def test_softcap_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, amp):
     q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, amp)
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
                                                 attn_mask_type=mask, return_aux=True)
-    ref_out, ref_lse, _ = ref_call(q, k, v, fn, (), attn_mask_type=mask)
-    (out, aux), ran = runs_hopper(ours, q, k, v)
-    assert ran, "the Hopper forward did not run"
-    close("out", out, ref_out)
-    lse = np.asarray(aux["softmax_aux"])[..., 0]
-    assert not np.isnan(lse).any()
-    np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
-    first = lambda q, k, v: ours(q, k, v)[0]
-    check(first, lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask)[0], (q, k, v),
-          dout)
+    check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask),
+                    q, k, v, dout)
 
 
 def alibi_causal(s, b, h, q, k, slopes):  # the bench's form
@@ -102,15 +107,8 @@ def test_alibi_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, hs):
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
                                                 score_mod_operands=(slopes,),
                                                 attn_mask_type=mask, return_aux=True)
-    ref = lambda q, k, v: ref_call(q, k, v, fn, (slopes,), attn_mask_type=mask)
-    ref_out, ref_lse, _ = ref(q, k, v)
-    (out, aux), ran = runs_hopper(ours, q, k, v)
-    assert ran, "the Hopper forward did not run"
-    close("out", out, ref_out)
-    lse = np.asarray(aux["softmax_aux"])[..., 0]
-    assert not np.isnan(lse).any()
-    np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
-    check(lambda q, k, v: ours(q, k, v)[0], lambda q, k, v: ref(q, k, v)[0], (q, k, v), dout)
+    check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, fn, (slopes,), attn_mask_type=mask),
+                    q, k, v, dout)
 
 
 def test_packed_layout(key):
