@@ -61,21 +61,16 @@ Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t S, int64_
 
 #ifdef FA_HOPPER_SWEEP  // timing probes only (their results are not softcap's)
 struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
+  static constexpr bool kRowByRow = true;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return s * in;
   }
 };
-struct ProbePolyTanh {  // tanh's Taylor polynomial to x^7 on the FMA pipe (exact for small x)
-  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
-    const float x = s * in, x2 = x * x;
-    return x * fmaf(x2, fmaf(x2, fmaf(x2, -0.053968254f, 0.13333334f), -0.33333334f), 1.0f);
-  }
-};
 #endif
 
-template <class Mod, bool kCausal, bool kBf16, int kPoly>
+template <class Mod, bool kCausal, bool kBf16>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kPoly>;
+  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
@@ -84,13 +79,13 @@ Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   return Status::Ok();
 }
 
-template <class Mod, int kPoly>
+template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   if (p.causal)
-    return p.bf16 ? launch<Mod, true, true, kPoly>(a, grid, stream)
-                  : launch<Mod, true, false, kPoly>(a, grid, stream);
-  return p.bf16 ? launch<Mod, false, true, kPoly>(a, grid, stream)
-                : launch<Mod, false, false, kPoly>(a, grid, stream);
+    return p.bf16 ? launch<Mod, true, true>(a, grid, stream)
+                  : launch<Mod, true, false>(a, grid, stream);
+  return p.bf16 ? launch<Mod, false, true>(a, grid, stream)
+                : launch<Mod, false, false>(a, grid, stream);
 }
 
 }  // namespace
@@ -166,17 +161,10 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;
-#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.cu: the share of exponentials on the FMA pipe
-    switch (p.poly_chunks) {
-      case 0: return launch_mod<SoftcapScores, 0>(p, a, grid, stream);
-      case 1: return launch_mod<SoftcapScores, 1>(p, a, grid, stream);
-      case 3: return launch_mod<SoftcapScores, 3>(p, a, grid, stream);
-      case 10: return launch_mod<ProbeNoTanh, 0>(p, a, grid, stream);
-      case 11: return launch_mod<ProbePolyTanh, 0>(p, a, grid, stream);
-      default: break;
-    }
+#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.cu: what the tanh costs
+    if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
 #endif
-    return launch_mod<SoftcapScores, kSoftcapPolyChunks>(p, a, grid, stream);
+    return launch_mod<SoftcapScores>(p, a, grid, stream);
   }
   if (p.alibi_slopes) {
     a.mul_in = p.scale * log2e;
@@ -184,11 +172,11 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
     a.slopes = p.alibi_slopes;
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * log2e;
-    return p.alibi_abs ? launch_mod<AlibiScores<true>, 0>(p, a, grid, stream)
-                       : launch_mod<AlibiScores<false>, 0>(p, a, grid, stream);
+    return p.alibi_abs ? launch_mod<AlibiScores<true>>(p, a, grid, stream)
+                       : launch_mod<AlibiScores<false>>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
-  return launch_mod<PlainScores, 0>(p, a, grid, stream);
+  return launch_mod<PlainScores>(p, a, grid, stream);
 }
 
 }  // namespace fusedattn::cuda::hopper

@@ -32,7 +32,7 @@ struct FlashFwdParams {
   int64_t alibi_stride = 0;
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
-  int poly_chunks = -1;  // sweep builds only (FA_HOPPER_SWEEP): kPolyChunks of the softcap kernel
+  int probe = -1;  // sweep builds only (FA_HOPPER_SWEEP): 10 runs softcap without its tanh
 };
 
 // Empty when the kernel can run p on a device of compute capability cc (major * 10 +

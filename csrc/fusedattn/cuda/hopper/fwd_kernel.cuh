@@ -32,6 +32,10 @@ constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;  // a Q, K or V tile: 32 KiB
 constexpr uint32_t kHalfBytes = kTileBytes / 2;  // 64 columns of a tile: one 128-byte swizzle
                                                  // span, the copy engine's box
+// A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of V,
+// so the tensor cores sum P's rows into 4 more accumulators (o[64 + 2r], row r).
+constexpr uint32_t kVStageBytes = kTileBytes + kHalfBytes;
+constexpr int kOutRegs = 68;
 
 // Everything the kernel reads. Strides are in elements; lse may be null.
 struct FwdArgs {
@@ -52,7 +56,7 @@ struct FwdArgs {
 struct Smem {
   uint8_t q[kTileBytes];
   uint8_t k[kStages][kTileBytes];
-  uint8_t v[kStages][kTileBytes];
+  uint8_t v[kStages][kVStageBytes];
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
       v_empty[kStages];
 };
@@ -63,13 +67,13 @@ constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tile
 // exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
 // pre also gets the score's relative position kv - q, as the affine map d0 + off of a
 // per-block d0 and the element's compile-time offset off (ALiBi's bias).
-constexpr int kSoftcapPolyChunks = 1;  // of every 4 chunks (H100 sweep: scripts/hopper_fwd_check)
-
 struct PlainScores {  // v = s; out = scale * log2(e)
+  static constexpr bool kRowByRow = false;  // softmax_step's order (H100: scripts/hopper_fwd_check)
   __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
 };
 struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
                         // out = c log2(e)
+  static constexpr bool kRowByRow = true;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return tanh_approx(s * in);
   }
@@ -77,27 +81,13 @@ struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in =
 template <bool kAbs>
 struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in = scale
                       // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
+  static constexpr bool kRowByRow = false;
   __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
                                               float off) {
     if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
     return fmaf(s, in, fmaf(slope, off, slope * d0));  // slope * d0: once a block
   }
 };
-
-// 2^x for x <= 0 on the FMA and integer pipes (after FlashAttention-4): x = n + f with n
-// rounded to nearest, f in [-0.5, 0.5]; 2^f by a cubic (relative error 7.6e-5, far below
-// the 16-bit rounding of P); n goes into the exponent field. x below -126 (-inf too) gives
-// 2^-126 or less: with n >= -126 and 2^f >= 2^-0.5 the exponent field cannot go below 0.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -126.0f);
-  const float shifted = x + 12582912.0f;  // 1.5 * 2^23: n lands in the low mantissa bits
-  const float n = shifted - 12582912.0f;
-  const float f = x - n;
-  float p = fmaf(0.0551692433655262f, f, 0.24260540306568146f);
-  p = fmaf(p, f, 0.6932608485221863f);
-  p = fmaf(p, f, 0.9999284744262695f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
 
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -117,68 +107,87 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // d[4j + 0..1] = row g, columns 8j + 2t + 0..1 and d[4j + 2..3] = row g + 8, same columns.
 // So a thread owns two rows (r = 0, 1: d[4j + 2r + e]) and a row is spread over 4 lanes.
 
+// Row r's i-th score of a thread (i = 2j + e: 8-column chunk j, column e of the pair):
+// s[4j + 2r + e] in the accumulator layout above.
+__host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) + 2 * r + i % 2; }
+
 // One step of the online softmax on this thread's 64 scores of block n: modify, mask,
-// update the running max (of v) and sum, leave exp2(x - max x) in s and, when it returns
-// true, the factor that rescales the old accumulator in corr. Columns of the 8-column
-// chunks j with j % 4 < kPolyChunks take exp2_poly: that share of the exponentials leaves
-// the MUFU pipe, which softcap's tanh loads as much as the exponentials do.
-template <class Mod, bool kCausal, bool kMask, int kPolyChunks>
-__device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2],
-                                             float (&corr)[2], const FwdArgs& a, int row0,
-                                             int col0, float slope) {
-  auto masked = [&](int i) {
-    const int col = col0 + 8 * (i / 4) + (i % 2), row = row0 + 8 * ((i / 2) % 2);
-    return col >= a.seqlen_kv || (kCausal && col > row + a.diag);
-  };
+// update the running max (of v) and leave exp2(x - max x) in s; returns whether some row
+// of the warp moved its max (the accumulator then needs rescale_factors). The row sums are
+// not added here: the tensor cores add them up in P V (kVStageBytes).
+// A row's max moves only when it grew by more than 8 (log2 units): until then P <= 2^8,
+// which 16-bit P and the float32 sums hold exactly as well, and the accumulator's rescale
+// is skipped (after FlashAttention-4). A row with nothing seen yet (max -inf) always moves.
+// Mod::kRowByRow runs the two rows one after the other (softcap: row 1's tanh keeps the
+// MUFU pipe busy while row 0's max goes through the shuffles); otherwise each phase runs
+// for both rows before the next.
+template <class Mod, bool kCausal, bool kMask>
+__device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&mx_old)[2],
+                                             const FwdArgs& a, int row0, int col0,
+                                             float slope) {
   const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
+  auto modify = [&](int r) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i)
-    s[i] = Mod::pre(s[i], a.mul_in, slope, d0,
-                    static_cast<float>(8 * (i / 4) + (i % 2) - 8 * ((i / 2) % 2)));
-  if constexpr (kMask) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i)
-      if (masked(i)) s[i] = -INFINITY;
-  }
-  // The running max moves only when some row of the warp grew by more than 8 (log2 units):
-  // until then P <= 2^8, which 16-bit P and the float32 sums hold exactly as well, and the
-  // accumulator's rescale is skipped (after FlashAttention-4). A row with nothing seen yet
-  // (max -inf) always moves.
-  float m_new[2];
-  bool move = false;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float m = mx[r];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m_new[r] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    move |= (m_new[r] - mx[r]) * a.mul_out > 8.0f || mx[r] == -INFINITY;
-  }
-  move = __any_sync(0xffffffffu, move);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (move) {
-      // exp2(-inf - -inf) would be NaN: a row still at -inf keeps base 0.
-      const float base = m_new[r] == -INFINITY ? 0.0f : m_new[r] * a.mul_out;
-      corr[r] = exp2_approx(fmaf(mx[r], a.mul_out, -base));
-      mx[r] = m_new[r];
-    }
-    const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * a.mul_out;
-    float l = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s[4 * j + 2 * r + e];
-        const float arg = fmaf(x, a.mul_out, -base);
-        x = j % 4 < kPolyChunks ? exp2_poly(arg) : exp2_approx(arg);
-        l += x;
+    for (int i = 0; i < 32; ++i) {
+      float& x = s[row_score(r, i)];
+      x = Mod::pre(x, a.mul_in, slope, d0, static_cast<float>(8 * (i / 2) + i % 2 - 8 * r));
+      if constexpr (kMask) {
+        const int col = col0 + 8 * (i / 2) + i % 2, row = row0 + 8 * r;
+        if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) x = -INFINITY;
       }
     }
-    sum[r] = move ? sum[r] * corr[r] + l : sum[r] + l;  // this lane's part: 4 lanes add up
+  };
+  auto update_max = [&](int r) {  // a tree, then the row's 4 lanes; true if it moved
+    float m[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m[i] = fmaxf(s[row_score(r, 2 * i)], s[row_score(r, 2 * i + 1)]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], m[i + 8]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) m[i] = fmaxf(m[i], m[i + 4]);
+    float mr = fmaxf(fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3])), mx[r]);
+    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
+    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 2));
+    const bool move = (mr - mx[r]) * a.mul_out > 8.0f || mx[r] == -INFINITY;
+    mx_old[r] = mx[r];
+    if (move) mx[r] = mr;  // the same in the row's 4 lanes
+    return move;
+  };
+  auto exponentiate = [&](int r) {
+    // exp2(-inf - -inf) would be NaN: a row still at -inf keeps base 0.
+    const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * a.mul_out;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      float& x = s[row_score(r, i)];
+      x = exp2_approx(fmaf(x, a.mul_out, -base));
+    }
+  };
+  bool moved = false;
+  if constexpr (Mod::kRowByRow) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      modify(r);
+      moved |= update_max(r);
+      exponentiate(r);
+    }
+  } else {
+    modify(0);
+    modify(1);
+    moved = update_max(0);
+    moved |= update_max(1);
+    exponentiate(0);
+    exponentiate(1);
   }
-  return move;
+  return __any_sync(0xffffffffu, moved);
+}
+
+// What the accumulator's rows take when their max moved from mx_old to mx (1 where it did
+// not, 0 where nothing was seen before).
+__device__ __forceinline__ void rescale_factors(const float (&mx)[2], const float (&mx_old)[2],
+                                                float mul_out, float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    corr[r] = mx_old[r] == -INFINITY ? 0.0f : exp2_approx((mx_old[r] - mx[r]) * mul_out);
 }
 
 // Before issue_qk / issue_pv: fence_regs() on their registers and wgmma_fence(), so that no
@@ -202,13 +211,15 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 }
 
 // O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its two 64-column
-// halves are the leading-byte stride, 8-key groups the 1024-byte stride.
+// halves are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads
+// 8 columns more, from the stage's span of ones: o[64..67] gain P's row sums.
 template <bool kBf16>
-__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[32], uint32_t v_addr) {
+__device__ __forceinline__ void issue_pv(float (&o)[kOutRegs], uint32_t (&p)[32],
+                                         uint32_t v_addr) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_rs_m64n128k16<kBf16>(o, a, desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024));
+    wgmma_rs_m64n136k16<kBf16>(o, a, desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024));
   }
   wgmma_commit();
 }
@@ -260,7 +271,7 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 // across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
-template <class Mod, bool kCausal, bool kBf16, int kPolyChunks>
+template <class Mod, bool kCausal, bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -279,6 +290,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       mbar_init(&sm.v_empty[st], 256);
     }
     mbar_init_fence();
+  }
+  if (group > 0) {  // the consumers write the ones the tensor cores read
+    const uint32_t one = kBf16 ? 0x3f803f80u : 0x3c003c00u;
+    for (int i = threadIdx.x - 128; i < kStages * int(kHalfBytes / 4); i += 256)
+      reinterpret_cast<uint32_t*>(sm.v[i / (kHalfBytes / 4)] + kTileBytes)[i % (kHalfBytes / 4)] =
+          one;
+    fence_proxy_async();
   }
   __syncthreads();
 
@@ -319,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of a tile
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;
-  float o[64], s[64];
+  float o[kOutRegs], s[64];
   uint32_t p[32];
   uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
 #ifdef FA_HOPPER_PROFILE
@@ -330,21 +348,19 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     const int n_end = tile.n_end;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-    float corr[2];
-    bool rescale = false;  // whether o needs corr before the next P V
+    for (int i = 0; i < kOutRegs; ++i) o[i] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY};
+    float mx_old[2];
+    bool rescale = false;  // whether o needs rescale_factors before the next P V
     const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
-    // S's softmax for key block n: modify, mask where the block needs it, max and sum.
+    // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
     auto softmax = [&](int n) {
       const int col0 = n * kBlockN + 2 * (lane % 4);
       if ((n + 1) * kBlockN > a.seqlen_kv ||
           (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag))
-        rescale = softmax_step<Mod, kCausal, true, kPolyChunks>(s, mx, sum, corr, a, row0, col0,
-                                                                slope);
+        rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope);
       else
-        rescale = softmax_step<Mod, kCausal, false, kPolyChunks>(s, mx, sum, corr, a, row0, col0,
-                                                                 slope);
+        rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope);
     };
 
     FA_PROFILE_PHASE(kTileEnds);
@@ -381,8 +397,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       wgmma_fence();
       issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
       if (rescale) {  // to the max of the previous P
+        float corr[2];
+        rescale_factors(mx, mx_old, a.mul_out, corr);
 #pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
       }
       mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
       wgmma_fence();  // o changed since the last fence
@@ -408,8 +426,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     {  // the last P V
       const int st = (kv + n_end - 1) % kStages;
       if (rescale) {
+        float corr[2];
+        rescale_factors(mx, mx_old, a.mul_out, corr);
 #pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
+        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
       }
       mbar_wait(&sm.v_full[st], ((kv + n_end - 1) / kStages) & 1);
       fence_regs(o);
@@ -428,9 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = sum[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = o[64 + 2 * r];  // every column of the ones holds the row's sum
       const int row = row0 + 8 * r;
       if (row >= a.seqlen_q) continue;
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;

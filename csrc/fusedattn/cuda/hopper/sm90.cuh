@@ -97,6 +97,12 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Keeps the compiler from moving uses of a register across the asynchronous products:
 // the value "changes" here, after the wait that precedes it.
+// Makes this thread's generic-proxy writes to shared memory visible to the async proxy
+// (wgmma operands read from shared memory), ahead of a barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
@@ -117,6 +123,15 @@ __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(
       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),           \
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),           \
       "+f"(d[62]), "+f"(d[63])
+
+#define FA_WGMMA_D68 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+  "%64, %65, %66, %67}"
+#define FA_WGMMA_D68_OPS(d) \
+  FA_WGMMA_D64_OPS(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
 
 // D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B from shared memory, both K-major
 // (B stored as 128 rows of K). `accumulate` 0 overwrites D. kBf16: bf16, else fp16.
@@ -140,30 +155,33 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t a, 
   }
 }
 
-// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (the accumulator layout of a
+// D[64 x 136] += A[64 x 16] B[16 x 136], A from registers (the accumulator layout of a
 // previous product, packed to 16 bits), B from shared memory MN-major (stored as 16 rows of
-// N: imm-trans-b = 1).
+// N: imm-trans-b = 1), its 64-column spans a leading-byte stride apart; the third span's
+// first 8 columns are D's columns 128..135 (the forward reads ones there: P's row sums).
 template <bool kBf16>
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+__device__ __forceinline__ void wgmma_rs_m64n136k16(float (&d)[68], const uint32_t (&a)[4],
                                                     uint64_t b) {
   if constexpr (kBf16) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k16.f32.bf16.bf16 " FA_WGMMA_D68
+        ", {%68, %69, %70, %71}, %72, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D68_OPS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   } else {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FA_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k16.f32.f16.f16 " FA_WGMMA_D68
+        ", {%68, %69, %70, %71}, %72, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D68_OPS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   }
 }
 
 #undef FA_WGMMA_D64
+#undef FA_WGMMA_D68
+#undef FA_WGMMA_D68_OPS
 #undef FA_WGMMA_D64_OPS
 
 // ---- special functions ---------------------------------------------------------------------
