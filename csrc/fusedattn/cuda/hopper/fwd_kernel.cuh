@@ -362,6 +362,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       else
         rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope);
     };
+    // Before a P V: the accumulator to the max that P was taken at, where a row's moved.
+    auto rescale_to_max = [&] {
+      if (rescale) {
+        float corr[2];
+        rescale_factors(mx, mx_old, a.mul_out, corr);
+#pragma unroll
+        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
+      }
+    };
 
     FA_PROFILE_PHASE(kTileEnds);
     if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
@@ -396,12 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(p);
       wgmma_fence();
       issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
-      if (rescale) {  // to the max of the previous P
-        float corr[2];
-        rescale_factors(mx, mx_old, a.mul_out, corr);
-#pragma unroll
-        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
-      }
+      rescale_to_max();  // of the previous P
       mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
       wgmma_fence();  // o changed since the last fence
       issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
@@ -425,12 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     FA_PROFILE_PHASE(kOther);
     {  // the last P V
       const int st = (kv + n_end - 1) % kStages;
-      if (rescale) {
-        float corr[2];
-        rescale_factors(mx, mx_old, a.mul_out, corr);
-#pragma unroll
-        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
-      }
+      rescale_to_max();
       mbar_wait(&sm.v_full[st], ((kv + n_end - 1) / kStages) & 1);
       fence_regs(o);
       fence_regs(p);
