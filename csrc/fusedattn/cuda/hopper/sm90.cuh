@@ -95,14 +95,14 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
-// Keeps the compiler from moving uses of a register across the asynchronous products:
-// the value "changes" here, after the wait that precedes it.
 // Makes this thread's generic-proxy writes to shared memory visible to the async proxy
 // (wgmma operands read from shared memory), ahead of a barrier.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Keeps the compiler from moving uses of a register across the asynchronous products:
+// the value "changes" here, after the wait that precedes it.
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
