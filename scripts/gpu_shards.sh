@@ -3,8 +3,8 @@
 # split into words: files and -k expressions), the rest of scripts/gpu_test.sh's setup
 # alike. The GPU tests spend most of their time compiling on the CPU, so shards in
 # parallel finish several times sooner. Logs: $OUT/shard-N.log; a summary line each.
-#   scripts/gpu_shards.sh "tests/python/test_softmax_gpu.py" \
-#       "tests/python/test_small_seq_gpu.py -k widths" "tests/python/test_small_seq_gpu.py -k 'not widths'"
+#   scripts/gpu_shards.sh "tests/python/softmax/test_softmax_gpu.py" \
+#       "tests/python/small_seq/test_small_seq_gpu.py -k widths" "tests/python/small_seq/test_small_seq_gpu.py -k 'not widths'"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "fusedattn/cuda/hopper/flash_fwd.h"
+#include "fusedattn/attention/hopper/flash_fwd.h"
 
 using fusedattn::cuda::hopper::FlashFwdParams;
 #ifdef FA_HOPPER_PROFILE

@@ -9,11 +9,11 @@ case "${1:-}" in
   build)
     mkdir -p .carry
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -DFA_HOPPER_SWEEP \
-      scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu -o "$BIN" ;;
+      scripts/hopper_fwd_check.cu csrc/fusedattn/attention/hopper/flash_fwd.cu -o "$BIN" ;;
   build-profile)  # the same with FA_HOPPER_PROFILE: cycles by phase of the consumer loop
     mkdir -p .carry
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -DFA_HOPPER_SWEEP \
-      -DFA_HOPPER_PROFILE scripts/hopper_fwd_check.cu csrc/fusedattn/cuda/hopper/flash_fwd.cu \
+      -DFA_HOPPER_PROFILE scripts/hopper_fwd_check.cu csrc/fusedattn/attention/hopper/flash_fwd.cu \
       -o .carry/hopper_fwd_profile ;;
   run-profile)
     .carry/hopper_fwd_profile ;;

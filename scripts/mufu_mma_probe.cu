@@ -8,7 +8,7 @@
 //     .carry/mufu_mma_probe
 #include <cstdio>
 
-#include "fusedattn/cuda/hopper/fwd_kernel.cuh"
+#include "fusedattn/attention/hopper/fwd_kernel.cuh"
 
 using namespace fusedattn::cuda::hopper;
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "small_seq/fwd_kernel.cuh"
+#include "fusedattn/small_seq/cuda/fwd_kernel.cuh"
 
 namespace ss = fusedattn::small_seq;
 namespace ssc = fusedattn::small_seq::cuda;

@@ -14,7 +14,7 @@
 //     .carry/softmax_phase_probe
 #include <cstdio>
 
-#include "fusedattn/cuda/hopper/fwd_kernel.cuh"
+#include "fusedattn/attention/hopper/fwd_kernel.cuh"
 
 using namespace fusedattn::cuda::hopper;
 

@@ -21,7 +21,7 @@ PLATFORM_CPU, PLATFORM_CUDA = 0, 1
 
 
 class AttnParams(ctypes.Structure):
-    """Mirror of FaAttnParams in csrc/fusedattn/params.h (same field order)."""
+    """Mirror of FaAttnParams in csrc/fusedattn/attention/params.h (same field order)."""
 
     _fields_ = [
         ("batch", ctypes.c_int64),

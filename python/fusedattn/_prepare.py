@@ -1,5 +1,5 @@
 """Checks a fused_attn call and turns it into the engine's ten FFI operands and a static
-config (csrc/fusedattn/ffi/attn_decode.h lists the operands).
+config (csrc/fusedattn/attention/ffi_decode.h lists the operands).
 
 Bad input raises at trace time (ValueError; NotImplementedError for what the engine
 does not serve), and the engine's own validate() has the last word: Python asks it
@@ -50,7 +50,7 @@ class Config:
         return self.is_training and self.dropout > 0.0
 
     def ffi_attrs(self) -> dict[str, Any]:
-        # Names and types match AttnAttrs in csrc/fusedattn/ffi/attn_decode.h.
+        # Names and types match AttnAttrs in csrc/fusedattn/attention/ffi_decode.h.
         return dict(layout=np.int32(self.layout), mask_type=np.int32(self.mask_type),
                     bias_type=np.int32(self.bias_type), softmax_type=np.int32(self.softmax_type),
                     is_training=np.int32(self.is_training), scale=np.float32(self.scale),

@@ -1,6 +1,6 @@
 """The enums of the fused attention API.
 
-Their integer values are the C++ engine's (csrc/fusedattn/params.h); the test
+Their integer values are the C++ engine's (csrc/fusedattn/attention/params.h); the test
 suite checks the two agree.
 """
 

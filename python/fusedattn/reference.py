@@ -1,7 +1,7 @@
 """The plain-JAX reference of fused attention: materialized scores, float32 math.
 
 Every backend is tested against it, and XLA runs it where no fused kernel serves a
-call. Semantics (shared with csrc/fusedattn/cpu/mask.h, score_ops.h and philox.h):
+call. Semantics (shared with csrc/fusedattn/attention/cpu/mask.h, score_ops.h and philox.h):
 
 * Scores per (batch, q head, query, key); q head h reads kv head h // (Hq // Hkv):
   s = scale * q.k (+ bias: POST_SCALE_BIAS s = scale * q.k + bias, PRE_SCALE_BIAS
@@ -22,7 +22,7 @@ call. Semantics (shared with csrc/fusedattn/cpu/mask.h, score_ops.h and philox.h
   VANILLA). max_logit [B, Hq] is the max of the kept scores (bias included, extra
   logit not), -inf where nothing is kept.
 * Dropout (dropout_probability > 0 and a seed): the normalized probabilities times
-  keep / (1 - p), keep from Philox4x32-10 exactly as csrc/fusedattn/philox.h: counter
+  keep / (1 - p), keep from Philox4x32-10 exactly as csrc/fusedattn/core/philox.h: counter
   (key // 4, query, head, batch), key words (seed[0], seed[1]), word key % 4 kept when
   >= floor(p * 2^32). So this reference (and the XLA fallback built on it) draws the
   same mask as the CPU engine; other GPU backends may use their own generator.

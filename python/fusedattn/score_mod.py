@@ -12,7 +12,7 @@ registers, which the C++ engines interpret per tile row. The backward program is
 derivative of fn with respect to the score, traced the same way from jax.grad (or the
 caller's score_mod_bprop), and each array operand gets its own derivative program.
 
-Program encoding (csrc/fusedattn/score_mod.h reads it): int32 words
+Program encoding (csrc/fusedattn/score_mod/program.h reads it): int32 words
   [kVersion, n_inputs, n_instr, out_reg, (op, a, b, c) * n_instr]
 and a float32 constant table. Registers 0 .. n_inputs-1 are the inputs (score, batch,
 head, q, kv, the array operands, then dscore for the backward programs); instruction i
@@ -38,7 +38,7 @@ INDEX_INPUTS = 5  # score, batch_idx, head_idx, q_idx, kv_idx
 
 
 class Op(enum.IntEnum):
-    """Opcodes; mirror of ScoreModOp in csrc/fusedattn/score_mod.h (same values)."""
+    """Opcodes; mirror of ScoreModOp in csrc/fusedattn/score_mod/program.h (same values)."""
 
     CONST = 0      # constant table[a]
     ADD = 1
@@ -424,7 +424,7 @@ def _program_words(prog: Program) -> list[int]:
 
 
 def packed_attribute(sm: ScoreMod) -> np.ndarray:
-    """The int32 attribute the C++ handlers decode (csrc/fusedattn/score_mod.h)."""
+    """The int32 attribute the C++ handlers decode (csrc/fusedattn/score_mod/program.h)."""
     words = [len(sm.operand_shapes)]
     for shp in sm.operand_shapes:
         words.extend(int(d) for d in shp)

@@ -320,7 +320,7 @@ class _Config:
     width: int
 
     def attrs(self, save_aux: bool, poison: bool = False) -> dict[str, Any]:
-        # Names and types match SmallSeqAttrs in csrc/fusedattn/ffi/small_seq_decode.h.
+        # Names and types match SmallSeqAttrs in csrc/fusedattn/small_seq/ffi_decode.h.
         return dict(layout=np.int32(self.layout), mask_type=np.int32(self.mask_type),
                     scale=np.float32(self.scale), max_seqlen_kv=np.int64(self.width),
                     save_aux=np.int32(save_aux), poison=np.int32(poison))

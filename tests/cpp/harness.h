@@ -13,7 +13,7 @@
 #include <sstream>
 #include <vector>
 
-#include "fusedattn/params.h"
+#include "fusedattn/attention/params.h"
 
 namespace fusedattn::testing {
 

@@ -13,6 +13,8 @@ precision (reference_lowp), plus a small floor. NaN never passes.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import zlib
 
 import jax
@@ -23,6 +25,13 @@ import pytest
 import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType, SequenceDescriptor, SoftmaxType
 from fusedattn.reference import dropout_keep, segment_mask
+
+# Tests are grouped by op (tests/python/<op>/); the op folders' helper modules
+# (features, small_seq_cases, softmax_helpers) import from any folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _op in ("attention", "score_mod", "small_seq", "softmax"):
+    if os.path.join(_HERE, _op) not in sys.path:
+        sys.path.insert(0, os.path.join(_HERE, _op))
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 ALL_MASKS = list(AttnMaskType)

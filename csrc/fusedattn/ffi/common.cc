@@ -1,4 +1,4 @@
-#include "common.h"
+#include "fusedattn/ffi/common.h"
 
 #include <sstream>
 

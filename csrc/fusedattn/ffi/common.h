@@ -6,8 +6,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "../params.h"
-#include "../status.h"
+#include "fusedattn/attention/params.h"
+#include "fusedattn/core/status.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fusedattn::ffi_glue {

@@ -4,8 +4,8 @@
 
 #include <stdint.h>
 
-#include "params.h"
-#include "segments.h"
+#include "fusedattn/small_seq/params.h"
+#include "fusedattn/small_seq/segments.h"
 
 namespace fusedattn::small_seq {
 

@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "../params.h"  // FaDType, FaQKVLayout, FaMaskType, ... codes
+#include "fusedattn/attention/params.h"  // FaDType, FaQKVLayout, FaMaskType, ... codes
 
 #ifdef __cplusplus
 extern "C" {

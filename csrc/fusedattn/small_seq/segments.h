@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "params.h"
+#include "fusedattn/small_seq/params.h"
 
 #if defined(__CUDACC__)
 #define FA_HD __host__ __device__ __forceinline__

@@ -1,4 +1,4 @@
-#include "validate.h"
+#include "fusedattn/small_seq/validate.h"
 
 #include <cmath>
 #include <sstream>

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "../status.h"
-#include "params.h"
+#include "fusedattn/core/status.h"
+#include "fusedattn/small_seq/params.h"
 
 namespace fusedattn::small_seq {
 

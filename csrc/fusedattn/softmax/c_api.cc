@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "validate.h"
+#include "fusedattn/softmax/validate.h"
 
 namespace {
 

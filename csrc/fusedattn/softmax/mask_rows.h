@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "params.h"
+#include "fusedattn/softmax/params.h"
 
 #if defined(__CUDACC__)
 #define FA_HOST_DEVICE __host__ __device__

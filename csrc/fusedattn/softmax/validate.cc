@@ -1,4 +1,4 @@
-#include "validate.h"
+#include "fusedattn/softmax/validate.h"
 
 #include <cmath>
 #include <sstream>

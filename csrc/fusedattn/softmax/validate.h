@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "../status.h"
-#include "params.h"
+#include "fusedattn/core/status.h"
+#include "fusedattn/softmax/params.h"
 
 namespace fusedattn::softmax {
 

@@ -1,0 +1,138 @@
+// extern "C" queries for Python (ctypes): version, build features, and the
+// same validate() / select_backend() the FFI handlers use, so Python can
+// reject bad calls at trace time with the C++ engine's own message.
+#include <cstring>
+#include <string>
+
+#include "fusedattn/attention/backend.h"
+#include "fusedattn/platform/cpu/thread_pool.h"
+#include "fusedattn/attention/validate.h"
+#ifdef FUSEDATTN_WITH_CUDA
+#include "fusedattn/attention/cudnn/sdpa_config.h"
+#include "fusedattn/attention/hopper/flash_fwd.h"
+#include "fusedattn/platform/cuda/platform_info.h"
+#include "fusedattn/attention/ffi_cuda.h"
+#endif
+
+namespace {
+
+void copy_message(const std::string& msg, char* buf, int buf_len) {
+  if (!buf || buf_len <= 0) return;
+  const size_t n = std::min(msg.size(), static_cast<size_t>(buf_len - 1));
+  std::memcpy(buf, msg.data(), n);
+  buf[n] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fa_version() { return FUSEDATTN_VERSION; }
+
+int fa_params_size() { return static_cast<int>(sizeof(FaAttnParams)); }
+
+int fa_built_with_cuda() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// Returns an FaStatus; the message (if any) goes to msg.
+int fa_validate(const FaAttnParams* p, char* msg, int msg_len) {
+  const fusedattn::Status s = fusedattn::validate(*p);
+  copy_message(s.message, msg, msg_len);
+  return s.code;
+}
+
+// Returns an FaBackend; *status gets validate()'s code, reason the explanation.
+// `device` is the CUDA device whose capabilities decide a CUDA platform query.
+int fa_select_backend(const FaAttnParams* p, int platform, int device, int* status, char* reason,
+                      int reason_len) {
+  fusedattn::PlatformInfo info;
+#ifdef FUSEDATTN_WITH_CUDA
+  if (platform == FA_PLATFORM_CUDA) {
+    const fusedattn::Status s = fusedattn::cuda::platform_info(device, &info);
+    if (!s.ok()) {
+      info.cuda_built = true;
+      info.device_error = s.message;
+    }
+  }
+#endif
+  const fusedattn::BackendChoice c = fusedattn::select_backend(*p, platform, info);
+  if (status) *status = c.status.code;
+  copy_message(c.reason, reason, reason_len);
+  return c.backend;
+}
+
+// Builds (or finds in the cache) the cuDNN graph that will serve p on `device`, forward
+// or backward: the last word on whether cuDNN supports a call. score_mod: the packed
+// program attribute (score_mod.h) of a flex-attention call, or null. Returns an FaStatus.
+int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max_logit,
+                   int backward, const int32_t* score_mod, int64_t score_mod_len, char* msg,
+                   int msg_len) {
+#ifdef FUSEDATTN_WITH_CUDA
+  const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
+  const fusedattn::cudnn::ScoreModSpec* sm = score_mod ? &spec : nullptr;
+  fusedattn::Status s;
+  if (sm && p->bias_type != FA_NO_BIAS) {
+    s = fusedattn::Status::Unimplemented("score_mod with a bias on cuDNN");
+  } else {
+    std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
+    s = fusedattn::cudnn::get_graph(
+        fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0, sm), backward != 0,
+        device, &g);
+  }
+  copy_message(s.message, msg, msg_len);
+  return s.code;
+#else
+  (void)score_mod, (void)score_mod_len;
+  copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
+  return FA_UNIMPLEMENTED;
+#endif
+}
+
+// Bytes of the uint8 workspace result of the CUDA attention forward (backward) of p
+// (score_mod as fa_cudnn_check). Returns an FaStatus; the message (if any) goes to msg.
+int fa_cuda_attn_workspace_bytes(const FaAttnParams* p, int device, int want_lse,
+                                 int want_max_logit, int backward, const int32_t* score_mod,
+                                 int64_t score_mod_len, int64_t* bytes, char* msg, int msg_len) {
+#ifdef FUSEDATTN_WITH_CUDA
+  const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
+  const fusedattn::Status s = fusedattn::ffi_glue::attn_workspace_bytes(
+      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, bytes,
+      score_mod ? &spec : nullptr);
+  copy_message(s.message, msg, msg_len);
+  return s.code;
+#else
+  (void)score_mod, (void)score_mod_len;
+  copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
+  return FA_UNIMPLEMENTED;
+#endif
+}
+
+// cuDNN graphs built so far in this process (0 without CUDA).
+int64_t fa_cudnn_graphs_built() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return fusedattn::cudnn::built_graph_count();
+#else
+  return 0;
+#endif
+}
+
+// Hopper flash forward launches so far in this process (tests: which kernel ran).
+int64_t fa_hopper_fwd_launches() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return fusedattn::cuda::hopper::launch_count();
+#else
+  return 0;
+#endif
+}
+
+const char* fa_backend_name(int backend) { return fusedattn::backend_name(backend); }
+
+void fa_set_num_threads(int n) { fusedattn::cpu::set_num_threads(n); }
+int fa_num_threads() { return fusedattn::cpu::max_slots(); }
+
+}  // extern "C"

@@ -1,0 +1,91 @@
+// The CPU flash-attention engine: tiled, online softmax, float32 accumulation,
+// O(S) extra memory, parallel over (batch, head, tile).
+//
+//   q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk], v [B, Skv, Hkv, Dv]: strided views
+//     (packed layouts point them into one tensor)
+//   out [B, Sq, Hq, Dv] (q's dtype)
+//   lse f32: [B, Hq, Sq] for BSHD layouts, [B, Sq, Hq] for THD ones (strided view)
+//   max_logit [B, Hq] f32 (may be null)
+//   bias [slices, 1|Bs, 1|Hq, Sq, Skv] in q's dtype (Bs = batch / slices; may be null)
+//   softmax_offset [slices, Hq] f32 (LEARNABLE_SOFTMAX only), seed [slices, 2] u32
+//     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (mask.h)
+// Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias.
+#pragma once
+
+#include <cstdint>
+
+#include "fusedattn/attention/params.h"
+#include "fusedattn/score_mod/program.h"
+#include "fusedattn/attention/cpu/mask.h"
+
+namespace fusedattn::cpu {
+
+// Element strides of a [B, S, H, D] view whose last dimension is contiguous.
+struct Strides {
+  int64_t b, s, h;
+  static Strides bshd(int64_t S, int64_t H, int64_t D) { return {S * H * D, H * D, D}; }
+};
+
+// Element strides of the bias [slices, 1|Bs, 1|Hq, Sq, Skv]: b and h are 0 on
+// broadcast dimensions; rows (s) are contiguous in the key.
+struct BiasStrides {
+  int64_t slice, b, h, s;
+  static BiasStrides dense(const AttnParams& p) {
+    const int64_t s = p.seqlen_kv, h = p.seqlen_q * s, b = p.bias_heads * h;
+    return {p.bias_batch * b, p.bias_batch > 1 ? b : 0, p.bias_heads > 1 ? h : 0, s};
+  }
+};
+
+// Strides of lse for the layout: [B, Hq, Sq] or, for THD layouts, [B, Sq, Hq].
+inline Strides lse_strides(const AttnParams& p) {
+  return is_thd(p.layout) ? Strides{p.seqlen_q * p.heads_q, p.heads_q, 1}
+                          : Strides{p.heads_q * p.seqlen_q, 1, p.seqlen_q};
+}
+
+// The inputs every pass reads besides q, k, v.
+struct Extras {
+  SeqArgs seq;
+  const void* bias = nullptr;
+  BiasStrides sbias{};
+  const float* softmax_offset = nullptr;
+  const uint32_t* seed = nullptr;
+  // score_mod (null: none) and its array operands [slices, score_mod->total_size()] f32.
+  const ScoreMod* score_mod = nullptr;
+  const float* score_mod_operands = nullptr;
+};
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  float* max_logit;  // may be null
+  Strides sq, sk, sv, so, slse;
+  Extras x;
+};
+
+struct BwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* out;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  void* dbias;             // bias's shape and strides; null: not computed
+  float* dsoftmax_offset;  // [B, Hq]; null: not computed
+  Strides sq, sk, sv, so, sdo, slse, sdq, sdk, sdv;
+  Extras x;
+  float* dscore_mod_operands = nullptr;  // [slices, score_mod total_size] f32; null: not computed
+};
+
+// p must have passed validate(); the pointers must match it (a bias when
+// p.bias_type != NO_BIAS, softmax_offset for LEARNABLE_SOFTMAX, a seed when
+// has_dropout(p)).
+void attention_fwd(const AttnParams& p, const FwdArgs& a);
+void attention_bwd(const AttnParams& p, const BwdArgs& a);
+
+}  // namespace fusedattn::cpu

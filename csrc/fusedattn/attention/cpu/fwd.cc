@@ -1,0 +1,135 @@
+// Forward pass of the CPU flash-attention engine (see attention.h for shapes).
+//
+// One task = one (batch, q head, 64-row query tile). It streams the key tiles
+// its rows can see, keeps the running row max m and row sum l (online
+// softmax), and rescales its float32 output accumulator as m grows. Nothing of
+// size Sq x Skv is ever stored. The softmax's extra logit (OFF_BY_ONE /
+// LEARNABLE) enters as the starting state m = sink, l = 1 of every query row:
+// a key whose value is zero. Dropout scales the probabilities after they
+// entered l, so l stays the undropped normalizer.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "fusedattn/attention/cpu/attention.h"
+#include "fusedattn/platform/cpu/dispatch.h"
+#include "fusedattn/attention/cpu/gemm.h"
+#include "fusedattn/attention/cpu/mask.h"
+#include "fusedattn/attention/cpu/score_ops.h"
+#include "fusedattn/platform/cpu/thread_pool.h"
+#include "fusedattn/attention/cpu/tiles.h"
+
+namespace fusedattn::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <class T>
+void forward(const AttnParams& p, const FwdArgs& a) {
+  const int64_t B = p.batch, Sq = p.seqlen_q, Skv = p.seqlen_kv;
+  const int64_t Hq = p.heads_q, group = p.heads_q / p.heads_kv;
+  const int64_t D = p.head_dim_qk, Dv = p.head_dim_v;
+  const int64_t Dp = round_up(D, kNr), Dvp = round_up(Dv, kNr);
+  const int64_t n_qt = (Sq + kBq - 1) / kBq;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  T* out = static_cast<T*>(a.out);
+  const float bmul = bias_mul(p);
+  const RowRanges ranges = build_row_ranges(p, a.x.seq, kBq);
+  std::vector<float> tile_max(B * Hq * n_qt, kNegInf);
+
+  parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
+    const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
+    const int64_t hk = h / group, q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
+    const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
+    const T* bias = bias_plane<T>(p, a.x, b, h);
+    const Dropout dropout(p, a.x, b, h);
+    ScoreModRows score_mod(p, a.x, ranges, b, h);
+
+    int64_t lo[kBq], hi[kBq];
+    float m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys
+    for (int64_t r = 0; r < kBq; ++r) {
+      const int64_t row = ranges.row(b, q0 + r);
+      const bool real = r < rows && ranges.real[row];
+      lo[r] = r < rows ? ranges.lo[row] : 0;
+      hi[r] = r < rows ? ranges.hi[row] : 0;
+      m[r] = real ? sink : kNegInf;
+      l[r] = real && sink > kNegInf ? 1.0f : 0.0f;
+      mx[r] = kNegInf;
+    }
+    const int64_t tile_lo = ranges.tile_lo[ranges.tile_index(b, qt)];
+    const int64_t tile_hi = ranges.tile_hi[ranges.tile_index(b, qt)];
+
+    Buffer qf(kBq * Dp), kt(Dp * kBk), vf(kBk * Dvp), s(kBq * kBk), acc(kBq * Dvp), z(kBk);
+    // The scale is folded into q so the scores come out of the gemm scaled.
+    load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, p.scale, qf.data(), kBq, Dp);
+
+    for (int64_t k0 = tile_lo / kBk * kBk; k0 < tile_hi; k0 += kBk) {
+      const int64_t cols = std::min(kBk, Skv - k0);
+      load_rows_transposed(k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h, a.sk.s, cols, D, kt.data(), Dp, kBk);
+      load_rows(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, 1.0f, vf.data(), kBk, Dvp);
+      gemm<false>(kBq, kBk, Dp, qf.data(), Dp, kt.data(), kBk, s.data(), kBk);
+
+      for (int64_t r = 0; r < kBq; ++r) {
+        float* sr = s.data() + r * kBk;
+        // Kept columns of this row in this tile: [c_lo, c_hi), inside [0, cols).
+        const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, kBk);
+        const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
+        if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
+        if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
+        float row_max = kNegInf;
+        for (int64_t c = 0; c < kBk; ++c) {
+          sr[c] = (c >= c_lo && c < c_hi) ? sr[c] : kNegInf;
+          row_max = std::max(row_max, sr[c]);
+        }
+        mx[r] = std::max(mx[r], row_max);
+        const float m_new = std::max(m[r], row_max);
+        if (m_new == kNegInf) {  // nothing kept in this row so far
+          std::fill(sr, sr + kBk, 0.0f);
+          continue;
+        }
+        const float alpha = m[r] == kNegInf ? 0.0f : fast_exp(m[r] - m_new);
+        float sum = 0.0f;
+        for (int64_t c = 0; c < kBk; ++c) {
+          const float e = fast_exp(sr[c] - m_new);
+          sr[c] = sr[c] == kNegInf ? 0.0f : e;
+          sum += sr[c];
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+        float* ar = acc.data() + r * Dvp;
+        for (int64_t c = 0; c < Dvp; ++c) ar[c] *= alpha;
+        if (dropout.on() && c_lo < c_hi) {
+          dropout.fill_row(q0 + r, k0, z.data());
+          for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= z.data()[c];
+        }
+      }
+      gemm<true>(kBq, Dvp, kBk, s.data(), kBk, vf.data(), Dvp, acc.data(), Dvp);
+    }
+
+    float local_max = kNegInf;
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool any = l[r] > 0.0f;
+      store_row(acc.data() + r * Dvp, Dv, any ? 1.0f / l[r] : 0.0f,
+                out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h);
+      a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
+      local_max = std::max(local_max, mx[r]);
+    }
+    tile_max[task] = local_max;
+  });
+
+  if (a.max_logit) {
+    for (int64_t bh = 0; bh < B * Hq; ++bh)
+      a.max_logit[bh] = *std::max_element(tile_max.begin() + bh * n_qt, tile_max.begin() + (bh + 1) * n_qt);
+  }
+}
+
+}  // namespace
+
+void attention_fwd(const AttnParams& p, const FwdArgs& a) {
+  dispatch_dtype(p.dtype, [&](auto t) { forward<decltype(t)>(p, a); });
+}
+
+}  // namespace fusedattn::cpu

@@ -1,0 +1,192 @@
+// The per-element steps of the tile loops, on one row of one score tile:
+// bias, the extra softmax logit ("sink") and dropout. The kept-key range of a
+// row comes from mask.h; these never change which keys are kept.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fusedattn/attention/params.h"
+#include "fusedattn/core/philox.h"
+#include "fusedattn/score_mod/program.h"
+#include "fusedattn/attention/cpu/attention.h"
+#include "fusedattn/platform/cpu/dtypes.h"
+#include "fusedattn/attention/cpu/mask.h"
+#include "fusedattn/attention/cpu/philox_lanes.h"
+#include "fusedattn/attention/cpu/tiles.h"
+
+namespace fusedattn::cpu {
+
+// The extra logit of OFF_BY_ONE (0) and LEARNABLE (softmax_offset[slice, h])
+// softmax; -inf (no extra term) for VANILLA.
+inline float sink_logit(const AttnParams& p, const Extras& x, int64_t slice, int64_t h) {
+  switch (p.softmax_type) {
+    case FA_OFF_BY_ONE_SOFTMAX: return 0.0f;
+    case FA_LEARNABLE_SOFTMAX: return x.softmax_offset[slice * p.heads_q + h];
+  }
+  return -std::numeric_limits<float>::infinity();
+}
+
+// s = scale * q.k + bias_mul * bias:  POST_SCALE_BIAS adds the bias as is,
+// PRE_SCALE_BIAS (s = scale * (q.k + bias)) adds it scaled. Also the factor
+// of dS in dbias.
+inline float bias_mul(const AttnParams& p) {
+  return p.bias_type == FA_PRE_SCALE_BIAS ? p.scale : 1.0f;
+}
+
+// The bias plane [Sq, Skv] of folded batch entry b and q head h (null without bias).
+template <class T>
+inline const T* bias_plane(const AttnParams& p, const Extras& x, int64_t b, int64_t h) {
+  if (!x.bias) return nullptr;
+  const int64_t bs = slice_batch(p);
+  return static_cast<const T*>(x.bias) + (b / bs) * x.sbias.slice + (b % bs) * x.sbias.b +
+         h * x.sbias.h;
+}
+
+// sr[c] += mul * brow[c] for c in [c_lo, c_hi).
+template <class T>
+inline void add_bias(const T* brow, float mul, float* sr, int64_t c_lo, int64_t c_hi) {
+  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * to_float(brow[c]);
+}
+
+// Dropout of one (batch entry, head): z(i, j) = 1 / (1 - p) when key j of
+// query i is kept, else 0; the rule is philox.h's.
+class Dropout {
+ public:
+  Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) : h_(h) {
+    on_ = has_dropout(p);
+    if (!on_) return;
+    const int64_t bs = slice_batch(p);
+    seed_[0] = x.seed[2 * (b / bs)];
+    seed_[1] = x.seed[2 * (b / bs) + 1];
+    b_ = b % bs;
+    threshold_ = dropout_threshold(p.dropout);
+    inv_keep_ = 1.0f / (1.0f - p.dropout);
+  }
+  bool on() const { return on_; }
+
+  // z[c] = z(i, k0 + c) for the 64 keys c of the tile at k0 (a multiple of 4): one
+  // row of a tile is 16 key groups, whose Philox calls run side by side (philox_lanes.h).
+  void fill_row(int64_t i, int64_t k0, float* z) const {
+    static_assert(kPhiloxLanes * 4 == kBk, "one Philox batch covers one tile row of keys");
+    alignas(32) uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+    for (int l = 0; l < kPhiloxLanes; ++l)
+      c0[l] = uint32_t(k0 / 4 + l), c1[l] = uint32_t(i), c2[l] = uint32_t(h_), c3[l] = uint32_t(b_);
+    philox_lanes(c0, c1, c2, c3, seed_[0], seed_[1]);
+    for (int l = 0; l < kPhiloxLanes; ++l) {
+      z[4 * l + 0] = c0[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 1] = c1[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 2] = c2[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 3] = c3[l] >= threshold_ ? inv_keep_ : 0.0f;
+    }
+  }
+
+ private:
+  bool on_ = false;
+  uint32_t seed_[2] = {0, 0};
+  int64_t b_ = 0, h_;
+  uint32_t threshold_ = 0;
+  float inv_keep_ = 1.0f;
+};
+
+// score_mod on the rows of one (folded batch entry b, q head h): the forward program
+// on scores, and in the backward the score's and the operands' gradient programs.
+// Inputs of the programs, per row: score, batch, head, q, kv, the array operands read
+// at their broadcast position, then dscore (the gradient of the modified score).
+// q and kv are positions in the row's sequence (ranges' q_base / kv_base: a THD
+// segment counts from its first token), and so are the operands' indices.
+class ScoreModRows {
+ public:
+  ScoreModRows(const AttnParams& p, const Extras& x, const RowRanges& ranges, int64_t b,
+               int64_t h)
+      : sm_(x.score_mod), ranges_(&ranges), b_fold_(b) {
+    if (!sm_) return;
+    const int64_t bs = slice_batch(p);
+    b_ = b % bs;
+    h_ = h;
+    slice_ = b / bs;
+    base_ = x.score_mod_operands + slice_ * sm_->total_size();
+    const int n_in = kScoreModIndexInputs + sm_->n_operands + 1;
+    int32_t regs = sm_->fwd.n_regs();
+    regs = std::max(regs, sm_->bwd.n_regs());
+    for (int32_t i = 0; i < sm_->n_operands; ++i) regs = std::max(regs, sm_->grad[i].n_regs());
+    in_store_.assign(static_cast<size_t>(n_in) * kMaxLanes, 0.0f);
+    scratch_.assign(static_cast<size_t>(regs) * kMaxLanes, 0.0f);
+    for (int r = 0; r < n_in; ++r) in_[r] = in_store_.data() + r * kMaxLanes;
+    for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_), in_[2][c] = float(h_);
+  }
+  bool on() const { return sm_ != nullptr; }
+  int64_t slice() const { return slice_; }
+
+  // sr[c] = fn(sr[c], ...) for the keys k0 + c, c in [lo, hi), of query row i.
+  void forward(int64_t i, int64_t k0, float* sr, int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
+    fill(i, k0, sr, nullptr, lo, hi);
+    const float* o = eval_score_mod(sm_->fwd, in_, scratch_.data(), lo, hi);
+    std::copy(o + lo, o + hi, sr + lo);
+  }
+
+  // ds[c]: in, the gradient of the modified score; out, of the raw score s_raw[c].
+  // dop (null: not wanted) accumulates each array operand's gradient, laid out as the
+  // concatenated operands of this slice.
+  void backward(int64_t i, int64_t k0, const float* s_raw, float* ds, int64_t lo, int64_t hi,
+                float* dop) {
+    if (lo >= hi) return;
+    fill(i, k0, s_raw, ds, lo, hi);
+    if (dop) {
+      int64_t qi, kv0;
+      positions(i, &qi, &kv0);
+      for (int32_t k = 0; k < sm_->n_operands; ++k) {
+        const float* g = eval_score_mod(sm_->grad[k], in_, scratch_.data(), lo, hi);
+        float* d = dop + sm_->offset(k);
+        for (int64_t c = lo; c < hi; ++c)
+          if (ds[c] != 0.0f) d[operand_index(k, qi, kv0 + k0 + c)] += g[c];
+      }
+    }
+    const float* o = eval_score_mod(sm_->bwd, in_, scratch_.data(), lo, hi);
+    for (int64_t c = lo; c < hi; ++c) ds[c] = ds[c] != 0.0f ? o[c] : 0.0f;  // 0 * NaN stays 0
+  }
+
+ private:
+  int64_t operand_index(int32_t k, int64_t i, int64_t j) const {
+    const int64_t* s = sm_->shape[k];
+    const int64_t bb = s[0] == 1 ? 0 : b_, hh = s[1] == 1 ? 0 : h_;
+    const int64_t ii = s[2] == 1 ? 0 : i, jj = s[3] == 1 ? 0 : j;
+    return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
+  }
+  // Row i's position in its sequence, and the position of key 0 there.
+  void positions(int64_t i, int64_t* qi, int64_t* kv0) const {
+    const int64_t row = ranges_->row(b_fold_, i);
+    *qi = i - ranges_->q_base[row];
+    *kv0 = -int64_t{ranges_->kv_base[row]};
+  }
+  void fill(int64_t i, int64_t k0, const float* score, const float* ds, int64_t lo, int64_t hi) {
+    const int n_ops = sm_->n_operands;
+    int64_t qi, kv0;
+    positions(i, &qi, &kv0);
+    for (int64_t c = lo; c < hi; ++c) {
+      in_[0][c] = score[c];
+      in_[3][c] = float(qi);
+      in_[4][c] = float(kv0 + k0 + c);
+    }
+    for (int32_t k = 0; k < n_ops; ++k) {
+      const float* op = base_ + sm_->offset(k);
+      for (int64_t c = lo; c < hi; ++c)
+        in_[kScoreModIndexInputs + k][c] = op[operand_index(k, qi, kv0 + k0 + c)];
+    }
+    if (ds)
+      for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + n_ops][c] = ds[c];
+  }
+
+  const ScoreMod* sm_;
+  const RowRanges* ranges_;
+  int64_t b_fold_;  // the folded batch entry (rows of ranges_)
+  int64_t b_ = 0, h_ = 0, slice_ = 0;
+  const float* base_ = nullptr;
+  std::vector<float> in_store_, scratch_;
+  float* in_[kScoreModIndexInputs + kMaxScoreModOperands + 1] = {};
+};
+
+}  // namespace fusedattn::cpu

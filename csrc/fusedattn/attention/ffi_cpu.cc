@@ -1,0 +1,211 @@
+// XLA FFI handlers of the CPU attention engine (operands and results: attn_decode.h):
+//   fa_cpu_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
+//                    q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
+//   fa_cpu_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+// Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
+#include "fusedattn/attention/cpu/attention.h"
+#include "fusedattn/score_mod/program.h"
+#include "fusedattn/attention/ffi_decode.h"
+
+namespace fusedattn::ffi_glue {
+namespace {
+
+cpu::Strides strides(const ViewStrides& s) { return {s.b, s.s, s.h}; }
+
+cpu::Extras extras(const AttnTensors& t) {
+  cpu::Extras x;
+  x.seq = {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets};
+  x.bias = t.bias;
+  x.sbias = {t.bias_slice, t.bias_b, t.bias_h, t.bias_s};
+  x.softmax_offset = t.softmax_offset;
+  x.seed = t.seed;
+  return x;
+}
+
+ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffer* out,
+                   ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit,
+                   const ffi::Span<const int32_t>* program, const ffi::AnyBuffer* sm_operands) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  ScoreModCall smc;
+  if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
+
+  cpu::FwdArgs a;
+  a.q = t.q;
+  a.k = t.k;
+  a.v = t.v;
+  a.out = t.out;
+  a.lse = t.lse;
+  a.max_logit = t.max_logit;
+  a.sq = strides(t.sq);
+  a.sk = strides(t.sk);
+  a.sv = strides(t.sv);
+  a.so = strides(t.so);
+  a.slse = strides(t.slse);
+  a.x = extras(t);
+  if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
+  cpu::attention_fwd(p, a);
+  return ffi::Error::Success();
+}
+
+ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                        ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                        ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                        ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_fwd(in, attrs, &*out, &*lse, &*max_logit, nullptr, nullptr);
+}
+
+ffi::Error attn_fwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                           ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                           ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
+                           AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_fwd(in, attrs.base(), &*out, &*lse, &*max_logit, &attrs.score_mod, &sm_operands);
+}
+
+ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::AnyBuffer& out,
+                   const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse, ffi::AnyBuffer* dq,
+                   ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                   ffi::AnyBuffer* dsoftmax_offset, const ffi::Span<const int32_t>* program,
+                   const ffi::AnyBuffer* sm_operands, ffi::AnyBuffer* dsm_operands) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
+                                        dsoftmax_offset, &t));
+  ScoreModCall smc;
+  if (program)
+    FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, dsm_operands, &smc));
+
+  cpu::BwdArgs a;
+  a.q = t.q;
+  a.k = t.k;
+  a.v = t.v;
+  a.out = t.out;
+  a.dout = t.dout;
+  a.lse = t.lse;
+  a.dq = t.dq;
+  a.dk = t.dk;
+  a.dv = t.dv;
+  a.dbias = t.dbias;
+  a.dsoftmax_offset = t.dsoftmax_offset;
+  a.sq = strides(t.sq);
+  a.sk = strides(t.sk);
+  a.sv = strides(t.sv);
+  a.so = strides(t.so);
+  a.sdo = strides(t.sdo);
+  a.slse = strides(t.slse);
+  a.sdq = strides(t.sdq);
+  a.sdk = strides(t.sdk);
+  a.sdv = strides(t.sdv);
+  a.x = extras(t);
+  if (program) {
+    a.x.score_mod = &smc.sm;
+    a.x.score_mod_operands = smc.operands;
+    a.dscore_mod_operands = smc.doperands;
+  }
+  cpu::attention_bwd(p, a);
+  return ffi::Error::Success();
+}
+
+ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                        ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                        ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                        ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                        ffi::Result<ffi::AnyBuffer> dbias,
+                        ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_bwd(in, attrs, out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset, nullptr,
+                 nullptr, nullptr);
+}
+
+ffi::Error attn_bwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                           ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                           ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
+                           ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::AnyBuffer> dbias,
+                           ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                           ffi::Result<ffi::AnyBuffer> dsm_operands, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return run_bwd(in, attrs.base(), out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset,
+                 &attrs.score_mod, &sm_operands, &*dsm_operands);
+}
+
+}  // namespace
+}  // namespace fusedattn::ffi_glue
+
+namespace ffi = xla::ffi;
+using fusedattn::ffi_glue::AttnAttrs;
+using fusedattn::ffi_glue::AttnScoreModAttrs;
+
+#define FA_ATTN_OPERANDS                             \
+  .Arg<ffi::AnyBuffer>()     /* q */                 \
+      .Arg<ffi::AnyBuffer>() /* k */                 \
+      .Arg<ffi::AnyBuffer>() /* v */                 \
+      .Arg<ffi::AnyBuffer>() /* bias */              \
+      .Arg<ffi::AnyBuffer>() /* softmax_offset */    \
+      .Arg<ffi::AnyBuffer>() /* seed */              \
+      .Arg<ffi::AnyBuffer>() /* q_seqlens */         \
+      .Arg<ffi::AnyBuffer>() /* kv_seqlens */        \
+      .Arg<ffi::AnyBuffer>() /* q_offsets */         \
+      .Arg<ffi::AnyBuffer>() /* kv_offsets */
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd, fusedattn::ffi_glue::attn_fwd_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Attrs<AttnAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Attrs<AttnAttrs>());
+
+// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// operands concatenated); the backward also returns their gradient.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Attrs<AttnScoreModAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cpu,
+                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // dscore_mod_operands
+                                  .Attrs<AttnScoreModAttrs>());

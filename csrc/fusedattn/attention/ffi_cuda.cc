@@ -1,0 +1,555 @@
+// XLA FFI handlers of attention on NVIDIA GPUs, through cuDNN SDPA graphs
+// (operands and results as the CPU handlers: attn_decode.h):
+//   fa_cuda_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
+//                     q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
+//   fa_cuda_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+//   (each with one more result: a uint8 workspace, sized at trace time by
+//   attn_workspace_bytes(), since XLA's FFI scratch allocator is not available to
+//   every custom call)
+//   fa_cuda_attn_fwd_sm / fa_cuda_attn_bwd_sm: the same with score_mod (flex attention):
+//   one more operand after the ten (the concatenated score_mod operands, f32) and the
+//   program attribute; the graph runs the program (cuda/cudnn/sdpa_graph.cc). The
+//   operands' gradient is not computed here (fusedattn/attention.py takes it from XLA).
+// Each decodes one AttnParams and AttnTensors (the same code as the CPU), maps the
+// params to a cached cuDNN graph (cuda/cudnn/sdpa_config.h), takes every temporary
+// from the workspace, and enqueues on XLA's stream.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/cudnn/fixup.h"
+#include "fusedattn/platform/cuda/check.h"
+#include "fusedattn/attention/cudnn/sdpa_config.h"
+#include "fusedattn/attention/hopper/flash_fwd.h"
+#include "fusedattn/attention/ffi_decode.h"
+#include "fusedattn/attention/ffi_cuda.h"
+#include "fusedattn/platform/cuda/platform_info.h"
+
+namespace fusedattn::ffi_glue {
+namespace {
+
+using cudnn::SdpaConfig;
+namespace hopper = cuda::hopper;
+using Pack = std::unordered_map<int64_t, void*>;
+
+// Carves 256-byte aligned regions out of the workspace result (a uint8 buffer that
+// Python sizes at trace time by asking workspace_bytes(), so XLA owns every byte).
+class ScratchPlan {
+ public:
+  size_t add(size_t bytes) {
+    const size_t at = total_;
+    total_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  // Bytes the workspace must have: the regions, plus slack to align its start.
+  size_t bytes() const { return total_ + 255; }
+  Status bind(ffi::AnyBuffer* workspace) {
+    if (workspace->size_bytes() < bytes())
+      return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                              " bytes, the call needs " + std::to_string(bytes()));
+    const uintptr_t p = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+    base_ = reinterpret_cast<char*>((p + 255) / 256 * 256);
+    return Status::Ok();
+  }
+  template <class T>
+  T* at(size_t offset) const { return reinterpret_cast<T*>(base_ + offset); }
+
+ private:
+  size_t total_ = 0;
+  char* base_ = nullptr;
+};
+
+template <class T>
+T* offset(T* p, int64_t elements, int64_t elem_bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return p ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + elements * elem_bytes) : nullptr;
+}
+
+// The cuDNN backend must be the one select_backend() names for this call; Python
+// only routes a call here when it is, so anything else is a caller error.
+Status check_backend(const AttnParams& p, int device) {
+  PlatformInfo info;
+  FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, info);
+  if (!c.status.ok()) return c.status;
+  if (c.backend != FA_BACKEND_CUDNN)
+    return Status::Unimplemented("the CUDA attention handler serves cuDNN calls only; " + c.reason);
+  return Status::Ok();
+}
+
+// Sequence tensors (lengths, ragged offsets) of one slice's graph, in scratch.
+struct SeqScratch {
+  size_t seq_q = 0, seq_kv = 0, ragged[5] = {0, 0, 0, 0, 0};
+  bool used = false;
+
+  void plan(const SdpaConfig& c, ScratchPlan& plan) {
+    used = c.padding || c.ragged;
+    if (!used) return;
+    seq_q = plan.add(c.batch * 4);
+    seq_kv = plan.add(c.batch * 4);
+    if (c.ragged)
+      for (auto& r : ragged) r = plan.add((c.batch + 1) * 4);
+  }
+
+  // Fills them for rows [row0, row0 + rows) and binds them into the pack.
+  Status prepare(const AttnParams& p, const SdpaConfig& c, const AttnTensors& t, int64_t row0,
+                 int64_t rows, const ScratchPlan& plan, cudaStream_t stream, Pack& pack) const {
+    if (!used) return Status::Ok();
+    const int64_t M = p.max_segments;
+    const cuda::RowRule rule = cuda::make_row_rule(
+        p, offset(t.q_seqlens, row0 * M, 4), offset(t.kv_seqlens, row0 * M, 4),
+        offset(t.q_offsets, row0 * (M + 1), 4), offset(t.kv_offsets, row0 * (M + 1), 4));
+    cuda::SequenceArgs a{};
+    a.rows = rows;
+    a.seq_q = plan.at<int32_t>(seq_q);
+    a.seq_kv = plan.at<int32_t>(seq_kv);
+    pack[cudnn::kSeqQ] = a.seq_q;
+    pack[cudnn::kSeqKV] = a.seq_kv;
+    if (c.ragged) {
+      const cudnn::Uid uids[5] = {cudnn::kRagQ, cudnn::kRagK, cudnn::kRagV, cudnn::kRagO,
+                                  cudnn::kRagStats};
+      const int64_t token[5] = {c.q.s, c.k.s, c.v.s, c.o.s, c.lse.s};
+      for (int r = 0; r < 5; ++r) {
+        a.ragged[r] = plan.at<int32_t>(ragged[r]);
+        a.token_stride[r] = token[r];
+        a.ragged_is_kv[r] = r == 1 || r == 2;
+        pack[uids[r]] = a.ragged[r];
+      }
+    }
+    return cuda::prepare_sequences(rule, a, stream);
+  }
+};
+
+// Where each temporary of a forward call lives in the workspace.
+struct FwdPlan {
+  ScratchPlan plan;
+  SeqScratch seq;
+  size_t ws = 0, max_at = 0, sum_at = 0, sink_at = 0;
+
+  FwdPlan(const AttnParams& p, const SdpaConfig& c, const cudnn::BuiltGraph& g) {
+    const int64_t n_lse = p.batch * p.heads_q * p.seqlen_q;
+    ws = plan.add(g.workspace_bytes);
+    seq.plan(c, plan);
+    if (c.max_sum) max_at = plan.add(n_lse * 4), sum_at = plan.add(n_lse * 4);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) sink_at = plan.add(p.heads_q * 4);
+  }
+};
+
+struct BwdPlan {
+  ScratchPlan plan;
+  SeqScratch seq;
+  size_t ws = 0, lse_at = 0, sink_at = 0;
+
+  BwdPlan(const AttnParams& p, const SdpaConfig& c, const cudnn::BuiltGraph& g) {
+    ws = plan.add(g.workspace_bytes);
+    seq.plan(c, plan);
+    if (cudnn::rows_may_be_empty(p)) lse_at = plan.add(p.batch * p.heads_q * p.seqlen_q * 4);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) sink_at = plan.add(2 * p.heads_q * 4);
+  }
+};
+
+// A score_mod call as the graph code takes it (null: none), checked against p.
+struct SmArgs {
+  const ScoreModCall* call = nullptr;
+  cudnn::ScoreModSpec spec;
+  const cudnn::ScoreModSpec* get() const { return call ? &spec : nullptr; }
+};
+
+Status make_sm_args(const AttnParams& p, const ffi::Span<const int32_t>* program,
+                    const ffi::AnyBuffer* operands, ScoreModCall* call, SmArgs* out) {
+  if (!program) return Status::Ok();
+  FA_RETURN_IF_NOT_OK(decode_score_mod_call(p, *program, *operands, nullptr, call));
+  if (p.bias_type != FA_NO_BIAS)
+    return Status::Unimplemented("score_mod with a bias on cuDNN (the bias would follow the "
+                                 "score_mod there); fusedattn runs the reference instead");
+  out->call = call;
+  out->spec = {program->begin(), static_cast<int64_t>(program->size())};
+  return Status::Ok();
+}
+
+// Binds slice s's score_mod operands (their graph uids) into the pack.
+void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
+  if (!sm.call) return;
+  const ScoreMod& m = sm.call->sm;
+  for (int32_t i = 0; i < m.n_operands; ++i)
+    pack[cudnn::kScoreModOperand + i] =
+        const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
+}
+
+// Whether the Hopper flash forward (cuda/hopper) takes this call: a softcap score_mod
+// (k1 tanh(k2 s), cuDNN's kernel leaves its tanh unhidden: bench/RESULTS.md) or an ALiBi
+// one (s +- slopes[h] (kv - q) or |kv - q|, one vmap slice) on an sm_90 device, and
+// nothing in the call beyond that kernel. Fills fp when it does.
+// FUSEDATTN_HOPPER_FWD=0 sends these calls to cuDNN too (for comparisons).
+bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm, int device,
+                    bool want_max, hopper::FlashFwdParams* fp) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
+    return !e || std::strcmp(e, "0") != 0;
+  }();
+  if (!enabled || !sm.call) return false;
+  const ScoreMod& m = sm.call->sm;
+  float k1 = 0.0f, k2 = 0.0f;
+  AlibiForm alibi;
+  const bool softcap = m.n_operands == 0 && match_softcap(m.fwd, &k1, &k2);
+  if (!softcap && !(p.num_slices == 1 && match_alibi(m, &alibi))) return false;
+  if (want_max || p.bias_type != FA_NO_BIAS || has_dropout(p) ||
+      p.softmax_type != FA_VANILLA_SOFTMAX || p.dtype == FA_FLOAT32 || is_thd(p.layout) ||
+      has_padding(p.mask_type) || p.window_left != -1 ||
+      (p.window_right != -1 && !is_causal(p.mask_type)) || p.head_dim_qk != p.head_dim_v)
+    return false;
+  PlatformInfo info;
+  if (!cuda::platform_info(device, &info).ok()) return false;
+  fp->q = t.q, fp->k = t.k, fp->v = t.v, fp->out = t.out, fp->lse = t.lse;
+  fp->q_b = t.sq.b, fp->q_s = t.sq.s, fp->q_h = t.sq.h;
+  fp->k_b = t.sk.b, fp->k_s = t.sk.s, fp->k_h = t.sk.h;
+  fp->v_b = t.sv.b, fp->v_s = t.sv.s, fp->v_h = t.sv.h;
+  fp->o_b = t.so.b, fp->o_s = t.so.s, fp->o_h = t.so.h;
+  fp->l_b = t.slse.b, fp->l_h = t.slse.h, fp->l_s = t.slse.s;
+  fp->batch = p.batch, fp->seqlen_q = p.seqlen_q, fp->seqlen_kv = p.seqlen_kv;
+  fp->heads_q = p.heads_q, fp->heads_kv = p.heads_kv, fp->head_dim = p.head_dim_qk;
+  fp->bf16 = p.dtype == FA_BFLOAT16;
+  fp->causal = is_causal(p.mask_type);
+  fp->diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
+  if (softcap) {  // the program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c)
+    fp->softcap = k1;
+    fp->scale = p.scale * k2 * k1;
+  } else {
+    fp->scale = p.scale;
+    fp->alibi_slopes = sm.call->operands + m.offset(0);
+    fp->alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
+    fp->alibi_sign = alibi.sign;
+    fp->alibi_abs = alibi.abs;
+  }
+  return hopper::flash_fwd_unsupported(*fp, info.sm).empty();
+}
+
+Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
+                ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
+                const AttnAttrs& attrs, const SmArgs& sm) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  const bool want_max = attrs.want_max_logit != 0;
+  hopper::FlashFwdParams hp;
+  if (use_hopper_fwd(p, t, sm, device, want_max, &hp)) {
+    FA_RETURN_IF_NOT_OK(hopper::flash_fwd(hp, stream));
+    // max_logit is not returned to the caller: NaN makes any misuse visible.
+    return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
+                             "cudaMemsetAsync(max_logit)");
+  }
+  const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
+
+  const int64_t slices = cudnn::graph_per_slice(p, sm.get()) ? p.num_slices : 1;
+  const int64_t rows = p.batch / slices, H = p.heads_q;
+  const FwdPlan fp(p, c, *g);
+  ScratchPlan plan = fp.plan;
+  const size_t ws = fp.ws, max_at = fp.max_at, sum_at = fp.sum_at, sink_at = fp.sink_at;
+  const SeqScratch& seq = fp.seq;
+  FA_RETURN_IF_NOT_OK(plan.bind(workspace));
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)
+    FA_RETURN_IF_NOT_OK(cuda::cuda_status(
+        cudaMemsetAsync(plan.at<float>(sink_at), 0, H * 4, stream), "cudaMemsetAsync(sink)"));
+
+  const int64_t eb = 2;  // cuDNN serves bf16 / fp16 only
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t r0 = s * rows;
+    Pack pack;
+    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
+    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
+    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
+    pack[cudnn::kO] = offset(t.out, r0 * c.o.b, eb);
+    if (c.gen_stats) pack[cudnn::kStats] = offset(t.lse, r0 * c.lse.b, 4);
+    if (c.max_sum) {
+      pack[cudnn::kMax] = plan.at<float>(max_at) + r0 * c.lse.b;
+      pack[cudnn::kSumExp] = plan.at<float>(sum_at) + r0 * c.lse.b;
+    }
+    if (c.bias) pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
+    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
+    if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
+      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) pack[cudnn::kSink] = plan.at<float>(sink_at);
+    bind_sm_operands(sm, s, pack);
+    FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
+    FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
+  }
+
+  if (!want_max)  // not returned to the caller; NaN makes any misuse visible
+    FA_RETURN_IF_NOT_OK(cuda::cuda_status(
+        cudaMemsetAsync(t.max_logit, 0xff, p.batch * H * 4, stream), "cudaMemsetAsync(max_logit)"));
+  if (want_max || cudnn::rows_may_be_empty(p)) {
+    cuda::FinalizeArgs a{};
+    a.batch = p.batch;
+    a.heads = H;
+    a.dtype = p.dtype;
+    a.head_dim_v = p.head_dim_v;
+    a.out = t.out;
+    a.so = {t.so.b, t.so.s, t.so.h};
+    a.lse = t.lse;
+    a.slse = {t.slse.b, t.slse.s, t.slse.h};
+    a.max = want_max ? plan.at<float>(max_at) : nullptr;
+    a.sum_exp = want_max ? plan.at<float>(sum_at) : nullptr;
+    a.max_logit = want_max ? t.max_logit : nullptr;
+    a.softmax_type = p.softmax_type;
+    a.sink = t.softmax_offset;
+    a.rows_per_slice = p.batch / p.num_slices;
+    const cuda::RowRule rule =
+        cuda::make_row_rule(p, t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets);
+    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(rule, a, stream));
+  }
+  return Status::Ok();
+}
+
+Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what) {
+  if (!p || bytes == 0) return Status::Ok();
+  return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
+}
+
+Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
+                const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                ffi::AnyBuffer* dsoftmax_offset, ffi::AnyBuffer* workspace,
+                const AttnAttrs& attrs, const SmArgs& sm) {
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(
+      decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  const SdpaConfig c =
+      cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false, sm.get());
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
+
+  const int64_t slices = cudnn::graph_per_slice(p, sm.get()) ? p.num_slices : 1;
+  const int64_t rows = p.batch / slices, H = p.heads_q;
+  const int64_t n_lse = p.batch * H * p.seqlen_q;
+  const bool fix_lse = cudnn::rows_may_be_empty(p);
+  const BwdPlan bp(p, c, *g);
+  ScratchPlan plan = bp.plan;
+  const size_t ws = bp.ws, lse_at = bp.lse_at, sink_at = bp.sink_at;
+  const SeqScratch& seq = bp.seq;
+  FA_RETURN_IF_NOT_OK(plan.bind(workspace));
+
+  // cuDNN writes no gradient for padding and THD gaps: those stay zero.
+  if (c.padding || c.ragged) {
+    for (ffi::AnyBuffer* b : {dq, dk, dv, dbias})
+      FA_RETURN_IF_NOT_OK(memset_async(b->untyped_data(), b->size_bytes(), stream,
+                                             "cudaMemsetAsync(gradients)"));
+  }
+  // dsoftmax_offset [B, Hq]: cuDNN sums a slice's batch into the slice's first row.
+  FA_RETURN_IF_NOT_OK(memset_async(t.dsoftmax_offset, t.dsoftmax_offset ? p.batch * H * 4 : 0,
+                                         stream, "cudaMemsetAsync(dsoftmax_offset)"));
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)
+    FA_RETURN_IF_NOT_OK(memset_async(plan.at<float>(sink_at), H * 4, stream,
+                                           "cudaMemsetAsync(sink)"));
+  const float* lse_in = t.lse;
+  if (fix_lse) {
+    FA_RETURN_IF_NOT_OK(cuda::backward_lse(t.lse, plan.at<float>(lse_at), n_lse, stream));
+    lse_in = plan.at<float>(lse_at);
+  }
+
+  const int64_t eb = 2;
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t r0 = s * rows;
+    Pack pack;
+    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
+    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
+    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
+    pack[cudnn::kO] = const_cast<void*>(offset(t.out, r0 * c.o.b, eb));
+    pack[cudnn::kDO] = const_cast<void*>(offset(t.dout, r0 * c.o.b, eb));
+    pack[cudnn::kStats] = const_cast<float*>(lse_in) + r0 * c.lse.b;
+    pack[cudnn::kDQ] = offset(t.dq, r0 * c.q.b, eb);
+    pack[cudnn::kDK] = offset(t.dk, r0 * c.k.b, eb);
+    pack[cudnn::kDV] = offset(t.dv, r0 * c.v.b, eb);
+    if (c.bias) {
+      pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
+      pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
+    }
+    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
+    if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {
+      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
+      pack[cudnn::kDSink] = t.dsoftmax_offset + H * r0;
+    }
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) {
+      pack[cudnn::kSink] = plan.at<float>(sink_at);
+      pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;  // the constant's gradient: discarded
+    }
+    bind_sm_operands(sm, s, pack);
+    FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
+    FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
+  }
+  return Status::Ok();
+}
+
+ffi::Error attn_fwd_cuda(cudaStream_t stream, int32_t device,
+                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                         ffi::Result<ffi::AnyBuffer> max_logit,
+                         ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return to_ffi_error(
+      attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs, SmArgs{}));
+}
+
+ffi::Error attn_fwd_sm_cuda(cudaStream_t stream, int32_t device,
+                            ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
+                            ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
+  ScoreModCall call;
+  SmArgs sm;
+  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm));
+  return to_ffi_error(
+      attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs.base(), sm));
+}
+
+ffi::Error attn_bwd_cuda(cudaStream_t stream, int32_t device,
+                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                         ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                         ffi::Result<ffi::AnyBuffer> dbias,
+                         ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                         ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
+                               &*dsoftmax_offset, &*workspace, attrs, SmArgs{}));
+}
+
+ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
+                            ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
+                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
+                            ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                            ffi::Result<ffi::AnyBuffer> dbias,
+                            ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                            ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
+  const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+  AttnParams p;
+  AttnTensors t;
+  FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
+  ScoreModCall call;
+  SmArgs sm;
+  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm));
+  return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
+                               &*dsoftmax_offset, &*workspace, attrs.base(), sm));
+}
+
+}  // namespace
+
+Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
+                            bool backward, int64_t* bytes, const cudnn::ScoreModSpec* sm) {
+  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  if (sm && p.bias_type != FA_NO_BIAS)
+    return Status::Unimplemented("score_mod with a bias on cuDNN");
+  const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
+                                : cudnn::make_config(p, want_max_logit, want_lse, sm);
+  std::shared_ptr<const cudnn::BuiltGraph> g;
+  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
+  *bytes = static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
+                                         : FwdPlan(p, c, *g).plan.bytes());
+  return Status::Ok();
+}
+
+}  // namespace fusedattn::ffi_glue
+
+namespace ffi = xla::ffi;
+using fusedattn::ffi_glue::AttnAttrs;
+using fusedattn::ffi_glue::AttnScoreModAttrs;
+
+#define FA_CUDA_ATTN_OPERANDS        \
+  .Arg<ffi::AnyBuffer>() /* q */     \
+      .Arg<ffi::AnyBuffer>() /* k */ \
+      .Arg<ffi::AnyBuffer>() /* v */ \
+      .Arg<ffi::AnyBuffer>() /* bias */ \
+      .Arg<ffi::AnyBuffer>() /* softmax_offset */ \
+      .Arg<ffi::AnyBuffer>() /* seed */ \
+      .Arg<ffi::AnyBuffer>() /* q_seqlens */ \
+      .Arg<ffi::AnyBuffer>() /* kv_seqlens */ \
+      .Arg<ffi::AnyBuffer>() /* q_offsets */ \
+      .Arg<ffi::AnyBuffer>() /* kv_offsets */
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnAttrs>());
+
+// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// operands concatenated), and the program attribute.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnScoreModAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  FA_CUDA_ATTN_OPERANDS
+                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // dbias
+                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attrs<AttnScoreModAttrs>());

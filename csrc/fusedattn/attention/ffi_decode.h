@@ -1,0 +1,165 @@
+// The one place where FFI buffers and attributes become an AttnParams
+// (validated) and an AttnTensors (platform-neutral pointers and strides). The
+// CPU handlers and the CUDA ones build their kernel arguments from these.
+//
+// Operands, in order (every leading dimension L... is batch; vmap adds some):
+//   q, k, v      separate:  q [L, Sq, Hq, D], k [L, Skv, Hkv, D], v [L, Skv, Hkv, Dv]
+//                BS3HD/T3HD:       q = qkv [L, S, 3, H, D], k and v empty
+//                BSHD_BS2HD/THD_T2HD: q [L, Sq, Hq, D], k = kv [L, Skv, 2, Hkv, D], v empty
+//   bias            [V, 1|B, 1|Hq, Sq, Skv] q's dtype, or empty   (V = L minus its last dim)
+//   softmax_offset  [V, Hq] f32 (LEARNABLE_SOFTMAX), or empty
+//   seed            [V, 2] u32 (read only with dropout), or empty
+//   q_seqlens, kv_seqlens [L, M] int32;  q_offsets, kv_offsets [L, M + 1] int32
+// "Empty" is any zero-size array (Python passes shape (0,); vmap may add dims).
+// Forward results: out [L, Sq, Hq, Dv], lse f32 [L, Hq, Sq] (THD: [L, Sq, Hq]),
+// max_logit f32 [L, Hq]. Backward: the 10 operands, then out, dout, lse ->
+// dq, dk, dv, dbias (each the shape of its operand; empty for empty),
+// dsoftmax_offset f32 [L, Hq] (empty without softmax_offset).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fusedattn/attention/params.h"
+#include "fusedattn/score_mod/program.h"
+#include "fusedattn/core/status.h"
+#include "fusedattn/ffi/common.h"
+
+namespace fusedattn::ffi_glue {
+
+// The attributes every attention handler takes (Python passes them by name).
+struct AttnAttrs {
+  int32_t layout;
+  int32_t mask_type;
+  int32_t bias_type;
+  int32_t softmax_type;
+  int32_t is_training;
+  float scale;
+  float dropout;
+  int64_t window_left;
+  int64_t window_right;
+  // Which forward results the caller reads (a backend may skip the others): the lse
+  // (returned, or saved for the backward) and max_logit. The CPU engine makes both always.
+  int32_t want_lse;
+  int32_t want_max_logit;
+};
+
+// Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
+// AttnAttrs plus a score_mod program attribute (score_mod.h's packed form).
+struct AttnScoreModAttrs {
+  int32_t layout;
+  int32_t mask_type;
+  int32_t bias_type;
+  int32_t softmax_type;
+  int32_t is_training;
+  float scale;
+  float dropout;
+  int64_t window_left;
+  int64_t window_right;
+  int32_t want_lse;
+  int32_t want_max_logit;
+  ffi::Span<const int32_t> score_mod;
+  AttnAttrs base() const {
+    return {layout, mask_type, bias_type, softmax_type, is_training, scale, dropout,
+            window_left, window_right, want_lse, want_max_logit};
+  }
+};
+
+struct ViewStrides {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+struct AttnTensors {
+  // Inputs. Packed layouts point q, k, v (and dq, dk, dv) into one buffer.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  ViewStrides sq, sk, sv;
+  // bias [V, 1|B, 1|Hq, Sq, Skv] dense; the b / h strides are 0 on broadcast dims,
+  // and folded batch entry b reads slice b / (B / num_slices), entry b % (B / num_slices).
+  const void* bias = nullptr;
+  int64_t bias_slice = 0, bias_b = 0, bias_h = 0, bias_s = 0;
+  const float* softmax_offset = nullptr;  // [V, Hq]
+  const uint32_t* seed = nullptr;         // [V, 2]
+  const int32_t* q_seqlens = nullptr;     // [B, M]
+  const int32_t* kv_seqlens = nullptr;    // [B, M]
+  const int32_t* q_offsets = nullptr;     // [B, M + 1]
+  const int32_t* kv_offsets = nullptr;    // [B, M + 1]
+  // Forward results (backward: out and lse are inputs).
+  void* out = nullptr;
+  ViewStrides so;
+  float* lse = nullptr;  // [B, Hq, Sq] or, for THD layouts, [B, Sq, Hq]
+  ViewStrides slse;
+  float* max_logit = nullptr;  // [B, Hq]
+  // Backward.
+  const void* dout = nullptr;
+  ViewStrides sdo;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  ViewStrides sdq, sdk, sdv;
+  void* dbias = nullptr;             // the bias's shape and strides; null without bias
+  float* dsoftmax_offset = nullptr;  // [B, Hq]; null without softmax_offset
+};
+
+// The ten operands every attention call starts with.
+struct AttnOperands {
+  const ffi::AnyBuffer* q;
+  const ffi::AnyBuffer* k;
+  const ffi::AnyBuffer* v;
+  const ffi::AnyBuffer* bias;
+  const ffi::AnyBuffer* softmax_offset;
+  const ffi::AnyBuffer* seed;
+  const ffi::AnyBuffer* q_seqlens;
+  const ffi::AnyBuffer* kv_seqlens;
+  const ffi::AnyBuffer* q_offsets;
+  const ffi::AnyBuffer* kv_offsets;
+};
+
+// Shapes -> AttnParams (then validate()) and the input pointers of t.
+Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
+                       AttnTensors* t);
+
+// The forward results: out, lse, max_logit.
+Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,
+                          ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, AttnTensors* t);
+
+// The backward's extra inputs (out, dout, lse) and its results.
+Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi::AnyBuffer& out,
+                          const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                          ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv,
+                          ffi::AnyBuffer* dbias, ffi::AnyBuffer* dsoftmax_offset, AttnTensors* t);
+
+// The score_mod pieces of a call (attributes and operand buffer), decoded and checked:
+// the operands are float32 [total] or [slices, total] (vmap), total = sm.total_size();
+// doperands (null: none) is their gradient result, of the same shape.
+struct ScoreModCall {
+  ScoreMod sm;
+  const float* operands = nullptr;
+  float* doperands = nullptr;
+};
+
+Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> program,
+                             const ffi::AnyBuffer& operands, ffi::AnyBuffer* doperands,
+                             ScoreModCall* c);
+
+}  // namespace fusedattn::ffi_glue
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    fusedattn::ffi_glue::AttnAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
+    ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),
+    ::xla::ffi::StructMember<int32_t>("softmax_type"),
+    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
+    ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
+    ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
+    ::xla::ffi::StructMember<int32_t>("want_max_logit"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    fusedattn::ffi_glue::AttnScoreModAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
+    ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),
+    ::xla::ffi::StructMember<int32_t>("softmax_type"),
+    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
+    ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
+    ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
+    ::xla::ffi::StructMember<int32_t>("want_max_logit"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int32_t>>("score_mod"));

@@ -1,0 +1,182 @@
+// Host side of the Hopper flash forward: checks, tensor maps, dispatch over the kernel's
+// template arguments.
+#include "fusedattn/attention/hopper/flash_fwd.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "fusedattn/platform/cuda/check.h"
+#include "fusedattn/attention/hopper/fwd_kernel.cuh"
+
+namespace fusedattn::cuda::hopper {
+namespace {
+
+constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // grid x
+
+std::atomic<int64_t> launches{0};
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A {D, S, H, B} map over one of q, k, v with boxes of 64 x 128 (one 128-byte swizzle span
+// of 128 rows). Extents of 1 get a stride that is valid but never used.
+Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t S, int64_t H, int64_t B,
+                int64_t s_s, int64_t s_h, int64_t s_b, const char* name) {
+  auto fn = encode_fn();
+  if (!fn) return Status::Internal("cuTensorMapEncodeTiled is not available from the driver");
+  const int64_t span_s = S * s_s, span_h = H > 1 ? H * s_h : span_s;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(S),
+                              static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s_s * 2),
+                                 static_cast<cuuint64_t>((H > 1 ? s_h : span_s) * 2),
+                                 static_cast<cuuint64_t>((B > 1 ? s_b : span_h) * 2)};
+  const cuuint32_t box[4] = {64, kBlockN, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                        4, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Internal(std::string("cuTensorMapEncodeTiled(") + name + ") failed: error " +
+                            std::to_string(static_cast<int>(r)));
+  return Status::Ok();
+}
+
+#ifdef FA_HOPPER_SWEEP  // timing probes only (their results are not softcap's)
+struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
+  static constexpr bool kRowByRow = true;
+  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
+    return s * in;
+  }
+};
+#endif
+
+template <class Mod, bool kCausal, bool kBf16>
+Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
+  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16>;
+  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+template <class Mod>
+Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
+  if (p.causal)
+    return p.bf16 ? launch<Mod, true, true>(a, grid, stream)
+                  : launch<Mod, true, false>(a, grid, stream);
+  return p.bf16 ? launch<Mod, false, true>(a, grid, stream)
+                : launch<Mod, false, false>(a, grid, stream);
+}
+
+}  // namespace
+
+int64_t launch_count() { return launches.load(std::memory_order_relaxed); }
+
+#ifdef FA_HOPPER_PROFILE  // scripts/hopper_fwd_check.cu: cycles by phase since the last call
+void profile_take(unsigned long long (&out)[32]) {
+  cudaMemcpyFromSymbol(out, g_profile, sizeof(out));
+  const unsigned long long zero[32] = {};
+  cudaMemcpyToSymbol(g_profile, zero, sizeof(zero));
+}
+#endif
+
+std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
+  if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
+  if (p.head_dim != kHeadDim) return "head dim must be 128";
+  if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
+  if ((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch > kMaxBlocks)
+    return "more than 2^31 - 1 blocks of 128 query rows";
+  if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
+      p.seqlen_kv > (int64_t{1} << 30))
+    return "sequence lengths must be in [1, 2^30]";
+  if (p.causal && p.diag < 0) return "causal with diag < 0 leaves rows without keys";
+  if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
+  if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
+                         (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
+    return "alibi_stride must be 0 or 1 and alibi_sign +-1";
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
+    if (!aligned16(ptr)) return "q, k, v and out must be 16-byte aligned";
+  for (int64_t s : {p.q_b, p.q_s, p.q_h, p.k_b, p.k_s, p.k_h, p.v_b, p.v_s, p.v_h})
+    if (s % 8 != 0 || s < 0) return "q, k, v strides must be multiples of 8 elements";
+  if (p.o_s % 2 != 0 || p.o_h % 2 != 0 || p.o_b % 2 != 0) return "out strides must be even";
+  return {};
+}
+
+Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
+  FwdArgs a{};
+  FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.seqlen_q, p.heads_q, p.batch, p.q_s, p.q_h,
+                               p.q_b, "q"));
+  FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
+                               p.k_b, "k"));
+  FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
+                               p.v_b, "v"));
+  a.out = p.out;
+  a.o_b = p.o_b, a.o_s = p.o_s, a.o_h = p.o_h;
+  a.lse = p.lse;
+  a.l_b = p.l_b, a.l_h = p.l_h, a.l_s = p.l_s;
+  a.seqlen_q = static_cast<int>(p.seqlen_q);
+  a.seqlen_kv = static_cast<int>(p.seqlen_kv);
+  a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);
+  a.diag = static_cast<int>(std::min<int64_t>(p.diag, p.seqlen_kv));
+  const float log2e = 1.4426950408889634f;
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.batch = static_cast<int>(p.batch);
+  // About 24 MiB of K and V per section: half of the H100's L2.
+  const int64_t kv_bytes = 2 * p.seqlen_kv * kHeadDim * 2;
+  a.section = static_cast<int>(std::clamp<int64_t>((int64_t{24} << 20) / kv_bytes, 1,
+                                                   p.heads_q * p.batch));
+  // Without a mask every tile is the same work: one persistent thread block an SM (its
+  // shared memory allows no second) hides each tile's start behind the last one's end.
+  // Causal tiles differ in length, and a fixed share each left SMs idle at the end (H100:
+  // 15-20% slower than a block a tile, which the hardware hands out as SMs free up).
+  const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
+  int64_t blocks = tiles;
+  if (!p.causal) {
+    int device = 0, sms = 0;
+    FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = std::min<int64_t>(tiles, sms);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (p.softcap > 0.0f) {
+    a.mul_in = p.scale / p.softcap;
+    a.mul_out = p.softcap * log2e;
+#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.cu: what the tanh costs
+    if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
+#endif
+    return launch_mod<SoftcapScores>(p, a, grid, stream);
+  }
+  if (p.alibi_slopes) {
+    a.mul_in = p.scale * log2e;
+    a.mul_out = 1.0f;
+    a.slopes = p.alibi_slopes;
+    a.slope_stride = static_cast<int>(p.alibi_stride);
+    a.slope_mul = p.alibi_sign * log2e;
+    return p.alibi_abs ? launch_mod<AlibiScores<true>>(p, a, grid, stream)
+                       : launch_mod<AlibiScores<false>>(p, a, grid, stream);
+  }
+  a.mul_out = p.scale * log2e;
+  return launch_mod<PlainScores>(p, a, grid, stream);
+}
+
+}  // namespace fusedattn::cuda::hopper

@@ -1,0 +1,48 @@
+// The Hopper flash forward (fwd_kernel.cuh): what it takes and when it applies.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fusedattn/core/status.h"
+
+namespace fusedattn::cuda::hopper {
+
+// One forward call. Strides in elements; the head dim is contiguous.
+struct FlashFwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_b = 0, q_s = 0, q_h = 0, k_b = 0, k_s = 0, k_h = 0, v_b = 0, v_s = 0, v_h = 0;
+  void* out = nullptr;
+  int64_t o_b = 0, o_s = 0, o_h = 0;
+  float* lse = nullptr;  // [B, H, S] through its strides; null: not wanted
+  int64_t l_b = 0, l_h = 0, l_s = 0;
+  int64_t batch = 0, seqlen_q = 0, seqlen_kv = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  bool bf16 = true;
+  bool causal = false;
+  int64_t diag = 0;      // causal: query i sees key j when j <= i + diag
+  float scale = 1.0f;
+  float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
+  // Non-null: ALiBi, scores become scale * s + sign * slopes[h * stride] * g(kv - q), with
+  // g = |.| when abs, the query head h, stride 0 (one slope) or 1, float32 slopes.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 0;
+  float alibi_sign = 1.0f;
+  bool alibi_abs = false;
+  int probe = -1;  // sweep builds only (FA_HOPPER_SWEEP): 10 runs softcap without its tanh
+};
+
+// Empty when the kernel can run p on a device of compute capability cc (major * 10 +
+// minor); otherwise the first reason it cannot.
+std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc);
+
+// Enqueues the forward on `stream`. p must be supported.
+Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream);
+
+// Launches so far in this process.
+int64_t launch_count();
+
+}  // namespace fusedattn::cuda::hopper

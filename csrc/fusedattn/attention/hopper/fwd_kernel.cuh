@@ -1,0 +1,473 @@
+// Flash attention forward for Hopper (sm_90a), head dim 128, bf16 / fp16, written for the
+// score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more MUFU operation per
+// score, which cuDNN leaves unhidden). The structure is FlashAttention-3's:
+//   - one producer warpgroup: a single thread streams each tile's Q and its K, V blocks
+//     through a two-stage ring with the copy engine (TMA), guarded by full / empty mbarriers;
+//   - two consumer warpgroups, 64 query rows each (a 128-row block): S = Q K^T and O += P V
+//     with wgmma, the online softmax in registers;
+//   - ping-pong: the two consumers take turns issuing their products (named barriers 1, 2),
+//     so one group's softmax (exp2, the modifier's tanh) runs while the other's products do;
+//   - within a group, the product P_{i-1} V_{i-1} is issued beside S_i = Q K_i^T and runs
+//     while the softmax of S_i does.
+// Keys are visited last block first, so the masked blocks (the causal diagonal, the ragged
+// end) come first and the rest run unmasked.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fusedattn/attention/hopper/sm90.cuh"
+
+namespace fusedattn::cuda::hopper {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;   // query rows of a thread block: two consumer groups of 64
+constexpr int kBlockN = 128;   // keys of a step
+constexpr int kStages = 2;     // K and V tiles in flight
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;  // a Q, K or V tile: 32 KiB
+constexpr uint32_t kHalfBytes = kTileBytes / 2;  // 64 columns of a tile: one 128-byte swizzle
+                                                 // span, the copy engine's box
+// A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of V,
+// so the tensor cores sum P's rows into 4 more accumulators (o[64 + 2r], row r).
+constexpr uint32_t kVStageBytes = kTileBytes + kHalfBytes;
+constexpr int kOutRegs = 68;
+
+// Everything the kernel reads. Strides are in elements; lse may be null.
+struct FwdArgs {
+  CUtensorMap q, k, v;  // {D, S, H, B}, box {64, 128, 1, 1}, 128-byte swizzle
+  void* out;
+  int64_t o_b, o_s, o_h;
+  float* lse;  // natural log, as the CPU engine and cuDNN write it
+  int64_t l_b, l_h, l_s;
+  int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
+  int section;           // (batch, head) pairs whose blocks run side by side (block order)
+  int diag;              // causal: query i sees key j when j <= i + diag
+  float mul_in, mul_out;  // the score modifier's constants (below)
+  const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
+  int slope_stride;
+  float slope_mul;        // ALiBi: the slope's factor (+-log2(e))
+};
+
+struct Smem {
+  uint8_t q[kTileBytes];
+  uint8_t k[kStages][kTileBytes];
+  uint8_t v[kStages][kVStageBytes];
+  uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
+      v_empty[kStages];
+};
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
+
+// Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
+// a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
+// exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
+// pre also gets the score's relative position kv - q, as the affine map d0 + off of a
+// per-block d0 and the element's compile-time offset off (ALiBi's bias).
+struct PlainScores {  // v = s; out = scale * log2(e)
+  static constexpr bool kRowByRow = false;  // softmax_step's order (H100: scripts/hopper_fwd_check)
+  __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
+};
+struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
+                        // out = c log2(e)
+  static constexpr bool kRowByRow = true;
+  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
+    return tanh_approx(s * in);
+  }
+};
+template <bool kAbs>
+struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in = scale
+                      // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
+  static constexpr bool kRowByRow = false;
+  __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
+                                              float off) {
+    if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
+    return fmaf(s, in, fmaf(slope, off, slope * d0));  // slope * d0: once a block
+  }
+};
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  }
+  return r;
+}
+
+// The accumulator layout of wgmma m64nN (per thread of a warpgroup): warp w holds rows
+// 16w..16w+15; lane (g = lane / 4, t = lane % 4) holds, for each 8-column chunk j,
+// d[4j + 0..1] = row g, columns 8j + 2t + 0..1 and d[4j + 2..3] = row g + 8, same columns.
+// So a thread owns two rows (r = 0, 1: d[4j + 2r + e]) and a row is spread over 4 lanes.
+
+// Row r's i-th score of a thread (i = 2j + e: 8-column chunk j, column e of the pair):
+// s[4j + 2r + e] in the accumulator layout above.
+__host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) + 2 * r + i % 2; }
+
+// One step of the online softmax on this thread's 64 scores of block n: modify, mask,
+// update the running max (of v) and leave exp2(x - max x) in s; returns whether some row
+// of the warp moved its max (the accumulator then needs rescale_factors). The row sums are
+// not added here: the tensor cores add them up in P V (kVStageBytes).
+// A row's max moves only when it grew by more than 8 (log2 units): until then P <= 2^8,
+// which 16-bit P and the float32 sums hold exactly as well, and the accumulator's rescale
+// is skipped (after FlashAttention-4). A row with nothing seen yet (max -inf) always moves.
+// Mod::kRowByRow runs the two rows one after the other (softcap: row 1's tanh keeps the
+// MUFU pipe busy while row 0's max goes through the shuffles); otherwise each phase runs
+// for both rows before the next.
+template <class Mod, bool kCausal, bool kMask>
+__device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&mx_old)[2],
+                                             const FwdArgs& a, int row0, int col0,
+                                             float slope) {
+  const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
+  auto modify = [&](int r) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      float& x = s[row_score(r, i)];
+      x = Mod::pre(x, a.mul_in, slope, d0, static_cast<float>(8 * (i / 2) + i % 2 - 8 * r));
+      if constexpr (kMask) {
+        const int col = col0 + 8 * (i / 2) + i % 2, row = row0 + 8 * r;
+        if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) x = -INFINITY;
+      }
+    }
+  };
+  auto update_max = [&](int r) {  // a tree, then the row's 4 lanes; true if it moved
+    float m[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m[i] = fmaxf(s[row_score(r, 2 * i)], s[row_score(r, 2 * i + 1)]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], m[i + 8]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) m[i] = fmaxf(m[i], m[i + 4]);
+    float mr = fmaxf(fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3])), mx[r]);
+    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
+    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 2));
+    const bool move = (mr - mx[r]) * a.mul_out > 8.0f || mx[r] == -INFINITY;
+    mx_old[r] = mx[r];
+    if (move) mx[r] = mr;  // the same in the row's 4 lanes
+    return move;
+  };
+  auto exponentiate = [&](int r) {
+    // exp2(-inf - -inf) would be NaN: a row still at -inf keeps base 0.
+    const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * a.mul_out;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      float& x = s[row_score(r, i)];
+      x = exp2_approx(fmaf(x, a.mul_out, -base));
+    }
+  };
+  bool moved = false;
+  if constexpr (Mod::kRowByRow) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      modify(r);
+      moved |= update_max(r);
+      exponentiate(r);
+    }
+  } else {
+    modify(0);
+    modify(1);
+    moved = update_max(0);
+    moved |= update_max(1);
+    exponentiate(0);
+    exponentiate(1);
+  }
+  return __any_sync(0xffffffffu, moved);
+}
+
+// What the accumulator's rows take when their max moved from mx_old to mx (1 where it did
+// not, 0 where nothing was seen before).
+__device__ __forceinline__ void rescale_factors(const float (&mx)[2], const float (&mx_old)[2],
+                                                float mul_out, float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    corr[r] = mx_old[r] == -INFINITY ? 0.0f : exp2_approx((mx_old[r] - mx[r]) * mul_out);
+}
+
+// Before issue_qk / issue_pv: fence_regs() on their registers and wgmma_fence(), so that no
+// instruction touches a register of the products between their issue and the wait.
+template <int N, class R>
+__device__ __forceinline__ void fence_regs(R (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_reg(r[i]);
+}
+
+// S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
+template <bool kBf16>
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kHalfBytes + (kk % 4) * 32;
+    wgmma_ss_m64n128k16<kBf16>(s, desc_sw128(q_addr + off, 16, 1024),
+                               desc_sw128(k_addr + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its two 64-column
+// halves are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads
+// 8 columns more, from the stage's span of ones: o[64..67] gain P's row sums.
+template <bool kBf16>
+__device__ __forceinline__ void issue_pv(float (&o)[kOutRegs], uint32_t (&p)[32],
+                                         uint32_t v_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_rs_m64n136k16<kBf16>(o, a, desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024));
+  }
+  wgmma_commit();
+}
+
+// FA_HOPPER_PROFILE (scripts/hopper_fwd_check.cu only): consumer thread 0 of each group
+// adds the clock cycles of each phase of its loop to g_profile[16 * group + phase].
+#ifdef FA_HOPPER_PROFILE
+__device__ unsigned long long g_profile[32];
+#define FA_PROFILE_PHASE(phase)      \
+  do {                               \
+    const long long now = clock64(); \
+    prof[phase] += now - prof_last;  \
+    prof_last = now;                 \
+  } while (0)
+#else
+#define FA_PROFILE_PHASE(phase) \
+  do {                          \
+  } while (0)
+#endif
+enum ProfilePhase {
+  kWaitKV, kWaitTurn, kIssue, kWaitS, kSoftmax, kWaitPV, kOther, kTileEnds, kWaitQ, kFirst, kLast
+};
+
+// A work tile: 128 query rows of one (batch, head) and the key blocks they see.
+struct Tile {
+  int m0, h, b, n_end;
+};
+
+// Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
+// together; inside a section the query blocks go last first (causal: the longest rows
+// first), each across the section's pairs. The shortest blocks end the order.
+template <bool kCausal>
+__device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
+  const int pairs = a.heads_q * a.batch;
+  const int sec = t / (a.section * num_m), base = sec * a.section;
+  const int size = min(a.section, pairs - base), within = t - sec * a.section * num_m;
+  const int pair = base + within % size;
+  Tile tile;
+  tile.m0 = (num_m - 1 - within / size) * kBlockM;
+  tile.h = pair % a.heads_q;
+  tile.b = pair / a.heads_q;
+  tile.n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
+  if (kCausal) tile.n_end = min(tile.n_end, (tile.m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
+  return tile;
+}
+
+// Each thread block takes tiles blockIdx.x, + gridDim.x, ... (the host launches one block a
+// tile for causal calls, one an SM otherwise). The K / V ring's stage and phase run on
+// across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
+// consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
+// this one's last P V and epilogue.
+template <class Mod, bool kCausal, bool kBf16>
+__global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int num_tiles = num_m * a.heads_q * a.batch;
+  const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.q_full, 1);
+    mbar_init(&sm.q_empty, 256);  // every consumer thread releases
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&sm.k_full[st], 1);
+      mbar_init(&sm.v_full[st], 1);
+      mbar_init(&sm.k_empty[st], 256);
+      mbar_init(&sm.v_empty[st], 256);
+    }
+    mbar_init_fence();
+  }
+  if (group > 0) {  // the consumers write the ones the tensor cores read
+    const uint32_t one = kBf16 ? 0x3f803f80u : 0x3c003c00u;
+    for (int i = threadIdx.x - 128; i < kStages * int(kHalfBytes / 4); i += 256)
+      reinterpret_cast<uint32_t*>(sm.v[i / (kHalfBytes / 4)] + kTileBytes)[i % (kHalfBytes / 4)] =
+          one;
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (group == 0) {  // producer
+    regs_dec<24>();
+    if (tid == 0) {
+      tma_prefetch_map(&a.q);
+      tma_prefetch_map(&a.k);
+      tma_prefetch_map(&a.v);
+      uint32_t kv = 0;
+      for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+        const Tile tile = tile_at<kCausal>(a, t, num_m);
+        const int h_kv = tile.h / a.heads_per_kv;
+        mbar_wait(&sm.q_empty, (k & 1) ^ 1);
+        mbar_expect_bytes(&sm.q_full, kTileBytes);
+        tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.m0, tile.h, tile.b);
+        tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.m0, tile.h, tile.b);
+        for (int it = 0; it < tile.n_end; ++it, ++kv) {
+          const int n = tile.n_end - 1 - it, st = kv % kStages;
+          const uint32_t ph = (kv / kStages) & 1;
+          mbar_wait(&sm.k_empty[st], ph ^ 1);
+          mbar_expect_bytes(&sm.k_full[st], kTileBytes);
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, n * kBlockN, h_kv, tile.b);
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, n * kBlockN, h_kv,
+                      tile.b);
+          mbar_wait(&sm.v_empty[st], ph ^ 1);
+          mbar_expect_bytes(&sm.v_full[st], kTileBytes);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, n * kBlockN, h_kv, tile.b);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, n * kBlockN, h_kv,
+                      tile.b);
+        }
+      }
+    }
+    return;
+  }
+
+  regs_inc<240>();
+  const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of a tile
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;
+  float o[kOutRegs], s[64];
+  uint32_t p[32];
+  uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
+#ifdef FA_HOPPER_PROFILE
+  long long prof[16] = {}, prof_last = clock64();
+#endif
+  for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+    const Tile tile = tile_at<kCausal>(a, t, num_m);
+    const int n_end = tile.n_end;
+    const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
+#pragma unroll
+    for (int i = 0; i < kOutRegs; ++i) o[i] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY};
+    float mx_old[2];
+    bool rescale = false;  // whether o needs rescale_factors before the next P V
+    const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
+    // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
+    auto softmax = [&](int n) {
+      const int col0 = n * kBlockN + 2 * (lane % 4);
+      if ((n + 1) * kBlockN > a.seqlen_kv ||
+          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag))
+        rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope);
+      else
+        rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope);
+    };
+    // Before a P V: the accumulator to the max that P was taken at, where a row's moved.
+    auto rescale_to_max = [&] {
+      if (rescale) {
+        float corr[2];
+        rescale_factors(mx, mx_old, a.mul_out, corr);
+#pragma unroll
+        for (int i = 0; i < kOutRegs; ++i) o[i] *= corr[(i / 2) % 2];
+      }
+    };
+
+    FA_PROFILE_PHASE(kTileEnds);
+    if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
+    mbar_wait(&sm.q_full, k & 1);
+    FA_PROFILE_PHASE(kWaitQ);
+    {  // the first block (the last keys): no P V yet
+      const int st = kv % kStages;
+      mbar_wait(&sm.k_full[st], (kv / kStages) & 1);
+      named_sync(1 + c);  // this group's turn at the tensor cores
+      fence_regs(s);
+      wgmma_fence();
+      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      named_arrive(2 - c);  // the other group's turn
+      wgmma_wait<0>();
+      fence_regs(s);
+      mbar_arrive(&sm.k_empty[st]);
+      if (n_end == 1) mbar_arrive(&sm.q_empty);
+      softmax(n_end - 1);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+    }
+    FA_PROFILE_PHASE(kFirst);
+    for (int it = 1; it < n_end; ++it) {
+      const int st = (kv + it) % kStages, prev = (kv + it - 1) % kStages;
+      FA_PROFILE_PHASE(kOther);
+      mbar_wait(&sm.k_full[st], ((kv + it) / kStages) & 1);
+      FA_PROFILE_PHASE(kWaitKV);
+      named_sync(1 + c);
+      FA_PROFILE_PHASE(kWaitTurn);
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(p);
+      wgmma_fence();
+      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      rescale_to_max();  // of the previous P
+      mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
+      wgmma_fence();  // o changed since the last fence
+      issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
+      named_arrive(2 - c);
+      FA_PROFILE_PHASE(kIssue);
+      wgmma_wait<1>();  // S is ready; the previous P V may still run
+      fence_regs(s);
+      FA_PROFILE_PHASE(kWaitS);
+      mbar_arrive(&sm.k_empty[st]);
+      if (it == n_end - 1) mbar_arrive(&sm.q_empty);
+      softmax(n_end - 1 - it);
+      FA_PROFILE_PHASE(kSoftmax);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(p);
+      FA_PROFILE_PHASE(kWaitPV);
+      mbar_arrive(&sm.v_empty[prev]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+    }
+    FA_PROFILE_PHASE(kOther);
+    {  // the last P V
+      const int st = (kv + n_end - 1) % kStages;
+      rescale_to_max();
+      mbar_wait(&sm.v_full[st], ((kv + n_end - 1) / kStages) & 1);
+      fence_regs(o);
+      fence_regs(p);
+      wgmma_fence();
+      issue_pv<kBf16>(o, p, smem_addr(sm.v[st]));
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(&sm.v_empty[st]);
+    }
+    FA_PROFILE_PHASE(kLast);
+    kv += n_end;
+    if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
+
+    // Epilogue: O / sum straight from registers, and the log-sum-exp.
+    using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = o[64 + 2 * r];  // every column of the ones holds the row's sum
+      const int row = row0 + 8 * r;
+      if (row >= a.seqlen_q) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      T* out = static_cast<T*>(a.out) + tile.b * a.o_b + row * a.o_s + tile.h * a.o_h;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = v;
+      }
+      if (a.lse && lane % 4 == 0)
+        a.lse[tile.b * a.l_b + tile.h * a.l_h + row * a.l_s] =
+            l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+    }
+  }
+#ifdef FA_HOPPER_PROFILE
+  FA_PROFILE_PHASE(kTileEnds);
+  if (tid == 0)
+    for (int i = 0; i < 16; ++i) atomicAdd(&g_profile[16 * c + i], prof[i]);
+#endif
+#endif
+}
+
+}  // namespace fusedattn::cuda::hopper
