@@ -1,12 +1,12 @@
 // extern "C" queries for Python (ctypes): version, build features, and the
 // same validate() / select_backend() the FFI handlers use, so Python can
 // reject bad calls at trace time with the C++ engine's own message.
-#include <cstring>
 #include <string>
 
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/platform/cpu/thread_pool.h"
 #include "fusedattn/attention/validate.h"
+#include "fusedattn/core/messages.h"
 #ifdef FUSEDATTN_WITH_CUDA
 #include "fusedattn/attention/cudnn/sdpa_config.h"
 #include "fusedattn/attention/hopper/flash_fwd.h"
@@ -14,16 +14,7 @@
 #include "fusedattn/attention/ffi_cuda.h"
 #endif
 
-namespace {
-
-void copy_message(const std::string& msg, char* buf, int buf_len) {
-  if (!buf || buf_len <= 0) return;
-  const size_t n = std::min(msg.size(), static_cast<size_t>(buf_len - 1));
-  std::memcpy(buf, msg.data(), n);
-  buf[n] = '\0';
-}
-
-}  // namespace
+using fusedattn::copy_message;
 
 extern "C" {
 

@@ -9,11 +9,11 @@
 
 #include <stdint.h>
 
+#include "fusedattn/core/codes.h"  // FaDType, FaPlatform, FaStatus
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum FaDType { FA_FLOAT32 = 0, FA_BFLOAT16 = 1, FA_FLOAT16 = 2 };
 
 enum FaQKVLayout {
   FA_BS3HD = 0,
@@ -41,16 +41,12 @@ enum FaSoftmaxType {
   FA_LEARNABLE_SOFTMAX = 2,
 };
 
-enum FaPlatform { FA_PLATFORM_CPU = 0, FA_PLATFORM_CUDA = 1 };
-
 enum FaBackend {
   FA_BACKEND_NONE = 0,
   FA_BACKEND_CPU_FLASH = 1,      // csrc/fusedattn/cpu: tiled online-softmax attention
   FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
   FA_BACKEND_CUDNN = 3,          // csrc/fusedattn/cuda/cudnn: a cuDNN SDPA graph
 };
-
-enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2, FA_INTERNAL = 3 };
 
 // Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],
 // v [B, Skv, Hkv, Dv], out [B, Sq, Hq, Dv] (packed layouts are views of these).
@@ -93,9 +89,6 @@ namespace fusedattn {
 
 using AttnParams = FaAttnParams;
 
-// The largest sequence length the engine accepts (keeps every index in int64
-// arithmetic far from overflow and rejects shapes that are surely mistakes).
-constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
 constexpr int64_t kMaxHeadDim = 256;
 
 inline bool has_padding(int32_t mask) {
@@ -121,7 +114,6 @@ inline bool has_dropout(const FaAttnParams& p) { return p.is_training && p.dropo
 // Batch entries per vmap slice.
 inline int64_t slice_batch(const FaAttnParams& p) { return p.batch / p.num_slices; }
 
-const char* dtype_name(int32_t dtype);
 const char* layout_name(int32_t layout);
 const char* mask_name(int32_t mask);
 const char* bias_name(int32_t bias);

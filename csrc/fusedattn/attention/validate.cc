@@ -1,18 +1,11 @@
 #include "fusedattn/attention/validate.h"
 
+#include "fusedattn/core/messages.h"
+
 #include <cmath>
 #include <sstream>
 
 namespace fusedattn {
-
-const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case FA_FLOAT32: return "float32";
-    case FA_BFLOAT16: return "bfloat16";
-    case FA_FLOAT16: return "float16";
-  }
-  return "unknown";
-}
 
 const char* layout_name(int32_t layout) {
   switch (layout) {
@@ -65,22 +58,6 @@ const char* backend_name(int32_t backend) {
   }
   return "unknown";
 }
-
-namespace {
-
-// Streams a message and returns it as an invalid-argument Status.
-struct Msg {
-  std::ostringstream os;
-  template <class T>
-  Msg& operator<<(const T& v) {
-    os << v;
-    return *this;
-  }
-  Status invalid() const { return Status::Invalid(os.str()); }
-  Status unimplemented() const { return Status::Unimplemented(os.str()); }
-};
-
-}  // namespace
 
 Status validate(const AttnParams& p) {
   if (p.dtype != FA_FLOAT32 && p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)

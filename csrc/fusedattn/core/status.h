@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "fusedattn/attention/params.h"
+#include "fusedattn/core/codes.h"
 
 namespace fusedattn {
 

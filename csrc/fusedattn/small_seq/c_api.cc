@@ -1,20 +1,12 @@
 // extern "C" queries of the small-seq backend for Python (ctypes): the same
 // validate() and eligibility rule the FFI handlers use. Kept beside c_api.cc so the
 // backend's C surface lives with the backend.
-#include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "fusedattn/small_seq/validate.h"
+#include "fusedattn/core/messages.h"
 
 namespace {
-
-void copy_message(const std::string& msg, char* buf, int buf_len) {
-  if (!buf || buf_len <= 0) return;
-  const size_t n = std::min(msg.size(), static_cast<size_t>(buf_len - 1));
-  std::memcpy(buf, msg.data(), n);
-  buf[n] = '\0';
-}
 
 bool built_with_cuda() {
 #ifdef FUSEDATTN_WITH_CUDA
@@ -25,6 +17,8 @@ bool built_with_cuda() {
 }
 
 }  // namespace
+
+using fusedattn::copy_message;
 
 extern "C" {
 

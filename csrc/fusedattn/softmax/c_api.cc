@@ -1,22 +1,12 @@
 // extern "C" queries of the softmax for Python (ctypes): the same validate()
 // and choose_kernel() the FFI handlers use, so softmax() rejects a bad call at
 // trace time with the engine's message and picks the path the engine would.
-#include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "fusedattn/softmax/validate.h"
+#include "fusedattn/core/messages.h"
 
-namespace {
-
-void copy_message(const std::string& msg, char* buf, int buf_len) {
-  if (!buf || buf_len <= 0) return;
-  const size_t n = std::min(msg.size(), static_cast<size_t>(buf_len - 1));
-  std::memcpy(buf, msg.data(), n);
-  buf[n] = '\0';
-}
-
-}  // namespace
+using fusedattn::copy_message;
 
 extern "C" {
 

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "fusedattn/attention/params.h"  // FaDType, FaStatus, FaPlatform
+#include "fusedattn/core/codes.h"  // FaDType, FaStatus, FaPlatform
 
 #ifdef __cplusplus
 extern "C" {
