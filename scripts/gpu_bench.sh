@@ -3,10 +3,11 @@
 # runs the GPU benchmarks: attention (cuDNN grid), small_seq, softmax, score_mod. Each writes its
 # table to $OUT/bench-<name>.log and its rows to $OUT/bench-<name>.json; attention also
 # $OUT/attention.png. BENCH_REPEATS (default 5) sets the repeats of every timing;
-# BENCHES (default "attention small_seq softmax score_mod") picks which run.
+# BENCHES (default "attention small_seq softmax score_mod") picks which run. OUT defaults to
+# bench/runs/<today>/, where the runs that bench/RESULTS.md cites are kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-logs}
+OUT=${OUT:-bench/runs/$(date +%Y-%m-%d)}
 mkdir -p "$OUT"
 source scripts/gpu_env.sh
 R=${BENCH_REPEATS:-5}

@@ -8,9 +8,9 @@
 //   smem operands) own mma     the same warpgroup issues a Q K^T before each
 //   step and waits after it
 // Build here, run on the GPU machine (log:
-// bench/gpu-2026-11-24/softmax_phase_probe.log):
+// bench/runs/2026-11-24/softmax_phase_probe.log):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
-//     scripts/softmax_phase_probe.cu -o .carry/softmax_phase_probe &&
+//     dev/hopper_fwd/softmax_phase_probe.cu -o .carry/softmax_phase_probe &&
 //     .carry/softmax_phase_probe
 #include <cstdio>
 

@@ -2,7 +2,7 @@
 // step) on the bench's THD workload (B = 30720 segments of one query, H = 8, bf16) beside a
 // copy and a read-only kernel of the same process, to pick the kernel's defaults. Each
 // variant's output must equal the default's bit for bit (same arithmetic, other schedule).
-// Build here, run on the GPU machine (scripts/small_seq_fwd_sweep.sh does both).
+// Build here, run on the GPU machine (dev/small_seq/small_seq_fwd_sweep.sh does both).
 #include <cuda_bf16.h>
 
 #include <algorithm>

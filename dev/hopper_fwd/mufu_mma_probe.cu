@@ -4,7 +4,7 @@
 // both rates are reported, side by side and alone. Build here, run on the GPU
 // machine:
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
-//     scripts/mufu_mma_probe.cu -o .carry/mufu_mma_probe &&
+//     dev/hopper_fwd/mufu_mma_probe.cu -o .carry/mufu_mma_probe &&
 //     .carry/mufu_mma_probe
 #include <cstdio>
 

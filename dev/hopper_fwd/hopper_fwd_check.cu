@@ -1,8 +1,8 @@
-// GPU machine: checks the Hopper flash forward (csrc/fusedattn/cuda/hopper) against a plain
+// GPU machine: checks the Hopper flash forward (csrc/fusedattn/attention/hopper) against a plain
 // float32 reference kernel of this file on fresh random inputs (outputs poisoned with NaN
 // first), then times it at the score_mod bench's shapes. Build and run:
-//   bash scripts/hopper_fwd_check.sh build   # here: writes .carry/hopper_fwd_check
-//   bash scripts/hopper_fwd_check.sh run     # GPU machine (carry .carry)
+//   bash dev/hopper_fwd/hopper_fwd_check.sh build   # here: writes .carry/hopper_fwd_check
+//   bash dev/hopper_fwd/hopper_fwd_check.sh run     # GPU machine (carry .carry)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

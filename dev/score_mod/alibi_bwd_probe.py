@@ -1,12 +1,14 @@
 """GPU probe: q, k, v gradients of score_mods with an array operand (ALiBi; s + 0 w) on the
 cuDNN backward against the float32 reference, MQA and GQA, bottom-right causal."""
+import pathlib
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, "tests/python")
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # dev/score_mod/ -> the repository root
+sys.path[:0] = [str(ROOT / "tests/python"), str(ROOT / "tests/python/score_mod")]  # conftest, test_score_mod
 import fusedattn  # noqa: E402
 from fusedattn import AttnMaskType  # noqa: E402
 from test_score_mod import HQ, ref_call  # noqa: E402

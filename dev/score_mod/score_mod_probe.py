@@ -2,7 +2,7 @@
 test cases, operands of every broadcast shape, the masks, THD), asks get_backend for the
 forward and for training and prints the backend, with cuDNN's first distinct reasons
 when it refused. Takes seconds (graphs only, nothing compiled by XLA):
-    python scripts/score_mod_probe.py      (PYTHONPATH: an installed fusedattn)"""
+    python dev/score_mod/score_mod_probe.py      (PYTHONPATH: an installed fusedattn)"""
 
 import re
 import sys

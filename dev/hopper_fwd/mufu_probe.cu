@@ -1,6 +1,6 @@
 // Throughput (instr-lanes / clk / SM) and accuracy of the MUFU operations softcap leans on.
-// Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a scripts/mufu_probe.cu -o .carry/mufu_probe
-// Run on the GPU machine: .carry/mufu_probe (log: bench/gpu-2026-11-24/mufu_probe.log)
+// Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a dev/hopper_fwd/mufu_probe.cu -o .carry/mufu_probe
+// Run on the GPU machine: .carry/mufu_probe (log: bench/runs/2026-11-24/mufu_probe.log)
 #include <cuda_fp16.h>
 #include <cstdio>
 #include <cstdint>

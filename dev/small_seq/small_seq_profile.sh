@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU machine: each small-seq kernel's time and DRAM traffic in one forward+backward of the
 # bench's THD call (Nsight Compute), for the head dims and kv lengths given:
-#   OUT=/tmp/prof bash scripts/small_seq_profile.sh "128 4" "256 16"
+#   OUT=/tmp/prof bash dev/small_seq/small_seq_profile.sh "128 4" "256 16"
 # Prints, per kernel (making the inputs, then two calls): time, DRAM bytes read / written, GB/s.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 source scripts/gpu_env.sh >/dev/null
@@ -12,7 +12,7 @@ for point in "$@"; do
   set -- $point
   csv="$OUT/ncu-d$1-skv$2.csv"
   ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-    "$PY" scripts/small_seq_kernels.py --dim "$1" --skv "$2" > "$csv" 2> "$OUT/ncu-d$1-skv$2.err"
+    "$PY" dev/small_seq/small_seq_kernels.py --dim "$1" --skv "$2" > "$csv" 2> "$OUT/ncu-d$1-skv$2.err"
   "$PY" - "$csv" "$1" "$2" <<'PYEOF'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

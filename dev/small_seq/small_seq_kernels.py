@@ -1,7 +1,7 @@
 """Runs one small-seq forward+backward (the bench's THD call, B = 30720 segments, H = 8,
 bf16) so a profiler can list its kernels, e.g. on the GPU machine:
   ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
-dram__bytes_write.sum --csv python scripts/small_seq_kernels.py --dim 128 --skv 4
+dram__bytes_write.sum --csv python dev/small_seq/small_seq_kernels.py --dim 128 --skv 4
 The first call compiles and warms; the kernels of the second are the ones to read."""
 
 import argparse
