@@ -1,4 +1,4 @@
-// Lowering of score_mod programs to cuDNN pointwise nodes (score_mod_pointwise.h).
+// Lowering of score_mod programs to cuDNN pointwise nodes (cudnn_pointwise.h).
 #include "fusedattn/score_mod/cudnn_pointwise.h"
 
 #include <cmath>
@@ -107,7 +107,7 @@ class Lowering {
     } else if (b >= 0 && !is_scored(a) && is_scored(b)) {
       // Both computed, only b from the score: the score first (index terms second). cuDNN's
       // backward gave q and k gradients of 1e11 for (kv - q) * slope + s (H100, cuDNN 9.19;
-      // scripts/alibi_bwd_probe.py), and right ones for s + (kv - q) * slope.
+      // dev/score_mod/alibi_bwd_probe.py), and right ones for s + (kv - q) * slope.
       if (op == PwOp::kSub) return node(PwOp::kAdd, node(PwOp::kNeg, b), a);
       if (swaps(&op)) std::swap(a, b);
     }

@@ -1,5 +1,5 @@
 // score_mod programs in the operations of cuDNN's pointwise nodes, for the cuDNN
-// backend (cuda/cudnn/sdpa_graph.cc turns every node into one graph node).
+// backend (attention/cudnn/sdpa_graph.cc turns every node into one graph node).
 //
 // The lowering expands what cuDNN has no node for (sign, log1p, expm1, exp2, trunc,
 // rem) into nodes it has, and makes the types explicit: a comparison gives a boolean
@@ -10,7 +10,7 @@
 // an operand in memory; the lowering swaps the inputs of symmetric nodes, makes c - x
 // into -x + c, and otherwise adds the value to a computed zero (q index * 0). Where both
 // inputs are computed and only the second depends on the score itself, it goes first the
-// same way (cuDNN's backward miscomputed dS otherwise: score_mod_pointwise.cc). A
+// same way (cuDNN's backward miscomputed dS otherwise: cudnn_pointwise.cc). A
 // division by a constant becomes a multiplication by its reciprocal (within 1.5 ulp). Pure C++: the lowering and its evaluator are tested on the CPU
 // against the program interpreter (score_mod.h).
 #pragma once

@@ -1,4 +1,4 @@
-// XLA FFI handlers of the CPU small-seq kernels (shapes in small_seq_decode.h):
+// XLA FFI handlers of the CPU small-seq kernels (shapes in ffi_decode.h):
 //   fa_cpu_small_seq_fwd: q, k, v, q_seqlens, kv_seqlens, q_offsets, kv_offsets
 //                         -> out [like q], probs [..., Tq, Hq, 1, W] f32, stats [..., Tq, Hq, 2] f32
 //   fa_cpu_small_seq_bwd: q, k, v, out, dout, probs, stats, q_seqlens, kv_seqlens, q_offsets,

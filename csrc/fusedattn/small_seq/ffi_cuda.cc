@@ -1,5 +1,5 @@
 // XLA FFI handlers of the small-seq CUDA kernels; same buffers and attributes as the
-// CPU handlers (cpu_small_seq.cc, shapes in small_seq_decode.h), on XLA's stream:
+// CPU handlers (ffi_cpu.cc, shapes in ffi_decode.h), on XLA's stream:
 //   fa_cuda_small_seq_fwd: q, k, v, q_seqlens, kv_seqlens, q_offsets, kv_offsets
 //                          -> out, probs [..., Tq, Hq, 1, W] f32, stats [..., Tq, Hq, 2] f32
 //   fa_cuda_small_seq_bwd: q, k, v, out, dout, probs, stats, q_seqlens, kv_seqlens,

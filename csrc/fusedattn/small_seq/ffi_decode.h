@@ -1,6 +1,6 @@
 // Turns the FFI buffers and attributes of a small-seq call into a SmallSeqParams
 // and the segment tables, checking every shape against every other one. Shared by
-// the CPU and CUDA handlers (cpu_small_seq.cc, cuda_small_seq.cc).
+// the CPU and CUDA handlers (ffi_cpu.cc, ffi_cuda.cc).
 //
 //   THD_THD_THD:    q [..., Tq, Hq, D], k/v [..., Tkv, Hkv, D], q/kv_offsets [..., N + 1],
 //                   q/kv_seqlens [..., N] or [..., 0] (absent); leading dims are packs.

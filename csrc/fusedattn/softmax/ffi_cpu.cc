@@ -1,4 +1,4 @@
-// XLA FFI handlers of the CPU softmax (argument layout in softmax_decode.h):
+// XLA FFI handlers of the CPU softmax (argument layout in ffi_decode.h):
 //   fa_cpu_softmax_fwd: logits [..., Sq, Skv] (+ mask bool [..., Sq|1, Skv]) -> y
 //   fa_cpu_softmax_bwd: y, dy [..., Sq, Skv] -> dx
 // Attributes: softmax_type (SoftmaxFusionType code), scale.

@@ -1,4 +1,4 @@
-// XLA FFI handlers of the CUDA softmax (argument layout in softmax_decode.h):
+// XLA FFI handlers of the CUDA softmax (argument layout in ffi_decode.h):
 //   fa_cuda_softmax_fwd: logits [..., Sq, Skv] (+ mask bool [..., Sq|1, Skv]) -> y
 //   fa_cuda_softmax_bwd: y, dy [..., Sq, Skv] -> dx
 // Attributes: softmax_type, scale. The kernels run on XLA's stream. A call that

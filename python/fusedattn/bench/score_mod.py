@@ -87,7 +87,7 @@ def run(args):
                     fn, fargs = jax.jit(f), (q, k, v)
                 launches = _ffi.hopper_fwd_launches()
                 row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
-                # whether its forward ran fusedattn's Hopper kernel (cuda/hopper)
+                # whether its forward ran fusedattn's Hopper kernel (attention/hopper)
                 row[f"{name}_hopper_fwd"] = _ffi.hopper_fwd_launches() > launches
             slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
             for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
@@ -106,7 +106,7 @@ def run(args):
 
 def _fmt(r):
     g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
-    # the backend get_backend names, and "fwd hopper" when the forward ran cuda/hopper
+    # the backend get_backend names, and "fwd hopper" when the forward ran attention/hopper
     b = lambda n: r.get(f"{n}_backend", "-") + (", fwd hopper" if r.get(f"{n}_hopper_fwd") else "")
     return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
             f"[{b('softcap')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "

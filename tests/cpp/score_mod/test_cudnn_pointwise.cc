@@ -1,4 +1,4 @@
-// The cuDNN pointwise form of score_mod programs (score_mod_pointwise.h) computes what
+// The cuDNN pointwise form of score_mod programs (cudnn_pointwise.h) computes what
 // the program interpreter does: every opcode, the expansions of the ones cuDNN has no
 // node for, booleans used as numbers and numbers used as conditions, on random inputs
 // and the edge values (0, negative, NaN); dead code makes no nodes; every node's first

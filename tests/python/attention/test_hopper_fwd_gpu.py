@@ -1,4 +1,4 @@
-"""The Hopper flash forward (csrc/fusedattn/cuda/hopper) on an H100 (pytest -m gpu; skipped
+"""The Hopper flash forward (csrc/fusedattn/attention/hopper) on an H100 (pytest -m gpu; skipped
 without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
 counter moves), other calls do not; forward, log-sum-exp and gradients (cuDNN's backward
 reads this forward's log-sum-exp) against the float32 reference with fn over the

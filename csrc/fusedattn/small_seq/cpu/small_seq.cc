@@ -1,4 +1,4 @@
-// CPU small-seq attention (see cpu_small_seq.h). One task = a few segments of a
+// CPU small-seq attention (see small_seq.h). One task = a few segments of a
 // pack; a segment's rows belong to it alone, so tasks write disjoint rows and the
 // backward sums dk/dv over its own q rows and q heads without locks.
 #include "fusedattn/small_seq/cpu/small_seq.h"
