@@ -45,9 +45,10 @@ enum FaPlatform { FA_PLATFORM_CPU = 0, FA_PLATFORM_CUDA = 1 };
 
 enum FaBackend {
   FA_BACKEND_NONE = 0,
-  FA_BACKEND_CPU_FLASH = 1,      // csrc/fusedattn/cpu: tiled online-softmax attention
+  FA_BACKEND_CPU_FLASH = 1,      // attention/cpu: tiled online-softmax attention
   FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
-  FA_BACKEND_CUDNN = 3,          // csrc/fusedattn/cuda/cudnn: a cuDNN SDPA graph
+  FA_BACKEND_CUDNN = 3,          // attention/cudnn: a cuDNN SDPA graph
+  FA_BACKEND_HOPPER_FWD = 4,     // attention/hopper: the sm_90 flash forward (softcap, ALiBi)
 };
 
 enum FaStatus { FA_OK = 0, FA_INVALID_ARGUMENT = 1, FA_UNIMPLEMENTED = 2, FA_INTERNAL = 3 };
