@@ -485,23 +485,11 @@ namespace ffi = xla::ffi;
 using fusedattn::ffi_glue::AttnAttrs;
 using fusedattn::ffi_glue::AttnScoreModAttrs;
 
-#define FA_CUDA_ATTN_OPERANDS        \
-  .Arg<ffi::AnyBuffer>() /* q */     \
-      .Arg<ffi::AnyBuffer>() /* k */ \
-      .Arg<ffi::AnyBuffer>() /* v */ \
-      .Arg<ffi::AnyBuffer>() /* bias */ \
-      .Arg<ffi::AnyBuffer>() /* softmax_offset */ \
-      .Arg<ffi::AnyBuffer>() /* seed */ \
-      .Arg<ffi::AnyBuffer>() /* q_seqlens */ \
-      .Arg<ffi::AnyBuffer>() /* kv_seqlens */ \
-      .Arg<ffi::AnyBuffer>() /* q_offsets */ \
-      .Arg<ffi::AnyBuffer>() /* kv_offsets */
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
                                   .Ret<ffi::AnyBuffer>()  // max_logit
@@ -512,7 +500,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -530,7 +518,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -542,7 +530,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout
