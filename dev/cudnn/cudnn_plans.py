@@ -1,6 +1,6 @@
 """GPU machine: times plain fused_attn and softcap / ALiBi score_mods (forward, causal, bf16,
 B * S = 16384 tokens, H = 16, D = 128) under the cuDNN plan the environment picks
-(FUSEDATTN_CUDNN_HEUR / FUSEDATTN_CUDNN_PLAN, sdpa_graph.cc); dev/cudnn/cudnn_plans.sh runs it
+(FUSEDATTN_CUDNN_HEUR / FUSEDATTN_CUDNN_PLAN, attention/options.h); dev/cudnn/cudnn_plans.sh runs it
 once per plan. Prints one line: the plan setting and each function's median ms (or its error)."""
 
 import os

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import typing
 
 import jax
 
@@ -76,9 +77,10 @@ def _load() -> ctypes.CDLL:
     lib.fa_backend_name.restype = ctypes.c_char_p
     lib.fa_backend_name.argtypes = [ctypes.c_int]
     lib.fa_validate.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_char_p, ctypes.c_int]
+    intp = ctypes.POINTER(ctypes.c_int)
     lib.fa_select_backend.argtypes = [
-        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-        ctypes.c_char_p, ctypes.c_int]
+        ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int64, ctypes.c_int, intp, intp, intp, ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
     lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
     i32p = ctypes.POINTER(ctypes.c_int32)
@@ -148,14 +150,38 @@ def validate(params: AttnParams) -> tuple[int, str]:
     return code, buf.value.decode()
 
 
-def select_backend(params: AttnParams, platform: int, device: int = 0) -> tuple[str, int, str]:
-    """Returns (backend name, validate status code, reason); a CUDA query reads the
-    capabilities of CUDA device `device` (and the cuDNN the process can load)."""
-    status = ctypes.c_int(0)
+class BackendChoice(typing.NamedTuple):
+    """select_backend()'s answer: name serves the call (whose FFI handler runs it: "cpu_flash",
+    "cudnn" for the CUDA handler, "xla_reference" or "none"); forward and backward are the
+    kernels that run (e.g. "hopper" and "cudnn"); status is validate()'s code."""
+    name: str
+    forward: str
+    backward: str
+    status: int
+    reason: str
+
+
+def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,
+                   want_max_logit: bool = False) -> BackendChoice:
+    """The engine's select_backend(); a CUDA query reads the capabilities of CUDA device
+    `device` (and the cuDNN the process can load). score_mod: the packed program
+    attribute of a flex-attention call (or None)."""
+    forward, backward, status = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
     buf = ctypes.create_string_buffer(1024)
-    backend = lib.fa_select_backend(ctypes.byref(params), platform, device, ctypes.byref(status),
-                                    buf, len(buf))
-    return lib.fa_backend_name(backend).decode(), status.value, buf.value.decode()
+    ptr, n = _int32_array(score_mod)
+    backend = lib.fa_select_backend(ctypes.byref(params), platform, device, ptr, n,
+                                    int(want_max_logit), ctypes.byref(forward),
+                                    ctypes.byref(backward), ctypes.byref(status), buf, len(buf))
+    name = lambda code: lib.fa_backend_name(code).decode()
+    return BackendChoice(name(backend), name(forward.value), name(backward.value), status.value,
+                         buf.value.decode())
+
+
+def select_backend(params: AttnParams, platform: int, device: int = 0, score_mod=None,
+                   want_max_logit: bool = False) -> tuple[str, int, str]:
+    """(backend name, validate status code, reason) of backend_choice()."""
+    c = backend_choice(params, platform, device, score_mod, want_max_logit)
+    return c.name, c.status, c.reason
 
 
 def _int32_array(words):

@@ -490,18 +490,22 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
     if _platform_code(platform) == _ffi.PLATFORM_CPU:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
-    name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA, 0)
-    if name != "cudnn":
-        return BackendInfo(name, False, reason)
+    key = None
+    if _has_gpu():  # the engine reads the program (the Hopper forward takes some)
+        d = call.dims
+        sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
+        key = _sm_key(sm)
+    choice = _ffi.backend_choice(call.params, _ffi.PLATFORM_CUDA, 0, key, want_max_logit)
+    if choice.name != "cudnn":
+        return BackendInfo(choice.name, False, choice.reason)
     if call.cfg.bias_type != AttnBiasType.NO_BIAS:
         return BackendInfo("xla_reference", False, "xla_reference: score_mod with a bias is not "
                            "fused on the GPU (cuDNN would apply the bias after the score_mod)")
     if _has_gpu():  # the graphs themselves are asked
-        d = call.dims
-        sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
-        name, reason = _gpu_choice(_fields(call.params), False, want_max_logit, training,
-                                   _sm_key(sm))
-        return BackendInfo(name, name in _FUSED_BACKENDS, reason)
+        name, reason = _gpu_choice(_fields(call.params), False, want_max_logit, training, key)
+        if name != "cudnn":
+            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
+        return BackendInfo(name, True, choice.reason, choice.forward, choice.backward)
     return BackendInfo("cudnn", True, "score_mod runs in the cuDNN graph as pointwise nodes "
                        "(where cuDNN builds the graph; otherwise XLA's reference, with a warning)")
 
@@ -513,11 +517,21 @@ class BackendInfo:
 
     fused is True when one of fusedattn's own kernels serves the call; reason says
     why this backend and why not the others (or, for "none", what is wrong).
+    forward and backward name the kernels that run each pass: name's own, except that
+    calls served by "cudnn" may run the forward on "hopper" (fusedattn's sm_90 flash
+    forward for softcap and ALiBi score_mods).
     """
 
     name: str
     fused: bool
     reason: str
+    forward: str | None = None  # None: name
+    backward: str | None = None  # None: name
+
+    def __post_init__(self):
+        for field in ("forward", "backward"):
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, self.name)
 
 
 _FUSED_BACKENDS = {"cpu_flash", "cudnn", "small_seq"}
@@ -535,12 +549,14 @@ def _platform_code(platform: str | None) -> int:
 def _backend_info(params: _ffi.AttnParams, platform: str | None, training: bool = False,
                   want_max_logit: bool = False) -> BackendInfo:
     code = _platform_code(platform)
+    choice = _ffi.backend_choice(params, code, 0, None, want_max_logit)
     if code == _ffi.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
         name, reason = _gpu_choice(_fields(params), False, want_max_logit, training)
-    else:
-        name, _, reason = _ffi.select_backend(params, code)
-    return BackendInfo(name, name in _FUSED_BACKENDS, reason)
+        if name != choice.name:
+            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
+    return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason,
+                       choice.forward, choice.backward)
 
 
 def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,

@@ -10,6 +10,11 @@ namespace {
 
 constexpr int64_t kCudnnSinkVersion = 91300;  // sink tokens, max / sum_exp outputs
 
+// The Hopper forward's tile shape (hopper/fwd_kernel.cuh) and grid limit.
+constexpr int64_t kHopperHeadDim = 128;
+constexpr int64_t kHopperBlockM = 128;
+constexpr int64_t kHopperMaxBlocks = (int64_t{1} << 31) - 1;
+
 std::string fmt_version(int64_t v) {
   std::ostringstream os;
   os << v / 10000 << "." << (v / 100) % 100 << "." << v % 100;
@@ -66,7 +71,55 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
   return "";
 }
 
-BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info) {
+ScoreModForm recognize_score_mod(const ScoreMod* sm) {
+  ScoreModForm f;
+  if (!sm) return f;
+  if (sm->n_operands == 0 && match_softcap(sm->fwd, &f.softcap_k1, &f.softcap_k2))
+    f.kind = ScoreModKind::kSoftcap;
+  else if (match_alibi(*sm, &f.alibi))
+    f.kind = ScoreModKind::kAlibi;
+  else
+    f.kind = ScoreModKind::kOther;
+  return f;
+}
+
+std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                          const PlatformInfo& info) {
+  std::ostringstream os;
+  const ScoreModKind kind = req.score_mod.kind;
+  if (kind != ScoreModKind::kSoftcap && kind != ScoreModKind::kAlibi)
+    return "it takes a softcap or ALiBi score_mod only";
+  if (kind == ScoreModKind::kAlibi && p.num_slices != 1)
+    return "its ALiBi takes one vmap slice";
+  if (req.want_max_logit) return "it does not return max_logit";
+  if (p.bias_type != FA_NO_BIAS) return "it takes no bias";
+  if (has_dropout(p)) return "it has no dropout";
+  if (p.softmax_type != FA_VANILLA_SOFTMAX) return "it takes VANILLA_SOFTMAX only";
+  if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
+    return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
+  if (is_thd(p.layout)) return "it has no THD layouts";
+  if (has_padding(p.mask_type)) return "it has no padding masks";
+  if (p.window_left != -1 || (p.window_right != -1 && !is_causal(p.mask_type)))
+    return "it has no sliding window";
+  if (p.head_dim_qk != kHopperHeadDim || p.head_dim_v != kHopperHeadDim) {
+    os << "it takes head dim " << kHopperHeadDim << " only; got " << p.head_dim_qk << " and "
+       << p.head_dim_v;
+    return os.str();
+  }
+  if (info.sm != 90) {
+    os << "it needs compute capability 9.0 (wgmma, sm_90a); the device has " << info.sm / 10
+       << "." << info.sm % 10;
+    return os.str();
+  }
+  if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q * p.batch > kHopperMaxBlocks)
+    return "more than 2^31 - 1 blocks of 128 query rows";
+  if (is_causal_bottom_right(p.mask_type) && p.seqlen_q > p.seqlen_kv)
+    return "its bottom-right causal mask needs Sq <= Skv";
+  return "";
+}
+
+BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info,
+                             const BackendRequest& req, const BackendOptions& opts) {
   BackendChoice choice;
   choice.status = validate(p);
   if (!choice.status.ok()) {
@@ -75,18 +128,37 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
   }
   switch (platform) {
     case FA_PLATFORM_CPU:
-      choice.backend = FA_BACKEND_CPU_FLASH;
+      choice.backend = choice.forward = choice.backward = FA_BACKEND_CPU_FLASH;
       choice.reason = "cpu_flash: the tiled online-softmax CPU engine serves every valid call";
       return choice;
     case FA_PLATFORM_CUDA: {
       const std::string why_not = cudnn_unsupported_reason(p, info);
-      if (why_not.empty()) {
-        choice.backend = FA_BACKEND_CUDNN;
-        choice.reason = "cudnn: a cuDNN " + fmt_version(info.cudnn_version) + " SDPA graph";
-      } else {
-        choice.backend = FA_BACKEND_XLA_REFERENCE;
+      if (!why_not.empty()) {
+        choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
         choice.reason = "xla_reference: cuDNN cannot serve this call (" + why_not +
                         "), so XLA computes the plain-JAX reference (materialized scores)";
+        return choice;
+      }
+      choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDNN;
+      const std::string cudnn = "a cuDNN " + fmt_version(info.cudnn_version) + " SDPA graph";
+      const ScoreModKind kind = req.score_mod.kind;
+      if (kind != ScoreModKind::kSoftcap && kind != ScoreModKind::kAlibi) {
+        choice.reason = "cudnn: " + cudnn;
+        return choice;
+      }
+      // The Hopper forward's family: it takes the forward where it can.
+      const char* what = kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi";
+      const std::string hopper_no = hopper_fwd_unsupported_reason(p, req, info);
+      if (hopper_no.empty() && opts.hopper_fwd) {
+        choice.forward = FA_BACKEND_HOPPER_FWD;
+        choice.reason = std::string("forward hopper: the Hopper flash forward runs the ") + what +
+                        " score_mod in its kernel (bench/RESULTS.md); backward cudnn: " + cudnn;
+      } else if (hopper_no.empty()) {
+        choice.reason = "cudnn: " + cudnn + " (FUSEDATTN_HOPPER_FWD=0 keeps the Hopper flash "
+                        "forward off)";
+      } else {
+        choice.reason = "cudnn: " + cudnn + " (the Hopper flash forward cannot run this " +
+                        what + " call: " + hopper_no + ")";
       }
       return choice;
     }

@@ -1,19 +1,53 @@
-// select_backend(): which backend serves an AttnParams on a platform, and why
-// the others cannot. Python asks the same function (c_api.cc), so the backend
-// a user is told about is the one that runs.
+// select_backend(): the one decision of which kernels serve an AttnParams on a platform,
+// forward and backward, and why the others cannot. Python asks the same function
+// (c_api.cc) and the FFI handlers run what it returns, so the kernels a user is told
+// about are the ones that run.
+//
+// The kernels: the CPU engine (attention/cpu), cuDNN SDPA graphs (attention/cudnn), the
+// Hopper flash forward (attention/hopper: softcap / ALiBi score_mod, head dim 128, sm_90;
+// its backward is cuDNN's), and, where none serves a GPU call, XLA's plain-JAX reference.
 #pragma once
 
 #include <string>
 
+#include "fusedattn/attention/options.h"
 #include "fusedattn/attention/params.h"
 #include "fusedattn/core/status.h"
+#include "fusedattn/score_mod/program.h"
 
 namespace fusedattn {
 
+// What a call's score_mod is, as far as the kernels care.
+enum class ScoreModKind : int32_t {
+  kNone = 0,     // no score_mod
+  kSoftcap = 1,  // k1 tanh(k2 s), no operands
+  kAlibi = 2,    // s + sign slopes[h] (kv - q) or |kv - q|, slopes the one operand
+  kOther = 3,    // any other program (cuDNN runs it as pointwise nodes)
+};
+
+struct ScoreModForm {
+  ScoreModKind kind = ScoreModKind::kNone;
+  float softcap_k1 = 0.0f, softcap_k2 = 0.0f;  // kSoftcap
+  AlibiForm alibi;                              // kAlibi
+};
+
+// The form of sm (null: no score_mod).
+ScoreModForm recognize_score_mod(const ScoreMod* sm);
+
+// What a call asks beyond its AttnParams, where a kernel's choice depends on it.
+struct BackendRequest {
+  ScoreModForm score_mod;
+  bool want_max_logit = false;  // the forward returns max_logit
+};
+
 struct BackendChoice {
+  // Who serves the call, which is whose FFI handler runs it (Python routes by it):
+  // cpu_flash, cudnn (the CUDA handler, whatever kernels run inside), xla_reference, none.
   int32_t backend = FA_BACKEND_NONE;  // FaBackend
+  int32_t forward = FA_BACKEND_NONE;  // the kernel of the forward (e.g. hopper)
+  int32_t backward = FA_BACKEND_NONE;  // the kernel of the backward
   Status status;                      // not ok when no backend serves the call
-  std::string reason;                 // why this backend, and why not the others
+  std::string reason;                 // why these kernels, and why not the others
 };
 
 // What the CUDA rules depend on (cuda/platform.h reads it off a device).
@@ -25,10 +59,18 @@ struct PlatformInfo {
   std::string cudnn_error;     // why no cuDNN could be loaded
 };
 
-BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info = {});
+BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info = {},
+                             const BackendRequest& req = {},
+                             const BackendOptions& opts = backend_options());
 
 // Why cuDNN cannot serve p (empty when it can, as far as static rules tell: the
 // graph's own support check, run at trace time, has the last word).
 std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& info);
+
+// Why the Hopper flash forward cannot serve p (empty when it can). These are the
+// kernel's rules on the call (hopper::flash_fwd_unsupported checks them again, with the
+// buffers' alignment, which XLA's buffers and head dim 128 always meet).
+std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                          const PlatformInfo& info);
 
 }  // namespace fusedattn

@@ -37,10 +37,15 @@ int fa_validate(const FaAttnParams* p, char* msg, int msg_len) {
   return s.code;
 }
 
-// Returns an FaBackend; *status gets validate()'s code, reason the explanation.
-// `device` is the CUDA device whose capabilities decide a CUDA platform query.
-int fa_select_backend(const FaAttnParams* p, int platform, int device, int* status, char* reason,
-                      int reason_len) {
+// Returns the FaBackend that serves the call (whose FFI handler runs it: cpu_flash, cudnn
+// for the CUDA handler, xla_reference or none); *forward and *backward get the kernels
+// that run inside (e.g. hopper and cudnn), *status validate()'s code, reason the
+// explanation. `device` is the CUDA device whose capabilities decide a CUDA platform
+// query. score_mod: the packed program attribute (score_mod.h) of a flex-attention call,
+// or null; want_max_logit: the forward returns max_logit.
+int fa_select_backend(const FaAttnParams* p, int platform, int device, const int32_t* score_mod,
+                      int64_t score_mod_len, int want_max_logit, int* forward, int* backward,
+                      int* status, char* reason, int reason_len) {
   fusedattn::PlatformInfo info;
 #ifdef FUSEDATTN_WITH_CUDA
   if (platform == FA_PLATFORM_CUDA) {
@@ -51,7 +56,24 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, int* stat
     }
   }
 #endif
-  const fusedattn::BackendChoice c = fusedattn::select_backend(*p, platform, info);
+  fusedattn::BackendRequest req;
+  req.want_max_logit = want_max_logit != 0;
+  fusedattn::BackendChoice c;
+  fusedattn::ScoreMod sm;
+  fusedattn::Status decoded;
+  if (score_mod && fusedattn::validate(*p).ok()) {
+    const int64_t ext[4] = {fusedattn::slice_batch(*p), p->heads_q, p->seqlen_q, p->seqlen_kv};
+    decoded = fusedattn::decode_score_mod(score_mod, score_mod_len, ext, &sm);
+  }
+  if (decoded.ok()) {
+    req.score_mod = fusedattn::recognize_score_mod(score_mod ? &sm : nullptr);
+    c = fusedattn::select_backend(*p, platform, info, req);
+  } else {
+    c.status = decoded;
+    c.reason = "no backend serves this call: score_mod: " + decoded.message;
+  }
+  if (forward) *forward = c.forward;
+  if (backward) *backward = c.backward;
   if (status) *status = c.status.code;
   copy_message(c.reason, reason, reason_len);
   return c.backend;

@@ -1,4 +1,4 @@
-// XLA FFI handlers of the CPU attention engine (operands and results: attn_decode.h):
+// XLA FFI handlers of the CPU attention engine (operands and results: ffi_decode.h):
 //   fa_cpu_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
 //                    q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
 //   fa_cpu_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
@@ -155,27 +155,15 @@ namespace ffi = xla::ffi;
 using fusedattn::ffi_glue::AttnAttrs;
 using fusedattn::ffi_glue::AttnScoreModAttrs;
 
-#define FA_ATTN_OPERANDS                             \
-  .Arg<ffi::AnyBuffer>()     /* q */                 \
-      .Arg<ffi::AnyBuffer>() /* k */                 \
-      .Arg<ffi::AnyBuffer>() /* v */                 \
-      .Arg<ffi::AnyBuffer>() /* bias */              \
-      .Arg<ffi::AnyBuffer>() /* softmax_offset */    \
-      .Arg<ffi::AnyBuffer>() /* seed */              \
-      .Arg<ffi::AnyBuffer>() /* q_seqlens */         \
-      .Arg<ffi::AnyBuffer>() /* kv_seqlens */        \
-      .Arg<ffi::AnyBuffer>() /* q_offsets */         \
-      .Arg<ffi::AnyBuffer>() /* kv_offsets */
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd, fusedattn::ffi_glue::attn_fwd_cpu,
-                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                              ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
                                   .Ret<ffi::AnyBuffer>()  // max_logit
                                   .Attrs<AttnAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu,
-                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                              ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -189,7 +177,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu
 // score_mod variants: the ten operands, then score_mod_operands (float32, the array
 // operands concatenated); the backward also returns their gradient.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cpu,
-                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                              ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -197,7 +185,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_
                                   .Attrs<AttnScoreModAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cpu,
-                              ffi::Ffi::Bind() FA_ATTN_OPERANDS
+                              ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout

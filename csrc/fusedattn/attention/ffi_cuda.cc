@@ -1,5 +1,5 @@
-// XLA FFI handlers of attention on NVIDIA GPUs, through cuDNN SDPA graphs
-// (operands and results as the CPU handlers: attn_decode.h):
+// XLA FFI handlers of attention on NVIDIA GPUs (operands and results as the CPU
+// handlers: ffi_decode.h):
 //   fa_cuda_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
 //                     q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
 //   fa_cuda_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
@@ -8,15 +8,15 @@
 //   every custom call)
 //   fa_cuda_attn_fwd_sm / fa_cuda_attn_bwd_sm: the same with score_mod (flex attention):
 //   one more operand after the ten (the concatenated score_mod operands, f32) and the
-//   program attribute; the graph runs the program (cuda/cudnn/sdpa_graph.cc). The
-//   operands' gradient is not computed here (fusedattn/attention.py takes it from XLA).
-// Each decodes one AttnParams and AttnTensors (the same code as the CPU), maps the
-// params to a cached cuDNN graph (cuda/cudnn/sdpa_config.h), takes every temporary
-// from the workspace, and enqueues on XLA's stream.
+//   program attribute; the kernel runs the program (cudnn/sdpa_graph.cc, or the Hopper
+//   forward's own softcap / ALiBi). The operands' gradient is not computed here
+//   (fusedattn/attention.py takes it from XLA).
+// Each decodes one AttnParams and AttnTensors (the same code as the CPU) and runs the
+// kernels select_backend() chose (backend.h): the Hopper flash forward (attention/hopper),
+// or a cached cuDNN graph (cudnn/sdpa_config.h) that takes every temporary from the
+// workspace; everything is enqueued on XLA's stream.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <unordered_map>
 
 #include "fusedattn/attention/backend.h"
@@ -68,15 +68,16 @@ T* offset(T* p, int64_t elements, int64_t elem_bytes) {
   return p ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + elements * elem_bytes) : nullptr;
 }
 
-// The cuDNN backend must be the one select_backend() names for this call; Python
-// only routes a call here when it is, so anything else is a caller error.
-Status check_backend(const AttnParams& p, int device) {
+// select_backend()'s choice for this call; Python routes a call here only when the CUDA
+// handler serves it (backend cudnn), so anything else is a caller error.
+Status choose(const AttnParams& p, int device, const BackendRequest& req, BackendChoice* c) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
-  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, info);
-  if (!c.status.ok()) return c.status;
-  if (c.backend != FA_BACKEND_CUDNN)
-    return Status::Unimplemented("the CUDA attention handler serves cuDNN calls only; " + c.reason);
+  *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
+  if (!c->status.ok()) return c->status;
+  if (c->backend != FA_BACKEND_CUDNN)
+    return Status::Unimplemented("the CUDA attention handler serves cuDNN calls only; " +
+                                 c->reason);
   return Status::Ok();
 }
 
@@ -179,52 +180,44 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
         const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
 }
 
-// Whether the Hopper flash forward (cuda/hopper) takes this call: a softcap score_mod
-// (k1 tanh(k2 s), cuDNN's kernel leaves its tanh unhidden: bench/RESULTS.md) or an ALiBi
-// one (s +- slopes[h] (kv - q) or |kv - q|, one vmap slice) on an sm_90 device, and
-// nothing in the call beyond that kernel. Fills fp when it does.
-// FUSEDATTN_HOPPER_FWD=0 sends these calls to cuDNN too (for comparisons).
-bool use_hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm, int device,
-                    bool want_max, hopper::FlashFwdParams* fp) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
-    return !e || std::strcmp(e, "0") != 0;
-  }();
-  if (!enabled || !sm.call) return false;
-  const ScoreMod& m = sm.call->sm;
-  float k1 = 0.0f, k2 = 0.0f;
-  AlibiForm alibi;
-  const bool softcap = m.n_operands == 0 && match_softcap(m.fwd, &k1, &k2);
-  if (!softcap && !(p.num_slices == 1 && match_alibi(m, &alibi))) return false;
-  if (want_max || p.bias_type != FA_NO_BIAS || has_dropout(p) ||
-      p.softmax_type != FA_VANILLA_SOFTMAX || p.dtype == FA_FLOAT32 || is_thd(p.layout) ||
-      has_padding(p.mask_type) || p.window_left != -1 ||
-      (p.window_right != -1 && !is_causal(p.mask_type)) || p.head_dim_qk != p.head_dim_v)
-    return false;
+// Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
+// ALiBi score_mod, form).
+Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
+                  const ScoreModForm& form, int device, cudaStream_t stream) {
   PlatformInfo info;
-  if (!cuda::platform_info(device, &info).ok()) return false;
-  fp->q = t.q, fp->k = t.k, fp->v = t.v, fp->out = t.out, fp->lse = t.lse;
-  fp->q_b = t.sq.b, fp->q_s = t.sq.s, fp->q_h = t.sq.h;
-  fp->k_b = t.sk.b, fp->k_s = t.sk.s, fp->k_h = t.sk.h;
-  fp->v_b = t.sv.b, fp->v_s = t.sv.s, fp->v_h = t.sv.h;
-  fp->o_b = t.so.b, fp->o_s = t.so.s, fp->o_h = t.so.h;
-  fp->l_b = t.slse.b, fp->l_h = t.slse.h, fp->l_s = t.slse.s;
-  fp->batch = p.batch, fp->seqlen_q = p.seqlen_q, fp->seqlen_kv = p.seqlen_kv;
-  fp->heads_q = p.heads_q, fp->heads_kv = p.heads_kv, fp->head_dim = p.head_dim_qk;
-  fp->bf16 = p.dtype == FA_BFLOAT16;
-  fp->causal = is_causal(p.mask_type);
-  fp->diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
-  if (softcap) {  // the program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c)
-    fp->softcap = k1;
-    fp->scale = p.scale * k2 * k1;
+  FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  hopper::FlashFwdParams fp;
+  fp.q = t.q, fp.k = t.k, fp.v = t.v, fp.out = t.out, fp.lse = t.lse;
+  fp.q_b = t.sq.b, fp.q_s = t.sq.s, fp.q_h = t.sq.h;
+  fp.k_b = t.sk.b, fp.k_s = t.sk.s, fp.k_h = t.sk.h;
+  fp.v_b = t.sv.b, fp.v_s = t.sv.s, fp.v_h = t.sv.h;
+  fp.o_b = t.so.b, fp.o_s = t.so.s, fp.o_h = t.so.h;
+  fp.l_b = t.slse.b, fp.l_h = t.slse.h, fp.l_s = t.slse.s;
+  fp.batch = p.batch, fp.seqlen_q = p.seqlen_q, fp.seqlen_kv = p.seqlen_kv;
+  fp.heads_q = p.heads_q, fp.heads_kv = p.heads_kv, fp.head_dim = p.head_dim_qk;
+  fp.bf16 = p.dtype == FA_BFLOAT16;
+  fp.causal = is_causal(p.mask_type);
+  fp.diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
+  if (form.kind == ScoreModKind::kSoftcap) {
+    // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
+    fp.softcap = form.softcap_k1;
+    fp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
   } else {
-    fp->scale = p.scale;
-    fp->alibi_slopes = sm.call->operands + m.offset(0);
-    fp->alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
-    fp->alibi_sign = alibi.sign;
-    fp->alibi_abs = alibi.abs;
+    const ScoreMod& m = sm.call->sm;
+    fp.scale = p.scale;
+    fp.alibi_slopes = sm.call->operands + m.offset(0);
+    fp.alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
+    fp.alibi_sign = form.alibi.sign;
+    fp.alibi_abs = form.alibi.abs;
   }
-  return hopper::flash_fwd_unsupported(*fp, info.sm).empty();
+  const std::string why_not = hopper::flash_fwd_unsupported(fp, info.sm);
+  if (!why_not.empty())
+    return Status::Internal("the Hopper flash forward was chosen for a call it cannot run: " +
+                            why_not);
+  FA_RETURN_IF_NOT_OK(hopper::flash_fwd(fp, stream));
+  // max_logit is not returned to the caller: NaN makes any misuse visible.
+  return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
+                           "cudaMemsetAsync(max_logit)");
 }
 
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
@@ -234,15 +227,14 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
-  FA_RETURN_IF_NOT_OK(check_backend(p, device));
   const bool want_max = attrs.want_max_logit != 0;
-  hopper::FlashFwdParams hp;
-  if (use_hopper_fwd(p, t, sm, device, want_max, &hp)) {
-    FA_RETURN_IF_NOT_OK(hopper::flash_fwd(hp, stream));
-    // max_logit is not returned to the caller: NaN makes any misuse visible.
-    return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
-                             "cudaMemsetAsync(max_logit)");
-  }
+  BackendRequest req;
+  req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
+  req.want_max_logit = want_max;
+  BackendChoice choice;
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
+  if (choice.forward == FA_BACKEND_HOPPER_FWD)
+    return hopper_fwd(p, t, sm, req.score_mod, device, stream);
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
@@ -322,7 +314,13 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
-  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  BackendRequest req;
+  req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
+  BackendChoice choice;
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
+  if (choice.backward != FA_BACKEND_CUDNN)
+    return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
+                                        "select_backend chose ") + backend_name(choice.backward));
   const SdpaConfig c =
       cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
@@ -466,7 +464,10 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                             bool backward, int64_t* bytes, const cudnn::ScoreModSpec* sm) {
-  FA_RETURN_IF_NOT_OK(check_backend(p, device));
+  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none); which
+  // handler serves the call does not depend on the score_mod.
+  BackendChoice choice;
+  FA_RETURN_IF_NOT_OK(choose(p, device, BackendRequest{}, &choice));
   if (sm && p.bias_type != FA_NO_BIAS)
     return Status::Unimplemented("score_mod with a bias on cuDNN");
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
@@ -484,23 +485,11 @@ namespace ffi = xla::ffi;
 using fusedattn::ffi_glue::AttnAttrs;
 using fusedattn::ffi_glue::AttnScoreModAttrs;
 
-#define FA_CUDA_ATTN_OPERANDS        \
-  .Arg<ffi::AnyBuffer>() /* q */     \
-      .Arg<ffi::AnyBuffer>() /* k */ \
-      .Arg<ffi::AnyBuffer>() /* v */ \
-      .Arg<ffi::AnyBuffer>() /* bias */ \
-      .Arg<ffi::AnyBuffer>() /* softmax_offset */ \
-      .Arg<ffi::AnyBuffer>() /* seed */ \
-      .Arg<ffi::AnyBuffer>() /* q_seqlens */ \
-      .Arg<ffi::AnyBuffer>() /* kv_seqlens */ \
-      .Arg<ffi::AnyBuffer>() /* q_offsets */ \
-      .Arg<ffi::AnyBuffer>() /* kv_offsets */
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
                                   .Ret<ffi::AnyBuffer>()  // max_logit
@@ -511,7 +500,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -529,7 +518,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
@@ -541,7 +530,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  FA_CUDA_ATTN_OPERANDS
+                                  FA_ATTN_BIND_OPERANDS
                                   .Arg<ffi::AnyBuffer>()  // score_mod_operands
                                   .Arg<ffi::AnyBuffer>()  // out
                                   .Arg<ffi::AnyBuffer>()  // dout

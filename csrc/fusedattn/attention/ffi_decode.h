@@ -145,6 +145,21 @@ Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> progr
 
 }  // namespace fusedattn::ffi_glue
 
+// The binding of the ten operands (AttnOperands' order) that every attention handler,
+// CPU and CUDA, starts its argument list with: Ffi::Bind() [contexts] FA_ATTN_BIND_OPERANDS
+// [more operands] .Ret<...>() ...
+#define FA_ATTN_BIND_OPERANDS                                  \
+  .Arg<::xla::ffi::AnyBuffer>()     /* q */                    \
+      .Arg<::xla::ffi::AnyBuffer>() /* k */                    \
+      .Arg<::xla::ffi::AnyBuffer>() /* v */                    \
+      .Arg<::xla::ffi::AnyBuffer>() /* bias */                 \
+      .Arg<::xla::ffi::AnyBuffer>() /* softmax_offset */       \
+      .Arg<::xla::ffi::AnyBuffer>() /* seed */                 \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_seqlens */            \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_seqlens */           \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_offsets */            \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */
+
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     fusedattn::ffi_glue::AttnAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
     ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),

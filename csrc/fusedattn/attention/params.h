@@ -43,9 +43,10 @@ enum FaSoftmaxType {
 
 enum FaBackend {
   FA_BACKEND_NONE = 0,
-  FA_BACKEND_CPU_FLASH = 1,      // csrc/fusedattn/cpu: tiled online-softmax attention
+  FA_BACKEND_CPU_FLASH = 1,      // attention/cpu: tiled online-softmax attention
   FA_BACKEND_XLA_REFERENCE = 2,  // the plain-JAX reference, compiled by XLA
-  FA_BACKEND_CUDNN = 3,          // csrc/fusedattn/cuda/cudnn: a cuDNN SDPA graph
+  FA_BACKEND_CUDNN = 3,          // attention/cudnn: a cuDNN SDPA graph
+  FA_BACKEND_HOPPER_FWD = 4,     // attention/hopper: the sm_90 flash forward (softcap, ALiBi)
 };
 
 // Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],

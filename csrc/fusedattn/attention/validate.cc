@@ -55,6 +55,7 @@ const char* backend_name(int32_t backend) {
     case FA_BACKEND_CPU_FLASH: return "cpu_flash";
     case FA_BACKEND_XLA_REFERENCE: return "xla_reference";
     case FA_BACKEND_CUDNN: return "cudnn";
+    case FA_BACKEND_HOPPER_FWD: return "hopper";
   }
   return "unknown";
 }

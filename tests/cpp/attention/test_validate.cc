@@ -309,7 +309,8 @@ TEST(Names, EveryEnumValueHasAName) {
   EXPECT_STREQ(mask_name(6), "unknown");
   EXPECT_STREQ(bias_name(3), "unknown");
   EXPECT_STREQ(softmax_name(3), "unknown");
-  EXPECT_STREQ(backend_name(4), "unknown");
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD), "hopper");
+  EXPECT_STREQ(backend_name(5), "unknown");
 }
 
 }  // namespace

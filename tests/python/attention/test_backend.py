@@ -78,6 +78,59 @@ def test_bad_calls_get_none_with_the_reason(kwargs, why, platform):
     assert why in info.reason, info.reason
 
 
+# ---------------------------------------------------------------------------
+# Forward and backward kernels: the engine's select_backend() names both (on an H100 a
+# softcap / ALiBi call runs forward "hopper", backward "cudnn": test_backend.cc).
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_cpu_runs_cpu_flash_forward_and_backward(training):
+    info = fusedattn.get_backend(shapes(), platform="cpu", is_training=training)
+    assert (info.name, info.forward, info.backward) == ("cpu_flash",) * 3, info
+
+
+def test_cpu_score_mod_runs_cpu_flash_forward_and_backward():
+    softcap = lambda s, b, h, q, kv: jnp.tanh(s / 30.0) * 30.0
+    info = fusedattn.get_backend(shapes(dtype=jnp.bfloat16, d=128), platform="cpu",
+                                 attn_mask_type=AttnMaskType.CAUSAL_MASK, score_mod=softcap,
+                                 is_training=True)
+    assert (info.name, info.forward, info.backward) == ("cpu_flash",) * 3, info
+
+
+def test_gpu_query_without_a_gpu_names_the_reference_both_ways():
+    info = fusedattn.get_backend(shapes(), platform="gpu")
+    assert (info.forward, info.backward) == ("xla_reference", "xla_reference"), info
+
+
+def test_bad_call_names_no_kernel():
+    info = fusedattn.get_backend(shapes(hq=3, hkv=2), platform="cpu")
+    assert (info.name, info.forward, info.backward) == ("none",) * 3, info
+
+
+def test_backend_info_kernels_default_to_its_name():
+    info = fusedattn.BackendInfo("small_seq", True, "why")
+    assert (info.forward, info.backward) == ("small_seq", "small_seq")
+    info = fusedattn.BackendInfo("cudnn", True, "why", "hopper", "cudnn")
+    assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn")
+
+
+def test_engine_choice_names_both_kernels():
+    from fusedattn import _ffi
+    params = _ffi.AttnParams(
+        batch=B, seqlen_q=S, seqlen_kv=S, heads_q=H, heads_kv=H, head_dim_qk=D, head_dim_v=D,
+        window_left=-1, window_right=-1, dtype=_ffi.DTYPE_CODES["bfloat16"],
+        layout=int(QKVLayout.BSHD_BSHD_BSHD), mask_type=int(AttnMaskType.CAUSAL_MASK),
+        bias_type=int(AttnBiasType.NO_BIAS), softmax_type=int(SoftmaxType.VANILLA_SOFTMAX),
+        is_training=1, scale=0.25, dropout=0.0, max_segments=1, num_slices=1)
+    c = _ffi.backend_choice(params, _ffi.PLATFORM_CPU)
+    assert (c.name, c.forward, c.backward, c.status) == ("cpu_flash",) * 3 + (_ffi.STATUS_OK,)
+    assert _ffi.select_backend(params, _ffi.PLATFORM_CPU) == (c.name, c.status, c.reason)
+    # A score_mod program reaches the engine; one it cannot decode is an error.
+    c = _ffi.backend_choice(params, _ffi.PLATFORM_CPU, score_mod=[7, 7, 7])
+    assert (c.name, c.forward, c.backward) == ("none",) * 3, c
+    assert c.status == _ffi.STATUS_INVALID and "score_mod" in c.reason, c.reason
+
+
 def test_unknown_platform_is_an_error():
     with pytest.raises(ValueError, match="platform='tpu'"):
         fusedattn.get_backend(shapes(), platform="tpu")

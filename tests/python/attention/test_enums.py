@@ -116,8 +116,8 @@ def test_platform_and_backend_codes():
     assert _ffi.select_backend(params(), _ffi.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
     name, status, reason = _ffi.select_backend(params(), 2)
     assert (name, status) == ("none", INVALID) and "platform" in reason
-    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(5)]
-    assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "unknown"]
+    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(6)]
+    assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "hopper", "unknown"]
 
 
 # Each field of the ctypes mirror, set to a bad value, must be reported under its own name:

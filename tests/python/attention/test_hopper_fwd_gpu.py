@@ -145,3 +145,20 @@ def test_other_calls_stay_on_cudnn(key):
         out, ran = runs_hopper(fn, *args)
         assert not ran
         assert not np.isnan(np.asarray(out, np.float32)).any()
+
+
+def test_get_backend_names_the_kernels_that_run():
+    """The engine's one decision: softcap / ALiBi at head dim 128 run forward "hopper",
+    backward "cudnn"; the calls the kernel does not take run cuDNN both ways."""
+    bf = lambda d: tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16)
+                         for s in ((B, 256, HQ, d), (B, 256, HQ, d), (B, 256, HQ, d)))
+    slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)
+    causal = AttnMaskType.CAUSAL_MASK
+    for fn, ops in ((cap50, ()), (alibi_causal, (slopes,))):
+        info = fusedattn.get_backend(bf(D), attn_mask_type=causal, score_mod=fn,
+                                     score_mod_operands=ops, is_training=True, platform="gpu")
+        assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn"), info
+    for d, max_logit in ((64, False), (D, True)):
+        info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=cap50,
+                                     return_max_logit=max_logit, platform="gpu")
+        assert (info.name, info.forward, info.backward) == ("cudnn",) * 3, info

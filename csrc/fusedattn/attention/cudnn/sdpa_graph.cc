@@ -2,12 +2,12 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 
+#include "fusedattn/attention/options.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/score_mod/cudnn_pointwise.h"
 #include "fusedattn/platform/cuda/check.h"
@@ -411,28 +411,26 @@ Status backward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* ou
   return Status::Ok();
 }
 
-// Tuning diagnostics (scripts/cudnn_plans.sh): FUSEDATTN_CUDNN_HEUR = A (the default), B or
-// FALLBACK picks the heuristics' list of plans; FUSEDATTN_CUDNN_PLAN = i builds the list's
-// plan i instead of the first that builds; FUSEDATTN_CUDNN_ENGINE = e (with
-// FUSEDATTN_CUDNN_KERNEL_CFG = k) asks for engine e's plan (with that kernel config) instead of
-// the heuristics; FUSEDATTN_CUDNN_PLAN_LOG prints the list, the engines' knobs and the plan
-// built to stderr.
-fe::HeurMode_t heur_mode() {
-  const char* e = std::getenv("FUSEDATTN_CUDNN_HEUR");
-  if (e && std::strcmp(e, "B") == 0) return fe::HeurMode_t::B;
-  if (e && std::strcmp(e, "FALLBACK") == 0) return fe::HeurMode_t::FALLBACK;
+// Tuning diagnostics (scripts/cudnn_plans.sh): the cuDNN knobs of BackendOptions
+// (attention/options.h) pick the heuristics' list, a plan of it or an engine's plan.
+fe::HeurMode_t heur_mode(const BackendOptions& o) {
+  switch (o.cudnn_heur) {
+    case CudnnHeur::kB: return fe::HeurMode_t::B;
+    case CudnnHeur::kFallback: return fe::HeurMode_t::FALLBACK;
+    case CudnnHeur::kA: break;
+  }
   return fe::HeurMode_t::A;
 }
 
-Status build_chosen_plan(fe::graph::Graph& g, DeviceHandle* h, bool backward) {
-  const char* pick = std::getenv("FUSEDATTN_CUDNN_PLAN");
-  if (!pick) {
+Status build_chosen_plan(fe::graph::Graph& g, DeviceHandle* h, bool backward,
+                         const BackendOptions& o) {
+  if (!o.cudnn_plan) {
     FA_FE_RETURN_IF_ERROR(g.build_plans(h->handle), "plan build");
   } else {
-    FA_FE_RETURN_IF_ERROR(g.build_plan_at_index(h->handle, std::atoll(pick)),
+    FA_FE_RETURN_IF_ERROR(g.build_plan_at_index(h->handle, *o.cudnn_plan),
                           "plan build (FUSEDATTN_CUDNN_PLAN)");
   }
-  if (std::getenv("FUSEDATTN_CUDNN_PLAN_LOG")) {
+  if (o.cudnn_plan_log) {
     const int64_t n = g.get_execution_plan_count();
     std::string names, built;
     for (int64_t i = 0; i < n; ++i) {
@@ -466,17 +464,17 @@ Status build(const SdpaConfig& c, bool backward, DeviceHandle* h, BuiltGraph* ou
     std::lock_guard<std::mutex> lock(h->mu);
     FA_FE_RETURN_IF_ERROR(g->validate(), "graph validation");
     FA_FE_RETURN_IF_ERROR(g->build_operation_graph(h->handle), "operation graph");
-    if (const char* engine = std::getenv("FUSEDATTN_CUDNN_ENGINE")) {
+    const BackendOptions& o = backend_options();
+    if (o.cudnn_engine) {
       std::unordered_map<fe::KnobType_t, int64_t> knobs;
-      if (const char* cfg = std::getenv("FUSEDATTN_CUDNN_KERNEL_CFG"))
-        knobs[fe::KnobType_t::KERNEL_CFG] = std::atoll(cfg);
-      FA_FE_RETURN_IF_ERROR(g->create_execution_plan(std::atoll(engine), knobs),
+      if (o.cudnn_kernel_cfg) knobs[fe::KnobType_t::KERNEL_CFG] = *o.cudnn_kernel_cfg;
+      FA_FE_RETURN_IF_ERROR(g->create_execution_plan(*o.cudnn_engine, knobs),
                             "execution plan (FUSEDATTN_CUDNN_ENGINE)");
     } else {
-      FA_FE_RETURN_IF_ERROR(g->create_execution_plans({heur_mode()}), "execution plans");
+      FA_FE_RETURN_IF_ERROR(g->create_execution_plans({heur_mode(o)}), "execution plans");
     }
     FA_FE_RETURN_IF_ERROR(g->check_support(h->handle), "support check");
-    FA_RETURN_IF_NOT_OK(build_chosen_plan(*g, h, backward));
+    FA_RETURN_IF_NOT_OK(build_chosen_plan(*g, h, backward, o));
     int64_t ws = 0;
     FA_FE_RETURN_IF_ERROR(g->get_workspace_size(ws), "workspace size");
     out->graph = std::move(g);

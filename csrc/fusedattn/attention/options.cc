@@ -1,0 +1,37 @@
+#include "fusedattn/attention/options.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace fusedattn {
+namespace {
+
+std::optional<int64_t> number(const char* value) {
+  if (!value) return std::nullopt;
+  return static_cast<int64_t>(std::atoll(value));
+}
+
+}  // namespace
+
+BackendOptions parse_backend_options(const EnvLookup& env) {
+  BackendOptions o;
+  const char* hopper = env("FUSEDATTN_HOPPER_FWD");
+  o.hopper_fwd = !hopper || std::strcmp(hopper, "0") != 0;
+  if (const char* heur = env("FUSEDATTN_CUDNN_HEUR")) {
+    if (std::strcmp(heur, "B") == 0) o.cudnn_heur = CudnnHeur::kB;
+    if (std::strcmp(heur, "FALLBACK") == 0) o.cudnn_heur = CudnnHeur::kFallback;
+  }
+  o.cudnn_plan = number(env("FUSEDATTN_CUDNN_PLAN"));
+  o.cudnn_engine = number(env("FUSEDATTN_CUDNN_ENGINE"));
+  if (o.cudnn_engine) o.cudnn_kernel_cfg = number(env("FUSEDATTN_CUDNN_KERNEL_CFG"));
+  o.cudnn_plan_log = env("FUSEDATTN_CUDNN_PLAN_LOG") != nullptr;
+  return o;
+}
+
+const BackendOptions& backend_options() {
+  static const BackendOptions options =
+      parse_backend_options([](const char* name) { return std::getenv(name); });
+  return options;
+}
+
+}  // namespace fusedattn

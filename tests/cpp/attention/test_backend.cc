@@ -1,0 +1,317 @@
+// select_backend(): the forward and backward kernels each platform gets, and why (the
+// Hopper forward's conditions given as request fields and PlatformInfo, its knob as
+// BackendOptions); recognize_score_mod() on the programs the Hopper forward takes; and
+// parse_backend_options() on every knob of options.h.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/options.h"
+#include "fusedattn/attention/params.h"
+#include "score_mod/programs.h"
+
+namespace fusedattn {
+namespace {
+
+using test::program;
+
+// A bf16 causal call the Hopper forward can take when its score_mod is softcap or ALiBi:
+// q [2, 512, 8, 128], k/v [2, 512, 2, 128].
+AttnParams hopper_params() {
+  AttnParams p{};
+  p.batch = 2;
+  p.seqlen_q = p.seqlen_kv = 512;
+  p.heads_q = 8;
+  p.heads_kv = 2;
+  p.head_dim_qk = p.head_dim_v = 128;
+  p.window_left = p.window_right = -1;
+  p.dtype = FA_BFLOAT16;
+  p.layout = FA_BSHD_BSHD_BSHD;
+  p.mask_type = FA_CAUSAL_MASK;
+  p.bias_type = FA_NO_BIAS;
+  p.softmax_type = FA_VANILLA_SOFTMAX;
+  p.is_training = 1;
+  p.scale = 0.088f;
+  p.max_segments = 1;
+  p.num_slices = 1;
+  return p;
+}
+
+PlatformInfo h100() {
+  PlatformInfo info;
+  info.cuda_built = true;
+  info.cudnn_version = 91900;
+  info.sm = 90;
+  return info;
+}
+
+BackendRequest with(ScoreModKind kind) {
+  BackendRequest r;
+  r.score_mod.kind = kind;
+  return r;
+}
+
+bool has(const std::string& text, const std::string& word) {
+  return text.find(word) != std::string::npos;
+}
+
+void expect_kernels(const BackendChoice& c, int32_t backend, int32_t forward, int32_t backward) {
+  EXPECT_TRUE(c.status.ok()) << c.status.message;
+  EXPECT_STREQ(backend_name(c.backend), backend_name(backend)) << c.reason;
+  EXPECT_STREQ(backend_name(c.forward), backend_name(forward)) << c.reason;
+  EXPECT_STREQ(backend_name(c.backward), backend_name(backward)) << c.reason;
+}
+
+TEST(SelectBackend, CpuRunsTheCpuEngineBothWays) {
+  for (ScoreModKind kind : {ScoreModKind::kNone, ScoreModKind::kSoftcap, ScoreModKind::kOther}) {
+    const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CPU, h100(), with(kind),
+                                           BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
+    EXPECT_TRUE(has(c.reason, "cpu_flash")) << c.reason;
+  }
+}
+
+TEST(SelectBackend, CudaWithoutCudnnRunsTheReferenceBothWays) {
+  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, PlatformInfo{},
+                                         with(ScoreModKind::kSoftcap), BackendOptions{});
+  expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_TRUE(has(c.reason, "xla_reference")) << c.reason;
+  EXPECT_TRUE(has(c.reason, "no CUDA kernels")) << c.reason;
+}
+
+TEST(SelectBackend, PlainCudaCallRunsCudnnBothWays) {
+  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
+                                         BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_EQ(c.reason, "cudnn: a cuDNN 9.19.0 SDPA graph");
+}
+
+TEST(SelectBackend, OtherScoreModsRunCudnn) {
+  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
+                                         with(ScoreModKind::kOther), BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_FALSE(has(c.reason, "Hopper")) << c.reason;
+}
+
+TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
+  for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kAlibi}) {
+    for (int32_t mask : {FA_NO_MASK, FA_CAUSAL_MASK, FA_CAUSAL_BOTTOM_RIGHT_MASK}) {
+      AttnParams p = hopper_params();
+      p.mask_type = mask;
+      const BackendChoice c =
+          select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+      EXPECT_TRUE(has(c.reason, "forward hopper")) << c.reason;
+      EXPECT_TRUE(has(c.reason, "backward cudnn")) << c.reason;
+      EXPECT_TRUE(has(c.reason, kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi")) << c.reason;
+    }
+  }
+}
+
+TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
+  AttnParams p = hopper_params();
+  p.layout = FA_BS3HD, p.heads_kv = p.heads_q, p.dtype = FA_FLOAT16;
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(),
+                                         with(ScoreModKind::kSoftcap), BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+}
+
+TEST(SelectBackend, OptionsForceCudnnOverHopper) {
+  BackendOptions off;
+  off.hopper_fwd = false;
+  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
+                                         with(ScoreModKind::kSoftcap), off);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_FWD=0")) << c.reason;
+}
+
+// Each call the Hopper forward does not take runs cuDNN both ways, and the reason says why.
+struct HopperCase {
+  const char* name;
+  std::function<void(AttnParams&, BackendRequest&, PlatformInfo&)> edit;
+  const char* why;
+};
+
+void PrintTo(const HopperCase& c, std::ostream* os) { *os << c.name; }
+
+class HopperDeclines : public ::testing::TestWithParam<HopperCase> {};
+
+TEST_P(HopperDeclines, CudnnRunsBothWays) {
+  AttnParams p = hopper_params();
+  BackendRequest req = with(ScoreModKind::kSoftcap);
+  PlatformInfo info = h100();
+  GetParam().edit(p, req, info);
+  EXPECT_FALSE(hopper_fwd_unsupported_reason(p, req, info).empty());
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, info, req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "Hopper flash forward cannot run")) << c.reason;
+  EXPECT_TRUE(has(c.reason, GetParam().why)) << c.reason;
+}
+
+const HopperCase kHopperDeclines[] = {
+    {"sm80", [](AttnParams&, BackendRequest&, PlatformInfo& i) { i.sm = 80; },
+     "compute capability 9.0"},
+    {"sm100", [](AttnParams&, BackendRequest&, PlatformInfo& i) { i.sm = 100; },
+     "the device has 10.0"},
+    {"head_dim_64", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.head_dim_qk = p.head_dim_v = 64; }, "head dim 128"},
+    {"head_dim_v_64", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.head_dim_v = 64; },
+     "head dim 128"},
+    {"max_logit", [](AttnParams&, BackendRequest& r, PlatformInfo&) { r.want_max_logit = true; },
+     "max_logit"},
+    {"bias", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1; }, "bias"},
+    {"dropout", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.dropout = 0.1f; },
+     "dropout"},
+    {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.softmax_type = FA_LEARNABLE_SOFTMAX; }, "VANILLA_SOFTMAX"},
+    {"padding", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.mask_type = FA_PADDING_CAUSAL_MASK; }, "padding"},
+    {"thd", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK; }, "THD"},
+    {"window", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.window_left = 64, p.window_right = 0; }, "sliding window"},
+    {"window_right_unmasked", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.mask_type = FA_NO_MASK, p.window_right = 4; }, "sliding window"},
+    {"alibi_under_vmap", [](AttnParams& p, BackendRequest& r, PlatformInfo&) {
+       r.score_mod.kind = ScoreModKind::kAlibi, p.batch = 4, p.num_slices = 2; },
+     "one vmap slice"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Calls, HopperDeclines, ::testing::ValuesIn(kHopperDeclines),
+                         [](const ::testing::TestParamInfo<HopperCase>& c) {
+                           return std::string(c.param.name);
+                         });
+
+// cuDNN declines these too (so select_backend answers xla_reference), but the rule is the
+// kernel's own.
+TEST(HopperFwdUnsupported, BottomRightCausalNeedsSqAtMostSkv) {
+  AttnParams p = hopper_params();
+  p.mask_type = FA_CAUSAL_BOTTOM_RIGHT_MASK, p.seqlen_q = 1024;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kSoftcap), h100()),
+                  "Sq <= Skv"));
+  p.seqlen_q = 256;
+  EXPECT_EQ(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kSoftcap), h100()), "");
+}
+
+TEST(SelectBackend, InvalidCallsGetNoKernel) {
+  AttnParams p = hopper_params();
+  p.heads_q = 3;
+  for (int32_t platform : {FA_PLATFORM_CPU, FA_PLATFORM_CUDA}) {
+    const BackendChoice c =
+        select_backend(p, platform, h100(), with(ScoreModKind::kSoftcap), BackendOptions{});
+    EXPECT_EQ(c.status.code, FA_INVALID_ARGUMENT);
+    EXPECT_EQ(c.backend, FA_BACKEND_NONE);
+    EXPECT_EQ(c.forward, FA_BACKEND_NONE);
+    EXPECT_EQ(c.backward, FA_BACKEND_NONE);
+  }
+}
+
+TEST(BackendNames, HopperHasOne) {
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD), "hopper");
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD + 1), "unknown");
+}
+
+// --- recognize_score_mod ----------------------------------------------------------
+
+const int64_t kExt[4] = {2, 8, 512, 512};
+
+// [0 operands, fwd, bwd]
+std::vector<int32_t> no_operand_attr(const std::vector<int32_t>& fwd) {
+  std::vector<int32_t> a = {0};
+  const auto bwd = program(6, {{SM_CONST, 0, 0, 0}}, {1.0f});
+  a.insert(a.end(), fwd.begin(), fwd.end());
+  a.insert(a.end(), bwd.begin(), bwd.end());
+  return a;
+}
+
+ScoreModForm form_of(const std::vector<int32_t>& attr) {
+  ScoreMod sm;
+  EXPECT_TRUE(decode_score_mod(attr.data(), int64_t(attr.size()), kExt, &sm).ok());
+  return recognize_score_mod(&sm);
+}
+
+TEST(RecognizeScoreMod, NoneSoftcapAlibiOther) {
+  EXPECT_EQ(recognize_score_mod(nullptr).kind, ScoreModKind::kNone);
+
+  // tanh(s / 30) * 30
+  const ScoreModForm cap = form_of(no_operand_attr(program(
+      5, {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0}, {SM_MUL, 7, 5, 0}},
+      {30.0f})));
+  EXPECT_EQ(cap.kind, ScoreModKind::kSoftcap);
+  EXPECT_FLOAT_EQ(cap.softcap_k1, 30.0f);
+  EXPECT_FLOAT_EQ(cap.softcap_k2, 1.0f / 30.0f);
+
+  // s - slopes[h] * (q - kv), slopes [1, 8, 1, 1]
+  std::vector<int32_t> alibi = {1, 1, 8, 1, 1};
+  for (const auto& prog : {program(6, {{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}},
+                                   {}),
+                           program(7, {{SM_CONST, 0, 0, 0}}, {1.0f}),
+                           program(7, {{SM_CONST, 0, 0, 0}}, {0.0f})})
+    alibi.insert(alibi.end(), prog.begin(), prog.end());
+  const ScoreModForm a = form_of(alibi);
+  EXPECT_EQ(a.kind, ScoreModKind::kAlibi);
+  EXPECT_EQ(a.alibi.sign, 1.0f);
+  EXPECT_FALSE(a.alibi.abs);
+
+  // s * 2
+  const ScoreModForm other =
+      form_of(no_operand_attr(program(5, {{SM_CONST, 0, 0, 0}, {SM_MUL, 0, 5, 0}}, {2.0f})));
+  EXPECT_EQ(other.kind, ScoreModKind::kOther);
+}
+
+// --- parse_backend_options ------------------------------------------------------------
+
+BackendOptions parse(const std::map<std::string, std::string>& env) {
+  return parse_backend_options([&env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(ParseBackendOptions, DefaultsWithNothingSet) {
+  const BackendOptions o = parse({});
+  EXPECT_TRUE(o.hopper_fwd);
+  EXPECT_EQ(o.cudnn_heur, CudnnHeur::kA);
+  EXPECT_FALSE(o.cudnn_plan.has_value());
+  EXPECT_FALSE(o.cudnn_engine.has_value());
+  EXPECT_FALSE(o.cudnn_kernel_cfg.has_value());
+  EXPECT_FALSE(o.cudnn_plan_log);
+}
+
+TEST(ParseBackendOptions, HopperForwardIsOffOnlyForZero) {
+  EXPECT_FALSE(parse({{"FUSEDATTN_HOPPER_FWD", "0"}}).hopper_fwd);
+  for (const char* v : {"1", "", "off", "00"})
+    EXPECT_TRUE(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd) << v;
+}
+
+TEST(ParseBackendOptions, CudnnHeuristics) {
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDNN_HEUR", "B"}}).cudnn_heur, CudnnHeur::kB);
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDNN_HEUR", "FALLBACK"}}).cudnn_heur, CudnnHeur::kFallback);
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDNN_HEUR", "A"}}).cudnn_heur, CudnnHeur::kA);
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDNN_HEUR", "b"}}).cudnn_heur, CudnnHeur::kA);
+}
+
+TEST(ParseBackendOptions, CudnnPlanEngineAndLog) {
+  const BackendOptions o = parse({{"FUSEDATTN_CUDNN_PLAN", "3"},
+                                  {"FUSEDATTN_CUDNN_ENGINE", "8"},
+                                  {"FUSEDATTN_CUDNN_KERNEL_CFG", "12"},
+                                  {"FUSEDATTN_CUDNN_PLAN_LOG", ""}});
+  EXPECT_EQ(o.cudnn_plan, std::optional<int64_t>(3));
+  EXPECT_EQ(o.cudnn_engine, std::optional<int64_t>(8));
+  EXPECT_EQ(o.cudnn_kernel_cfg, std::optional<int64_t>(12));
+  EXPECT_TRUE(o.cudnn_plan_log);
+  // Set but no number: atoll's 0.
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDNN_PLAN", ""}}).cudnn_plan, std::optional<int64_t>(0));
+}
+
+TEST(ParseBackendOptions, KernelConfigIsReadOnlyWithAnEngine) {
+  EXPECT_FALSE(parse({{"FUSEDATTN_CUDNN_KERNEL_CFG", "12"}}).cudnn_kernel_cfg.has_value());
+}
+
+}  // namespace
+}  // namespace fusedattn
