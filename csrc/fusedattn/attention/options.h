@@ -1,7 +1,7 @@
 // BackendOptions: the attention engine's tuning knobs, read from the environment once.
 //
 // None of them changes a result; each picks among kernels or cuDNN plans that compute
-// the same attention, for comparisons and plan experiments (bench/, scripts/cudnn_plans.sh).
+// the same attention, for comparisons and plan experiments (bench/, dev/cudnn/cudnn_plans.sh).
 //
 //   FUSEDATTN_HOPPER_FWD=0          hopper_fwd = false: the calls the Hopper flash forward
 //                                   would take (softcap / ALiBi score_mod, head dim 128,

@@ -411,7 +411,7 @@ Status backward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* ou
   return Status::Ok();
 }
 
-// Tuning diagnostics (scripts/cudnn_plans.sh): the cuDNN knobs of BackendOptions
+// Tuning diagnostics (dev/cudnn/cudnn_plans.sh): the cuDNN knobs of BackendOptions
 // (attention/options.h) pick the heuristics' list, a plan of it or an engine's plan.
 fe::HeurMode_t heur_mode(const BackendOptions& o) {
   switch (o.cudnn_heur) {

@@ -92,7 +92,7 @@ Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStre
 
 int64_t launch_count() { return launches.load(std::memory_order_relaxed); }
 
-#ifdef FA_HOPPER_PROFILE  // scripts/hopper_fwd_check.cu: cycles by phase since the last call
+#ifdef FA_HOPPER_PROFILE  // dev/hopper_fwd/hopper_fwd_check.cu: cycles by phase since the last call
 void profile_take(unsigned long long (&out)[32]) {
   cudaMemcpyFromSymbol(out, g_profile, sizeof(out));
   const unsigned long long zero[32] = {};
@@ -161,7 +161,7 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;
-#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.cu: what the tanh costs
+#ifdef FA_HOPPER_SWEEP  // dev/hopper_fwd/hopper_fwd_check.cu: what the tanh costs
     if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
 #endif
     return launch_mod<SoftcapScores>(p, a, grid, stream);

@@ -68,7 +68,7 @@ constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tile
 // pre also gets the score's relative position kv - q, as the affine map d0 + off of a
 // per-block d0 and the element's compile-time offset off (ALiBi's bias).
 struct PlainScores {  // v = s; out = scale * log2(e)
-  static constexpr bool kRowByRow = false;  // softmax_step's order (H100: scripts/hopper_fwd_check)
+  static constexpr bool kRowByRow = false;  // softmax_step's order (H100: dev/hopper_fwd/hopper_fwd_check)
   __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
 };
 struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
@@ -224,7 +224,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[kOutRegs], uint32_t (&p)[32]
   wgmma_commit();
 }
 
-// FA_HOPPER_PROFILE (scripts/hopper_fwd_check.cu only): consumer thread 0 of each group
+// FA_HOPPER_PROFILE (dev/hopper_fwd/hopper_fwd_check.cu only): consumer thread 0 of each group
 // adds the clock cycles of each phase of its loop to g_profile[16 * group + phase].
 #ifdef FA_HOPPER_PROFILE
 __device__ unsigned long long g_profile[32];

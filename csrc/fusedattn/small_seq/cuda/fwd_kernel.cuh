@@ -95,7 +95,7 @@ __device__ __forceinline__ void for_each_unit(const KernelArgs& a, int heads, Bo
 // only its team's lanes, so where they part (ragged segments) each still runs correctly.
 
 constexpr int kFwdStages = 3;  // steps a team has in shared memory: 1 computed, 2 in flight
-// (the kernel's default: scripts/small_seq_fwd_sweep.cu times other depths)
+// (the kernel's default: dev/small_seq/small_seq_fwd_sweep.cu times other depths)
 
 struct FwdStep {
   Rows qr;           // the segment's q rows (its unused rows are zeroed on its first step)
@@ -379,7 +379,7 @@ __device__ void fwd_zero_gaps(const KernelArgs& a, const FwdStep& d, int pos) {
 // 4 (16 warps, <= 128 registers a thread). The copies in flight take no registers, and 16
 // warps keep enough of them going: at 6 blocks (registers capped at 80) the forward moved
 // 0.6 to 6.8 points of the copy bandwidth less at every point of the bench grid
-// (scripts/small_seq_fwd_sweep.cu on the H100, bench/RESULTS.md).
+// (dev/small_seq/small_seq_fwd_sweep.cu on the H100, bench/RESULTS.md).
 template <class T, int D, int kCs, int kStages = kFwdStages>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = (200 * 1024) / FwdLayout<T, D, kCs, kStages>::kBlockBytes;

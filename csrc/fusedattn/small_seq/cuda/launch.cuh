@@ -110,7 +110,7 @@ Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
   }
   // Rows of at most 4 keys and D <= 256 ran 1-2.5 points of the copy bandwidth faster with
   // 3 blocks an SM than with 4 (D 512 and longer rows 0.2-0.7 slower; H100 sweep,
-  // scripts/small_seq_fwd_sweep.cu).
+  // dev/small_seq/small_seq_fwd_sweep.cu).
   const int cap = D <= 256 && a.width <= 4 ? 3 : 0;
   return with_chunk<C::kFwdMax>(steps, [&](auto chunk) {
     constexpr int kCs = decltype(chunk)::value;
