@@ -18,7 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import _ffi, small_seq
+from . import _lib, small_seq
 from . import score_mod as _sm
 from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
@@ -63,7 +63,7 @@ def _fwd_ffi(*ops, cfg: Config, dims: Dims):
 def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None):
     """The CUDA handler's workspace result, sized by the C++ side for this call
     (score_mod: the packed program attribute of a flex-attention call)."""
-    n = _ffi.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
+    n = _lib.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
                                        cfg.want_max_logit, backward, score_mod)
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
@@ -130,7 +130,7 @@ def _has_gpu() -> bool:
         return False
 
 
-def _params_of(ops, cfg: Config, dims: Dims) -> _ffi.AttnParams:
+def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
     """The AttnParams the FFI handler will decode from these operands."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
@@ -138,7 +138,7 @@ def _params_of(ops, cfg: Config, dims: Dims) -> _ffi.AttnParams:
                       dims.Dv, ops[6].shape[-1], *extent)
 
 
-def _fields(params: _ffi.AttnParams) -> tuple:
+def _fields(params: _lib.AttnParams) -> tuple:
     return tuple(getattr(params, f) for f, _ in params._fields_)
 
 
@@ -149,15 +149,15 @@ def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
     forward saves the lse for a backward, and both graphs must be served, so that the
     backward sees the dropout mask its forward drew. score_mod: the packed program of a
     flex-attention call (its graphs are asked for)."""
-    params = _ffi.AttnParams(*fields)
-    name, _, reason = _ffi.select_backend(params, _ffi.PLATFORM_CUDA, 0)
+    params = _lib.AttnParams(*fields)
+    name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0)
     if name != "cudnn":
         return name, reason
     checks = [("forward", False)] + ([("backward", True)] if training else [])
     for what, backward in checks:
-        code, msg = _ffi.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
+        code, msg = _lib.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
                                      score_mod)
-        if code != _ffi.STATUS_OK:
+        if code != _lib.STATUS_OK:
             return "xla_reference", (f"xla_reference: cuDNN rejected the {what} graph of this "
                                      f"call ({msg}), so XLA computes the plain-JAX reference")
     return name, reason
@@ -351,7 +351,7 @@ def _warn_if_fallback(call) -> None:
     if jax.default_backend() == "cpu":
         return
     if not _has_gpu():  # another accelerator: the reference runs
-        name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA)
+        name, _, reason = _lib.select_backend(call.params, _lib.PLATFORM_CUDA)
         _warn_once(name, reason)
         return
     _warn_once(*_gpu_choice(_fields(call.params), call.cfg.want_lse, call.cfg.want_max_logit,
@@ -361,7 +361,7 @@ def _warn_if_fallback(call) -> None:
 _SMALL_SEQ_LAYOUTS = (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
 
 
-def _small_seq_route(params: _ffi.AttnParams, qkv, sequence_descriptor,
+def _small_seq_route(params: _lib.AttnParams, qkv, sequence_descriptor,
                      platform: str | None) -> tuple[bool, str]:
     """Whether fused_attn hands this call to the small-seq backend: only when the
     descriptor promises max_segment_seqlen_kv, and the backend serves the rest."""
@@ -487,10 +487,10 @@ def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_au
 
 
 def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
-    if _platform_code(platform) == _ffi.PLATFORM_CPU:
+    if _platform_code(platform) == _lib.PLATFORM_CPU:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
-    name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA, 0)
+    name, _, reason = _lib.select_backend(call.params, _lib.PLATFORM_CUDA, 0)
     if name != "cudnn":
         return BackendInfo(name, False, reason)
     if call.cfg.bias_type != AttnBiasType.NO_BIAS:
@@ -526,20 +526,20 @@ _FUSED_BACKENDS = {"cpu_flash", "cudnn", "small_seq"}
 def _platform_code(platform: str | None) -> int:
     platform = platform or jax.default_backend()
     if platform == "cpu":
-        return _ffi.PLATFORM_CPU
+        return _lib.PLATFORM_CPU
     if platform in ("gpu", "cuda"):
-        return _ffi.PLATFORM_CUDA
+        return _lib.PLATFORM_CUDA
     raise ValueError(f"get_backend: platform={platform!r}; allowed 'cpu', 'gpu' or 'cuda'")
 
 
-def _backend_info(params: _ffi.AttnParams, platform: str | None, training: bool = False,
+def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
                   want_max_logit: bool = False) -> BackendInfo:
     code = _platform_code(platform)
-    if code == _ffi.PLATFORM_CUDA and _has_gpu():
+    if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
         name, reason = _gpu_choice(_fields(params), False, want_max_logit, training)
     else:
-        name, _, reason = _ffi.select_backend(params, code)
+        name, _, reason = _lib.select_backend(params, code)
     return BackendInfo(name, name in _FUSED_BACKENDS, reason)
 
 
