@@ -1,6 +1,6 @@
 """fusedattn: fused attention for JAX, with a C++/CUDA engine behind XLA FFI."""
 
-from . import _ffi
+from . import _lib
 from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
 from .dot_product import dot_product_attention
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
@@ -9,9 +9,9 @@ from .sequence import SequenceDescriptor
 from .small_seq import SmallSeqDescriptor, fused_attn_small_seq
 from .softmax import is_softmax_kernel_available, softmax, softmax_fallback
 
-__version__ = _ffi.version()
-set_num_threads = _ffi.set_num_threads
-num_threads = _ffi.num_threads
+__version__ = _lib.version()
+set_num_threads = _lib.set_num_threads
+num_threads = _lib.num_threads
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi
+from . import _lib
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .sequence import SequenceDescriptor, packed_offsets
 
@@ -59,13 +59,13 @@ class Config:
                     want_max_logit=np.int32(self.want_max_logit))
 
     def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
-               head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _ffi.AttnParams:
-        return _ffi.AttnParams(
+               head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _lib.AttnParams:
+        return _lib.AttnParams(
             batch=batch, seqlen_q=seqlen_q, seqlen_kv=seqlen_kv, heads_q=heads_q,
             heads_kv=heads_kv, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
             window_left=self.window[0], window_right=self.window[1], max_segments=max_segments,
             bias_batch=bias_batch, bias_heads=bias_heads, num_slices=1,
-            dtype=_ffi.DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
+            dtype=_lib.DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
             mask_type=int(self.mask_type), bias_type=int(self.bias_type),
             softmax_type=int(self.softmax_type), is_training=int(self.is_training),
             scale=self.scale, dropout=self.dropout)
@@ -83,9 +83,9 @@ class Dims:
 
 
 def raise_for_status(code: int, message: str) -> None:
-    if code == _ffi.STATUS_UNIMPLEMENTED:
+    if code == _lib.STATUS_UNIMPLEMENTED:
         raise NotImplementedError(f"fused_attn: {message}")
-    if code != _ffi.STATUS_OK:
+    if code != _lib.STATUS_OK:
         raise ValueError(f"fused_attn: {message}")
 
 
@@ -166,7 +166,7 @@ def split_qkv(qkv, layout: QKVLayout):
 
 def _check_dtypes(*xs):
     dtypes = {jnp.dtype(x.dtype).name for x in xs}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _ffi.DTYPE_CODES:
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _lib.DTYPE_CODES:
         got = ", ".join(str(x.dtype) for x in xs)
         raise ValueError(f"fused_attn: dtype: got {got}; q, k and v must share one dtype among "
                          "float32, bfloat16 and float16")
@@ -234,7 +234,7 @@ def _descriptor_arrays(sd: SequenceDescriptor, dims: Dims, M: int, layout: QKVLa
 class Call:
     cfg: Config
     dims: Dims
-    params: _ffi.AttnParams
+    params: _lib.AttnParams
     operands: tuple | None  # the ten FFI operands (None when only checking)
 
 
@@ -286,7 +286,7 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
                  bool(is_training), window(window_size))
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
-    raise_for_status(*_ffi.validate(params))
+    raise_for_status(*_lib.validate(params))
     seqs = (None if sequence_descriptor is None
             else _descriptor_arrays(sequence_descriptor, dims, M, layout))
     if cfg.dropout_on and seed is None:

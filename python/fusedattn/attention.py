@@ -18,7 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import _ffi, small_seq
+from . import _lib, small_seq
 from . import score_mod as _sm
 from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
@@ -28,8 +28,11 @@ __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "Backe
 
 
 # ---------------------------------------------------------------------------
-# The differentiable core: the ten FFI operands (attn_decode.h) -> (out, lse, max_logit per
-# batch entry). Differentiable in q, k, v (as the layout packs them), bias and softmax_offset.
+# The differentiable core: the ten FFI operands (ffi_decode.h), and with a score_mod an
+# eleventh, its array operands concatenated (f32 [N], score_mod.py) -> (out, lse, max_logit
+# per batch entry). Differentiable in q, k, v (as the layout packs them), bias,
+# softmax_offset and the score_mod operands. The CPU engine runs every call (a score_mod
+# as its lowered programs); on the GPU cuDNN runs what it serves, XLA's reference the rest.
 
 
 def _fwd_results(ops, cfg: Config, dims: Dims):
@@ -53,49 +56,79 @@ def _offset_grad(doffset):
     return jnp.sum(doffset, axis=0) if doffset.size else doffset
 
 
-def _fwd_ffi(*ops, cfg: Config, dims: Dims):
-    # vmap: the handler folds the leading dims into the batch.
-    call = jax.ffi.ffi_call("fusedattn_attn_fwd", _fwd_results(ops, cfg, dims),
-                            vmap_method="broadcast_all")
-    return call(*ops, **cfg.ffi_attrs())
+def _sm_key(sm: _sm.ScoreMod | None) -> tuple | None:
+    """The packed program as a hashable key (the graph cache and _gpu_choice take it)."""
+    return None if sm is None else tuple(int(w) for w in _sm.packed_attribute(sm))
+
+
+def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
+    """The FFI target (_lib.TARGETS) of one handler: fa_{cpu|cuda}_attn_{fwd|bwd}[_sm]."""
+    return f"fusedattn_attn_{direction}{'' if sm is None else '_sm'}{'_cuda' if cuda else ''}"
+
+
+def _attrs(cfg: Config, sm: _sm.ScoreMod | None):
+    attrs = cfg.ffi_attrs()
+    if sm is not None:
+        attrs["score_mod"] = _sm.packed_attribute(sm)
+    return attrs
 
 
 def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None):
     """The CUDA handler's workspace result, sized by the C++ side for this call
     (score_mod: the packed program attribute of a flex-attention call)."""
-    n = _ffi.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
+    n = _lib.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
                                        cfg.want_max_logit, backward, score_mod)
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
 
-def _fwd_ffi_cuda(*ops, cfg: Config, dims: Dims):
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_fwd_cuda",
-        _fwd_results(ops, cfg, dims) + (_workspace(ops, cfg, dims, backward=False),),
-        vmap_method="broadcast_all")
-    return call(*ops, **cfg.ffi_attrs())[:3]
+def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
+    """The forward handler: ops -> out, lse, max_logit. The CUDA handler returns one more
+    result, its workspace. vmap: the handler folds the leading dims into the batch."""
+    results = _fwd_results(ops, cfg, dims)
+    if cuda:
+        results += (_workspace(ops[:10], cfg, dims, False, _sm_key(sm)),)
+    call = jax.ffi.ffi_call(_target("fwd", sm, cuda), results, vmap_method="broadcast_all")
+    return call(*ops, **_attrs(cfg, sm))[:3]
 
 
-def _bwd_ffi_cuda(*ops_out_dout_lse, cfg: Config, dims: Dims):
-    ops = ops_out_dout_lse[:10]
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_bwd_cuda",
-        _bwd_results(ops, dims) + (_workspace(ops, cfg, dims, backward=True),),
-        vmap_method="broadcast_all")
-    dq, dk, dv, dbias, doffset, _ = call(*ops_out_dout_lse, **cfg.ffi_attrs())
-    return dq, dk, dv, dbias, _offset_grad(doffset)
+def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
+    """The backward handler: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset and,
+    with a score_mod, d of its operands (the CUDA handler has none: XLA's reference vjp
+    gives it, and XLA drops it when nothing uses it). The CUDA handler returns one more
+    result, its workspace."""
+    n = 10 if sm is None else 11
+    ops, dout = args[:n], args[n + 1]
+    results = _bwd_results(ops, dims)
+    if sm is not None and not cuda:
+        results += (jax.ShapeDtypeStruct(ops[10].shape, jnp.float32),)
+    if cuda:
+        results += (_workspace(ops[:10], cfg, dims, True, _sm_key(sm)),)
+    call = jax.ffi.ffi_call(_target("bwd", sm, cuda), results, vmap_method="broadcast_all")
+    grads = call(*args, **_attrs(cfg, sm))
+    dq, dk, dv, dbias, doffset = grads[:5]
+    grads_out = (dq, dk, dv, dbias, _offset_grad(doffset))
+    if sm is None:
+        return grads_out
+    return grads_out + ((_sm_operand_grad(ops, dout, cfg, dims, sm),) if cuda else (grads[5],))
 
 
-def _bwd_ffi(*ops_out_dout_lse, cfg: Config, dims: Dims):
-    call = jax.ffi.ffi_call("fusedattn_attn_bwd", _bwd_results(ops_out_dout_lse[:10], dims),
-                            vmap_method="broadcast_all")
-    dq, dk, dv, dbias, doffset = call(*ops_out_dout_lse, **cfg.ffi_attrs())
-    return dq, dk, dv, dbias, _offset_grad(doffset)
+def _sm_operand_grad(ops, dout, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
+    smo = ops[10]
+    if not smo.size:
+        return jnp.zeros_like(smo)
+    _, vjp = jax.vjp(lambda o: _reference(*ops[:10], o, cfg=cfg, dims=dims, sm=sm)[0], smo)
+    return vjp(dout)[0]
 
 
-def _reference(*ops, cfg: Config, dims: Dims, score_mod=None):
-    """The same call by reference.py (XLA's fallback where no fused kernel runs)."""
-    q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs = ops
+def _reference(*ops, cfg: Config, dims: Dims, sm=None):
+    """The same call by reference.py (XLA's fallback where no fused kernel runs); a
+    score_mod applies fn over the materialized scores."""
+    score_mod = None
+    if sm is not None:
+        arrays4 = _sm.split_operands(ops[10], sm)
+        score_mod = lambda s, qp, kp: _sm.apply_reference(
+            sm.fn, s, arrays4, *((qp, kp) if cfg.thd else ()))
+    q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs = ops[:10]
     q, k, v = unpack(q_op, k_op, v_op, cfg.layout)
     out, lse, max_logit = attention_reference(
         q, k, v, attn_mask_type=cfg.mask_type, scaling_factor=cfg.scale, q_seqlens=q_lens,
@@ -107,13 +140,14 @@ def _reference(*ops, cfg: Config, dims: Dims, score_mod=None):
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
 
 
-def _bwd_reference(*ops_out_dout_lse, cfg: Config, dims: Dims):
-    ops, dout = ops_out_dout_lse[:10], ops_out_dout_lse[11]
+def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
+    n = 10 if sm is None else 11
+    ops, dout = args[:n], args[n + 1]
 
-    def out_of(q, k, v, bias, offset):
-        return _reference(q, k, v, bias, offset, *ops[5:], cfg=cfg, dims=dims)[0]
+    def out_of(q, k, v, bias, offset, *smo):
+        return _reference(q, k, v, bias, offset, *ops[5:10], *smo, cfg=cfg, dims=dims, sm=sm)[0]
 
-    _, vjp = jax.vjp(out_of, *ops[:5])
+    _, vjp = jax.vjp(out_of, *ops[:5], *ops[10:])
     return vjp(dout)
 
 
@@ -130,7 +164,7 @@ def _has_gpu() -> bool:
         return False
 
 
-def _params_of(ops, cfg: Config, dims: Dims) -> _ffi.AttnParams:
+def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
     """The AttnParams the FFI handler will decode from these operands."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
@@ -138,7 +172,7 @@ def _params_of(ops, cfg: Config, dims: Dims) -> _ffi.AttnParams:
                       dims.Dv, ops[6].shape[-1], *extent)
 
 
-def _fields(params: _ffi.AttnParams) -> tuple:
+def _fields(params: _lib.AttnParams) -> tuple:
     return tuple(getattr(params, f) for f, _ in params._fields_)
 
 
@@ -149,192 +183,78 @@ def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
     forward saves the lse for a backward, and both graphs must be served, so that the
     backward sees the dropout mask its forward drew. score_mod: the packed program of a
     flex-attention call (its graphs are asked for)."""
-    params = _ffi.AttnParams(*fields)
-    name, _, reason = _ffi.select_backend(params, _ffi.PLATFORM_CUDA, 0)
+    params = _lib.AttnParams(*fields)
+    name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0)
     if name != "cudnn":
         return name, reason
     checks = [("forward", False)] + ([("backward", True)] if training else [])
     for what, backward in checks:
-        code, msg = _ffi.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
+        code, msg = _lib.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
                                      score_mod)
-        if code != _ffi.STATUS_OK:
+        if code != _lib.STATUS_OK:
             return "xla_reference", (f"xla_reference: cuDNN rejected the {what} graph of this "
                                      f"call ({msg}), so XLA computes the plain-JAX reference")
     return name, reason
 
 
-def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool) -> bool:
+def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> bool:
     if not _has_gpu():
         return False  # the cuda branch is never lowered
-    params = _params_of(ops, cfg, dims)
-    return _gpu_choice(_fields(params), cfg.want_lse, cfg.want_max_logit, training)[0] == "cudnn"
+    return _choice(ops, cfg, dims, training, sm)[0] == "cudnn"
 
 
-def _forward(ops, cfg: Config, dims: Dims, training: bool):
-    gpu = _fwd_ffi_cuda if _gpu_uses_cudnn(ops, cfg, dims, training) else _reference
+def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]:
+    """_gpu_choice for these operands (the ten; a score_mod's program joins the key)."""
+    key = () if sm is None else (_sm_key(sm),)
+    return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
+                       training, *key)
+
+
+def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
+    if _gpu_uses_cudnn(ops[:10], cfg, dims, training, sm):
+        gpu = functools.partial(_ffi_fwd, cuda=True)
+    else:
+        gpu = _reference
     return jax.lax.platform_dependent(
         *ops,
-        cpu=functools.partial(_fwd_ffi, cfg=cfg, dims=dims),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims),
-        default=functools.partial(_reference, cfg=cfg, dims=dims))
+        cpu=functools.partial(_ffi_fwd, cfg=cfg, dims=dims, sm=sm),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
+        default=functools.partial(_reference, cfg=cfg, dims=dims, sm=sm))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11))
-def _attention(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, cfg, dims):
-    return _forward((q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs), cfg, dims,
-                    training=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(cfg: Config, dims: Dims, sm, *ops):
+    """ops: q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, and with a
+    score_mod sm (else None) its concatenated operands."""
+    return _forward(ops, cfg, dims, sm, training=False)
 
 
-def _attention_fwd(*args):
-    ops, (cfg, dims) = args[:10], args[10:]
+def _attention_fwd(cfg: Config, dims: Dims, sm, *ops):
     cfg = dataclasses.replace(cfg, want_lse=True)
     if _has_gpu() and jax.default_backend() != "cpu":
-        _warn_once(*_gpu_choice(_fields(_params_of(ops, cfg, dims)), True, cfg.want_max_logit,
-                                True))
-    out, lse, max_logit = _forward(ops, cfg, dims, training=True)
+        _warn_once(*_choice(ops[:10], cfg, dims, True, sm))
+    out, lse, max_logit = _forward(ops, cfg, dims, sm, training=True)
     return (out, lse, max_logit), (ops, out, lse)
 
 
-def _attention_bwd(cfg: Config, dims: Dims, residuals, cotangents):
+def _attention_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
-    gpu = _bwd_ffi_cuda if _gpu_uses_cudnn(ops, cfg, dims, training=True) else _bwd_reference
+    if _gpu_uses_cudnn(ops[:10], cfg, dims, True, sm):
+        gpu = functools.partial(_ffi_bwd, cuda=True)
+    else:
+        gpu = _bwd_reference
     grads = jax.lax.platform_dependent(
         *ops, out, dout, lse,
-        cpu=functools.partial(_bwd_ffi, cfg=cfg, dims=dims),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims),
-        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims))
-    return (*grads, None, None, None, None, None)
+        cpu=functools.partial(_ffi_bwd, cfg=cfg, dims=dims, sm=sm),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
+        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims, sm=sm))
+    # seed, sequence lengths and offsets take none; a score_mod's operands come last.
+    return (*grads[:5], None, None, None, None, None, *grads[5:])
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-# ---------------------------------------------------------------------------
-# score_mod (score_mod.py): the ten operands plus the array operands concatenated (f32
-# [N]), differentiable too. The CPU engine runs the lowered programs; elsewhere XLA runs
-# the reference with fn applied over the materialized scores.
-
-
-def _sm_attrs(cfg: Config, sm: _sm.ScoreMod):
-    return dict(cfg.ffi_attrs(), score_mod=_sm.packed_attribute(sm))
-
-
-def _sm_key(sm: _sm.ScoreMod) -> tuple:
-    """The packed program as a hashable key (the graph cache and _gpu_choice take it)."""
-    return tuple(int(w) for w in _sm.packed_attribute(sm))
-
-
-def _fwd_sm_ffi_cuda(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_fwd_sm_cuda",
-        _fwd_results(ops, cfg, dims) + (_workspace(ops[:10], cfg, dims, False, _sm_key(sm)),),
-        vmap_method="broadcast_all")
-    return call(*ops, **_sm_attrs(cfg, sm))[:3]
-
-
-def _bwd_sm_ffi_cuda(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    """dq, dk, dv, dbias, doffset from the cuDNN graph; the operands' gradient (cuDNN has
-    none) from XLA's reference vjp, which XLA drops when nothing uses it."""
-    ops, dout = args[:11], args[12]
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_bwd_sm_cuda",
-        _bwd_results(ops[:10], dims) + (_workspace(ops[:10], cfg, dims, True, _sm_key(sm)),),
-        vmap_method="broadcast_all")
-    dq, dk, dv, dbias, doffset, _ = call(*args, **_sm_attrs(cfg, sm))
-    smo = ops[10]
-    if smo.size:
-        _, vjp = jax.vjp(lambda o: _reference_sm(*ops[:10], o, cfg=cfg, dims=dims, sm=sm)[0], smo)
-        dsm = vjp(dout)[0]
-    else:
-        dsm = jnp.zeros_like(smo)
-    return dq, dk, dv, dbias, _offset_grad(doffset), dsm
-
-
-def _gpu_sm_uses_cudnn(ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod, training: bool) -> bool:
-    if not _has_gpu():
-        return False
-    choice = _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
-                         training, _sm_key(sm))
-    return choice[0] == "cudnn"
-
-
-def _fwd_sm_ffi(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    call = jax.ffi.ffi_call("fusedattn_attn_fwd_sm", _fwd_results(ops, cfg, dims),
-                            vmap_method="broadcast_all")
-    return call(*ops, **_sm_attrs(cfg, sm))
-
-
-def _bwd_sm_ffi(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    call = jax.ffi.ffi_call(
-        "fusedattn_attn_bwd_sm",
-        _bwd_results(args[:10], dims) + (jax.ShapeDtypeStruct(args[10].shape, jnp.float32),),
-        vmap_method="broadcast_all")
-    dq, dk, dv, dbias, doffset, dsm = call(*args, **_sm_attrs(cfg, sm))
-    return dq, dk, dv, dbias, _offset_grad(doffset), dsm
-
-
-def _reference_sm(*ops, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    arrays4 = _sm.split_operands(ops[10], sm)
-    return _reference(*ops[:10], cfg=cfg, dims=dims,
-                      score_mod=lambda s, qp, kp: _sm.apply_reference(
-                          sm.fn, s, arrays4, *((qp, kp) if cfg.thd else ())))
-
-
-def _bwd_reference_sm(*args, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    ops, dout = args[:11], args[12]
-
-    def out_of(q, k, v, bias, offset, smo):
-        return _reference_sm(q, k, v, bias, offset, *ops[5:10], smo, cfg=cfg, dims=dims,
-                             sm=sm)[0]
-
-    _, vjp = jax.vjp(out_of, *ops[:5], ops[10])
-    return vjp(dout)
-
-
-def _forward_sm(ops, cfg: Config, dims: Dims, sm, training: bool):
-    gpu = (_fwd_sm_ffi_cuda if _gpu_sm_uses_cudnn(ops[:10], cfg, dims, sm, training)
-           else _reference_sm)
-    return jax.lax.platform_dependent(
-        *ops,
-        cpu=functools.partial(_fwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
-        default=functools.partial(_reference_sm, cfg=cfg, dims=dims, sm=sm))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13))
-def _attention_sm(q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo, cfg, dims,
-                  sm):
-    return _forward_sm((q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, smo), cfg,
-                       dims, sm, training=False)
-
-
-def _attention_sm_fwd(*args):
-    ops, (cfg, dims, sm) = args[:11], args[11:]
-    cfg = dataclasses.replace(cfg, want_lse=True)
-    if _has_gpu() and jax.default_backend() != "cpu":
-        _warn_once(*_gpu_choice(_fields(_params_of(ops[:10], cfg, dims)), True,
-                                cfg.want_max_logit, True, _sm_key(sm)))
-    out, lse, max_logit = _forward_sm(ops, cfg, dims, sm, training=True)
-    return (out, lse, max_logit), (ops, out, lse)
-
-
-def _attention_sm_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
-    ops, out, lse = residuals
-    dout = cotangents[0].astype(out.dtype)
-    cfg = dataclasses.replace(cfg, want_lse=True)
-    gpu = (_bwd_sm_ffi_cuda if _gpu_sm_uses_cudnn(ops[:10], cfg, dims, sm, training=True)
-           else _bwd_reference_sm)
-    dq, dk, dv, dbias, doffset, dsm = jax.lax.platform_dependent(
-        *ops, out, dout, lse,
-        cpu=functools.partial(_bwd_sm_ffi, cfg=cfg, dims=dims, sm=sm),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
-        default=functools.partial(_bwd_reference_sm, cfg=cfg, dims=dims, sm=sm))
-    return (dq, dk, dv, dbias, doffset, None, None, None, None, None, dsm)
-
-
-_attention_sm.defvjp(_attention_sm_fwd, _attention_sm_bwd)
 
 
 _warned: set[str] = set()
@@ -347,21 +267,24 @@ def _warn_once(name: str, reason: str) -> None:
                       stacklevel=4)
 
 
-def _warn_if_fallback(call) -> None:
+def _warn_if_fallback(call, sm) -> None:
+    """Warns (once per reason) when XLA's reference will serve this call off the CPU."""
     if jax.default_backend() == "cpu":
         return
     if not _has_gpu():  # another accelerator: the reference runs
-        name, _, reason = _ffi.select_backend(call.params, _ffi.PLATFORM_CUDA)
+        if sm is not None:
+            _warn_once("xla_reference", "score_mod runs XLA's reference on this platform")
+            return
+        name, _, reason = _lib.select_backend(call.params, _lib.PLATFORM_CUDA)
         _warn_once(name, reason)
         return
-    _warn_once(*_gpu_choice(_fields(call.params), call.cfg.want_lse, call.cfg.want_max_logit,
-                            False))
+    _warn_once(*_choice(call.operands, call.cfg, call.dims, False, sm))
 
 
 _SMALL_SEQ_LAYOUTS = (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
 
 
-def _small_seq_route(params: _ffi.AttnParams, qkv, sequence_descriptor,
+def _small_seq_route(params: _lib.AttnParams, qkv, sequence_descriptor,
                      platform: str | None) -> tuple[bool, str]:
     """Whether fused_attn hands this call to the small-seq backend: only when the
     descriptor promises max_segment_seqlen_kv, and the backend serves the rest."""
@@ -438,10 +361,12 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset)
+    sm = None
     if score_mod is not None:
-        return _fused_attn_score_mod(call, score_mod, score_mod_operands, score_mod_bprop,
-                                     return_max_logit, return_aux)
-    if (not (return_max_logit or return_aux)
+        d = call.dims
+        sm, arrays4 = _sm.make_score_mod(score_mod, score_mod_operands, score_mod_bprop,
+                                         (d.B, d.Hq, d.Sq, d.Skv))
+    elif (not (return_max_logit or return_aux)
             and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
         return small_seq.fused_attn_small_seq(
             qkv, None, sequence_descriptor, seed, attn_mask_type=attn_mask_type,
@@ -449,8 +374,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
             dropout_probability=dropout_probability, is_training=is_training)
     call = dataclasses.replace(call, cfg=dataclasses.replace(
         call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
-    _warn_if_fallback(call)
-    out, lse, max_logit = _attention(*call.operands, call.cfg, call.dims)
+    _warn_if_fallback(call, sm)
+    ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
+    out, lse, max_logit = _attention(call.cfg, call.dims, sm, *ops)
     return _results(out, lse, max_logit, return_max_logit, return_aux)
 
 
@@ -466,28 +392,12 @@ def _results(out, lse, max_logit, return_max_logit, return_aux):
     return out, aux
 
 
-def _fused_attn_score_mod(call, fn, operands, bprop, return_max_logit, return_aux):
-    d = call.dims
-    sm, arrays4 = _sm.make_score_mod(fn, operands, bprop, (d.B, d.Hq, d.Sq, d.Skv))
-    cfg = dataclasses.replace(call.cfg, want_lse=bool(return_aux),
-                              want_max_logit=bool(return_max_logit))
-    if jax.default_backend() != "cpu":
-        if _has_gpu():
-            _warn_once(*_gpu_choice(_fields(_params_of(call.operands, cfg, d)), cfg.want_lse,
-                                    cfg.want_max_logit, False, _sm_key(sm)))
-        else:
-            _warn_once("xla_reference", "score_mod runs XLA's reference on this platform")
-    out, lse, max_logit = _attention_sm(*call.operands, _sm.concat_operands(arrays4), cfg,
-                                        call.dims, sm)
-    return _results(out, lse, max_logit, return_max_logit, return_aux)
-
-
 # ---------------------------------------------------------------------------
 # Backend queries
 
 
 def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
-    if _platform_code(platform) == _ffi.PLATFORM_CPU:
+    if _platform_code(platform) == _lib.PLATFORM_CPU:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
     key = None
@@ -495,7 +405,7 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
         d = call.dims
         sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
         key = _sm_key(sm)
-    choice = _ffi.backend_choice(call.params, _ffi.PLATFORM_CUDA, 0, key, want_max_logit)
+    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit)
     if choice.name != "cudnn":
         return BackendInfo(choice.name, False, choice.reason)
     if call.cfg.bias_type != AttnBiasType.NO_BIAS:
@@ -540,17 +450,17 @@ _FUSED_BACKENDS = {"cpu_flash", "cudnn", "small_seq"}
 def _platform_code(platform: str | None) -> int:
     platform = platform or jax.default_backend()
     if platform == "cpu":
-        return _ffi.PLATFORM_CPU
+        return _lib.PLATFORM_CPU
     if platform in ("gpu", "cuda"):
-        return _ffi.PLATFORM_CUDA
+        return _lib.PLATFORM_CUDA
     raise ValueError(f"get_backend: platform={platform!r}; allowed 'cpu', 'gpu' or 'cuda'")
 
 
-def _backend_info(params: _ffi.AttnParams, platform: str | None, training: bool = False,
+def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
                   want_max_logit: bool = False) -> BackendInfo:
     code = _platform_code(platform)
-    choice = _ffi.backend_choice(params, code, 0, None, want_max_logit)
-    if code == _ffi.PLATFORM_CUDA and _has_gpu():
+    choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
+    if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
         name, reason = _gpu_choice(_fields(params), False, want_max_logit, training)
         if name != choice.name:

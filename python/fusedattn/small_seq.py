@@ -22,7 +22,6 @@ its weights from the saved log-sum-exp), never truncated.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 from typing import Any
@@ -31,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi
+from . import _lib
+from ._lib import SmallSeqParams
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 
 __all__ = ["SmallSeqDescriptor", "fused_attn_eligibility", "fused_attn_small_seq",
@@ -41,60 +41,7 @@ MAX_SEGMENT_SEQLEN_KV = 64  # kMaxWidth in csrc/fusedattn/small_seq/params.h
 
 
 # ---------------------------------------------------------------------------
-# The C queries (csrc/fusedattn/small_seq/c_api.cc)
-
-
-class SmallSeqParams(ctypes.Structure):
-    """Mirror of FaSmallSeqParams in csrc/fusedattn/small_seq/params.h (same field order)."""
-
-    _fields_ = [
-        ("packs", ctypes.c_int64),
-        ("num_segments", ctypes.c_int64),
-        ("tokens_q", ctypes.c_int64),
-        ("tokens_kv", ctypes.c_int64),
-        ("heads_q", ctypes.c_int64),
-        ("heads_kv", ctypes.c_int64),
-        ("head_dim_qk", ctypes.c_int64),
-        ("head_dim_v", ctypes.c_int64),
-        ("max_seqlen_q", ctypes.c_int64),
-        ("max_seqlen_kv", ctypes.c_int64),
-        ("window_left", ctypes.c_int64),
-        ("window_right", ctypes.c_int64),
-        ("dtype", ctypes.c_int32),
-        ("layout", ctypes.c_int32),
-        ("mask_type", ctypes.c_int32),
-        ("bias_type", ctypes.c_int32),
-        ("softmax_type", ctypes.c_int32),
-        ("is_training", ctypes.c_int32),
-        ("has_q_seqlens", ctypes.c_int32),
-        ("has_kv_seqlens", ctypes.c_int32),
-        ("has_offsets", ctypes.c_int32),
-        ("scale", ctypes.c_float),
-        ("dropout", ctypes.c_float),
-    ]
-
-
-def _setup_lib():
-    lib = _ffi.lib
-    lib.fa_small_seq_validate.argtypes = [ctypes.POINTER(SmallSeqParams), ctypes.c_char_p,
-                                          ctypes.c_int]
-    lib.fa_small_seq_eligible.argtypes = [ctypes.POINTER(SmallSeqParams), ctypes.c_int,
-                                          ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
-                                          ctypes.c_int]
-    if lib.fa_small_seq_params_size() != ctypes.sizeof(SmallSeqParams):
-        raise ImportError(
-            f"fusedattn: FaSmallSeqParams has {lib.fa_small_seq_params_size()} bytes in the "
-            f"library, Python expects {ctypes.sizeof(SmallSeqParams)}: they are out of step")
-    return lib
-
-
-_lib = _setup_lib()
-
-
-def _validate(params: SmallSeqParams) -> tuple[int, str]:
-    buf = ctypes.create_string_buffer(1024)
-    code = _lib.fa_small_seq_validate(ctypes.byref(params), buf, len(buf))
-    return code, buf.value.decode()
+# The C queries (csrc/fusedattn/small_seq/c_api.cc, through _lib)
 
 
 def small_seq_eligibility(params: SmallSeqParams, platform: str | None = None) -> tuple[bool, str]:
@@ -103,20 +50,16 @@ def small_seq_eligibility(params: SmallSeqParams, platform: str | None = None) -
     engine's (small_seq::eligibility), the one the FFI handlers enforce."""
     platform = platform or jax.default_backend()
     if platform == "cpu":
-        code = _ffi.PLATFORM_CPU
+        code = _lib.PLATFORM_CPU
     elif platform in ("gpu", "cuda"):
-        code = _ffi.PLATFORM_CUDA
+        code = _lib.PLATFORM_CUDA
     else:
         raise ValueError(f"small_seq_eligibility: platform={platform!r}; allowed 'cpu', 'gpu' "
                          "or 'cuda'")
-    status = ctypes.c_int(0)
-    buf = ctypes.create_string_buffer(1024)
-    served = _lib.fa_small_seq_eligible(ctypes.byref(params), code, ctypes.byref(status), buf,
-                                        len(buf))
-    return bool(served), buf.value.decode()
+    return _lib.small_seq_eligible(params, code)
 
 
-def small_seq_params(attn_params: _ffi.AttnParams, *, num_segments: int | None = None,
+def small_seq_params(attn_params: _lib.AttnParams, *, num_segments: int | None = None,
                      tokens_q: int | None = None, tokens_kv: int | None = None,
                      max_segment_seqlen_q: int | None = None,
                      max_segment_seqlen_kv: int | None = None) -> SmallSeqParams:
@@ -145,7 +88,7 @@ def small_seq_params(attn_params: _ffi.AttnParams, *, num_segments: int | None =
         has_kv_seqlens=1, has_offsets=1 if thd else 0, scale=p.scale, dropout=p.dropout)
 
 
-def fused_attn_eligibility(attn_params: _ffi.AttnParams, sequence_descriptor=None, *,
+def fused_attn_eligibility(attn_params: _lib.AttnParams, sequence_descriptor=None, *,
                            tokens_q: int | None = None, tokens_kv: int | None = None,
                            platform: str | None = None) -> tuple[bool, str]:
     """For fused_attn's dispatch: whether this backend serves a fused_attn call (its
@@ -336,9 +279,9 @@ def _enum(enum_cls, value, name):
 
 
 def _raise_for_status(code: int, message: str) -> None:
-    if code == _ffi.STATUS_UNIMPLEMENTED:
+    if code == _lib.STATUS_UNIMPLEMENTED:
         raise NotImplementedError(f"fused_attn_small_seq: {message}")
-    if code != _ffi.STATUS_OK:
+    if code != _lib.STATUS_OK:
         raise ValueError(f"fused_attn_small_seq: {message}")
 
 
@@ -357,7 +300,7 @@ def _split_qkv(qkv, layout):
         raise ValueError(f"fused_attn_small_seq: q, k, v must have the same rank; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _ffi.DTYPE_CODES:
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _lib.DTYPE_CODES:
         raise ValueError(f"fused_attn_small_seq: dtype: got q {q.dtype}, k {k.dtype}, v "
                          f"{v.dtype}; q, k and v must share one dtype among float32, bfloat16 "
                          "and float16")
@@ -396,12 +339,12 @@ def _prepare(qkv, bias, sequence_descriptor, *, attn_mask_type, qkv_layout, scal
         tokens_kv=k.shape[-3] if thd else n * k.shape[-3], heads_q=q.shape[-2],
         heads_kv=k.shape[-2], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
         max_seqlen_q=seg.max_q, max_seqlen_kv=seg.width, window_left=-1, window_right=-1,
-        dtype=_ffi.DTYPE_CODES[jnp.dtype(q.dtype).name], layout=int(layout),
+        dtype=_lib.DTYPE_CODES[jnp.dtype(q.dtype).name], layout=int(layout),
         mask_type=int(mask), bias_type=int(AttnBiasType.NO_BIAS),
         softmax_type=int(SoftmaxType.VANILLA_SOFTMAX), is_training=int(bool(is_training)),
         has_q_seqlens=int(seg.q_lens.shape[-1] > 0), has_kv_seqlens=int(seg.kv_lens.shape[-1] > 0),
         has_offsets=int(thd), scale=scale, dropout=float(dropout_probability))
-    _raise_for_status(*_validate(params))
+    _raise_for_status(*_lib.small_seq_validate(params))
     return q, k, v, seg, _Config(layout, mask, scale, seg.width)
 
 
@@ -420,7 +363,7 @@ def _aux_shapes(q, cfg: _Config):
 
 
 def _check_platform():
-    if jax.default_backend() not in ("cpu",) and not _ffi.built_with_cuda():
+    if jax.default_backend() not in ("cpu",) and not _lib.built_with_cuda():
         raise NotImplementedError(
             "fused_attn_small_seq: this build of fusedattn has no CUDA kernels; it runs on the "
             "CPU, or on a CUDA GPU with a build that found nvcc")

@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi
+from . import _lib
 from .enums import SoftmaxFusionType
 
 __all__ = ["is_softmax_kernel_available", "softmax", "softmax_fallback"]
 
 # jax.default_backend() / platform_dependent names -> the engine's FaPlatform.
-_PLATFORMS = {"cpu": _ffi.PLATFORM_CPU, "cuda": _ffi.PLATFORM_CUDA, "gpu": _ffi.PLATFORM_CUDA}
+_PLATFORMS = {"cpu": _lib.PLATFORM_CPU, "cuda": _lib.PLATFORM_CUDA, "gpu": _lib.PLATFORM_CUDA}
 _KERNEL_PLATFORMS = ("cpu", "cuda")
 
 
@@ -46,17 +46,17 @@ def _fusion_type(value) -> SoftmaxFusionType:
                      f"{allowed} (or their lower-case names)")
 
 
-def _params(shape, dtype, mask_shape, softmax_type, scale) -> _ffi.SoftmaxParams:
-    p = _ffi.SoftmaxParams()
+def _params(shape, dtype, mask_shape, softmax_type, scale) -> _lib.SoftmaxParams:
+    p = _lib.SoftmaxParams()
     p.rank = len(shape)
-    for i, d in enumerate(shape[:_ffi.SOFTMAX_MAX_RANK]):
+    for i, d in enumerate(shape[:_lib.SOFTMAX_MAX_RANK]):
         p.dims[i] = int(d)
     if mask_shape is not None:
         p.has_mask = 1
-        for i, d in enumerate(mask_shape[:_ffi.SOFTMAX_MAX_RANK]):
+        for i, d in enumerate(mask_shape[:_lib.SOFTMAX_MAX_RANK]):
             p.mask_dims[i] = int(d)
     p.softmax_type = int(softmax_type)
-    p.dtype = _ffi.DTYPE_CODES.get(jnp.dtype(dtype).name, -1)  # -1: the fallback's dtype
+    p.dtype = _lib.DTYPE_CODES.get(jnp.dtype(dtype).name, -1)  # -1: the fallback's dtype
     p.scale = scale
     return p
 
@@ -113,8 +113,8 @@ def _check(logits, mask, scale_factor, softmax_type) -> _Config:
     params = _params(shape, logits.dtype, mask_shape, kind, scale)
     kernel_on = []
     for platform in _KERNEL_PLATFORMS:
-        ok, status, reason = _ffi.softmax_kernel_available(params, _PLATFORMS[platform])
-        if status != _ffi.STATUS_OK:
+        ok, status, reason = _lib.softmax_kernel_available(params, _PLATFORMS[platform])
+        if status != _lib.STATUS_OK:
             raise ValueError(f"softmax: {reason.removeprefix('invalid call: ')}")
         if ok:
             kernel_on.append(platform)
@@ -278,5 +278,5 @@ def is_softmax_kernel_available(softmax_type, batch, heads, q_seqlen, kv_seqlen,
         params = _params(shape, dtype, mask_shape, kind, 1.0)
     except (TypeError, ValueError, OverflowError):
         return False
-    ok, status, _ = _ffi.softmax_kernel_available(params, _PLATFORMS[platform])
-    return ok and status == _ffi.STATUS_OK
+    ok, status, _ = _lib.softmax_kernel_available(params, _PLATFORMS[platform])
+    return ok and status == _lib.STATUS_OK

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fusedattn
-from fusedattn import AttnMaskType, _ffi
+from fusedattn import AttnMaskType, _lib
 
 from .common import run_info, time_fn
 
@@ -85,10 +85,10 @@ def run(args):
                     fn, fargs = jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do)
                 else:
                     fn, fargs = jax.jit(f), (q, k, v)
-                launches = _ffi.hopper_fwd_launches()
+                launches = _lib.hopper_fwd_launches()
                 row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
                 # whether its forward ran fusedattn's Hopper kernel (attention/hopper)
-                row[f"{name}_hopper_fwd"] = _ffi.hopper_fwd_launches() > launches
+                row[f"{name}_hopper_fwd"] = _lib.hopper_fwd_launches() > launches
             slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
             for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
                 # which backend ran it (a fallback to the reference must show in the table)

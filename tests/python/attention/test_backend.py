@@ -115,20 +115,20 @@ def test_backend_info_kernels_default_to_its_name():
 
 
 def test_engine_choice_names_both_kernels():
-    from fusedattn import _ffi
-    params = _ffi.AttnParams(
+    from fusedattn import _lib
+    params = _lib.AttnParams(
         batch=B, seqlen_q=S, seqlen_kv=S, heads_q=H, heads_kv=H, head_dim_qk=D, head_dim_v=D,
-        window_left=-1, window_right=-1, dtype=_ffi.DTYPE_CODES["bfloat16"],
+        window_left=-1, window_right=-1, dtype=_lib.DTYPE_CODES["bfloat16"],
         layout=int(QKVLayout.BSHD_BSHD_BSHD), mask_type=int(AttnMaskType.CAUSAL_MASK),
         bias_type=int(AttnBiasType.NO_BIAS), softmax_type=int(SoftmaxType.VANILLA_SOFTMAX),
         is_training=1, scale=0.25, dropout=0.0, max_segments=1, num_slices=1)
-    c = _ffi.backend_choice(params, _ffi.PLATFORM_CPU)
-    assert (c.name, c.forward, c.backward, c.status) == ("cpu_flash",) * 3 + (_ffi.STATUS_OK,)
-    assert _ffi.select_backend(params, _ffi.PLATFORM_CPU) == (c.name, c.status, c.reason)
+    c = _lib.backend_choice(params, _lib.PLATFORM_CPU)
+    assert (c.name, c.forward, c.backward, c.status) == ("cpu_flash",) * 3 + (_lib.STATUS_OK,)
+    assert _lib.select_backend(params, _lib.PLATFORM_CPU) == (c.name, c.status, c.reason)
     # A score_mod program reaches the engine; one it cannot decode is an error.
-    c = _ffi.backend_choice(params, _ffi.PLATFORM_CPU, score_mod=[7, 7, 7])
+    c = _lib.backend_choice(params, _lib.PLATFORM_CPU, score_mod=[7, 7, 7])
     assert (c.name, c.forward, c.backward) == ("none",) * 3, c
-    assert c.status == _ffi.STATUS_INVALID and "score_mod" in c.reason, c.reason
+    assert c.status == _lib.STATUS_INVALID and "score_mod" in c.reason, c.reason
 
 
 def test_unknown_platform_is_an_error():

@@ -16,7 +16,7 @@ import fusedattn
 from conftest import normal
 from features import Spec, check
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
-from fusedattn import _ffi
+from fusedattn import _lib
 
 pytestmark = pytest.mark.gpu
 
@@ -295,14 +295,14 @@ def test_graphs_are_built_once(key):
                                              attn_mask_type=AttnMaskType.CAUSAL_MASK)
     g = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32))
     jax.block_until_ready((jax.jit(f)(q, k, v), jax.jit(jax.grad(g))(q, k, v)))
-    built = _ffi.cudnn_graphs_built()
+    built = _lib.cudnn_graphs_built()
     # A second jitted function of the same shapes, and another run: no new graph.
     jax.block_until_ready((jax.jit(lambda *a: f(*a) * 2)(q, k, v), jax.jit(jax.grad(g))(q, k, v)))
-    assert _ffi.cudnn_graphs_built() == built
+    assert _lib.cudnn_graphs_built() == built
     # Another shape is another graph.
     q2 = normal(key, (2, 80, 4, 64), BF16)
     jax.block_until_ready(jax.jit(f)(q2, q2, q2))
-    assert _ffi.cudnn_graphs_built() > built
+    assert _lib.cudnn_graphs_built() > built
 
 
 def test_runs_on_cudnn_not_xla(key):

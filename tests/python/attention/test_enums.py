@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import fusedattn
-from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _ffi
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _lib
 from conftest import descriptor, qkv, reference_f32
 
-OK, INVALID, UNIMPLEMENTED = _ffi.STATUS_OK, _ffi.STATUS_INVALID, _ffi.STATUS_UNIMPLEMENTED
+OK, INVALID, UNIMPLEMENTED = _lib.STATUS_OK, _lib.STATUS_INVALID, _lib.STATUS_UNIMPLEMENTED
 
 # enum class -> (AttnParams field, the name validate() gives the argument)
 ENUMS = {
@@ -40,24 +40,24 @@ NEEDS = {
 }
 
 
-def params(**overrides) -> _ffi.AttnParams:
+def params(**overrides) -> _lib.AttnParams:
     """A valid call: q [2, 64, 4, 32], k/v [2, 80, 2, 32] bfloat16, causal."""
     p = dict(batch=2, seqlen_q=64, seqlen_kv=80, heads_q=4, heads_kv=2, head_dim_qk=32,
-             head_dim_v=32, window_left=-1, window_right=-1, dtype=_ffi.DTYPE_CODES["bfloat16"],
+             head_dim_v=32, window_left=-1, window_right=-1, dtype=_lib.DTYPE_CODES["bfloat16"],
              layout=int(QKVLayout.BSHD_BSHD_BSHD), mask_type=int(AttnMaskType.CAUSAL_MASK),
              bias_type=int(AttnBiasType.NO_BIAS), softmax_type=int(SoftmaxType.VANILLA_SOFTMAX),
              is_training=1, scale=0.125, dropout=0.0, max_segments=1, bias_batch=0, bias_heads=0,
              num_slices=1)
     p.update(overrides)
-    return _ffi.AttnParams(**p)
+    return _lib.AttnParams(**p)
 
 
 def test_the_default_params_are_valid():
-    assert _ffi.validate(params()) == (OK, "")
+    assert _lib.validate(params()) == (OK, "")
 
 
 def test_params_mirror_has_the_library_size():
-    assert _ffi.lib.fa_params_size() == ctypes.sizeof(_ffi.AttnParams)
+    assert _lib.lib.fa_params_size() == ctypes.sizeof(_lib.AttnParams)
 
 
 @pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
@@ -65,7 +65,7 @@ def test_codes_past_the_ends_are_not_members(enum):
     field, arg = ENUMS[enum]
     article = "an" if enum.__name__[0] in "AEIOU" else "a"
     for code in (len(enum), len(enum) + 7, -1):
-        status, msg = _ffi.validate(params(**{field: code}))
+        status, msg = _lib.validate(params(**{field: code}))
         assert status == INVALID, (code, msg)
         assert msg == f"{arg}: got code {code}, not {article} {enum.__name__}", msg
 
@@ -76,7 +76,7 @@ def test_every_member_is_valid(enum):
     assert [int(m) for m in enum] == list(range(len(enum))), "codes must be 0..n-1"
     for member in enum:
         needs = NEEDS.get((enum, member), {})
-        status, msg = _ffi.validate(params(**{field: int(member), **needs}))
+        status, msg = _lib.validate(params(**{field: int(member), **needs}))
         assert status == OK, (member, msg)
 
 
@@ -88,7 +88,7 @@ def test_layout_and_mask_names_in_messages(layout):
         if mask.is_padding():
             continue
         shapes = dict(NEEDS[(QKVLayout, layout)], mask_type=int(mask))
-        status, msg = _ffi.validate(params(layout=int(layout), **shapes))
+        status, msg = _lib.validate(params(layout=int(layout), **shapes))
         assert status == INVALID and f"qkv_layout={layout.name}" in msg, msg
         assert f"attn_mask_type={mask.name}" in msg, msg
 
@@ -96,27 +96,27 @@ def test_layout_and_mask_names_in_messages(layout):
 @pytest.mark.parametrize("bias_type", [AttnBiasType.PRE_SCALE_BIAS, AttnBiasType.POST_SCALE_BIAS],
                          ids=lambda b: b.name)
 def test_bias_names_in_messages(bias_type):
-    status, msg = _ffi.validate(params(bias_type=int(bias_type)))  # no bias tensor
+    status, msg = _lib.validate(params(bias_type=int(bias_type)))  # no bias tensor
     assert status == INVALID and f"attn_bias_type={bias_type.name}" in msg, msg
 
 
 def test_dtype_codes():
-    for name, code in _ffi.DTYPE_CODES.items():
-        assert _ffi.validate(params(dtype=code)) == (OK, ""), name
-    assert sorted(_ffi.DTYPE_CODES.values()) == list(range(len(_ffi.DTYPE_CODES)))
-    for code in (len(_ffi.DTYPE_CODES), -1):
-        status, msg = _ffi.validate(params(dtype=code))
+    for name, code in _lib.DTYPE_CODES.items():
+        assert _lib.validate(params(dtype=code)) == (OK, ""), name
+    assert sorted(_lib.DTYPE_CODES.values()) == list(range(len(_lib.DTYPE_CODES)))
+    for code in (len(_lib.DTYPE_CODES), -1):
+        status, msg = _lib.validate(params(dtype=code))
         assert status == INVALID and msg.startswith(f"dtype: got code {code}"), msg
         assert "float32, bfloat16 or float16" in msg
 
 
 def test_platform_and_backend_codes():
-    assert _ffi.select_backend(params(), _ffi.PLATFORM_CPU)[:2] == ("cpu_flash", OK)
+    assert _lib.select_backend(params(), _lib.PLATFORM_CPU)[:2] == ("cpu_flash", OK)
     # params() is float32, which cuDNN does not take: XLA's reference on any GPU.
-    assert _ffi.select_backend(params(), _ffi.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
-    name, status, reason = _ffi.select_backend(params(), 2)
+    assert _lib.select_backend(params(), _lib.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
+    name, status, reason = _lib.select_backend(params(), 2)
     assert (name, status) == ("none", INVALID) and "platform" in reason
-    names = [_ffi.lib.fa_backend_name(i).decode() for i in range(6)]
+    names = [_lib.lib.fa_backend_name(i).decode() for i in range(6)]
     assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "hopper", "unknown"]
 
 
@@ -145,12 +145,12 @@ FIELDS = {
 @pytest.mark.parametrize("field", FIELDS)
 def test_each_params_field_is_read_as_itself(field):
     overrides, expected = FIELDS[field]
-    status, msg = _ffi.validate(params(**overrides))
+    status, msg = _lib.validate(params(**overrides))
     assert status in (INVALID, UNIMPLEMENTED) and expected in msg, msg
 
 
 def test_dropout_without_training_is_valid():
-    assert _ffi.validate(params(is_training=0, dropout=0.25)) == (OK, "")
+    assert _lib.validate(params(is_training=0, dropout=0.25)) == (OK, "")
 
 
 def test_mask_codes_mean_the_python_masks(key):

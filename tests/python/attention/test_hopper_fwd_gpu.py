@@ -12,7 +12,7 @@ import pytest
 
 import fusedattn
 from conftest import normal
-from fusedattn import AttnMaskType, QKVLayout, _ffi
+from fusedattn import AttnMaskType, QKVLayout, _lib
 from test_score_mod import B, HQ, alibi, alibi_plus_table, ref_call
 from test_score_mod_gpu import check, close
 
@@ -46,9 +46,9 @@ def inputs(key, dtype, Sq, Skv, hkv, amp=1.0):
 
 
 def runs_hopper(fn, *args):
-    before = _ffi.hopper_fwd_launches()
+    before = _lib.hopper_fwd_launches()
     out = jax.block_until_ready(jax.jit(fn)(*args))
-    return out, _ffi.hopper_fwd_launches() > before
+    return out, _lib.hopper_fwd_launches() > before
 
 
 def check_on_hopper(ours, ref, q, k, v, dout):

@@ -9,7 +9,7 @@ import pytest
 import fusedattn
 from conftest import normal
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SmallSeqDescriptor, SoftmaxType
-from fusedattn import _ffi
+from fusedattn import _lib
 from fusedattn import small_seq as ss
 from small_seq_cases import bshd_case, thd_case
 
@@ -111,18 +111,18 @@ def test_agrees_with_fused_attn_on_bshd(key, mask):
 def attn_params(**overrides):
     p = dict(batch=30720, seqlen_q=1, seqlen_kv=16, heads_q=8, heads_kv=8, head_dim_qk=128,
              head_dim_v=128, window_left=-1, window_right=-1,
-             dtype=_ffi.DTYPE_CODES["bfloat16"], layout=int(QKVLayout.BSHD_BSHD_BSHD),
+             dtype=_lib.DTYPE_CODES["bfloat16"], layout=int(QKVLayout.BSHD_BSHD_BSHD),
              mask_type=int(AttnMaskType.NO_MASK), bias_type=int(AttnBiasType.NO_BIAS),
              softmax_type=int(SoftmaxType.VANILLA_SOFTMAX), is_training=1, scale=0.1,
              dropout=0.0)
     p.update(overrides)
-    return _ffi.AttnParams(**p)
+    return _lib.AttnParams(**p)
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_bshd_one_query_is_served(platform):
     served, reason = ss.small_seq_eligibility(ss.small_seq_params(attn_params()), platform)
-    assert served == (platform == "cpu" or _ffi.built_with_cuda()), reason
+    assert served == (platform == "cpu" or _lib.built_with_cuda()), reason
     if served:
         assert reason.startswith("small_seq:"), reason
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fusedattn
-from fusedattn import SoftmaxFusionType, _ffi
+from fusedattn import SoftmaxFusionType, _lib
 from softmax_helpers import CAUSAL, MASKED, SCALED
 
 sm = importlib.import_module("fusedattn.softmax")
@@ -33,8 +33,8 @@ def raises(exc, *patterns):
 def test_enum_codes_are_the_engines():
     assert [int(m) for m in SoftmaxFusionType] == [0, 1, 2]
     for m in SoftmaxFusionType:
-        assert _ffi.lib.fa_softmax_type_name(int(m)).decode() == m.name
-    assert _ffi.lib.fa_softmax_type_name(3).decode() == "unknown"
+        assert _lib.lib.fa_softmax_type_name(int(m)).decode() == m.name
+    assert _lib.lib.fa_softmax_type_name(3).decode() == "unknown"
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -69,13 +69,13 @@ FIELDS = {
 @pytest.mark.parametrize("field", FIELDS)
 def test_each_params_field_is_read_as_itself(field):
     overrides, expected = FIELDS[field]
-    code, msg = _ffi.softmax_validate(params(**overrides))
-    assert code == _ffi.STATUS_INVALID and expected in msg, msg
+    code, msg = _lib.softmax_validate(params(**overrides))
+    assert code == _lib.STATUS_INVALID and expected in msg, msg
 
 
 def test_good_params_validate():
-    assert _ffi.softmax_validate(params()) == (_ffi.STATUS_OK, "")
-    assert _ffi.softmax_validate(params(kind=MASKED, mask_shape=(1, 3, 1, 7)))[0] == 0
+    assert _lib.softmax_validate(params()) == (_lib.STATUS_OK, "")
+    assert _lib.softmax_validate(params(kind=MASKED, mask_shape=(1, 3, 1, 7)))[0] == 0
 
 
 # ---------------------------------------------------------------------------
@@ -174,12 +174,12 @@ def test_cpu_kernel_serves_every_valid_call(dtype):
             assert fusedattn.is_softmax_kernel_available(kind, 2, 4, 8, skv, dtype,
                                                         platform="cpu")
     assert fusedattn.is_softmax_kernel_available("scaled", 2, 4, 8, 64, dtype) == (
-        jax.default_backend() == "cpu" or fusedattn._ffi.built_with_cuda())
+        jax.default_backend() == "cpu" or fusedattn._lib.built_with_cuda())
 
 
 def test_availability_is_the_engines_rule():
     avail = fusedattn.is_softmax_kernel_available
-    cuda = _ffi.built_with_cuda()
+    cuda = _lib.built_with_cuda()
     for dtype, limit in ((jnp.float32, 16384), (jnp.bfloat16, 32768), (jnp.float16, 32768)):
         assert avail("scaled_masked", 1, 2, 3, limit, dtype, platform="gpu") == cuda
         assert avail("scaled", 1, 2, 3, 16383, dtype, platform="cuda") == cuda
@@ -195,7 +195,7 @@ def test_availability_is_the_engines_rule():
 
 def test_reasons_name_the_limit():
     p = params(shape=(1, 1, 4, 40000), dtype=jnp.bfloat16)
-    ok, status, reason = _ffi.softmax_kernel_available(p, _ffi.PLATFORM_CUDA)
-    assert not ok and status == _ffi.STATUS_OK
-    expected = "exceeds the CUDA kernel's 32768" if _ffi.built_with_cuda() else "no CUDA kernels"
+    ok, status, reason = _lib.softmax_kernel_available(p, _lib.PLATFORM_CUDA)
+    assert not ok and status == _lib.STATUS_OK
+    expected = "exceeds the CUDA kernel's 32768" if _lib.built_with_cuda() else "no CUDA kernels"
     assert expected in reason, reason

@@ -1,8 +1,10 @@
 """Loads libfusedattn.so once (ctypes) and registers its XLA FFI handlers.
 
-The library has no Python in it: this module is the only bridge. It also
-mirrors the C struct FaAttnParams so Python can ask the engine's own
-validate() / select_backend() at trace time.
+The library has no Python in it: this module is the only bridge. It mirrors every
+params struct of the C API (FaAttnParams, FaSoftmaxParams, FaSmallSeqParams) and wraps
+the C functions that take them, so Python asks the engine's own validate() /
+select_backend() / eligibility at trace time. The ops' modules (attention.py,
+softmax.py, small_seq.py) import from here and never touch ctypes themselves.
 """
 
 from __future__ import annotations
@@ -66,6 +68,36 @@ class SoftmaxParams(ctypes.Structure):
     ]
 
 
+class SmallSeqParams(ctypes.Structure):
+    """Mirror of FaSmallSeqParams in csrc/fusedattn/small_seq/params.h (same field order)."""
+
+    _fields_ = [
+        ("packs", ctypes.c_int64),
+        ("num_segments", ctypes.c_int64),
+        ("tokens_q", ctypes.c_int64),
+        ("tokens_kv", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("head_dim_qk", ctypes.c_int64),
+        ("head_dim_v", ctypes.c_int64),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_kv", ctypes.c_int64),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("layout", ctypes.c_int32),
+        ("mask_type", ctypes.c_int32),
+        ("bias_type", ctypes.c_int32),
+        ("softmax_type", ctypes.c_int32),
+        ("is_training", ctypes.c_int32),
+        ("has_q_seqlens", ctypes.c_int32),
+        ("has_kv_seqlens", ctypes.c_int32),
+        ("has_offsets", ctypes.c_int32),
+        ("scale", ctypes.c_float),
+        ("dropout", ctypes.c_float),
+    ]
+
+
 def _load() -> ctypes.CDLL:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_FILE)
     if not os.path.exists(path):
@@ -98,8 +130,14 @@ def _load() -> ctypes.CDLL:
     lib.fa_softmax_kernel_available.argtypes = [
         ctypes.POINTER(SoftmaxParams), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int]
+    lib.fa_small_seq_validate.argtypes = [ctypes.POINTER(SmallSeqParams), ctypes.c_char_p,
+                                          ctypes.c_int]
+    lib.fa_small_seq_eligible.argtypes = [ctypes.POINTER(SmallSeqParams), ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                          ctypes.c_int]
     for name, struct in (("fa_params_size", AttnParams),
-                         ("fa_softmax_params_size", SoftmaxParams)):
+                         ("fa_softmax_params_size", SoftmaxParams),
+                         ("fa_small_seq_params_size", SmallSeqParams)):
         size = getattr(lib, name)()
         if size != ctypes.sizeof(struct):
             raise ImportError(
@@ -119,7 +157,7 @@ TARGETS = {
     "fusedattn_attn_fwd_sm": {"cpu": "fa_cpu_attn_fwd_sm"},
     "fusedattn_attn_bwd_sm": {"cpu": "fa_cpu_attn_bwd_sm"},
     "fusedattn_attn_bwd": {"cpu": "fa_cpu_attn_bwd"},
-    # The CUDA handlers take one more result: their workspace (cuda_attention.cc).
+    # The CUDA handlers take one more result: their workspace (attention/ffi_cuda.cc).
     "fusedattn_attn_fwd_cuda": {"CUDA": "fa_cuda_attn_fwd"},
     "fusedattn_attn_bwd_cuda": {"CUDA": "fa_cuda_attn_bwd"},
     "fusedattn_attn_fwd_sm_cuda": {"CUDA": "fa_cuda_attn_fwd_sm"},
@@ -217,6 +255,21 @@ def softmax_kernel_available(params: SoftmaxParams, platform: int) -> tuple[bool
     ok = lib.fa_softmax_kernel_available(ctypes.byref(params), platform, ctypes.byref(status),
                                          buf, len(buf))
     return bool(ok), status.value, buf.value.decode()
+
+
+def small_seq_validate(params: SmallSeqParams) -> tuple[int, str]:
+    buf = ctypes.create_string_buffer(1024)
+    code = lib.fa_small_seq_validate(ctypes.byref(params), buf, len(buf))
+    return code, buf.value.decode()
+
+
+def small_seq_eligible(params: SmallSeqParams, platform: int) -> tuple[bool, str]:
+    """Returns (the small-seq backend serves it, reason)."""
+    status = ctypes.c_int(0)
+    buf = ctypes.create_string_buffer(1024)
+    served = lib.fa_small_seq_eligible(ctypes.byref(params), platform, ctypes.byref(status), buf,
+                                       len(buf))
+    return bool(served), buf.value.decode()
 
 
 def cuda_attn_workspace_bytes(params: AttnParams, device: int, want_lse: bool,
