@@ -1,7 +1,7 @@
 """The plain-JAX reference of fused attention: materialized scores, float32 math.
 
 Every backend is tested against it, and XLA runs it where no fused kernel serves a
-call. Semantics (shared with csrc/fusedattn/attention/cpu/mask.h, score_ops.h and philox.h):
+call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h and philox.h):
 
 * Scores per (batch, q head, query, key); q head h reads kv head h // (Hq // Hkv):
   s = scale * q.k (+ bias: POST_SCALE_BIAS s = scale * q.k + bias, PRE_SCALE_BIAS
@@ -86,7 +86,7 @@ def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int):
 
 
 def _segments(lens, offsets, S, M, thd, padding):
-    """Clamped (begin, length) int32 [B, M] of each segment (mask.cc's segment_mask)."""
+    """Clamped (begin, length) int32 [B, M] of each segment (mask.h's segment)."""
     if thd:
         begin = jnp.clip(jnp.asarray(offsets, jnp.int32)[:, :M], 0, S)
     else:

@@ -100,9 +100,9 @@ struct SeqScratch {
                  int64_t rows, const ScratchPlan& plan, cudaStream_t stream, Pack& pack) const {
     if (!used) return Status::Ok();
     const int64_t M = p.max_segments;
-    const cuda::RowRule rule = cuda::make_row_rule(
-        p, offset(t.q_seqlens, row0 * M, 4), offset(t.kv_seqlens, row0 * M, 4),
-        offset(t.q_offsets, row0 * (M + 1), 4), offset(t.kv_offsets, row0 * (M + 1), 4));
+    const AttnMask mask = attn_mask(
+        p, {offset(t.q_seqlens, row0 * M, 4), offset(t.kv_seqlens, row0 * M, 4),
+            offset(t.q_offsets, row0 * (M + 1), 4), offset(t.kv_offsets, row0 * (M + 1), 4)});
     cuda::SequenceArgs a{};
     a.rows = rows;
     a.seq_q = plan.at<int32_t>(seq_q);
@@ -120,7 +120,7 @@ struct SeqScratch {
         pack[uids[r]] = a.ragged[r];
       }
     }
-    return cuda::prepare_sequences(rule, a, stream);
+    return cuda::prepare_sequences(mask, a, stream);
   }
 };
 
@@ -292,9 +292,9 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
     a.softmax_type = p.softmax_type;
     a.sink = t.softmax_offset;
     a.rows_per_slice = p.batch / p.num_slices;
-    const cuda::RowRule rule =
-        cuda::make_row_rule(p, t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets);
-    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(rule, a, stream));
+    const AttnMask mask =
+        attn_mask(p, {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets});
+    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, a, stream));
   }
   return Status::Ok();
 }

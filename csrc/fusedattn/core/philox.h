@@ -14,11 +14,7 @@
 
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define FA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FA_HOST_DEVICE inline
-#endif
+#include "fusedattn/core/host_device.h"
 
 namespace fusedattn {
 
@@ -30,8 +26,8 @@ constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;
 
 // One round on one counter (round r uses the key bumped r times by the Weyl constants).
-FA_HOST_DEVICE void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3,
-                                 uint32_t key0, uint32_t key1) {
+FA_HOST_DEVICE FA_INLINE void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2,
+                                           uint32_t& c3, uint32_t key0, uint32_t key1) {
   const uint64_t p0 = uint64_t{kPhiloxMul0} * c0;
   const uint64_t p1 = uint64_t{kPhiloxMul1} * c2;
   const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ key0;
@@ -42,7 +38,7 @@ FA_HOST_DEVICE void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint3
   c2 = n2;
 }
 
-FA_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
+FA_HOST_DEVICE FA_INLINE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
   for (int round = 0; round < 10; ++round) {
     philox_round(ctr.v[0], ctr.v[1], ctr.v[2], ctr.v[3], key0, key1);
     key0 += kPhiloxWeyl0;
@@ -53,14 +49,14 @@ FA_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) 
 
 // Words at or above this threshold keep their element: keep probability
 // (2^32 - threshold) / 2^32 = 1 - p to within 2^-32.
-FA_HOST_DEVICE uint32_t dropout_threshold(float p) {
+FA_HOST_DEVICE FA_INLINE uint32_t dropout_threshold(float p) {
   const double t = double(p) * 4294967296.0;
   return t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
 }
 
 // The four words that decide keys 4 * key_group .. 4 * key_group + 3.
-FA_HOST_DEVICE Philox4 dropout_words(const uint32_t seed[2], int64_t batch, int64_t head,
-                                     int64_t query, int64_t key_group) {
+FA_HOST_DEVICE FA_INLINE Philox4 dropout_words(const uint32_t seed[2], int64_t batch, int64_t head,
+                                               int64_t query, int64_t key_group) {
   return philox4x32_10(
       Philox4{{uint32_t(key_group), uint32_t(query), uint32_t(head), uint32_t(batch)}}, seed[0],
       seed[1]);

@@ -1,5 +1,7 @@
 // Where a segment's rows are, and which keys a query row keeps: the one
-// definition the CPU and CUDA kernels share (host and device).
+// definition the CPU and CUDA kernels share (host and device). The kept keys
+// follow the rule of every backend, attention/mask.h; only the slots below are
+// small-seq's own (its descriptors are cu_seqlens-style slots, see small_seq.py).
 //
 // Segment s of a pack owns the q rows [q_offsets[s], q_offsets[s+1]) (its slot;
 // BSHD: [s, s+1)) and uses the first q_len of them (the whole slot when no
@@ -11,21 +13,16 @@
 // first and last segment of a pack write those edge rows).
 // Offsets must be non-decreasing for every row to have exactly one owner.
 //
-// Query row r (0-based in its segment) keeps the keys [0, hi) with
-//   hi = kv_len                                      (no causal mask)
-//   hi = min(kv_len, r + 1)                          (top-left causal)
-//   hi = clamp(r + 1 + kv_len - q_len, 0, kv_len)    (bottom-right causal)
+// Query row r (0-based in its segment) keeps the keys [0, hi) of mask.h's
+// segment_keys: small-seq serves no window (validate()), so every range starts
+// at key 0.
 #pragma once
 
 #include <stdint.h>
 
+#include "fusedattn/attention/mask.h"
+#include "fusedattn/core/host_device.h"
 #include "fusedattn/small_seq/params.h"
-
-#if defined(__CUDACC__)
-#define FA_HD __host__ __device__ __forceinline__
-#else
-#define FA_HD inline
-#endif
 
 namespace fusedattn::small_seq {
 
@@ -48,7 +45,7 @@ struct Rows {
   int32_t own_end;
 };
 
-FA_HD int32_t clamp_i32(int32_t x, int32_t lo, int32_t hi) {
+FA_HOST_DEVICE FA_INLINE int32_t clamp_i32(int32_t x, int32_t lo, int32_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
 
@@ -58,7 +55,8 @@ struct RawRows {
   int32_t start, next, len;
 };
 
-FA_HD RawRows load_rows(const SideTable& t, int64_t pack, int32_t n, int32_t s) {
+FA_HOST_DEVICE FA_INLINE RawRows load_rows(const SideTable& t, int64_t pack, int32_t n,
+                                           int32_t s) {
   RawRows r;
   if (t.offsets) {
     const int32_t* o = t.offsets + pack * (int64_t{n} + 1);
@@ -72,7 +70,8 @@ FA_HD RawRows load_rows(const SideTable& t, int64_t pack, int32_t n, int32_t s) 
   return r;
 }
 
-FA_HD Rows clamp_rows(const SideTable& t, const RawRows& raw, int32_t n, int32_t s) {
+FA_HOST_DEVICE FA_INLINE Rows clamp_rows(const SideTable& t, const RawRows& raw, int32_t n,
+                                         int32_t s) {
   const int32_t start = clamp_i32(raw.start, 0, t.tokens);
   const int32_t next = clamp_i32(raw.next, start, t.tokens);
   Rows r;
@@ -83,22 +82,18 @@ FA_HD Rows clamp_rows(const SideTable& t, const RawRows& raw, int32_t n, int32_t
   return r;
 }
 
-FA_HD Rows segment_rows(const SideTable& t, int64_t pack, int32_t n, int32_t s) {
+FA_HOST_DEVICE FA_INLINE Rows segment_rows(const SideTable& t, int64_t pack, int32_t n,
+                                           int32_t s) {
   return clamp_rows(t, load_rows(t, pack, n, s), n, s);
 }
 
-FA_HD int32_t row_hi(int32_t mask, int32_t r, int32_t q_len, int32_t kv_len) {
-  const bool top_left = mask == FA_CAUSAL_MASK || mask == FA_PADDING_CAUSAL_MASK;
-  const bool bottom_right =
-      mask == FA_CAUSAL_BOTTOM_RIGHT_MASK || mask == FA_PADDING_CAUSAL_BOTTOM_RIGHT_MASK;
-  if (top_left) return r + 1 < kv_len ? r + 1 : kv_len;
-  if (bottom_right) return clamp_i32((r + 1 - q_len) + kv_len, 0, kv_len);  // r < q_len: no overflow
-  return kv_len;
+FA_HOST_DEVICE FA_INLINE int32_t row_hi(int32_t mask, int32_t r, int32_t q_len, int32_t kv_len) {
+  return int32_t(segment_keys(mask_rule(mask, -1, -1), r, q_len, kv_len).hi);
 }
 
 // The kernels' fast path: one query row and every key within the width of P.
 // Anything else (a broken promise) takes the per-segment general path.
-FA_HD bool fast_segment(int32_t q_len, int32_t kv_len, int32_t width) {
+FA_HOST_DEVICE FA_INLINE bool fast_segment(int32_t q_len, int32_t kv_len, int32_t width) {
   return q_len <= 1 && kv_len <= width;
 }
 

@@ -11,13 +11,8 @@
 
 #include <stdint.h>
 
+#include "fusedattn/core/host_device.h"
 #include "fusedattn/softmax/params.h"
-
-#if defined(__CUDACC__)
-#define FA_HOST_DEVICE __host__ __device__
-#else
-#define FA_HOST_DEVICE
-#endif
 
 namespace fusedattn::softmax {
 

@@ -8,7 +8,7 @@
 //   max_logit [B, Hq] f32 (may be null)
 //   bias [slices, 1|Bs, 1|Hq, Sq, Skv] in q's dtype (Bs = batch / slices; may be null)
 //   softmax_offset [slices, Hq] f32 (LEARNABLE_SOFTMAX only), seed [slices, 2] u32
-//     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (mask.h)
+//     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (attention/mask.h)
 // Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 #include "fusedattn/attention/params.h"
 #include "fusedattn/score_mod/program.h"
-#include "fusedattn/attention/cpu/mask.h"
+#include "fusedattn/attention/cpu/row_ranges.h"
 
 namespace fusedattn::cpu {
 

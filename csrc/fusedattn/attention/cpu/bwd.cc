@@ -26,7 +26,7 @@
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/platform/cpu/dispatch.h"
 #include "fusedattn/attention/cpu/gemm.h"
-#include "fusedattn/attention/cpu/mask.h"
+#include "fusedattn/attention/cpu/row_ranges.h"
 #include "fusedattn/attention/cpu/score_ops.h"
 #include "fusedattn/platform/cpu/thread_pool.h"
 #include "fusedattn/attention/cpu/tiles.h"

@@ -1,6 +1,7 @@
 // The per-element steps of the tile loops, on one row of one score tile:
 // bias, the extra softmax logit ("sink") and dropout. The kept-key range of a
-// row comes from mask.h; these never change which keys are kept.
+// row comes from row_ranges.h (the rule of attention/mask.h); these never
+// change which keys are kept.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +14,7 @@
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/platform/cpu/dtypes.h"
-#include "fusedattn/attention/cpu/mask.h"
+#include "fusedattn/attention/cpu/row_ranges.h"
 #include "fusedattn/attention/cpu/philox_lanes.h"
 #include "fusedattn/attention/cpu/tiles.h"
 

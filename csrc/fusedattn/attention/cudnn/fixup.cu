@@ -6,53 +6,18 @@
 namespace fusedattn::cuda {
 namespace {
 
-struct Segment {
-  int64_t q_begin, q_len, kv_begin, kv_len;
-};
-
-__host__ __device__ inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
-}
-
-// Segment s of row b, every length and offset clamped to the tensor's extent
-// (the same rule as cpu/mask.cc, so both backends agree on any descriptor).
-__device__ Segment segment(const RowRule& r, int64_t b, int64_t s) {
-  const int64_t M = r.segments;
-  Segment g{0, r.seqlen_q, 0, r.seqlen_kv};
-  if (r.thd) {
-    g.q_begin = clamp64(r.q_offsets[b * (M + 1) + s], 0, r.seqlen_q);
-    g.kv_begin = clamp64(r.kv_offsets[b * (M + 1) + s], 0, r.seqlen_kv);
-    g.q_len = r.seqlen_q - g.q_begin;
-    g.kv_len = r.seqlen_kv - g.kv_begin;
-  }
-  if (r.padding) {
-    g.q_len = clamp64(r.q_lens[b * M + s], 0, g.q_len);
-    g.kv_len = clamp64(r.kv_lens[b * M + s], 0, g.kv_len);
-  }
-  return g;
-}
-
 enum RowState { kPadding = 0, kNoKey = 1, kKept = 2 };
 
 // Whether query token i of row b is padding (in no sequence), a query that keeps no
 // key, or one that keeps at least one.
-__device__ RowState row_state(const RowRule& r, int64_t b, int64_t i) {
-  Segment g{0, 0, 0, 0};
-  bool found = false;
-  for (int64_t s = 0; s < (r.thd ? r.segments : 1); ++s) {  // the later segment wins overlaps
-    const Segment c = segment(r, b, s);
-    if (i >= c.q_begin && i < c.q_begin + c.q_len) g = c, found = true;
-  }
-  if (!found) return kPadding;
-  const int64_t li = i - g.q_begin, diag = r.bottom_right ? g.kv_len - g.q_len : 0;
-  const int64_t right = r.causal ? 0 : r.right;
-  int64_t a = 0, e = g.kv_len;
-  if (r.left >= 0 && li + diag - r.left > a) a = li + diag - r.left;
-  if (right >= 0 && li + diag + right + 1 < e) e = li + diag + right + 1;
-  return e > a ? kKept : kNoKey;
+__device__ RowState row_state(const AttnMask& m, int64_t b, int64_t i) {
+  Segment g;
+  if (!find_segment(m, b, i, &g)) return kPadding;
+  const KeyRange k = row_keys(m, g, i);
+  return k.hi > k.lo ? kKept : kNoKey;
 }
 
-__global__ void prepare_sequences_kernel(RowRule r, SequenceArgs a) {
+__global__ void prepare_sequences_kernel(AttnMask r, SequenceArgs a) {
   const int64_t n = a.rows * r.segments;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t > n) return;
@@ -86,7 +51,7 @@ __device__ void zero_row(T* row, int64_t n) {
 }
 
 // One block per (head, batch entry); its threads stride over the query rows.
-__global__ void finalize_forward_kernel(RowRule r, FinalizeArgs a) {
+__global__ void finalize_forward_kernel(AttnMask r, FinalizeArgs a) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
   float extra = -INFINITY;
   if (a.softmax_type == FA_OFF_BY_ONE_SOFTMAX) extra = 0.0f;
@@ -128,35 +93,16 @@ __global__ void backward_lse_kernel(const float* lse, float* out, int64_t n) {
 
 }  // namespace
 
-RowRule make_row_rule(const AttnParams& p, const int32_t* q_lens, const int32_t* kv_lens,
-                      const int32_t* q_offsets, const int32_t* kv_offsets) {
-  RowRule r;
-  r.seqlen_q = p.seqlen_q;
-  r.seqlen_kv = p.seqlen_kv;
-  r.segments = p.max_segments;
-  r.thd = p.layout == FA_THD_THD_THD || p.layout == FA_T3HD || p.layout == FA_THD_T2HD;
-  r.padding = has_padding(p.mask_type);
-  r.causal = is_causal_top_left(p.mask_type) || is_causal_bottom_right(p.mask_type);
-  r.bottom_right = is_causal_bottom_right(p.mask_type);
-  r.left = p.window_left;
-  r.right = p.window_right;
-  r.q_lens = q_lens;
-  r.kv_lens = kv_lens;
-  r.q_offsets = q_offsets;
-  r.kv_offsets = kv_offsets;
-  return r;
-}
-
-Status prepare_sequences(const RowRule& rule, const SequenceArgs& a, cudaStream_t stream) {
-  const int64_t n = a.rows * rule.segments + 1;
+Status prepare_sequences(const AttnMask& mask, const SequenceArgs& a, cudaStream_t stream) {
+  const int64_t n = a.rows * mask.segments + 1;
   const int threads = 256;
-  prepare_sequences_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, stream>>>(rule, a);
+  prepare_sequences_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, stream>>>(mask, a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
 
-Status finalize_forward(const RowRule& rule, const FinalizeArgs& a, cudaStream_t stream) {
-  finalize_forward_kernel<<<dim3(unsigned(a.heads), unsigned(a.batch)), 256, 0, stream>>>(rule, a);
+Status finalize_forward(const AttnMask& mask, const FinalizeArgs& a, cudaStream_t stream) {
+  finalize_forward_kernel<<<dim3(unsigned(a.heads), unsigned(a.batch)), 256, 0, stream>>>(mask, a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -1,6 +1,7 @@
 // Small kernels around the cuDNN SDPA graphs: they turn fusedattn's sequence
 // descriptors into cuDNN's, and give every backend the same answers on the rows
-// cuDNN leaves alone (padding, THD gaps, rows whose mask keeps no key).
+// cuDNN leaves alone (padding, THD gaps, rows whose mask keeps no key). Segments and
+// kept keys are those of attention/mask.h (AttnMask), the rule every backend follows.
 //
 //   seqlens [B, M] i32, offsets [B, M + 1] i32 (token offsets within a row)
 //   flat seqlens [B * M] i32, ragged offsets [B * M + 1] i32 (in elements)
@@ -12,24 +13,11 @@
 
 #include <cstdint>
 
+#include "fusedattn/attention/mask.h"
 #include "fusedattn/attention/params.h"
 #include "fusedattn/core/status.h"
 
 namespace fusedattn::cuda {
-
-// Which keys each query row keeps: the rule of cpu/mask.h in device form.
-struct RowRule {
-  int64_t seqlen_q, seqlen_kv, segments;  // segments = M
-  bool thd, padding, causal, bottom_right;
-  int64_t left, right;                    // window; -1 unbounded
-  const int32_t* q_lens;                  // [B, M] (padding masks)
-  const int32_t* kv_lens;
-  const int32_t* q_offsets;               // [B, M + 1] (THD)
-  const int32_t* kv_offsets;
-};
-
-RowRule make_row_rule(const AttnParams& p, const int32_t* q_lens, const int32_t* kv_lens,
-                      const int32_t* q_offsets, const int32_t* kv_offsets);
 
 // Element strides of a [batch, seq, heads] addressing (dim stride 1).
 struct Strides3 {
@@ -46,7 +34,7 @@ struct SequenceArgs {
   int64_t token_stride[5];     // q, k, v: query/key tokens; o, lse: query tokens
   bool ragged_is_kv[5];        // offsets from kv_offsets (k, v) or q_offsets (q, o, lse)
 };
-Status prepare_sequences(const RowRule& rule, const SequenceArgs& a, cudaStream_t stream);
+Status prepare_sequences(const AttnMask& mask, const SequenceArgs& a, cudaStream_t stream);
 
 // After the forward graph: rows that keep no key get out 0 and lse = the extra logit
 // (sink[h], or 0 for off-by-one; -inf under vanilla); padding rows (THD gaps, beyond a
@@ -68,7 +56,7 @@ struct FinalizeArgs {
   const float* sink;             // [Hq] per slice, or null
   int64_t rows_per_slice;        // folded batch entries per sink slice
 };
-Status finalize_forward(const RowRule& rule, const FinalizeArgs& a, cudaStream_t stream);
+Status finalize_forward(const AttnMask& mask, const FinalizeArgs& a, cudaStream_t stream);
 
 // The lse the backward graph reads: -inf (a row that keeps nothing) becomes +inf, so
 // such rows get probabilities exp(s - inf) = 0 and zero gradients. n floats, contiguous.

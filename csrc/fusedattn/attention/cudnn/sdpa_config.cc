@@ -1,5 +1,7 @@
 #include "fusedattn/attention/cudnn/sdpa_config.h"
 
+#include "fusedattn/attention/mask.h"
+
 namespace fusedattn::cudnn {
 namespace {
 
@@ -68,15 +70,18 @@ SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse,
   } else {
     c.batch = rows;
   }
+  // A side wider than Sq + Skv keeps every key (mask.h's clamp_window): clamped, the
+  // bounds fit the int cuDNN takes and left + 1 cannot overflow.
+  const int64_t reach = p.seqlen_q + p.seqlen_kv;
   if (is_causal(p.mask_type)) {
     c.diag = is_causal_bottom_right(p.mask_type) ? Diag::kBottomRight : Diag::kTopLeft;
     c.right_bound = 0;
   } else if (p.window_left >= 0 || p.window_right >= 0) {
     c.diag = Diag::kTopLeft;
-    c.right_bound = p.window_right;
+    c.right_bound = p.window_right < 0 ? -1 : clamp_window(p.window_right, reach);
   }
   // fusedattn keeps j >= i - left; cuDNN masks j <= i - left_bound.
-  if (p.window_left >= 0) c.left_bound = p.window_left + 1;
+  if (p.window_left >= 0) c.left_bound = clamp_window(p.window_left, reach) + 1;
   c.scale = p.scale;
   if (p.bias_type != FA_NO_BIAS) {
     c.bias = true;

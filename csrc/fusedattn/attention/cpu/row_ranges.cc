@@ -1,0 +1,50 @@
+#include "fusedattn/attention/cpu/row_ranges.h"
+
+#include <algorithm>
+
+#include "fusedattn/platform/cpu/thread_pool.h"
+
+namespace fusedattn::cpu {
+
+RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile) {
+  RowRanges r;
+  const int64_t B = p.batch, Sq = p.seqlen_q;
+  r.seqlen_q = Sq;
+  r.tile = tile;
+  r.n_qt = (Sq + tile - 1) / tile;
+  r.lo.assign(B * Sq, 0);
+  r.hi.assign(B * Sq, 0);
+  r.real.assign(B * Sq, 0);
+  r.q_base.assign(B * Sq, 0);
+  r.kv_base.assign(B * Sq, 0);
+  r.tile_lo.assign(B * r.n_qt, 0);
+  r.tile_hi.assign(B * r.n_qt, 0);
+  const AttnMask mask = attn_mask(p, seq);
+  parallel_for(B, [&](int64_t b, int) {
+    // Segments in order; where descriptors overlap, the later segment wins.
+    for (int64_t s = 0; s < mask.segments; ++s) {
+      const Segment g = segment(mask, b, s);
+      for (int64_t i = g.q_begin; i < g.q_begin + g.q_len; ++i) {
+        const KeyRange k = row_keys(mask, g, i);
+        r.lo[r.row(b, i)] = int32_t(k.lo);
+        r.hi[r.row(b, i)] = int32_t(k.hi);
+        r.real[r.row(b, i)] = 1;
+        r.q_base[r.row(b, i)] = int32_t(g.q_begin);
+        r.kv_base[r.row(b, i)] = int32_t(g.kv_begin);
+      }
+    }
+    for (int64_t qt = 0; qt < r.n_qt; ++qt) {
+      int32_t lo = int32_t(p.seqlen_kv), hi = 0;
+      for (int64_t i = qt * tile; i < std::min(Sq, (qt + 1) * tile); ++i) {
+        if (r.lo[r.row(b, i)] >= r.hi[r.row(b, i)]) continue;
+        lo = std::min(lo, r.lo[r.row(b, i)]);
+        hi = std::max(hi, r.hi[r.row(b, i)]);
+      }
+      r.tile_lo[r.tile_index(b, qt)] = lo;
+      r.tile_hi[r.tile_index(b, qt)] = hi;
+    }
+  });
+  return r;
+}
+
+}  // namespace fusedattn::cpu
