@@ -79,7 +79,7 @@ struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op c
 };
 #endif
 
-// The switch over the kernel's variants below the score modifier (flash_fwd picks that).
+// Mod's variant of p's causality and dtype (flash_fwd picks Mod); counts the launches made.
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   const Status s = p.causal ? (p.bf16 ? launch<Mod, true, true>(a, grid, stream)
