@@ -1,5 +1,5 @@
 // Host side of the Hopper flash forward: checks, tensor maps, dispatch over the kernel's
-// template arguments.
+// template arguments (the variants are instantiated in generated files: launch below).
 #include "fusedattn/attention/hopper/flash_fwd.h"
 
 #include <cuda.h>
@@ -11,8 +11,19 @@
 
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/attention/hopper/fwd_kernel.cuh"
+#ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.sh: every variant, and the probe, in this file
+#include "fusedattn/attention/hopper/launch.cuh"
+#endif
 
 namespace fusedattn::cuda::hopper {
+
+// One variant of the kernel (launch.cuh). The library builds each (Mod, kCausal, kBf16) used
+// below in a translation unit of its own, generated from instance.cu.in by the list in
+// CMakeLists.txt (score modifier x causal x dtype); a variant dispatched here and missing
+// there fails the link.
+template <class Mod, bool kCausal, bool kBf16>
+Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream);
+
 namespace {
 
 constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // grid x
@@ -68,24 +79,15 @@ struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op c
 };
 #endif
 
-template <class Mod, bool kCausal, bool kBf16>
-Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16>;
-  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
-  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  launches.fetch_add(1, std::memory_order_relaxed);
-  return Status::Ok();
-}
-
+// Mod's variant of p's causality and dtype (flash_fwd picks Mod); counts the launches made.
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  if (p.causal)
-    return p.bf16 ? launch<Mod, true, true>(a, grid, stream)
-                  : launch<Mod, true, false>(a, grid, stream);
-  return p.bf16 ? launch<Mod, false, true>(a, grid, stream)
-                : launch<Mod, false, false>(a, grid, stream);
+  const Status s = p.causal ? (p.bf16 ? launch<Mod, true, true>(a, grid, stream)
+                                      : launch<Mod, true, false>(a, grid, stream))
+                            : (p.bf16 ? launch<Mod, false, true>(a, grid, stream)
+                                      : launch<Mod, false, false>(a, grid, stream));
+  if (s.ok()) launches.fetch_add(1, std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Picks the chunk sizes of the small-seq kernels and launches them; included by the
-// per-head-dim files (small_seq_d*.cu) so each head dim compiles on its own.
+// generated instantiations (instance.cu.in, the list in CMakeLists.txt) so each (head dim,
+// dtype) compiles on its own. small_seq.cu declares launch_typed and dispatches.
 //
 // Forward: kCs keys a chunk (a team's step, fwd_kernel.cuh), the smallest power of two
 // that covers P's width W, at most 2 (1 where a lane holds several vectors of a row):
@@ -118,21 +119,5 @@ Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream) {
         a, FwdLayout<T, D, kCs>::kBlockBytes, stream, "small-seq forward kernel launch", cap);
   });
 }
-
-template <int D>
-Status launch_head_dim(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream) {
-  switch (dtype) {
-    case FA_BFLOAT16: return launch_typed<__nv_bfloat16, D>(a, backward, stream);
-    case FA_FLOAT16: return launch_typed<__half, D>(a, backward, stream);
-    case FA_FLOAT32: return launch_typed<float, D>(a, backward, stream);
-  }
-  return Status::Internal("small-seq: no kernel for dtype code " + std::to_string(dtype));
-}
-
-// Defined in small_seq_d{64,128,256,512}.cu.
-Status launch_d64(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream);
-Status launch_d128(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream);
-Status launch_d256(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream);
-Status launch_d512(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream);
 
 }  // namespace fusedattn::small_seq::cuda

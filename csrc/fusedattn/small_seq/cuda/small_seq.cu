@@ -1,9 +1,22 @@
 // Host side of the small-seq CUDA kernels: fills KernelArgs and dispatches on the
-// head dim (the dtype and chunk size are dispatched in launch.cuh).
+// head dim and dtype (the chunk size is dispatched in launch.cuh).
 #include "fusedattn/small_seq/cuda/small_seq.h"
-#include "fusedattn/small_seq/cuda/launch.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "fusedattn/small_seq/cuda/kernel_args.h"
 
 namespace fusedattn::small_seq::cuda {
+
+// The kernels of one (T, D) (launch.cuh), each instantiated in a translation unit of its
+// own, generated from instance.cu.in by the list in CMakeLists.txt (head dim x dtype); a
+// pair dispatched here and missing there fails the link.
+template <class T, int D>
+Status launch_typed(const KernelArgs& a, bool backward, cudaStream_t stream);
+
 namespace {
 
 KernelArgs common_args(const SmallSeqParams& p, const Segments& seg, int64_t heads_per_unit) {
@@ -22,12 +35,22 @@ KernelArgs common_args(const SmallSeqParams& p, const Segments& seg, int64_t hea
   return a;
 }
 
+template <int D>
+Status launch_head_dim(int32_t dtype, const KernelArgs& a, bool backward, cudaStream_t stream) {
+  switch (dtype) {
+    case FA_BFLOAT16: return launch_typed<__nv_bfloat16, D>(a, backward, stream);
+    case FA_FLOAT16: return launch_typed<__half, D>(a, backward, stream);
+    case FA_FLOAT32: return launch_typed<float, D>(a, backward, stream);
+  }
+  return Status::Internal("small-seq: no kernel for dtype code " + std::to_string(dtype));
+}
+
 Status launch(const SmallSeqParams& p, const KernelArgs& a, bool backward, cudaStream_t stream) {
   switch (p.head_dim_qk) {
-    case 64: return launch_d64(p.dtype, a, backward, stream);
-    case 128: return launch_d128(p.dtype, a, backward, stream);
-    case 256: return launch_d256(p.dtype, a, backward, stream);
-    case 512: return launch_d512(p.dtype, a, backward, stream);
+    case 64: return launch_head_dim<64>(p.dtype, a, backward, stream);
+    case 128: return launch_head_dim<128>(p.dtype, a, backward, stream);
+    case 256: return launch_head_dim<256>(p.dtype, a, backward, stream);
+    case 512: return launch_head_dim<512>(p.dtype, a, backward, stream);
   }
   return Status::Internal("small-seq: no kernel for head dim " + std::to_string(p.head_dim_qk));
 }

@@ -1,5 +1,5 @@
 // Host entry of the CUDA softmax: SoftmaxParams -> kernel arguments -> the
-// launcher of the dtype (instantiated in softmax_{f32,bf16,f16}.cu).
+// launcher of the dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +8,9 @@
 
 namespace fusedattn::softmax {
 namespace cuda {
+// The launchers of one dtype (launch.cuh), each dtype instantiated in a translation unit of
+// its own, generated from instance.cu.in by the list in CMakeLists.txt; a dtype dispatched
+// here and missing there fails the link.
 template <class T>
 Status launch_fwd(const FwdArgs& a, cudaStream_t stream);
 template <class T>
