@@ -184,7 +184,8 @@ def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
     backward sees the dropout mask its forward drew. score_mod: the packed program of a
     flex-attention call (its graphs are asked for)."""
     params = _lib.AttnParams(*fields)
-    name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0)
+    name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
+                                          want_max_logit)
     if name != "cudnn":
         return name, reason
     checks = [("forward", False)] + ([("backward", True)] if training else [])
@@ -400,17 +401,13 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
     if _platform_code(platform) == _lib.PLATFORM_CPU:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
-    key = None
-    if _has_gpu():  # the engine reads the program (the Hopper forward takes some)
-        d = call.dims
-        sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
-        key = _sm_key(sm)
+    # The engine reads the program: it decides the Hopper forward and the bias rule.
+    d = call.dims
+    sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
+    key = _sm_key(sm)
     choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit)
     if choice.name != "cudnn":
         return BackendInfo(choice.name, False, choice.reason)
-    if call.cfg.bias_type != AttnBiasType.NO_BIAS:
-        return BackendInfo("xla_reference", False, "xla_reference: score_mod with a bias is not "
-                           "fused on the GPU (cuDNN would apply the bias after the score_mod)")
     if _has_gpu():  # the graphs themselves are asked
         name, reason = _gpu_choice(_fields(call.params), False, want_max_logit, training, key)
         if name != "cudnn":

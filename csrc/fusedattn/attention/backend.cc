@@ -139,6 +139,13 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
                         "), so XLA computes the plain-JAX reference (materialized scores)";
         return choice;
       }
+      if (req.score_mod.kind != ScoreModKind::kNone && p.bias_type != FA_NO_BIAS) {
+        choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
+        choice.reason = "xla_reference: score_mod with a bias is not fused on the GPU (cuDNN "
+                        "would apply the bias after the score_mod), so XLA computes the plain-JAX "
+                        "reference (materialized scores)";
+        return choice;
+      }
       choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDNN;
       const std::string cudnn = "a cuDNN " + fmt_version(info.cudnn_version) + " SDPA graph";
       const ScoreModKind kind = req.score_mod.kind;

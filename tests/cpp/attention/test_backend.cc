@@ -97,6 +97,25 @@ TEST(SelectBackend, OtherScoreModsRunCudnn) {
   EXPECT_FALSE(has(c.reason, "Hopper")) << c.reason;
 }
 
+TEST(SelectBackend, ScoreModWithABiasRunsTheReferenceOnCuda) {
+  // cuDNN would add the bias after the score_mod; the CPU engine applies it before.
+  for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kOther}) {
+    AttnParams p = hopper_params();
+    p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+    const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
+                                           BackendOptions{});
+    expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,
+                   FA_BACKEND_XLA_REFERENCE);
+    EXPECT_TRUE(has(c.reason, "score_mod with a bias")) << c.reason;
+    expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
+                   FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
+  }
+  AttnParams p = hopper_params();  // without a score_mod the bias goes to cuDNN
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+}
+
 TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
   for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kAlibi}) {
     for (int32_t mask : {FA_NO_MASK, FA_CAUSAL_MASK, FA_CAUSAL_BOTTOM_RIGHT_MASK}) {
