@@ -8,15 +8,12 @@ a static one goes), ValueError for a wrong value, NotImplementedError for what t
 does not serve. Python checks kinds and that numbers fit the engine's int64 / float32
 fields; the engine's own validate() checks every range and has the last word: Python asks
 it through the C API with the same AttnParams the FFI handler will decode.
-The argument helpers here (static_int, static_float, ...) serve softmax.py, small_seq.py
-and dot_product.py too.
+The kinds are checked by _args.py's helpers, which every op module shares.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 from typing import Any
 
 import jax
@@ -24,130 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
+                    static_bool, static_float, static_int)
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .sequence import SequenceDescriptor, packed_offsets
-
-# ---------------------------------------------------------------------------
-# Argument kinds (each message: "<where>: <name> must be <allowed>; got <value>")
-
-INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class ArgumentTypeError(TypeError, ValueError):
-    """The wrong kind of argument (a list for an array, a string for a number, a traced
-    value for a static one). Also a ValueError, as these errors were before, so
-    `except ValueError` (get_backend's "none" answer among them) keeps catching them."""
-
-
-def _got(value) -> str:
-    if is_traced(value):
-        return f"a traced value {value.aval.str_short()} (under jit/grad/vmap)"
-    if hasattr(value, "shape") and hasattr(value, "dtype") and not np.isscalar(value):
-        return f"an array of shape {tuple(value.shape)} dtype {value.dtype}"
-    text = repr(value)
-    return f"{text[:60]}..." if len(text) > 60 else text
-
-
-def is_traced(value) -> bool:
-    return isinstance(value, jax.core.Tracer)
-
-
-def _is_bool(value) -> bool:
-    return isinstance(value, (bool, np.bool_)) or getattr(value, "dtype", None) == np.bool_
-
-
-def static_int(value, name: str, where: str, allowed: str = "a Python int") -> int:
-    """A static int (Python or NumPy, or a concrete integer scalar array) that fits int64.
-    Floats, bools, strings and traced values raise ArgumentTypeError; ints past int64
-    raise ValueError (the engine checks the range itself)."""
-    if _is_bool(value) or is_traced(value) or isinstance(value, (float, np.floating)):
-        raise ArgumentTypeError(f"{where}: {name} must be {allowed}; got {_got(value)}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ArgumentTypeError(f"{where}: {name} must be {allowed}; got {_got(value)}") from None
-    if not INT64_MIN <= v <= INT64_MAX:
-        raise ValueError(f"{where}: {name}={v} does not fit a 64-bit int; {name} must be "
-                         f"{allowed}")
-    return v
-
-
-def static_float(value, name: str, where: str,
-                 allowed: str = "a static real Python number") -> float:
-    """A static real number (Python, NumPy, or a concrete real scalar array) that float32
-    holds. Strings, bools, complex, None, arrays of other shapes and traced values raise
-    ArgumentTypeError; a finite value past float32 raises ValueError. NaN and inf pass:
-    the engine's validate() says what it allows."""
-    dtype = getattr(value, "dtype", None)
-    real = (isinstance(value, (int, float, np.integer, np.floating)) and not _is_bool(value)) or (
-        dtype is not None and getattr(value, "shape", None) == ()
-        and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)))
-    if not real or is_traced(value):
-        raise ArgumentTypeError(f"{where}: {name} must be {allowed}; got {_got(value)}")
-    try:
-        f = float(value)
-        past = math.isfinite(f) and abs(f) > _FLOAT32_MAX
-    except OverflowError:  # a Python int past float64
-        past = True
-    except TypeError:  # e.g. a ShapeDtypeStruct: no value to read
-        raise ArgumentTypeError(f"{where}: {name} must be {allowed}; got {_got(value)}") from None
-    if past:
-        raise ValueError(f"{where}: {name}={_got(value)} is past float32's range "
-                         f"(|x| <= {_FLOAT32_MAX:.4g}); {name} must be finite")
-    return f
-
-
-def static_bool(value, name: str, where: str) -> bool:
-    """True/False (Python or NumPy bool, a concrete bool scalar array, or the ints 0/1)."""
-    if is_traced(value):
-        raise ArgumentTypeError(f"{where}: {name} must be a static Python bool; got "
-                                f"{_got(value)}")
-    if _is_bool(value) and getattr(value, "shape", ()) == ():
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
-        return bool(value)
-    raise ArgumentTypeError(f"{where}: {name} must be a Python bool (True or False); got "
-                            f"{_got(value)}")
-
-
-def array(value, name: str, where: str, allowed: str = "an array"):
-    """value itself when it is an array (jax.Array, numpy.ndarray, jax.ShapeDtypeStruct:
-    anything with shape and dtype); a list, a Python number or None raises
-    ArgumentTypeError, as jax.numpy's functions do."""
-    if not (hasattr(value, "shape") and hasattr(value, "dtype")) or isinstance(value, type):
-        hint = " (wrap it in jnp.asarray)" if isinstance(value, (list, tuple)) else ""
-        raise ArgumentTypeError(f"{where}: {name} must be {allowed}; got "
-                                f"{type(value).__name__}{hint}")
-    return value
-
-
-def scale_arg(value, name: str, where: str, head_dim: int) -> tuple[float, Any]:
-    """scaling_factor -> (the static scale, None), or (1.0, the traced scalar) for a scale
-    traced under jit/grad, which the caller folds into q (fold_scale). None means
-    1/sqrt(head_dim) (1.0 for a head dim the engine will reject anyway)."""
-    if value is None:
-        return (head_dim ** -0.5 if head_dim > 0 else 1.0), None
-    if is_traced(value):
-        if value.shape != () or not (jnp.issubdtype(value.dtype, jnp.floating)
-                                     or jnp.issubdtype(value.dtype, jnp.integer)):
-            raise ArgumentTypeError(f"{where}: {name} must be a real scalar (a Python number "
-                                    f"or a traced 0-d float array); got {_got(value)}")
-        return 1.0, value
-    return static_float(value, name, where, "a real scalar (a Python number, or a traced "
-                        "0-d float array)"), None
-
-
-def fold_scale(x, scale, axis: int | None = None, index: int = 0):
-    """x * scale (a traced scalar), rounded once to x's dtype. With axis, only x[..., index,
-    ...] along axis is scaled (q inside a packed qkv tensor)."""
-    factor = jnp.asarray(scale, jnp.float32)
-    if axis is not None:
-        shape = [1] * x.ndim
-        shape[axis] = x.shape[axis]
-        factor = jnp.ones((x.shape[axis],), jnp.float32).at[index].set(factor).reshape(shape)
-    return (x.astype(jnp.float32) * factor).astype(x.dtype)
-
 
 THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
@@ -223,9 +100,9 @@ def enum(enum_cls, value, name: str, where: str = "fused_attn"):
     """An enum member from itself or its int code (a bool, a float or a traced value is
     not a code)."""
     allowed = ", ".join(m.name for m in enum_cls)
-    if _is_bool(value) or is_traced(value) or isinstance(value, (float, np.floating)):
+    if is_bool(value) or is_traced(value) or isinstance(value, (float, np.floating)):
         raise ArgumentTypeError(f"{where}: {name} must be a member of {enum_cls.__name__} (or "
-                                f"its int code); got {_got(value)}; allowed: {allowed}")
+                                f"its int code); got {got(value)}; allowed: {allowed}")
     try:
         return enum_cls(value)
     except (ValueError, TypeError):
@@ -242,12 +119,12 @@ def window(window_size, name: str = "window_size", where: str = "fused_attn") ->
         return (-1, -1)
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ArgumentTypeError(f"{where}: {name} must be {_WINDOW_ALLOWED}; got "
-                                f"{_got(window_size)}")
+                                f"{got(window_size)}")
     try:
         left, right = (static_int(w, name, where, _WINDOW_ALLOWED) for w in window_size)
     except ArgumentTypeError:
         raise ArgumentTypeError(f"{where}: {name} must be {_WINDOW_ALLOWED}; got "
-                                f"{_got(window_size)}") from None
+                                f"{got(window_size)}") from None
     except ValueError:
         raise ValueError(f"{where}: {name}={tuple(window_size)} does not fit 64-bit ints; "
                          f"{name} must be {_WINDOW_ALLOWED}") from None
@@ -279,7 +156,7 @@ def split_qkv(qkv, layout: QKVLayout):
     if layout in KV_PACKED:
         if not isinstance(qkv, (tuple, list)) or len(qkv) != 2:
             raise ArgumentTypeError(f"fused_attn: qkv must be a pair (q, kv) for qkv_layout="
-                                    f"{layout.name}; got {_got(qkv)}")
+                                    f"{layout.name}; got {got(qkv)}")
         q, kv = qkv
         _check_rank("q", q, 4, "[batch, seq, heads, head_dim]")
         _check_rank("kv", kv, 5, "[batch, seq, 2, heads, head_dim]")
@@ -295,7 +172,7 @@ def split_qkv(qkv, layout: QKVLayout):
         return q, kv, None, Dims(B, Sq, kv.shape[1], Hq, kv.shape[3], D, D)
     if not isinstance(qkv, (tuple, list)) or len(qkv) != 3:
         raise ArgumentTypeError(f"fused_attn: qkv must be a tuple (q, k, v) for qkv_layout="
-                                f"{layout.name}; got {_got(qkv)}")
+                                f"{layout.name}; got {got(qkv)}")
     q, k, v = qkv
     for name, x in zip("qkv", (q, k, v)):
         _check_rank(name, x, 4, "[batch, seq, heads, head_dim]")
@@ -335,19 +212,19 @@ _SEED_ALLOWED = ("None, a Python int, an integer scalar array, a raw PRNG key (u
 
 def check_seed(seed) -> None:
     """The kinds of seed fused_attn takes (checked even when dropout is off)."""
-    if seed is None or (isinstance(seed, (int, np.integer)) and not _is_bool(seed)):
+    if seed is None or (isinstance(seed, (int, np.integer)) and not is_bool(seed)):
         return
     if not (hasattr(seed, "shape") and hasattr(seed, "dtype")):
-        raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {_got(seed)}")
+        raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {got(seed)}")
     dtype, shape = seed.dtype, tuple(seed.shape)
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         if shape != ():
             raise ValueError(f"fused_attn: seed must be one PRNG key; got keys of shape {shape}")
         return
     if (shape == (2,) and dtype == jnp.uint32) or (
-            shape == () and jnp.issubdtype(dtype, jnp.integer) and not _is_bool(seed)):
+            shape == () and jnp.issubdtype(dtype, jnp.integer) and not is_bool(seed)):
         return
-    raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {_got(seed)}")
+    raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {got(seed)}")
 
 
 def seed_words(seed) -> jax.Array:

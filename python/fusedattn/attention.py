@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from . import _lib, small_seq
 from . import score_mod as _sm
-from ._prepare import (ArgumentTypeError, Config, Dims, enum, prepare, static_bool, static_float,
-                       static_int, unpack, window)
+from ._args import ArgumentTypeError, static_bool, static_float, static_int
+from ._prepare import Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
 
