@@ -30,6 +30,8 @@ class ArgumentTypeError(TypeError, ValueError):
 
 
 def got(value) -> str:
+    if isinstance(value, (tuple, list)) and any(is_traced(x) for x in value):
+        return "(" + ", ".join(got(x) for x in value) + ")"
     if is_traced(value):
         return f"a traced value {value.aval.str_short()} (under jit/grad/vmap)"
     if hasattr(value, "shape") and hasattr(value, "dtype") and not np.isscalar(value):
