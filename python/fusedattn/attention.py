@@ -333,7 +333,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     max_segments_per_seq (a static int) are not traced.
     Bad arguments raise at trace time, naming the argument: ValueError, or for the wrong
     kind of argument (a list for an array, a str or float for an int, a traced value for a
-    static one) _prepare.ArgumentTypeError, a TypeError that is also a ValueError.
+    static one) fusedattn._args.ArgumentTypeError, a TypeError that is also a ValueError.
     scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D). A Python or
       NumPy number, or a 0-d float array, traced under jit or grad too (as
       jax.nn.dot_product_attention's scale): a traced scale s is folded into the operands
