@@ -1,9 +1,14 @@
 """Checks a fused_attn call and turns it into the engine's ten FFI operands and a static
 config (csrc/fusedattn/attention/ffi_decode.h lists the operands).
 
-Bad input raises at trace time (ValueError; NotImplementedError for what the engine
-does not serve), and the engine's own validate() has the last word: Python asks it
-through the C API with the same AttnParams the FFI handler will decode.
+Bad input raises at trace time, naming the argument, the value and what is allowed:
+ArgumentTypeError (a TypeError that is also a ValueError) for the wrong kind of argument
+(a list where an array goes, a string or a float where an int goes, a traced value where
+a static one goes), ValueError for a wrong value, NotImplementedError for what the engine
+does not serve. Python checks kinds and that numbers fit the engine's int64 / float32
+fields; the engine's own validate() checks every range and has the last word: Python asks
+it through the C API with the same AttnParams the FFI handler will decode.
+The kinds are checked by _args.py's helpers, which every op module shares.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
+                    static_bool, static_float, static_int)
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .sequence import SequenceDescriptor, packed_offsets
 
@@ -89,27 +96,43 @@ def raise_for_status(code: int, message: str) -> None:
         raise ValueError(f"fused_attn: {message}")
 
 
-def enum(enum_cls, value, name: str):
+def enum(enum_cls, value, name: str, where: str = "fused_attn"):
+    """An enum member from itself or its int code (a bool, a float or a traced value is
+    not a code)."""
+    allowed = ", ".join(m.name for m in enum_cls)
+    if is_bool(value) or is_traced(value) or isinstance(value, (float, np.floating)):
+        raise ArgumentTypeError(f"{where}: {name} must be a member of {enum_cls.__name__} (or "
+                                f"its int code); got {got(value)}; allowed: {allowed}")
     try:
         return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(m.name for m in enum_cls)
-        raise ValueError(f"fused_attn: {name}={value!r} is not a valid {enum_cls.__name__}; "
+    except (ValueError, TypeError):
+        raise ValueError(f"{where}: {name}={value!r} is not a valid {enum_cls.__name__}; "
                          f"allowed: {allowed}") from None
 
 
-def window(window_size) -> tuple[int, int]:
+_WINDOW_ALLOWED = "None or a pair (left, right) of Python ints, each -1 (unbounded) or >= 0"
+
+
+def window(window_size, name: str = "window_size", where: str = "fused_attn") -> tuple[int, int]:
+    """None or (left, right) -> (left, right) ints of int64 (the engine checks each >= -1)."""
     if window_size is None:
         return (-1, -1)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ArgumentTypeError(f"{where}: {name} must be {_WINDOW_ALLOWED}; got "
+                                f"{got(window_size)}")
     try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"fused_attn: window_size must be None or a pair (left, right) of ints; "
-                         f"got {window_size!r}") from None
+        left, right = (static_int(w, name, where, _WINDOW_ALLOWED) for w in window_size)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{where}: {name} must be {_WINDOW_ALLOWED}; got "
+                                f"{got(window_size)}") from None
+    except ValueError:
+        raise ValueError(f"{where}: {name}={tuple(window_size)} does not fit 64-bit ints; "
+                         f"{name} must be {_WINDOW_ALLOWED}") from None
     return (left, right)
 
 
 def _check_rank(name, x, rank, form):
+    array(x, name, "fused_attn", f"an array {form}")
     if len(x.shape) != rank:
         raise ValueError(f"fused_attn: {name} must have rank {rank} {form}; got shape "
                          f"{tuple(x.shape)}")
@@ -132,7 +155,8 @@ def split_qkv(qkv, layout: QKVLayout):
         return qkv, None, None, Dims(B, S, S, H, H, D, D)
     if layout in KV_PACKED:
         if not isinstance(qkv, (tuple, list)) or len(qkv) != 2:
-            raise ValueError(f"fused_attn: qkv must be a pair (q, kv) for qkv_layout={layout.name}")
+            raise ArgumentTypeError(f"fused_attn: qkv must be a pair (q, kv) for qkv_layout="
+                                    f"{layout.name}; got {got(qkv)}")
         q, kv = qkv
         _check_rank("q", q, 4, "[batch, seq, heads, head_dim]")
         _check_rank("kv", kv, 5, "[batch, seq, 2, heads, head_dim]")
@@ -147,7 +171,8 @@ def split_qkv(qkv, layout: QKVLayout):
         B, Sq, Hq, D = q.shape
         return q, kv, None, Dims(B, Sq, kv.shape[1], Hq, kv.shape[3], D, D)
     if not isinstance(qkv, (tuple, list)) or len(qkv) != 3:
-        raise ValueError(f"fused_attn: qkv must be a tuple (q, k, v) for qkv_layout={layout.name}")
+        raise ArgumentTypeError(f"fused_attn: qkv must be a tuple (q, k, v) for qkv_layout="
+                                f"{layout.name}; got {got(qkv)}")
     q, k, v = qkv
     for name, x in zip("qkv", (q, k, v)):
         _check_rank(name, x, 4, "[batch, seq, heads, head_dim]")
@@ -181,30 +206,60 @@ def unpack(q_op, k_op, v_op, layout: QKVLayout):
     return q_op, k_op, v_op
 
 
+_SEED_ALLOWED = ("None, a Python int, an integer scalar array, a raw PRNG key (uint32 [2]) or "
+                 "a typed PRNG key (jax.random.key)")
+
+
+def check_seed(seed) -> None:
+    """The kinds of seed fused_attn takes (checked even when dropout is off)."""
+    if seed is None or (isinstance(seed, (int, np.integer)) and not is_bool(seed)):
+        return
+    if not (hasattr(seed, "shape") and hasattr(seed, "dtype")):
+        raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {got(seed)}")
+    dtype, shape = seed.dtype, tuple(seed.shape)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape != ():
+            raise ValueError(f"fused_attn: seed must be one PRNG key; got keys of shape {shape}")
+        return
+    if (shape == (2,) and dtype == jnp.uint32) or (
+            shape == () and jnp.issubdtype(dtype, jnp.integer) and not is_bool(seed)):
+        return
+    raise ArgumentTypeError(f"fused_attn: seed must be {_SEED_ALLOWED}; got {got(seed)}")
+
+
 def seed_words(seed) -> jax.Array:
-    """An int, a raw key (uint32 [2]) or a typed PRNG key -> the engine's seed, uint32 [2]."""
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    """An int, a raw key (uint32 [2]) or a typed PRNG key (check_seed passed) -> the
+    engine's seed, uint32 [2]."""
+    if isinstance(seed, (int, np.integer)):
         s = int(seed) & (2 ** 64 - 1)
         return jnp.array([s & 0xFFFFFFFF, s >> 32], jnp.uint32)
     seed = jnp.asarray(seed) if not isinstance(seed, jax.Array) else seed
     if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
-        if seed.shape != ():
-            raise ValueError(f"fused_attn: seed must be one PRNG key; got keys of shape {seed.shape}")
         data = jax.random.key_data(seed)
         if data.shape == (2,) and data.dtype == jnp.uint32:
             return data
         return jax.random.bits(seed, (2,), jnp.uint32)
     if seed.shape == (2,) and seed.dtype == jnp.uint32:
         return seed
-    if seed.shape == () and jnp.issubdtype(seed.dtype, jnp.integer):
-        hi = (seed >> 32).astype(jnp.uint32) if seed.dtype.itemsize == 8 else jnp.uint32(0)
-        return jnp.stack([seed.astype(jnp.uint32), jnp.broadcast_to(hi, ())])
-    raise ValueError(f"fused_attn: seed must be an int, a raw PRNG key (uint32 [2]) or a typed "
-                     f"PRNG key; got shape {seed.shape} dtype {seed.dtype}")
+    hi = (seed >> 32).astype(jnp.uint32) if seed.dtype.itemsize == 8 else jnp.uint32(0)
+    return jnp.stack([seed.astype(jnp.uint32), jnp.broadcast_to(hi, ())])
 
 
 def _descriptor_arrays(sd: SequenceDescriptor, dims: Dims, M: int, layout: QKVLayout):
     """The descriptor's int32 lens [B, M] and offsets [B, M + 1], checked against the call."""
+    for name in ("q_seqlens", "kv_seqlens", "q_offsets", "kv_offsets"):
+        x = getattr(sd, name)
+        if x is None and name.endswith("offsets"):
+            continue
+        form = "[B] or [B, M]" if name.endswith("seqlens") else "[B, M + 1]"
+        array(x, f"sequence_descriptor.{name}", "fused_attn", f"an integer array {form} "
+              "(SequenceDescriptor.from_seqlens(...) builds one)")
+        if not jnp.issubdtype(x.dtype, jnp.integer):  # never truncate lengths or offsets
+            raise ArgumentTypeError(f"fused_attn: sequence_descriptor.{name} must be an integer "
+                                    f"array {form}; got dtype {x.dtype}")
+        if len(x.shape) not in ((1, 2) if name.endswith("seqlens") else (2,)):
+            raise ValueError(f"fused_attn: sequence_descriptor.{name} must be an integer array "
+                             f"{form}; got shape {tuple(x.shape)}")
     out = []
     for name in ("q_seqlens", "kv_seqlens"):
         lens = getattr(sd, name)
@@ -236,6 +291,7 @@ class Call:
     dims: Dims
     params: _lib.AttnParams
     operands: tuple | None  # the ten FFI operands (None when only checking)
+    traced_scale: Any = None  # a traced scaling_factor, folded into the operands (cfg.scale 1.0)
 
 
 def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
@@ -248,6 +304,15 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
     softmax = enum(SoftmaxType, softmax_type, "softmax_type")
     q_op, k_op, v_op, dims = split_qkv(qkv, layout)
     dtype = q_op.dtype
+    if bias is not None:
+        array(bias, "bias", "fused_attn", "an array [1 or B, 1 or Hq, Sq, Skv] or None")
+    if softmax_offset is not None:
+        array(softmax_offset, "softmax_offset", "fused_attn", "an array [Hq] or [1, Hq, 1, 1] "
+              "or None")
+        if not jnp.issubdtype(softmax_offset.dtype, jnp.floating):
+            raise ArgumentTypeError(f"fused_attn: softmax_offset must be a float array; got "
+                                    f"dtype {softmax_offset.dtype}")
+    check_seed(seed)
     if bias is not None and bias_type == AttnBiasType.NO_BIAS:
         raise ValueError("fused_attn: bias was given but attn_bias_type=NO_BIAS; pass bias=None "
                          "or choose PRE_SCALE_BIAS / POST_SCALE_BIAS")
@@ -278,12 +343,16 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         raise ValueError(f"fused_attn: attn_mask_type={mask_type.name} needs a "
                          "sequence_descriptor (SequenceDescriptor.from_seqlens(...))")
     if sequence_descriptor is not None and not isinstance(sequence_descriptor, SequenceDescriptor):
-        raise ValueError("fused_attn: sequence_descriptor must be a SequenceDescriptor or None; "
-                         f"got {type(sequence_descriptor).__name__}")
-    M = int(max_segments_per_seq)
-    scale = float(dims.D ** -0.5 if scaling_factor is None else scaling_factor)
-    cfg = Config(layout, mask_type, bias_type, softmax, scale, float(dropout_probability),
-                 bool(is_training), window(window_size))
+        raise ArgumentTypeError("fused_attn: sequence_descriptor must be a SequenceDescriptor or "
+                                f"None; got {type(sequence_descriptor).__name__}")
+    M = static_int(max_segments_per_seq, "max_segments_per_seq", "fused_attn",
+                   "a Python int >= 1 (1 for BSHD layouts)")
+    scale, traced_scale = scale_arg(scaling_factor, "scaling_factor", "fused_attn", dims.D)
+    dropout = static_float(dropout_probability, "dropout_probability", "fused_attn",
+                           "a static Python float in [0, 1)")
+    training = static_bool(is_training, "is_training", "fused_attn")
+    cfg = Config(layout, mask_type, bias_type, softmax, scale, dropout, training,
+                 window(window_size))
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
     raise_for_status(*_lib.validate(params))
@@ -293,7 +362,9 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         raise ValueError(f"fused_attn: dropout_probability={cfg.dropout} with is_training=True "
                          "needs a seed (an int or a PRNG key)")
     if not build:
-        return Call(cfg, dims, params, None)
+        return Call(cfg, dims, params, None, traced_scale)
+    if traced_scale is not None:
+        q_op, bias = _fold_traced_scale(q_op, bias, traced_scale, layout, bias_type)
 
     empty = lambda dt: jnp.zeros((0,), dt)
     if seqs is None:  # one full sequence per row
@@ -315,4 +386,14 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
          else jnp.asarray(softmax_offset).astype(jnp.float32).reshape(dims.Hq)),
         seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),
         q_lens, kv_lens, q_offs, kv_offs)
-    return Call(cfg, dims, params, operands)
+    return Call(cfg, dims, params, operands, traced_scale)
+
+
+def _fold_traced_scale(q_op, bias, scale, layout: QKVLayout, bias_type: AttnBiasType):
+    """A traced scaling_factor s runs as the static scale 1.0 with s folded into the
+    operands: s * (q.k) = (s * q).k, and PRE_SCALE_BIAS s * (q.k + bias) = (s * q).k +
+    s * bias. Gradients reach s through these products, as in jax.nn.dot_product_attention."""
+    q_op = fold_scale(q_op, scale, axis=2) if layout in QKV_PACKED else fold_scale(q_op, scale)
+    if bias is not None and bias_type == AttnBiasType.PRE_SCALE_BIAS:
+        bias = fold_scale(jnp.asarray(bias).astype(q_op.dtype), scale)
+    return q_op, bias

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from . import _lib, small_seq
 from . import score_mod as _sm
-from ._prepare import Config, Dims, prepare, unpack, window
+from ._args import ArgumentTypeError, static_bool, static_float, static_int
+from ._prepare import Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference
 
@@ -326,10 +327,20 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     bias: None, or [1|B, 1|Hq, Sq, Skv] with attn_bias_type PRE_SCALE_BIAS / POST_SCALE_BIAS
       (cast to q's dtype); differentiable.
     sequence_descriptor: SequenceDescriptor (required by the padding masks) or None.
-    seed: dropout seed (an int, a raw uint32 [2] key or a typed PRNG key); read only when
-      is_training and dropout_probability > 0.
-    scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D).
-    window_size: None or (left, right), -1 = unbounded (sliding window attention).
+    seed: dropout seed (None, an int, an integer scalar array, a raw uint32 [2] key or a
+      typed PRNG key; its kind is checked always); read only when is_training and
+      dropout_probability > 0.
+    dropout_probability (a static float in [0, 1)), is_training (a static bool) and
+    max_segments_per_seq (a static int) are not traced.
+    Bad arguments raise at trace time, naming the argument: ValueError, or for the wrong
+    kind of argument (a list for an array, a str or float for an int, a traced value for a
+    static one) fusedattn._args.ArgumentTypeError, a TypeError that is also a ValueError.
+    scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D). A Python or
+      NumPy number, or a 0-d float array, traced under jit or grad too (as
+      jax.nn.dot_product_attention's scale): a traced scale s is folded into the operands
+      (q becomes s * q rounded to q's dtype, a PRE_SCALE_BIAS s * bias) and the kernels run
+      with scale 1.0, so gradients reach s. NaN/inf are rejected only when static.
+    window_size: None or (left, right) Python ints, -1 = unbounded (sliding window attention).
     softmax_offset: [Hq] or [1, Hq, 1, 1] float, the per-head extra logit of
       LEARNABLE_SOFTMAX; differentiable.
 
@@ -371,7 +382,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
             and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
         return small_seq.fused_attn_small_seq(
             qkv, None, sequence_descriptor, seed, attn_mask_type=attn_mask_type,
-            qkv_layout=qkv_layout, scaling_factor=call.cfg.scale,
+            qkv_layout=qkv_layout,
+            scaling_factor=call.cfg.scale if call.traced_scale is None else call.traced_scale,
             dropout_probability=dropout_probability, is_training=is_training)
     call = dataclasses.replace(call, cfg=dataclasses.replace(
         call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
@@ -514,14 +526,42 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
                                    attn_mask_type, softmax_type, dropout_probability,
                                    q_num_heads, kv_num_heads, q_max_seqlen, kv_max_seqlen,
                                    head_dim_qk, head_dim_v, window_size=None, platform=None):
-    """True when one of fusedattn's fused kernels serves this configuration."""
-    if jnp.dtype(q_dtype) != jnp.dtype(kv_dtype):
+    """True when one of fusedattn's fused kernels serves this configuration. Arguments of
+    the wrong kind (a str or float for a size, an unknown dtype) raise TypeError naming
+    them; sizes the engine does not take (0, past int64) give False."""
+    where = "is_fused_attn_kernel_available"
+    try:
+        q_dtype, kv_dtype = jnp.dtype(q_dtype), jnp.dtype(kv_dtype)
+    except TypeError:
+        raise ArgumentTypeError(f"{where}: q_dtype and kv_dtype must be dtypes; got {q_dtype!r}, "
+                                f"{kv_dtype!r}") from None
+    sizes = {}
+    for name, value in (("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads),
+                        ("q_max_seqlen", q_max_seqlen), ("kv_max_seqlen", kv_max_seqlen),
+                        ("head_dim_qk", head_dim_qk), ("head_dim_v", head_dim_v)):
+        try:
+            sizes[name] = static_int(value, name, where, "a Python int")
+        except ArgumentTypeError:
+            raise
+        except ValueError:  # past int64: no kernel serves it
+            return False
+    if q_dtype != kv_dtype:
         return False
-    cfg = Config(QKVLayout(qkv_layout), AttnMaskType(attn_mask_type),
-                 AttnBiasType(attn_bias_type), SoftmaxType(softmax_type), 1.0,
-                 float(dropout_probability), bool(is_training), window(window_size))
+    try:
+        win = window(window_size, "window_size", where)
+    except ArgumentTypeError:
+        raise
+    except ValueError:
+        return False
+    cfg = Config(enum(QKVLayout, qkv_layout, "qkv_layout", where),
+                 enum(AttnMaskType, attn_mask_type, "attn_mask_type", where),
+                 enum(AttnBiasType, attn_bias_type, "attn_bias_type", where),
+                 enum(SoftmaxType, softmax_type, "softmax_type", where), 1.0,
+                 static_float(dropout_probability, "dropout_probability", where),
+                 static_bool(is_training, "is_training", where), win)
     # A bias of shape [1, Hq, Sq, Skv] stands for any bias of this configuration.
-    bias_extent = (0, 0) if cfg.bias_type == AttnBiasType.NO_BIAS else (1, q_num_heads)
-    params = cfg.params(q_dtype, 1, q_max_seqlen, kv_max_seqlen, q_num_heads, kv_num_heads,
-                        head_dim_qk, head_dim_v, 1, *bias_extent)
+    bias_extent = (0, 0) if cfg.bias_type == AttnBiasType.NO_BIAS else (1, sizes["q_num_heads"])
+    params = cfg.params(q_dtype, 1, sizes["q_max_seqlen"], sizes["kv_max_seqlen"],
+                        sizes["q_num_heads"], sizes["kv_num_heads"], sizes["head_dim_qk"],
+                        sizes["head_dim_v"], 1, *bias_extent)
     return _backend_info(params, platform, bool(is_training)).fused

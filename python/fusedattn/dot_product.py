@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import ArgumentTypeError, got, is_traced, static_bool, static_float, static_int
 from .attention import fused_attn
 from .enums import AttnBiasType, AttnMaskType
 from .sequence import SequenceDescriptor
@@ -67,6 +68,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     broadcastable to [B, N, T, S]; query_seq_lengths / key_value_seq_lengths int32 [B].
     implementation: None runs fusedattn's engine; "xla" and "cudnn" call
     jax.nn.dot_product_attention with that implementation.
+    scale: None (1/sqrt(H)), a Python number or a 0-d array, traced too (jit, grad: the
+    gradient reaches it, as jax's). local_window_size and is_causal are static.
     Returns the output (query's shape), and with return_residual the log-sum-exp [B, T, N]
     (in key's dtype) too.
     """
@@ -85,8 +88,22 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     mask = _ensure_4d(mask) if mask is not None else None
     q_lens = jnp.asarray(query_seq_lengths) if query_seq_lengths is not None else None
     kv_lens = jnp.asarray(key_value_seq_lengths) if key_value_seq_lengths is not None else None
-    if isinstance(local_window_size, int):
-        local_window_size = (local_window_size, local_window_size)
+    where = "dot_product_attention"
+    if local_window_size is not None:
+        allowed = "None, a Python int or a pair (left, right) of Python ints"
+        if not isinstance(local_window_size, (tuple, list)):
+            local_window_size = (local_window_size, local_window_size)
+        if len(local_window_size) != 2:
+            raise ArgumentTypeError(f"{where}: local_window_size must be {allowed}; got "
+                                    f"{got(local_window_size)}")
+        local_window_size = tuple(static_int(w, "local_window_size", where, allowed)
+                                  for w in local_window_size)
+    is_causal = static_bool(is_causal, "is_causal", where)
+    if scale is not None and not is_traced(scale):  # a traced scale goes to fused_attn as is
+        scale = static_float(scale, "scale", where, "None or a real scalar (a Python number, "
+                             "or a traced 0-d float array)")
+        if not np.isfinite(scale):
+            raise ValueError(f"{where}: scale={scale}; must be finite")
     B, S, K, H = k.shape
     _check(v, [B, S, K, H], k.dtype, "value")
     _check(q, [B, -1, -1, H], k.dtype, "query")
@@ -98,11 +115,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if N % K != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but "
                          f"got {N} vs {K}")
-    scale = 1.0 / np.sqrt(H) if scale is None else scale
 
     window = None
     if local_window_size is not None:
-        window = tuple(int(w) for w in local_window_size)
+        window = local_window_size
         if min(window) < 0:  # jax reads negative sizes literally; the engine's -1 is unbounded
             wmask = _window_mask(T, S, window)
             mask = wmask if mask is None else mask & wmask
@@ -129,7 +145,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     out, aux = fused_attn(
         (q, k, v), bias, sd, None,
         attn_bias_type=AttnBiasType.NO_BIAS if bias is None else AttnBiasType.POST_SCALE_BIAS,
-        attn_mask_type=mask_type, scaling_factor=float(scale), window_size=window,
+        attn_mask_type=mask_type, scaling_factor=scale, window_size=window,
         return_aux=True)
     lse = jnp.transpose(aux["softmax_aux"][..., 0], (0, 2, 1))  # [B, T, N]
 

@@ -7,6 +7,9 @@ query tokens of segment s attend only to the key tokens of segment s; tokens out
 every segment are padding (output 0). BSHD layouts read only the lengths: their one
 segment starts at token 0. Lengths and offsets are clamped to the tensors' extents by
 the kernels; segments of one row must not overlap.
+
+Lengths, offsets and segment ids are integer arrays: the constructors, and fused_attn for
+a descriptor built directly, reject float (or bool) ones rather than truncate them.
 """
 
 from __future__ import annotations
@@ -15,14 +18,36 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from ._args import ArgumentTypeError, got, static_int
 
 
-def _int_array(x, name, ctor):
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim not in (1, 2):
-        raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array [B] or "
-                         f"[B, M]; got shape {x.shape} dtype {x.dtype}")
+def _as_array(x, name, ctor, form):
+    """x as an array (lists of ints are taken); None, strings and the like raise."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
+                                f"{form}; got {got(x)}")
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError, OverflowError):
+        raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
+                                f"{form}; got {got(x)}") from None
+
+
+def _check_int_dtype(x, name, ctor, form):
+    # Lengths, offsets and ids are never truncated from floats (nor read from bools).
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
+                                f"{form}; got shape {x.shape} dtype {x.dtype}")
+
+
+def _int_array(x, name, ctor, form="[B] or [B, M]", ranks=(1, 2)):
+    x = _as_array(x, name, ctor, form)
+    _check_int_dtype(x, name, ctor, form)
+    if x.ndim not in ranks:
+        pair = " (a list or tuple of two is the pair (for q, for kv))" if x.ndim == 0 else ""
+        raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array {form}; "
+                         f"got shape {x.shape} dtype {x.dtype}{pair}")
     return (x if x.ndim == 2 else x[:, None]).astype(jnp.int32)
 
 
@@ -67,14 +92,15 @@ class SequenceDescriptor:
                                  max_segment_seqlen_kv: int | None = None
                                  ) -> "SequenceDescriptor":
         """This descriptor with the promised per-segment maxima (see the class docstring)."""
+        maxima = {}
         for name, x in (("max_segment_seqlen_q", max_segment_seqlen_q),
                         ("max_segment_seqlen_kv", max_segment_seqlen_kv)):
-            if x is not None and (not isinstance(x, (int, np.integer)) or x < 1):
-                raise ValueError(f"SequenceDescriptor: {name} must be a Python int >= 1 or "
-                                 f"None; got {x!r}")
-        as_int = lambda x: None if x is None else int(x)
-        return dataclasses.replace(self, max_segment_seqlen_q=as_int(max_segment_seqlen_q),
-                                   max_segment_seqlen_kv=as_int(max_segment_seqlen_kv))
+            allowed = "a Python int >= 1 or None"
+            maxima[name] = None if x is None else static_int(x, name, "SequenceDescriptor",
+                                                             allowed)
+            if x is not None and maxima[name] < 1:
+                raise ValueError(f"SequenceDescriptor: {name} must be {allowed}; got {x!r}")
+        return dataclasses.replace(self, **maxima)
 
     @property
     def max_segments_per_seq(self) -> int:
@@ -106,7 +132,8 @@ class SequenceDescriptor:
         q, kv = _pair(seqlens, "seqlens", ctor)
         qo, kvo = _pair(offsets, "offsets", ctor)
         q, kv = _int_array(q, "q_seqlens", ctor), _int_array(kv, "kv_seqlens", ctor)
-        qo, kvo = _int_array(qo, "q_offsets", ctor), _int_array(kvo, "kv_offsets", ctor)
+        qo = _int_array(qo, "q_offsets", ctor, "[B, M + 1]", (2,))
+        kvo = _int_array(kvo, "kv_offsets", ctor, "[B, M + 1]", (2,))
         if q.shape != kv.shape:
             raise ValueError(f"SequenceDescriptor.{ctor}: q_seqlens {q.shape} and kv_seqlens "
                              f"{kv.shape} must have the same shape [B, M]")
@@ -131,20 +158,26 @@ class SequenceDescriptor:
         ctor = "from_segment_ids_and_pos"
         q_ids, kv_ids = _pair(segment_ids, "segment_ids", ctor)
         q_pos, kv_pos = _pair(segment_pos, "segment_pos", ctor)
-        q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
+        q_ids = _as_array(q_ids, "q segment_ids", ctor, "[B, S]")
+        kv_ids = _as_array(kv_ids, "kv segment_ids", ctor, "[B, S]")
         for name, ids in (("q segment_ids", q_ids), ("kv segment_ids", kv_ids)):
-            if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+            _check_int_dtype(ids, name, ctor, "[B, S]")
+            if ids.ndim != 2:
                 raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
                                  f"[B, S]; got shape {ids.shape} dtype {ids.dtype}")
         if q_ids.shape[0] != kv_ids.shape[0]:
             raise ValueError(f"SequenceDescriptor.{ctor}: q and kv segment_ids have different "
                              f"batch sizes: {q_ids.shape[0]} and {kv_ids.shape[0]}")
-        M = max_segments_per_seq or max(q_ids.shape[1], kv_ids.shape[1])
-        if int(M) < 1:
-            raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; "
-                             f"got {M}")
-        q_lens, q_offs = _runs(q_ids, q_pos, int(M), ctor)
-        kv_lens, kv_offs = _runs(kv_ids, kv_pos, int(M), ctor)
+        if max_segments_per_seq is None:
+            M = max(q_ids.shape[1], kv_ids.shape[1])
+        else:
+            M = static_int(max_segments_per_seq, "max_segments_per_seq", f"SequenceDescriptor."
+                           f"{ctor}", "a Python int >= 1 or None")
+            if M < 1:
+                raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; "
+                                 f"got {M}")
+        q_lens, q_offs = _runs(q_ids, q_pos, M, ctor)
+        kv_lens, kv_offs = _runs(kv_ids, kv_pos, M, ctor)
         return cls(q_lens, kv_lens, q_offs, kv_offs)
 
 
@@ -156,7 +189,7 @@ def _runs(ids, pos, M, ctor):
     prev = jnp.pad(ids, ((0, 0), (1, 0)))[:, :-1]
     start = real & (ids != prev)
     if pos is not None:
-        pos = jnp.asarray(pos)
+        pos = _as_array(pos, "segment_pos", ctor, "[B, S]")
         if pos.shape != ids.shape or not jnp.issubdtype(pos.dtype, jnp.integer):
             raise ValueError(f"SequenceDescriptor.{ctor}: segment_pos must be an integer array "
                              f"of the shape of segment_ids {ids.shape}; got shape {pos.shape} "

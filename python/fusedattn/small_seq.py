@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._args import (ArgumentTypeError, array, fold_scale, got, is_traced, scale_arg, static_bool,
+                    static_float, static_int)
 from ._lib import SmallSeqParams
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 
@@ -141,19 +143,45 @@ class SmallSeqDescriptor:
                         kv_seqlens=None) -> "SmallSeqDescriptor":
         """THD segments from cumulative offsets [N + 1]; lengths (optional) leave padded
         tails at the end of each slot."""
-        return cls(None if q_seqlens is None else jnp.asarray(q_seqlens, jnp.int32),
-                   None if kv_seqlens is None else jnp.asarray(kv_seqlens, jnp.int32),
-                   jnp.asarray(cu_seqlens_q, jnp.int32), jnp.asarray(cu_seqlens_kv, jnp.int32),
-                   int(max_segment_seqlen_q), int(max_segment_seqlen_kv))
+        ctor = "SmallSeqDescriptor.from_cu_seqlens"
+        return cls(_ints(q_seqlens, "q_seqlens", ctor, True),
+                   _ints(kv_seqlens, "kv_seqlens", ctor, True),
+                   _ints(cu_seqlens_q, "cu_seqlens_q", ctor), _ints(cu_seqlens_kv, "cu_seqlens_kv", ctor),
+                   _maximum(max_segment_seqlen_q, "max_segment_seqlen_q", ctor),
+                   _maximum(max_segment_seqlen_kv, "max_segment_seqlen_kv", ctor))
 
     @classmethod
     def from_seqlens(cls, q_seqlens, kv_seqlens, *, max_segment_seqlen_kv: int | None = None,
                      max_segment_seqlen_q: int = 1) -> "SmallSeqDescriptor":
         """Lengths [N]: BSHD padding lengths, or (with max_segment_seqlen_kv) THD segments
         packed back to back (offsets are their running sums)."""
-        return cls(jnp.asarray(q_seqlens, jnp.int32), jnp.asarray(kv_seqlens, jnp.int32), None,
-                   None, int(max_segment_seqlen_q),
-                   None if max_segment_seqlen_kv is None else int(max_segment_seqlen_kv))
+        ctor = "SmallSeqDescriptor.from_seqlens"
+        return cls(_ints(q_seqlens, "q_seqlens", ctor), _ints(kv_seqlens, "kv_seqlens", ctor),
+                   None, None, _maximum(max_segment_seqlen_q, "max_segment_seqlen_q", ctor),
+                   _maximum(max_segment_seqlen_kv, "max_segment_seqlen_kv", ctor, True))
+
+
+def _ints(x, name, where, optional=False):
+    """An integer array as int32 (lists of ints are taken; floats are never truncated)."""
+    if x is None and optional:
+        return None
+    if x is None or isinstance(x, (str, bytes)):
+        raise ArgumentTypeError(f"{where}: {name} must be an integer array; got {got(x)}")
+    try:
+        arr = jnp.asarray(x)
+    except (TypeError, ValueError, OverflowError):
+        raise ArgumentTypeError(f"{where}: {name} must be an integer array; got {got(x)}") from None
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ArgumentTypeError(f"{where}: {name} must be an integer array; got shape "
+                                f"{arr.shape} dtype {arr.dtype}")
+    return arr.astype(jnp.int32)
+
+
+def _maximum(x, name, where, optional=False):
+    """A promised per-segment maximum: a Python int (the engine checks its range)."""
+    if x is None and optional:
+        return None
+    return static_int(x, name, where, "a Python int" + (" or None" if optional else ""))
 
 
 def _cumulative(lens):
@@ -180,7 +208,8 @@ class _Segments:
 def _index_array(x, name):
     if x is None:
         return None
-    x = jnp.asarray(x)
+    x = _ints(x, f"sequence_descriptor.{name}", "fused_attn_small_seq") if not (
+        hasattr(x, "shape") and hasattr(x, "dtype")) else x
     if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim < 1:
         raise ValueError(f"fused_attn_small_seq: sequence_descriptor.{name} must be an integer "
                          f"array; got shape {x.shape} dtype {x.dtype}")
@@ -220,8 +249,9 @@ def _segments(sequence_descriptor, layout, mask, q, k) -> _Segments:
             if x is not None and x.shape[-1] != size:
                 raise ValueError(f"fused_attn_small_seq: sequence_descriptor.{name} must have "
                                  f"{size} entries per pack ({n} segments); got shape {x.shape}")
-        max_q = 1 if max_q is None else int(max_q)
-        width = int(max_kv)
+        where = "fused_attn_small_seq: sequence_descriptor"
+        max_q = 1 if max_q is None else _maximum(max_q, "max_segment_seqlen_q", where)
+        width = _maximum(max_kv, "max_segment_seqlen_kv", where)
     else:
         if isinstance(sd, SmallSeqDescriptor) and (q_offs is not None or kv_offs is not None):
             raise ValueError("fused_attn_small_seq: offsets are for qkv_layout=THD_THD_THD; a "
@@ -270,9 +300,12 @@ class _Config:
 
 
 def _enum(enum_cls, value, name):
+    if isinstance(value, (bool, float, np.bool_, np.floating)) or is_traced(value):
+        raise ArgumentTypeError(f"fused_attn_small_seq: {name} must be a member of "
+                                f"{enum_cls.__name__} (or its int code); got {got(value)}")
     try:
         return enum_cls(value)
-    except ValueError:
+    except (ValueError, TypeError):
         allowed = ", ".join(m.name for m in enum_cls)
         raise ValueError(f"fused_attn_small_seq: {name}={value!r} is not a valid "
                          f"{enum_cls.__name__}; allowed: {allowed}") from None
@@ -293,6 +326,7 @@ def _split_qkv(qkv, layout):
     rank = 3 if layout == QKVLayout.THD_THD_THD else 4
     shape = "[tokens, heads, head_dim]" if rank == 3 else "[batch, seq, heads, head_dim]"
     for name, x in zip("qkv", (q, k, v)):
+        array(x, name, "fused_attn_small_seq", f"an array {shape}")
         if len(x.shape) < rank:
             raise ValueError(f"fused_attn_small_seq: {name} must be {shape} for qkv_layout="
                              f"{layout.name}; got shape {tuple(x.shape)}")
@@ -329,7 +363,11 @@ def _prepare(qkv, bias, sequence_descriptor, *, attn_mask_type, qkv_layout, scal
         raise NotImplementedError("fused_attn_small_seq: bias is not implemented; pass None")
     q, k, v = _split_qkv(qkv, layout)
     seg = _segments(sequence_descriptor, layout, mask, q, k)
-    scale = float(q.shape[-1] ** -0.5 if scaling_factor is None else scaling_factor)
+    where = "fused_attn_small_seq"
+    scale, traced_scale = scale_arg(scaling_factor, "scaling_factor", where, q.shape[-1])
+    dropout = static_float(dropout_probability, "dropout_probability", where,
+                           "a static Python float (0: dropout is not implemented)")
+    is_training = static_bool(is_training, "is_training", where)
     thd = layout == QKVLayout.THD_THD_THD
     lead = int(np.prod(q.shape[:-3])) if thd else 1
     n = seg.q_offsets.shape[-1] - 1 if thd else int(np.prod(q.shape[:-3]))
@@ -343,8 +381,10 @@ def _prepare(qkv, bias, sequence_descriptor, *, attn_mask_type, qkv_layout, scal
         mask_type=int(mask), bias_type=int(AttnBiasType.NO_BIAS),
         softmax_type=int(SoftmaxType.VANILLA_SOFTMAX), is_training=int(bool(is_training)),
         has_q_seqlens=int(seg.q_lens.shape[-1] > 0), has_kv_seqlens=int(seg.kv_lens.shape[-1] > 0),
-        has_offsets=int(thd), scale=scale, dropout=float(dropout_probability))
+        has_offsets=int(thd), scale=scale, dropout=dropout)
     _raise_for_status(*_lib.small_seq_validate(params))
+    if traced_scale is not None:  # runs as scale 1.0 with s * q (as fused_attn's)
+        q = fold_scale(q, traced_scale)
     return q, k, v, seg, _Config(layout, mask, scale, seg.width)
 
 
@@ -433,8 +473,12 @@ def fused_attn_small_seq(qkv, bias, sequence_descriptor, seed, *,
     attn_mask_type: THD needs a padding mask (segments bound attention); the causal
       variants apply within a segment (with one query, top-left causal keeps only the
       first key and bottom-right causal keeps all).
-    scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D).
-    dropout_probability: must be 0 when is_training (not implemented).
+    scaling_factor: multiplies q.k before the softmax; None means 1/sqrt(D). A number, or
+      a 0-d array traced under jit/grad: that one is folded into q (s * q in q's dtype,
+      the kernel then runs with scale 1.0), so gradients reach it.
+    dropout_probability: a static float; must be 0 when is_training (not implemented).
+    Bad arguments raise ValueError, or ArgumentTypeError (a TypeError that is also a
+    ValueError) for the wrong kind of argument, naming it.
 
     Returns out, shaped like q, in q's dtype. Differentiable in q, k and v.
     """

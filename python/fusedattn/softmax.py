@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._args import (ArgumentTypeError, array, fold_scale, got, is_bool, is_traced, static_float,
+                    static_int)
 from .enums import SoftmaxFusionType
 
 __all__ = ["is_softmax_kernel_available", "softmax", "softmax_fallback"]
@@ -31,6 +33,9 @@ _KERNEL_PLATFORMS = ("cpu", "cuda")
 
 
 def _fusion_type(value) -> SoftmaxFusionType:
+    if is_bool(value) or is_traced(value) or isinstance(value, (float, np.floating)):
+        raise ArgumentTypeError(f"softmax: softmax_type must be a SoftmaxFusionType, its int "
+                                f"code or its name; got {got(value)}")
     if isinstance(value, str):
         try:
             return SoftmaxFusionType[value.upper()]
@@ -39,7 +44,7 @@ def _fusion_type(value) -> SoftmaxFusionType:
     else:
         try:
             return SoftmaxFusionType(value)
-        except ValueError:
+        except (ValueError, TypeError):
             pass
     allowed = ", ".join(m.name for m in SoftmaxFusionType)
     raise ValueError(f"softmax: softmax_type={value!r} is not a SoftmaxFusionType; allowed: "
@@ -74,10 +79,10 @@ class _Config:
 
 
 def _check(logits, mask, scale_factor, softmax_type) -> _Config:
-    """Checks a call at trace time and asks the engine which platforms' kernels serve it."""
+    """Checks a call at trace time and asks the engine which platforms' kernels serve it.
+    A traced scale_factor is checked here and runs as scale 1.0 (softmax folds it)."""
     kind = _fusion_type(softmax_type)
-    if not hasattr(logits, "shape") or not hasattr(logits, "dtype"):
-        raise ValueError(f"softmax: logits must be an array; got {type(logits).__name__}")
+    array(logits, "logits", "softmax", "an array [batch, heads, q_seqlen, kv_seqlen]")
     shape = tuple(logits.shape)
     if not jnp.issubdtype(logits.dtype, jnp.floating):
         raise ValueError(f"softmax: logits dtype {logits.dtype} is not floating; allowed: "
@@ -94,9 +99,10 @@ def _check(logits, mask, scale_factor, softmax_type) -> _Config:
             raise ValueError("softmax: softmax_type=SCALED_MASKED needs a mask (bool, True = "
                              "masked out, broadcastable to logits as [batch|1, heads|1, "
                              "q_seqlen|1, kv_seqlen])")
-        if not hasattr(mask, "shape") or jnp.dtype(mask.dtype) != jnp.bool_:
-            got = getattr(mask, "dtype", type(mask).__name__)
-            raise ValueError(f"softmax: mask must be a bool array (True = masked out); got {got}")
+        array(mask, "mask", "softmax", "a bool array (True = masked out)")
+        if jnp.dtype(mask.dtype) != jnp.bool_:
+            raise ValueError(f"softmax: mask must be a bool array (True = masked out); got "
+                             f"{mask.dtype}")
         if len(mask.shape) != len(shape):
             raise ValueError(f"softmax: mask must have rank {len(shape)} like logits "
                              f"[batch|1, heads|1, q_seqlen|1, kv_seqlen]; got shape "
@@ -105,11 +111,15 @@ def _check(logits, mask, scale_factor, softmax_type) -> _Config:
     elif mask is not None:
         raise ValueError(f"softmax: softmax_type={kind.name} takes no mask; use SCALED_MASKED "
                          "for a mask")
-    try:
-        scale = float(scale_factor)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        raise ValueError("softmax: scale_factor must be a static Python number; got "
-                         f"{scale_factor!r}") from None
+    allowed = "a real scalar (a Python number, or a traced 0-d float array)"
+    if is_traced(scale_factor):
+        if scale_factor.shape != () or not (jnp.issubdtype(scale_factor.dtype, jnp.floating)
+                                            or jnp.issubdtype(scale_factor.dtype, jnp.integer)):
+            raise ArgumentTypeError(f"softmax: scale_factor must be {allowed}; got "
+                                    f"{got(scale_factor)}")
+        scale = 1.0
+    else:
+        scale = static_float(scale_factor, "scale_factor", "softmax", allowed)
     params = _params(shape, logits.dtype, mask_shape, kind, scale)
     kernel_on = []
     for platform in _KERNEL_PLATFORMS:
@@ -243,7 +253,9 @@ def softmax(logits, mask=None, scale_factor=1.0, softmax_type=SoftmaxFusionType.
       our kernels (another float dtype runs the pure-JAX fallback). Math is float32.
     mask: SCALED_MASKED only: bool, **True = masked out** (TransformerEngine's
       convention), broadcastable to logits as [batch|1, heads|1, q_seqlen|1, kv_seqlen].
-    scale_factor: static Python number; the softmax is of scale_factor * logits.
+    scale_factor: a real number; the softmax is of scale_factor * logits. A scale traced
+      under jit or grad (a 0-d array) is folded into the logits first (scale_factor *
+      logits rounded to logits' dtype, then scale 1.0), so gradients reach it.
     softmax_type: SoftmaxFusionType (or its lower-case name):
       SCALED keeps every element; SCALED_MASKED keeps the elements where mask is
       False; SCALED_UPPER_TRIANG_MASKED keeps j <= i (causal, top-left: i the query
@@ -256,7 +268,10 @@ def softmax(logits, mask=None, scale_factor=1.0, softmax_type=SoftmaxFusionType.
     Which path serves a call: is_softmax_kernel_available().
     """
     cfg = _check(logits, mask, scale_factor, softmax_type)
-    return _softmax(jnp.asarray(logits), None if mask is None else jnp.asarray(mask), cfg)
+    logits = jnp.asarray(logits)
+    if is_traced(scale_factor):
+        logits = fold_scale(logits, scale_factor)
+    return _softmax(logits, None if mask is None else jnp.asarray(mask), cfg)
 
 
 def is_softmax_kernel_available(softmax_type, batch, heads, q_seqlen, kv_seqlen, dtype, *,
@@ -266,9 +281,18 @@ def is_softmax_kernel_available(softmax_type, batch, heads, q_seqlen, kv_seqlen,
     default: jax.default_backend()). The C++ engine answers, by the rule the FFI
     handlers apply: the CPU kernel serves every valid call in float32/bfloat16/float16;
     the CUDA kernel rows of up to 16384 float32 or 32768 bfloat16/float16 elements
-    (past 16384 with kv_seqlen % 8 == 0). Invalid sizes give False.
+    (past 16384 with kv_seqlen % 8 == 0). Invalid sizes (0, past int64) give False; a
+    size that is not an int (a float, a str) raises TypeError naming it.
     """
     kind = _fusion_type(softmax_type)
+    sizes = dict(batch=batch, heads=heads, q_seqlen=q_seqlen, kv_seqlen=kv_seqlen)
+    for name, value in sizes.items():
+        try:
+            static_int(value, name, "is_softmax_kernel_available")
+        except ArgumentTypeError:
+            raise
+        except ValueError:  # past int64
+            return False
     platform = jax.default_backend() if platform is None else str(platform).lower()
     if platform not in _PLATFORMS:
         return False

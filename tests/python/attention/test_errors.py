@@ -345,3 +345,236 @@ def test_errors_do_not_depend_on_jit():
     for f in (call, jax.jit(call), jax.grad(lambda q, k: call(q, k).sum())):
         with raises(ValueError, "multiple"):
             f(q, k)
+
+
+# ---------------------------------------------------------------------------
+# One table of bad arguments, by kind and by value: each raises at trace time a
+# ValueError or a TypeError (ArgumentTypeError is both) naming the argument, and
+# get_backend answers "none" with the same message.
+
+_Q = sds((B, S, H, D))
+_LENS = jnp.full((B,), S, jnp.int32)
+_SD = fusedattn.SequenceDescriptor
+_PAD = dict(attn_mask_type=AttnMaskType.PADDING_MASK)
+_DROP = dict(dropout_probability=0.1, is_training=True)
+_POST = dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS)
+_LEARN = dict(softmax_type=SoftmaxType.LEARNABLE_SOFTMAX)
+TypeOrValue = (TypeError, ValueError)
+
+BAD_CALLS = [
+    # (id, qkv, bias, sequence_descriptor, seed, kwargs, exception, substrings)
+    ("head dim 0", (sds((B, S, H, 0)),) * 3, None, None, None, {}, ValueError,
+     ["head dim of q and k", "got 0", "1..256"]),
+    ("q list", ([[1.0]], _Q, _Q), None, None, None, {}, TypeError, ["q must be an array", "list"]),
+    ("q None", (None, _Q, _Q), None, None, None, {}, TypeError, ["q must be an array"]),
+    ("qkv None", None, None, None, None, {}, TypeError, ["qkv must be a tuple (q, k, v)"]),
+    ("qkv dict", {"q": _Q}, None, None, None, {}, TypeError, ["qkv must be a tuple"]),
+    ("q int32", shapes(dtype=jnp.int32), None, None, None, {}, ValueError, ["dtype", "int32"]),
+    ("q complex", shapes(dtype=jnp.complex64), None, None, None, {}, ValueError,
+     ["dtype", "complex64"]),
+    ("q bool", shapes(dtype=jnp.bool_), None, None, None, {}, ValueError, ["dtype", "bool"]),
+    ("bias list", shapes(), [[0.0]], None, None, _POST, TypeError,
+     ["bias must be an array", "list"]),
+    ("bias scalar", shapes(), 0.5, None, None, _POST, TypeError, ["bias must be an array", "float"]),
+    ("bias int", shapes(), sds((1, H, S, S), jnp.int32), None, None, _POST, ValueError,
+     ["bias must be a float array", "int32"]),
+    ("bias complex", shapes(), sds((1, H, S, S), jnp.complex64), None, None, _POST, ValueError,
+     ["bias must be a float array", "complex64"]),
+    ("softmax_offset list", shapes(), None, None, None, dict(_LEARN, softmax_offset=[0.0] * H),
+     TypeError, ["softmax_offset must be an array", "list"]),
+    ("softmax_offset complex", shapes(), None, None, None,
+     dict(_LEARN, softmax_offset=sds((H,), jnp.complex64)), TypeError,
+     ["softmax_offset must be a float array", "complex64"]),
+    ("window 2**64", shapes(), None, None, None, dict(window_size=(2 ** 64, 0)), ValueError,
+     ["window_size", str(2 ** 64), "64-bit"]),
+    ("window 2**63", shapes(), None, None, None, dict(window_size=(0, 2 ** 63)), ValueError,
+     ["window_size", str(2 ** 63), "64-bit"]),
+    ("window -2", shapes(), None, None, None, dict(window_size=(-2, 0)), ValueError,
+     ["window_size", "(-2, 0)", "-1 (unbounded) or >= 0"]),
+    ("window -2**64", shapes(), None, None, None, dict(window_size=(-2 ** 64, 0)), ValueError,
+     ["window_size", "64-bit"]),
+    ("window float", shapes(), None, None, None, dict(window_size=(1.5, 0)), TypeError,
+     ["window_size", "pair (left, right) of Python ints", "(1.5, 0)"]),
+    ("window bool", shapes(), None, None, None, dict(window_size=(True, 0)), TypeError,
+     ["window_size", "(True, 0)"]),
+    ("window str", shapes(), None, None, None, dict(window_size="wide"), TypeError,
+     ["window_size", "'wide'"]),
+    ("window int", shapes(), None, None, None, dict(window_size=3), TypeError, ["window_size", "3"]),
+    ("window triple", shapes(), None, None, None, dict(window_size=(1, 2, 3)), TypeError,
+     ["window_size", "(1, 2, 3)"]),
+    ("seed str", shapes(), None, None, "abc", _DROP, TypeError, ["seed must be", "'abc'"]),
+    ("seed str, no dropout", shapes(), None, None, "abc", {}, TypeError, ["seed must be"]),
+    ("seed float", shapes(), None, None, 1.5, _DROP, TypeError, ["seed must be", "1.5"]),
+    ("seed bool", shapes(), None, None, True, _DROP, TypeError, ["seed must be", "True"]),
+    ("seed float array", shapes(), None, None, sds((2,), jnp.float32), _DROP, TypeError,
+     ["seed must be", "float32"]),
+    ("seed keys", shapes(), None, None, jax.random.split(jax.random.key(0)), _DROP, ValueError,
+     ["seed must be one PRNG key"]),
+    ("scale str", shapes(), None, None, None, dict(scaling_factor="0.5"), TypeError,
+     ["scaling_factor must be a real scalar", "'0.5'"]),
+    ("scale bool", shapes(), None, None, None, dict(scaling_factor=True), TypeError,
+     ["scaling_factor must be a real scalar", "True"]),
+    ("scale complex", shapes(), None, None, None, dict(scaling_factor=1j), TypeError,
+     ["scaling_factor", "1j"]),
+    ("scale vector", shapes(), None, None, None, dict(scaling_factor=np.ones(2)), TypeError,
+     ["scaling_factor", "shape (2,)"]),
+    ("scale nan", shapes(), None, None, None, dict(scaling_factor=float("nan")), ValueError,
+     ["scaling_factor", "nan", "finite"]),
+    ("scale -inf", shapes(), None, None, None, dict(scaling_factor=-np.inf), ValueError,
+     ["scaling_factor", "inf", "finite"]),
+    ("scale 1e39", shapes(), None, None, None, dict(scaling_factor=1e39), ValueError,
+     ["scaling_factor", "float32", "finite"]),
+    ("scale 10**400", shapes(), None, None, None, dict(scaling_factor=10 ** 400), ValueError,
+     ["scaling_factor", "float32", "finite"]),
+    ("dropout 1", shapes(), None, None, 0, dict(dropout_probability=1.0), ValueError,
+     ["dropout_probability", "0 <= p < 1"]),
+    ("dropout negative", shapes(), None, None, 0, dict(dropout_probability=-0.1), ValueError,
+     ["dropout_probability", "0 <= p < 1"]),
+    ("dropout nan", shapes(), None, None, 0, dict(dropout_probability=float("nan")), ValueError,
+     ["dropout_probability", "nan"]),
+    ("dropout str", shapes(), None, None, 0, dict(dropout_probability="0.1"), TypeError,
+     ["dropout_probability", "'0.1'"]),
+    ("dropout None", shapes(), None, None, 0, dict(dropout_probability=None), TypeError,
+     ["dropout_probability", "None"]),
+    ("is_training str", shapes(), None, None, 0, dict(is_training="no"), TypeError,
+     ["is_training must be a Python bool", "'no'"]),
+    ("is_training None", shapes(), None, None, 0, dict(is_training=None), TypeError,
+     ["is_training", "None"]),
+    ("max_segments float", shapes(), None, None, None, dict(max_segments_per_seq=1.5), TypeError,
+     ["max_segments_per_seq", "1.5"]),
+    ("max_segments str", shapes(), None, None, None, dict(max_segments_per_seq="1"), TypeError,
+     ["max_segments_per_seq", "'1'"]),
+    ("max_segments 2**64+1", shapes(), None, None, None, dict(max_segments_per_seq=2 ** 64 + 1),
+     ValueError, ["max_segments_per_seq", "64-bit"]),
+    ("max_segments 0", shapes(), None, None, None, dict(max_segments_per_seq=0), ValueError,
+     ["max_segments_per_seq", "got 0"]),
+    ("mask bool", shapes(), None, None, None, dict(attn_mask_type=True), TypeError,
+     ["attn_mask_type", "AttnMaskType", "True"]),
+    ("mask str", shapes(), None, None, None, dict(attn_mask_type="causal"), ValueError,
+     ["attn_mask_type='causal'", "CAUSAL_MASK"]),
+    ("layout float", shapes(), None, None, None, dict(qkv_layout=2.0), TypeError,
+     ["qkv_layout", "QKVLayout", "2.0"]),
+    ("bias type None", shapes(), None, None, None, dict(attn_bias_type=None), ValueError,
+     ["attn_bias_type=None", "NO_BIAS"]),
+    ("softmax type 9", shapes(), None, None, None, dict(softmax_type=9), ValueError,
+     ["softmax_type=9", "VANILLA_SOFTMAX"]),
+    ("descriptor tuple", shapes(), None, (_LENS, _LENS), None, _PAD, TypeError,
+     ["sequence_descriptor must be a SequenceDescriptor"]),
+    ("descriptor float lengths", shapes(), None, _SD(_LENS.astype(jnp.float32), _LENS), None, _PAD,
+     TypeError, ["sequence_descriptor.q_seqlens must be an integer array", "float32"]),
+    ("descriptor bool lengths", shapes(), None, _SD(_LENS, _LENS > 0), None, _PAD, TypeError,
+     ["sequence_descriptor.kv_seqlens must be an integer array", "bool"]),
+    ("descriptor list lengths", shapes(), None, _SD([S, S], [S, S]), None, _PAD, TypeError,
+     ["sequence_descriptor.q_seqlens must be an integer array", "list"]),
+    ("descriptor float offsets", shapes(), None,
+     _SD(_LENS[:, None], _LENS[:, None], jnp.zeros((B, 2)), None), None, _PAD, TypeError,
+     ["sequence_descriptor.q_offsets must be an integer array", "float32"]),
+    ("descriptor rank-3 lengths", shapes(), None,
+     _SD(jnp.ones((B, 1, 1), jnp.int32), _LENS), None, _PAD, ValueError,
+     ["sequence_descriptor.q_seqlens", "(2, 1, 1)"]),
+]
+
+
+@pytest.mark.parametrize("qkv, bias, sd, seed, kwargs, exc, what",
+                         [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+def test_bad_arguments(qkv, bias, sd, seed, kwargs, exc, what):
+    call = lambda: fusedattn.fused_attn(qkv, bias, sd, seed, **kwargs)
+    with raises(exc, "fused_attn: ", *what):
+        call()
+    with raises(exc, "fused_attn: ", *what):  # the same at trace time under jit
+        jax.jit(lambda: call())()
+    info = fusedattn.get_backend(qkv, bias, sd, seed, **kwargs)
+    assert info.name == "none" and all(w in info.reason for w in what), info.reason
+
+
+@pytest.mark.parametrize("static", ["dropout_probability", "is_training", "window_size",
+                                    "max_segments_per_seq", "attn_mask_type"])
+def test_static_arguments_may_not_be_traced(static):
+    value = {"dropout_probability": 0.1, "is_training": True, "window_size": 2,
+             "max_segments_per_seq": 1, "attn_mask_type": 1}[static]
+    arg = (lambda w: dict(window_size=(w, 0))) if static == "window_size" else (
+        lambda w: {static: w})
+    q = jnp.ones((B, S, H, D))
+    f = jax.jit(lambda w: fusedattn.fused_attn((q, q, q), None, None, 0, **arg(w)))
+    with raises(TypeError, static, "traced"):
+        f(value)
+
+
+AVAILABLE = dict(is_training=False, q_dtype=jnp.float32, kv_dtype=jnp.float32,
+                 qkv_layout=QKVLayout.BSHD_BSHD_BSHD, attn_bias_type=AttnBiasType.NO_BIAS,
+                 attn_mask_type=AttnMaskType.NO_MASK, softmax_type=SoftmaxType.VANILLA_SOFTMAX,
+                 dropout_probability=0.0, q_num_heads=H, kv_num_heads=H, q_max_seqlen=S,
+                 kv_max_seqlen=S, head_dim_qk=D, head_dim_v=D)
+
+
+@pytest.mark.parametrize("change, result", [
+    (dict(q_num_heads=2.0), (TypeError, "q_num_heads", "2.0")),
+    (dict(head_dim_v="16"), (TypeError, "head_dim_v", "'16'")),
+    (dict(q_dtype="foo", kv_dtype="foo"), (TypeError, "q_dtype", "'foo'")),
+    (dict(qkv_layout=9), (ValueError, "qkv_layout=9", "QKVLayout")),
+    (dict(attn_mask_type=True), (TypeError, "attn_mask_type", "True")),
+    (dict(dropout_probability="a"), (TypeError, "dropout_probability", "'a'")),
+    (dict(window_size=(0.5, 0)), (TypeError, "window_size", "0.5")),
+    (dict(is_training="yes"), (TypeError, "is_training", "'yes'")),
+    (dict(q_num_heads=2 ** 64 + 2, kv_num_heads=2 ** 64 + 2), False),  # never wraps to 2
+    (dict(window_size=(2 ** 64, 0)), False),
+    (dict(head_dim_qk=0, head_dim_v=0), False),
+    ({}, True),
+], ids=lambda x: None)
+def test_is_fused_attn_kernel_available_arguments(change, result):
+    args = dict(AVAILABLE, **change)
+    if isinstance(result, bool):
+        assert fusedattn.is_fused_attn_kernel_available(**args, platform="cpu") is result
+        return
+    exc, *what = result
+    with raises(exc, "is_fused_attn_kernel_available: ", *what):
+        fusedattn.is_fused_attn_kernel_available(**args, platform="cpu")
+
+
+def test_type_errors_are_value_errors_too():
+    # ArgumentTypeError is both, so code that caught ValueError before still catches it.
+    with pytest.raises(ValueError):
+        fusedattn.fused_attn(shapes(), [[0.0]], None, None, **_POST)
+    with pytest.raises(TypeError):
+        fusedattn.fused_attn(shapes(), [[0.0]], None, None, **_POST)
+
+
+SD_BAD = [
+    ("from_seqlens float", lambda: _SD.from_seqlens(jnp.ones((B,))), TypeError,
+     ["from_seqlens", "q_seqlens must be an integer array", "float32"]),
+    ("from_seqlens list of floats", lambda: _SD.from_seqlens([[1.5], [2.0]]), TypeError,
+     ["q_seqlens must be an integer array", "float32"]),
+    ("from_seqlens str", lambda: _SD.from_seqlens("ab"), TypeError, ["q_seqlens", "'ab'"]),
+    ("from_seqlens None", lambda: _SD.from_seqlens(None), TypeError, ["q_seqlens", "None"]),
+    ("from_seqlens bool", lambda: _SD.from_seqlens(_LENS > 0), TypeError, ["q_seqlens", "bool"]),
+    ("from_seqlens pair of ints", lambda: _SD.from_seqlens([S, S]), ValueError,
+     ["q_seqlens", "shape ()", "pair"]),
+    ("max_segment_seqlen_kv bool", lambda: _SD.from_seqlens(_LENS, max_segment_seqlen_kv=True),
+     TypeError, ["max_segment_seqlen_kv", "True"]),
+    ("max_segment_seqlen_q float", lambda: _SD.from_seqlens(_LENS, max_segment_seqlen_q=2.5),
+     TypeError, ["max_segment_seqlen_q", "2.5"]),
+    ("max_segment_seqlen_kv 0", lambda: _SD.from_seqlens(_LENS, max_segment_seqlen_kv=0),
+     ValueError, ["max_segment_seqlen_kv", ">= 1"]),
+    ("offsets float", lambda: _SD.from_seqlens_and_offsets(_LENS[:, None], jnp.zeros((B, 2))),
+     TypeError, ["q_offsets must be an integer array [B, M + 1]", "float32"]),
+    ("segment_ids float", lambda: _SD.from_segment_ids_and_pos(jnp.ones((B, S))), TypeError,
+     ["segment_ids must be an integer array [B, S]", "float32"]),
+    ("segment_pos float", lambda: _SD.from_segment_ids_and_pos(
+        jnp.ones((B, S), jnp.int32), jnp.ones((B, S))), ValueError, ["segment_pos", "float32"]),
+    ("max_segments float", lambda: _SD.from_segment_ids_and_pos(
+        jnp.ones((B, S), jnp.int32), max_segments_per_seq=1.5), TypeError,
+     ["max_segments_per_seq", "1.5"]),
+    ("max_segments 0", lambda: _SD.from_segment_ids_and_pos(
+        jnp.ones((B, S), jnp.int32), max_segments_per_seq=0), ValueError,
+     ["max_segments_per_seq must be >= 1", "got 0"]),
+    ("max_segments 2**64", lambda: _SD.from_segment_ids_and_pos(
+        jnp.ones((B, S), jnp.int32), max_segments_per_seq=2 ** 64), ValueError,
+     ["max_segments_per_seq", "64-bit"]),
+]
+
+
+@pytest.mark.parametrize("build, exc, what", [c[1:] for c in SD_BAD],
+                         ids=[c[0] for c in SD_BAD])
+def test_descriptor_constructors_reject_bad_arguments(build, exc, what):
+    with raises(exc, "SequenceDescriptor", *what):
+        build()

@@ -225,3 +225,67 @@ def test_ffi_handler_rechecks_the_width():
     bad = ss._Config(cfg.layout, cfg.mask_type, cfg.scale, 65)
     with pytest.raises(Exception, match="small-seq: max_segment_seqlen_kv: got 65"):
         jax.block_until_ready(ss.forward(*args.values(), bad))
+
+
+# ---------------------------------------------------------------------------
+# One table of bad arguments, by kind and by value: a ValueError or a TypeError
+# (ArgumentTypeError is both) naming the argument.
+
+_SSD = SmallSeqDescriptor
+BAD = [
+    # (id, build the call, exception, substrings)
+    # the engine's small-seq rule: a head dim outside its four is not served
+    ("head dim 0", lambda: trace(thd(q=(N, H, 0), k=(3 * N, H, 0))), NotImplementedError,
+     ["head dim", "got 0"]),
+    ("q list", lambda: fusedattn.fused_attn_small_seq(([[1.0]], sds((3 * N, H, D)),
+                                                        sds((3 * N, H, D))), None, THD_SD, None),
+     TypeError, ["q must be an array", "list"]),
+    ("scale str", lambda: trace(thd(), scaling_factor="0.5"), TypeError,
+     ["scaling_factor must be a real scalar", "'0.5'"]),
+    ("scale bool", lambda: trace(thd(), scaling_factor=True), TypeError, ["scaling_factor", "True"]),
+    ("scale nan", lambda: trace(thd(), scaling_factor=float("nan")), ValueError,
+     ["scaling_factor", "nan"]),
+    ("scale 10**400", lambda: trace(thd(), scaling_factor=10 ** 400), ValueError,
+     ["scaling_factor", "float32"]),
+    ("dropout str", lambda: trace(thd(), dropout_probability="0"), TypeError,
+     ["dropout_probability", "'0'"]),
+    ("is_training str", lambda: trace(thd(), is_training="no"), TypeError,
+     ["is_training must be a Python bool", "'no'"]),
+    ("mask bool", lambda: trace(thd(), attn_mask_type=True), TypeError,
+     ["attn_mask_type", "True"]),
+    ("layout float", lambda: trace(thd(), qkv_layout=5.0), TypeError, ["qkv_layout", "5.0"]),
+    ("cu_seqlens float", lambda: _SSD.from_cu_seqlens(CU_Q + 0.5, CU_KV,
+                                                      max_segment_seqlen_kv=W), TypeError,
+     ["cu_seqlens_q must be an integer array", "float"]),
+    ("cu_seqlens str", lambda: _SSD.from_cu_seqlens("ab", CU_KV, max_segment_seqlen_kv=W),
+     TypeError, ["cu_seqlens_q", "'ab'"]),
+    ("q_seqlens float", lambda: _SSD.from_cu_seqlens(CU_Q, CU_KV, max_segment_seqlen_kv=W,
+                                                     q_seqlens=np.ones(N)), TypeError,
+     ["q_seqlens must be an integer array", "float"]),
+    ("from_seqlens float", lambda: _SSD.from_seqlens(np.ones(N) * 1.5, np.ones(N, np.int32)),
+     TypeError, ["from_seqlens", "q_seqlens must be an integer array"]),
+    ("width float", lambda: _SSD.from_cu_seqlens(CU_Q, CU_KV, max_segment_seqlen_kv=2.5),
+     TypeError, ["max_segment_seqlen_kv", "2.5"]),
+    ("width str", lambda: _SSD.from_cu_seqlens(CU_Q, CU_KV, max_segment_seqlen_kv="8"),
+     TypeError, ["max_segment_seqlen_kv", "'8'"]),
+    ("width None", lambda: _SSD.from_cu_seqlens(CU_Q, CU_KV, max_segment_seqlen_kv=None),
+     TypeError, ["max_segment_seqlen_kv", "None"]),
+    ("width 2**64", lambda: _SSD.from_cu_seqlens(CU_Q, CU_KV, max_segment_seqlen_kv=2 ** 64),
+     ValueError, ["max_segment_seqlen_kv", "64-bit"]),
+    ("direct float offsets", lambda: trace(thd(), sd=_SSD(None, None, CU_Q.astype(np.float32),
+                                                          CU_KV, 1, W)), ValueError,
+     ["sequence_descriptor.q_offsets must be an integer array", "float32"]),
+    ("direct float width", lambda: trace(thd(), sd=_SSD(None, None, CU_Q, CU_KV, 1, 8.5)),
+     TypeError, ["max_segment_seqlen_kv", "8.5"]),
+]
+
+
+@pytest.mark.parametrize("call, exc, what", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_arguments(call, exc, what):
+    with raises(exc, *what):
+        call()
+
+
+def test_lists_of_ints_are_taken_as_offsets():
+    sd = SmallSeqDescriptor(None, None, CU_Q.tolist(), CU_KV.tolist(), 1, W)
+    assert trace(thd(), sd=sd).shape == (N, H, D)

@@ -127,12 +127,69 @@ def test_other_arguments():
         trace(x, kind=7)
     with raises(ValueError, "scale_factor: got nan; must be finite"):
         trace(x, scale=float("nan"))
-    with raises(ValueError, "scale_factor must be a static Python number"):
-        jax.jit(lambda x, s: fusedattn.softmax(x, None, s))(jnp.ones((1, 1, 2, 2)), 0.5)
     with raises(ValueError, "logits: got shape [2, 0, 5, 7]"):
         trace(sds((2, 0, 5, 7)))
     with raises(ValueError, "kv_seqlen"):
         trace(sds((1, 1, 1, (1 << 20) + 1)))
+
+
+# One table of bad arguments, by kind and by value: a ValueError or a TypeError
+# (ArgumentTypeError is both) naming the argument.
+
+_X = sds((2, 3, 5, 7))
+BAD = [
+    ("logits list", lambda: fusedattn.softmax([[1.0]]), TypeError,
+     ["logits must be an array", "list"]),
+    ("logits None", lambda: fusedattn.softmax(None), TypeError, ["logits must be an array"]),
+    ("logits complex", lambda: trace(sds((2, 3, 5, 7), jnp.complex64)), ValueError,
+     ["logits dtype complex64"]),
+    ("logits bool", lambda: trace(sds((2, 3, 5, 7), jnp.bool_)), ValueError, ["logits dtype bool"]),
+    ("mask list", lambda: fusedattn.softmax(jnp.ones((2, 3, 5, 7)), [[True]], 1.0, MASKED),
+     TypeError, ["mask must be a bool array", "list"]),
+    ("scale str", lambda: trace(_X, scale="2"), TypeError, ["scale_factor must be a real scalar",
+                                                          "'2'"]),
+    ("scale bool", lambda: trace(_X, scale=True), TypeError, ["scale_factor", "True"]),
+    ("scale None", lambda: trace(_X, scale=None), TypeError, ["scale_factor", "None"]),
+    ("scale complex", lambda: trace(_X, scale=1j), TypeError, ["scale_factor", "1j"]),
+    ("scale vector", lambda: trace(_X, scale=np.ones(2)), TypeError,
+     ["scale_factor", "shape (2,)"]),
+    ("scale inf", lambda: trace(_X, scale=float("inf")), ValueError,
+     ["scale_factor: got inf; must be finite"]),
+    ("scale 1e39", lambda: trace(_X, scale=1e39), ValueError, ["scale_factor", "float32"]),
+    ("scale 10**400", lambda: trace(_X, scale=10 ** 400), ValueError, ["scale_factor", "float32"]),
+    ("type bool", lambda: trace(_X, kind=True), TypeError, ["softmax_type", "True"]),
+    ("type None", lambda: trace(_X, kind=None), ValueError, ["softmax_type=None"]),
+    ("available batch float", lambda: fusedattn.is_softmax_kernel_available(
+        "scaled", 2.5, 4, 8, 64, jnp.float32, platform="cpu"), TypeError, ["batch", "2.5"]),
+    ("available kv_seqlen str", lambda: fusedattn.is_softmax_kernel_available(
+        "scaled", 2, 4, 8, "64", jnp.float32, platform="cpu"), TypeError, ["kv_seqlen", "'64'"]),
+]
+
+
+@pytest.mark.parametrize("call, exc, what", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_arguments(call, exc, what):
+    with raises(exc, *what):
+        call()
+
+
+def test_sizes_past_int64_are_not_served():
+    # never wrapped to a small size by the C struct
+    assert not fusedattn.is_softmax_kernel_available("scaled", 2 ** 64 + 2, 4, 8, 64,
+                                                     jnp.float32, platform="cpu")
+
+
+@pytest.mark.parametrize("kind", [SCALED, MASKED, CAUSAL], ids=lambda k: k.name)
+def test_a_traced_scale_is_folded_into_the_logits(kind):
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k1, (2, 3, 5, 5), jnp.float32)
+    dy = jax.random.normal(k2, x.shape, jnp.float32)
+    mask = jax.random.bernoulli(k3, 0.3, (2, 1, 5, 5)) if kind == MASKED else None
+    loss = lambda f: lambda x, s: jnp.vdot(f(x, mask, s, kind), dy)
+    ours = jax.jit(jax.value_and_grad(loss(fusedattn.softmax), (0, 1)))(x, jnp.float32(0.7))
+    ref = jax.jit(jax.value_and_grad(loss(fusedattn.softmax_fallback), (0, 1)))(
+        x, jnp.float32(0.7))
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
