@@ -22,7 +22,7 @@ from . import _lib, small_seq
 from . import score_mod as _sm
 from ._prepare import Config, Dims, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
-from .reference import attention_reference
+from .reference import attention_reference, nan_max
 
 __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
@@ -386,7 +386,7 @@ def _results(out, lse, max_logit, return_max_logit, return_aux):
         return out
     aux = {}
     if return_max_logit:
-        aux["max_logit"] = jax.lax.stop_gradient(jnp.max(max_logit, axis=0))
+        aux["max_logit"] = jax.lax.stop_gradient(nan_max(max_logit, axis=0))
     if return_aux:
         aux["softmax_aux"] = jax.lax.stop_gradient(lse[..., None])
     return out, aux

@@ -178,6 +178,12 @@ def attention_mask(mask_type: AttnMaskType, batch: int, seqlen_q: int, seqlen_kv
 # Attention
 
 
+def nan_max(x, axis, keepdims=False):
+    """jnp.max that is NaN wherever x has a NaN: XLA's fused reductions may drop it."""
+    m = jnp.max(x, axis=axis, keepdims=keepdims)
+    return jnp.where(jnp.isnan(x).any(axis=axis, keepdims=keepdims), jnp.nan, m)
+
+
 def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling_factor=None,
                         q_seqlens=None, kv_seqlens=None, q_offsets=None, kv_offsets=None,
                         thd=False, window_size=None, bias=None,
@@ -215,7 +221,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                               kv_offsets, thd, window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
     neg_inf = jnp.float32(-jnp.inf)
-    m_keys = jnp.max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
+    m_keys = nan_max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
     softmax_type = SoftmaxType(softmax_type)
     if softmax_type == SoftmaxType.VANILLA_SOFTMAX:
         sink = None
@@ -237,7 +243,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
         e_sink = jnp.exp(jnp.where(sink == jnp.inf, 0.0, sink - m_safe))
         l = l + jnp.where(real[:, None, :, None], e_sink, 0.0)
     l_safe = jnp.where(l == 0, 1.0, l)  # a NaN l passes
-    probs = p / l_safe
+    probs = jnp.where(keep, p / l_safe, 0.0)  # masked keys stay 0 in a NaN row
     if dropout_probability > 0.0:
         keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
         probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
@@ -245,5 +251,5 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                      v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)
     live = (l != 0)[..., 0] & real[:, None, :]
     lse = jnp.where(live, (m_safe + jnp.log(l_safe))[..., 0], neg_inf)
-    max_logit = jnp.max(m_keys[..., 0], axis=-1)
+    max_logit = nan_max(m_keys[..., 0], axis=-1)
     return out.astype(q.dtype), lse, max_logit

@@ -175,7 +175,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               const bool keep = c >= c_lo && c < c_hi;
               const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
               sr[c] = pr;
-              dr[c] = pr * (dr[c] - row_delta);
+              dr[c] = keep ? pr * (dr[c] - row_delta) : 0.0f;  // a NaN delta or dP stays out
             }
           } else {
             dropout.fill_row(q0 + r, k0, z.data());
@@ -184,7 +184,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
               const float zc = keep ? z.data()[c] : 0.0f;
               sr[c] = zc != 0.0f ? zc * pr : 0.0f;  // a dropped NaN stays dropped
-              dr[c] = pr * (zc * dr[c] - row_delta);
+              dr[c] = keep ? pr * (zc * dr[c] - row_delta) : 0.0f;
             }
           }
           if (bias && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38

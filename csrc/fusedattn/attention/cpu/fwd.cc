@@ -10,7 +10,8 @@
 //
 // NaN in, NaN out: a NaN among a row's kept scores (from q, k, bias, score_mod)
 // or a NaN sink makes the row's m and l NaN for good, so its output, lse and its
-// head's max_logit are NaN; a row that keeps nothing still gives 0 and lse -inf.
+// head's max_logit (not for the sink) are NaN; a row that keeps nothing still
+// gives 0 and lse -inf (lse NaN under a NaN sink).
 // A +inf sink takes all the mass: output 0, lse +inf.
 #include <algorithm>
 #include <cmath>
@@ -62,8 +63,9 @@ void forward(const AttnParams& p, const FwdArgs& a) {
       lo[r] = r < rows ? ranges.lo[row] : 0;
       hi[r] = r < rows ? ranges.hi[row] : 0;
       m[r] = real ? sink : kNegInf;
-      // The sink's exp(sink - m) = 1 (NaN for a NaN sink, which poisons the row).
-      l[r] = !real || sink == kNegInf ? 0.0f : sink == sink ? 1.0f : sink;
+      // The sink's exp(sink - m) = 1. A NaN sink: m NaN, which poisons the row once
+      // it keeps a key; a row that keeps none gives output 0 and lse NaN.
+      l[r] = real && sink != kNegInf ? 1.0f : 0.0f;
       mx[r] = kNegInf;
     }
     const int64_t tile_lo = ranges.tile_lo[ranges.tile_index(b, qt)];
@@ -97,7 +99,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         mx[r] = nan_max(mx[r], row_max);
         const float m_new = nan_max(m[r], row_max);
         if (!(m_new > kNegInf)) {  // nothing kept in this row so far (-inf), or a NaN
-          if (m_new != m_new) m[r] = l[r] = m_new;  // poisoned for good
+          if (m_new != m_new && c_lo < c_hi) m[r] = l[r] = m_new;  // poisoned for good
           std::fill(sr, sr + kBk, 0.0f);
           continue;
         }
