@@ -354,6 +354,12 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
     for THD layouts): the log-sum-exp of each row (extra softmax logit included; -inf for
     padding rows). Neither carries a gradient.
+
+    NaN in, NaN out (reference.py is the spec): a NaN among a query's kept logits (from q,
+    k, bias or score_mod) or a NaN softmax_offset makes that row's output and log-sum-exp
+    NaN (and max_logit, for a logit), and the gradients it touches; a row that keeps no
+    key still gives 0 and lse -inf. A +inf softmax_offset takes all its head's mass:
+    output 0, lse +inf, no gradient.
     """
     call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                    attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
