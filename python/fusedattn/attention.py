@@ -23,7 +23,7 @@ from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
-from .reference import attention_reference
+from .reference import attention_reference, nan_max
 
 __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
@@ -366,6 +366,12 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
     for THD layouts): the log-sum-exp of each row (extra softmax logit included; -inf for
     padding rows). Neither carries a gradient.
+
+    NaN in, NaN out (reference.py is the spec): a NaN among a query's kept logits (from q,
+    k, bias or score_mod) or a NaN softmax_offset makes that row's output and log-sum-exp
+    NaN (and max_logit, for a logit), and the gradients it touches; a row that keeps no
+    key still gives 0 and lse -inf. A +inf softmax_offset takes all its head's mass:
+    output 0, lse +inf, no gradient.
     """
     call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                    attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
@@ -399,7 +405,7 @@ def _results(out, lse, max_logit, return_max_logit, return_aux):
         return out
     aux = {}
     if return_max_logit:
-        aux["max_logit"] = jax.lax.stop_gradient(jnp.max(max_logit, axis=0))
+        aux["max_logit"] = jax.lax.stop_gradient(nan_max(max_logit, axis=0))
     if return_aux:
         aux["softmax_aux"] = jax.lax.stop_gradient(lse[..., None])
     return out, aux

@@ -20,7 +20,12 @@ call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h an
   logit softmax_offset[h]; it has no value. lse includes the extra term: a query of a
   segment that keeps no key has output 0 and lse equal to that logit (-inf under
   VANILLA). max_logit [B, Hq] is the max of the kept scores (bias included, extra
-  logit not), -inf where nothing is kept.
+  logit not), -inf where nothing is kept. A +inf extra logit takes all the mass:
+  output 0, lse +inf, no gradient.
+* NaN in, NaN out: a NaN among a query's kept scores (from q, k, bias or score_mod) or
+  a NaN extra logit makes that query's output and lse NaN, and its head's max_logit;
+  in the backward every gradient its probabilities touch is NaN. NaN at masked
+  positions and padding queries change nothing.
 * Dropout (dropout_probability > 0 and a seed): the normalized probabilities times
   keep / (1 - p), keep from Philox4x32-10 exactly as csrc/fusedattn/core/philox.h: counter
   (key // 4, query, head, batch), key words (seed[0], seed[1]), word key % 4 kept when
@@ -173,6 +178,12 @@ def attention_mask(mask_type: AttnMaskType, batch: int, seqlen_q: int, seqlen_kv
 # Attention
 
 
+def nan_max(x, axis, keepdims=False):
+    """jnp.max that is NaN wherever x has a NaN: XLA's fused reductions may drop it."""
+    m = jnp.max(x, axis=axis, keepdims=keepdims)
+    return jnp.where(jnp.isnan(x).any(axis=axis, keepdims=keepdims), jnp.nan, m)
+
+
 def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling_factor=None,
                         q_seqlens=None, kv_seqlens=None, q_offsets=None, kv_offsets=None,
                         thd=False, window_size=None, bias=None,
@@ -210,7 +221,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                               kv_offsets, thd, window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
     neg_inf = jnp.float32(-jnp.inf)
-    m_keys = jnp.max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
+    m_keys = nan_max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
     softmax_type = SoftmaxType(softmax_type)
     if softmax_type == SoftmaxType.VANILLA_SOFTMAX:
         sink = None
@@ -220,21 +231,25 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                 else jnp.asarray(softmax_offset, jnp.float32).reshape(Hq))
         sink = sink[None, :, None, None]
         m = jnp.maximum(m_keys, jax.lax.stop_gradient(sink))
-    row_live = jnp.isfinite(m)
-    m_safe = jax.lax.stop_gradient(jnp.where(row_live, m, 0.0))
+    # m -inf: nothing kept. A NaN m passes, so that the whole row is NaN; a +inf m
+    # (a +inf sink) passes too: exp(s - m) is 0 for every finite s.
+    m_safe = jax.lax.stop_gradient(jnp.where(m == neg_inf, 0.0, m))
     # The inner where keeps masked entries out of exp (no inf, no NaN gradients).
     p = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - m_safe), 0.0)
     l = jnp.sum(p, axis=-1, keepdims=True)
     if sink is not None:
-        l = l + jnp.exp(sink - m_safe)
-    l_safe = jnp.where(l > 0, l, 1.0)
-    probs = p / l_safe
+        # exp(sink - m) is 1 for a +inf sink (where inf - inf would be NaN); padding
+        # queries have no sink term: their output stays 0.
+        e_sink = jnp.exp(jnp.where(sink == jnp.inf, 0.0, sink - m_safe))
+        l = l + jnp.where(real[:, None, :, None], e_sink, 0.0)
+    l_safe = jnp.where(l == 0, 1.0, l)  # a NaN l passes
+    probs = jnp.where(keep, p / l_safe, 0.0)  # masked keys stay 0 in a NaN row
     if dropout_probability > 0.0:
         keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
         probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
                      v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)
-    live = (l > 0)[..., 0] & real[:, None, :]
+    live = (l != 0)[..., 0] & real[:, None, :]
     lse = jnp.where(live, (m_safe + jnp.log(l_safe))[..., 0], neg_inf)
-    max_logit = jnp.max(m_keys[..., 0], axis=-1)
+    max_logit = nan_max(m_keys[..., 0], axis=-1)
     return out.astype(q.dtype), lse, max_logit

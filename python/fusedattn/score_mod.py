@@ -353,6 +353,12 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
         else:
             arrays4.append(jnp.reshape(jnp.asarray(x, jnp.float32), s4))
 
+    def _chain(ds, d):
+        # A zero derivative passes no cotangent, NaN or not, as JAX's own VJP of
+        # jnp.where does: a score fn set to NaN (or -inf) on some entries gives the raw
+        # score there no gradient, where ds * 0 would be NaN.
+        return jnp.where(d == 0.0, 0.0, ds * d)
+
     def full_args(arr):
         it = iter(arr)
         return [scalars[i] if i in scalars else next(it) for i in range(n_ops)]
@@ -365,7 +371,7 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
     if bprop is None:
         def back(s, b, h, qi, ki, *rest):
             arr, ds = rest[:-1], rest[-1]
-            return ds * jax.grad(f, argnums=0)(s, b, h, qi, ki, *arr)
+            return _chain(ds, jax.grad(f, argnums=0)(s, b, h, qi, ki, *arr))
     else:
         def back(s, b, h, qi, ki, *rest):
             arr, ds = rest[:-1], rest[-1]
@@ -376,7 +382,7 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
     for j in range(n_arr):
         def g(s, b, h, qi, ki, *rest, j=j):
             arr, ds = rest[:-1], rest[-1]
-            return ds * jax.grad(f, argnums=INDEX_INPUTS + j)(s, b, h, qi, ki, *arr)
+            return _chain(ds, jax.grad(f, argnums=INDEX_INPUTS + j)(s, b, h, qi, ki, *arr))
         grads.append(lower(g, n_arr, extra_dscore=True,
                            what=f"the derivative of score_mod by operand {slots[j]}"))
     sm = ScoreMod(fwd, bwd, tuple(grads), tuple(shapes), fn=f)

@@ -45,7 +45,7 @@ def _weights(q, k, mask_type, scale, q_lens, kv_lens, lse):
     s = s.reshape(B, Hq, Sq, Skv) * scale
     keep = attention_mask(mask_type, B, Sq, Skv, q_lens, kv_lens)
     m = jnp.max(jnp.where(keep, s, -jnp.inf), axis=-1)
-    lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]
+    lse_safe = jnp.where(lse == -jnp.inf, 0.0, lse)[..., None]  # a NaN row stays NaN
     p = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - lse_safe), 0.0)
     return p, m
 

@@ -160,10 +160,13 @@ def reference_lowp(q, k, v, mask_type=AttnMaskType.NO_MASK, q_lens=None, kv_lens
         sink = (jnp.zeros((Hq,)) if SoftmaxType(softmax_type) == SoftmaxType.OFF_BY_ONE_SOFTMAX
                 else jnp.asarray(softmax_offset, jnp.float32).reshape(Hq))[None, :, None, None]
         m = jnp.maximum(m, jax.lax.stop_gradient(sink))
-    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    # As reference.py: NaN and +inf (a +inf sink) pass, and a +inf sink's exp is 1.
+    m = jax.lax.stop_gradient(jnp.where(m == -jnp.inf, 0.0, m))
     p = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - m), 0.0)
-    l = jnp.sum(p, axis=-1, keepdims=True) + (0.0 if sink is None else jnp.exp(sink - m))
-    p = p / jnp.where(l > 0, l, 1.0)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    if sink is not None:
+        l = l + jnp.exp(jnp.where(sink == jnp.inf, 0.0, sink - m))
+    p = jnp.where(keep, p / jnp.where(l == 0, 1.0, l), 0.0)
     if dropout_probability > 0:
         z = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
         p = jnp.where(z, p / (1.0 - jnp.float32(dropout_probability)), 0.0)

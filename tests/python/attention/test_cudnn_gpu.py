@@ -318,3 +318,22 @@ def test_bad_inputs_still_rejected_on_the_gpu():
         fusedattn.fused_attn((q, kv, kv), None, None, None)
     with pytest.raises(ValueError, match="rank 4"):
         fusedattn.fused_attn((q[0], kv, kv), None, None, None)
+
+
+# NaN in, NaN out on cuDNN (its fixup kernel: max_logit, rows without keys) with the CPU
+# tests' cases and rule (test_nan.py): NaN exactly where the reference has NaN, close
+# elsewhere; a +inf softmax_offset takes all the mass (output 0, lse +inf). Calls cuDNN
+# cannot serve (THD with a bias, some score_mods) run XLA's reference: the rule holds too.
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("source", ["q", "k", "v", "bias", "offset", "score_mod",
+                                    "score_mod_plus"])
+def test_nan_propagates(key, source, dtype, layout):
+    from test_nan import check_case
+    check_case(key, layout, dtype, source)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_infinite_softmax_offset(key, layout):
+    import test_nan
+    test_nan.test_infinite_softmax_offset(key, layout, BF16)

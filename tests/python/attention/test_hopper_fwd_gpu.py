@@ -162,3 +162,52 @@ def test_get_backend_names_the_kernels_that_run():
         info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=cap50,
                                      return_max_logit=max_logit, platform="gpu")
         assert (info.name, info.forward, info.backward) == ("cudnn",) * 3, info
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask", [AttnMaskType.NO_MASK, AttnMaskType.CAUSAL_MASK],
+                         ids=["full", "causal"])
+def test_nan_in_q_gives_nan_rows(key, dtype, mask):
+    # NaN in, NaN out: fmaxf drops a NaN from the row max, but exp2 of it makes the row sum
+    # NaN, and the epilogue must pass it on (out and lse NaN), not take it for "no key"
+    # (out 0, lse -inf). One element of row 300 (a query tile of its own past 256) and a
+    # whole row 7; every other row stays finite and right.
+    q, k, v, _ = inputs(key, dtype, 512, 512, 2)
+    q = q.at[1, 300, 3, 17].set(jnp.nan).at[0, 7, 1].set(jnp.nan)
+    check_nan_on_hopper(q, k, v, mask)
+    (out, aux), _ = runs_hopper(lambda q, k, v: fusedattn.fused_attn(
+        (q, k, v), None, None, None, score_mod=cap50, attn_mask_type=mask, return_aux=True),
+        q, k, v)
+    out, lse = np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(aux["softmax_aux"])[..., 0]
+    assert np.isnan(out[1, 300, 3]).all() and np.isnan(out[0, 7, 1]).all()
+    assert np.isnan(lse[1, 3, 300]) and np.isnan(lse[0, 1, 7])
+    assert np.isnan(out).any(axis=-1).sum() == 2, "exactly the two rows"
+
+
+@pytest.mark.parametrize("mask", [AttnMaskType.NO_MASK, AttnMaskType.CAUSAL_MASK],
+                         ids=["full", "causal"])
+def test_nan_in_k_gives_nan_rows(key, mask):
+    # One NaN score per row among finite ones: the row max stays finite, the sum is NaN.
+    # Key 100: under the causal mask only rows >= 100 keep it.
+    q, k, v, _ = inputs(key, jnp.bfloat16, 512, 512, 2)
+    check_nan_on_hopper(q, k.at[0, 100, 0, 5].set(jnp.nan), v, mask)
+
+
+def check_nan_on_hopper(q, k, v, mask):
+    """Runs the Hopper forward: out and lse NaN exactly where the reference's are, close
+    elsewhere."""
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50,
+                                                attn_mask_type=mask, return_aux=True)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    ref_out, ref_lse, _ = ref_call(q, k, v, cap50, (), attn_mask_type=mask)
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    lse = np.asarray(aux["softmax_aux"])[..., 0]  # [B, Hq, Sq]
+    ref_out, ref_lse = np.asarray(ref_out, np.float32), np.asarray(ref_lse).reshape(lse.shape)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref_out))
+    np.testing.assert_array_equal(np.isnan(lse), np.isnan(ref_lse))
+    assert np.isnan(out).any()
+    fin = ~np.isnan(ref_out)
+    close("out", out[fin], ref_out[fin])
+    np.testing.assert_allclose(lse[~np.isnan(ref_lse)], ref_lse[~np.isnan(ref_lse)],
+                               atol=2e-3, rtol=1e-3)

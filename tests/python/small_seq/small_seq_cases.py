@@ -208,3 +208,30 @@ def check_backward_poisoned(case: Case):
     g, ref, lowp = grads(case)
     for i, (name, got) in enumerate(zip(("dq", "dk", "dv"), (dq, dk, dv))):
         assert_close(name, got, ref[i], None if lowp is None else lowp[i])
+
+
+def check_nan(case: Case, source: str, token: int, head: int):
+    """NaN in, NaN out: one NaN element of q, k or v (THD) at (token, head, 0). Forward:
+    out NaN exactly where the reference's is (q: that query row; k: the queries of that
+    key's segment; v: their column 0), finite and close elsewhere. Backward: the NaN
+    query row (q) has a NaN dq row, and the gradients of segments without the NaN stay
+    finite."""
+    x = dict(q=case.q, k=case.k, v=case.v)
+    x[source] = x[source].at[token, head, 0].set(jnp.nan)
+    q, k, v = x["q"], x["k"], x["v"]
+    out = np.asarray(f32(jax.jit(case.call)(q, k, v)))
+    ref = np.asarray(case.reference(f32(q), f32(k), f32(v))[0])
+    nan = np.isnan(ref)
+    assert nan.any(), "the NaN must reach the reference's output (a test bug)"
+    np.testing.assert_array_equal(np.isnan(out), nan, "out: NaN pattern")
+    if q.dtype == jnp.float32:
+        assert_close("out", out[~nan], ref[~nan])
+    else:
+        np.testing.assert_allclose(out[~nan], ref[~nan], atol=3e-2, rtol=3e-2)
+    loss = lambda q, k, v: jnp.sum(f32(case.call(q, k, v)) * f32(case.dout))
+    dq, dk, dv = (np.asarray(f32(g)) for g in jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    if source == "q":
+        assert np.isnan(dq[token, head]).all()
+    rows_ok = ~np.isnan(out).any(axis=(1, 2))  # queries whose output is finite
+    assert np.isfinite(dq[rows_ok]).all(), "dq: NaN at queries whose output is finite"
+    return out

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import DTYPES
 from fusedattn import AttnMaskType
-from small_seq_cases import bshd_case, check_forward, thd_case
+from small_seq_cases import bshd_case, check_forward, check_nan, thd_case
 
 HEAD_DIMS = [64, 128, 256, 512]
 # (q heads, kv heads) by head dim: MHA, GQA and MQA all appear.
@@ -107,3 +107,12 @@ def test_large_logits_stay_finite(key):
     case = thd_case(key, [16, 4, 9], heads=(2, 2), dim=64, scale=30.0)
     out = check_forward(case)
     assert np.isfinite(np.asarray(out)).all()
+
+
+@pytest.mark.parametrize("source, token", [("q", 5), ("k", 9), ("v", 9)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_nan_propagates(key, dtype, source, token):
+    # Segments of 1..5 kv rows and 2 queries each: q token 5 is the second query of
+    # segment 2; kv token 9 lies in segment 3 (kv rows 6..9 without padding).
+    case = thd_case(key, [1, 2, 3, 4, 5], q_lens=[2] * 5, heads=(2, 2), dtype=dtype)
+    check_nan(case, source, token, 1)

@@ -13,7 +13,7 @@ import pytest
 from conftest import DTYPES
 from fusedattn import AttnMaskType
 from small_seq_cases import (bshd_case, check_backward_poisoned, check_forward, check_grads,
-                             thd_case)
+                             check_nan, thd_case)
 
 pytestmark = pytest.mark.gpu
 ids = lambda d: jnp.dtype(d).name
@@ -180,3 +180,13 @@ def test_30720_segments_bshd_full(key):
     case = bshd_case(key, 30720, 16, heads=(8, 8), dim=128, dtype=jnp.bfloat16)
     check_forward(case)
     check_grads(case)
+
+
+@pytest.mark.parametrize("dim", [64, 512])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("source, token", [("q", 5), ("k", 9), ("v", 9)])
+def test_nan_propagates(key, dtype, dim, source, token):
+    # As test_small_seq_forward.test_nan_propagates, on the CUDA kernels (fmaxf drops a
+    # NaN from the chunk max; exp2 of it still makes the row's sum NaN).
+    case = thd_case(key, [1, 2, 3, 4, 5], q_lens=[2] * 5, heads=(2, 2), dim=dim, dtype=dtype)
+    check_nan(case, source, token, 1)

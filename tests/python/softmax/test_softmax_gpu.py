@@ -142,3 +142,37 @@ def test_vmap_on_the_gpu(key):
     f = jax.jit(jax.vmap(lambda x, m: fusedattn.softmax(x, m, 0.9, MASKED)))
     np.testing.assert_allclose(np.asarray(f(x, mask)), reference(x, mask, 0.9, MASKED)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("skv", [5, 128, 1000, 4099, 16384])
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_nan_logits_give_nan_rows(key, dtype, skv, kind):
+    # As jax.nn.softmax: a NaN among a row's kept logits makes the whole row NaN (y and dx),
+    # an all-NaN row too (its max is -inf once fmaxf drops every NaN); a NaN at a masked
+    # (or, causal, an upper-triangle) position changes nothing; other rows stay right.
+    x, dy, mask = random_inputs(key, (1, 2, 4, skv), dtype, (1, 1, 4, skv) if kind == MASKED else None)
+    x = x.at[0, 0, 1, skv // 2].set(jnp.nan).at[0, 0, 2, :].set(jnp.nan)
+    if kind == MASKED:  # the NaN of row 1 and element 0 of row 2 kept
+        mask = mask.at[0, 0, 1, skv // 2].set(False).at[0, 0, 2, 0].set(False)
+    if skv > 4:  # row 3: NaN in its last element, which the mask (or causality) drops
+        x = x.at[0, 1, 3, skv - 1].set(jnp.nan)
+        if kind == MASKED:
+            mask = mask.at[0, 0, 3, skv - 1].set(True)
+    y, dx = gpu_run(x, mask, 0.7, kind, dy)
+    y, dx = np.asarray(y, np.float32), np.asarray(dx, np.float32)
+    nan_rows = np.zeros((1, 2, 4), bool)
+    nan_rows[0, 0, 2] = True
+    nan_rows[0, 0, 1] = kind != CAUSAL or skv // 2 <= 1
+    if skv > 4:
+        nan_rows[0, 1, 3] = kind == SCALED
+    np.testing.assert_array_equal(np.isnan(y).any(-1), nan_rows)
+    first = np.isnan(y[..., 0])  # the NaN rows keep element 0: all their kept elements NaN
+    np.testing.assert_array_equal(first, nan_rows)
+    np.testing.assert_array_equal(np.isnan(dx).any(-1), nan_rows)
+    y_fb = np.asarray(fusedattn.softmax_fallback(x, mask, 0.7, kind), np.float32)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(y_fb))
+    ok = ~nan_rows
+    np.testing.assert_allclose(y[ok], y_fb[ok], rtol=2e-2 if dtype != jnp.float32 else 1e-5,
+                               atol=1e-2 if dtype != jnp.float32 else 1e-6)

@@ -15,6 +15,11 @@
 // (task % chunks), each chunk has its own dQ accumulator, and the chunks are
 // summed in order at the end: no atomics, and bitwise deterministic for a
 // fixed thread count.
+//
+// A row whose forward met a NaN has lse NaN: P = exp(s - NaN) is NaN on its kept
+// keys, so its dq, the dk and dv of the keys it keeps, its dbias row and dsink
+// are NaN (none of the -inf / dropout zero fix-ups hide it). A row of a +inf
+// sink (lse +inf) gave all its mass to the sink: P = 0, no gradient.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -57,7 +62,8 @@ std::vector<float> row_deltas(const AttnParams& p, const BwdArgs& a) {
       for (int64_t c = 0; c < Dv; ++c) sum += to_float(orow[c]) * to_float(drow[c]);
       delta[(b * Hq + h) * Sq + i] = sum;
       const float lse = a.lse[b * a.slse.b + h * a.slse.h + i * a.slse.s];
-      if (dsink && lse > kNegInf) part += std::exp(double(sink) - lse) * sum;  // padding rows: none
+      // Padding rows (lse -inf): none; a +inf sink has probability 1 (delta is 0 there).
+      if (dsink && lse != kNegInf) part += (sink == lse ? 1.0 : std::exp(double(sink) - lse)) * sum;
     }
     if (dsink) sink_part[task] = part;
   });
@@ -142,8 +148,10 @@ void backward(const AttnParams& p, const BwdArgs& a) {
           float* dr = dp.data() + r * kBk;  // becomes dS
           const int64_t row = ranges.row(b, q0 + r);
           const float row_lse = r < rows ? a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] : kNegInf;
-          // A row with lse -inf kept nothing (padding, or every kept score -inf).
-          const bool live = r < rows && row_lse > kNegInf;
+          // A row with lse -inf kept nothing (padding, or every kept score -inf), one
+          // with lse +inf gave everything to a +inf sink; a NaN lse is live (NaN out).
+          const bool live = r < rows && row_lse != kNegInf && row_lse != -kNegInf;
+          const bool nan_row = row_lse != row_lse;
           const int64_t c_lo = live ? std::clamp<int64_t>(ranges.lo[row] - k0, 0, kBk) : 0;
           const int64_t c_hi = live ? std::clamp<int64_t>(ranges.hi[row] - k0, c_lo, kBk) : 0;
           const float row_delta = r < rows ? dl[q0 + r] : 0.0f;
@@ -167,7 +175,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               const bool keep = c >= c_lo && c < c_hi;
               const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
               sr[c] = pr;
-              dr[c] = pr * (dr[c] - row_delta);
+              dr[c] = keep ? pr * (dr[c] - row_delta) : 0.0f;  // a NaN delta or dP stays out
             }
           } else {
             dropout.fill_row(q0 + r, k0, z.data());
@@ -175,18 +183,19 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               const bool keep = c >= c_lo && c < c_hi;
               const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
               const float zc = keep ? z.data()[c] : 0.0f;
-              sr[c] = zc * pr;
-              dr[c] = pr * (zc * dr[c] - row_delta);
+              sr[c] = zc != 0.0f ? zc * pr : 0.0f;  // a dropped NaN stays dropped
+              dr[c] = keep ? pr * (zc * dr[c] - row_delta) : 0.0f;
             }
           }
-          if (bias && c_lo < c_hi) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
+          if (bias && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
             const T* brow = bias + (q0 + r) * a.x.sbias.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c)
               if (to_float(brow[c]) == kNegInf) sr[c] = dr[c] = 0.0f;
           }
           if (modded) {  // a score fn set to -inf keeps nothing; dS of the raw logits
-            for (int64_t c = c_lo; c < c_hi; ++c)
-              if (smod.data()[c] == kNegInf) sr[c] = dr[c] = 0.0f;
+            if (!nan_row)
+              for (int64_t c = c_lo; c < c_hi; ++c)
+                if (smod.data()[c] == kNegInf) sr[c] = dr[c] = 0.0f;
             score_mod.backward(q0 + r, k0, raw.data(), dr, c_lo, c_hi, dop);
           }
           if (dbias && c_lo < c_hi) {

@@ -7,6 +7,12 @@
 // LEARNABLE) enters as the starting state m = sink, l = 1 of every query row:
 // a key whose value is zero. Dropout scales the probabilities after they
 // entered l, so l stays the undropped normalizer.
+//
+// NaN in, NaN out: a NaN among a row's kept scores (from q, k, bias, score_mod)
+// or a NaN sink makes the row's m and l NaN for good, so its output, lse and its
+// head's max_logit (not for the sink) are NaN; a row that keeps nothing still
+// gives 0 and lse -inf (lse NaN under a NaN sink).
+// A +inf sink takes all the mass: output 0, lse +inf.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,6 +20,7 @@
 
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/platform/cpu/dispatch.h"
+#include "fusedattn/platform/cpu/fast_math.h"
 #include "fusedattn/attention/cpu/gemm.h"
 #include "fusedattn/attention/cpu/row_ranges.h"
 #include "fusedattn/attention/cpu/score_ops.h"
@@ -56,7 +63,9 @@ void forward(const AttnParams& p, const FwdArgs& a) {
       lo[r] = r < rows ? ranges.lo[row] : 0;
       hi[r] = r < rows ? ranges.hi[row] : 0;
       m[r] = real ? sink : kNegInf;
-      l[r] = real && sink > kNegInf ? 1.0f : 0.0f;
+      // The sink's exp(sink - m) = 1. A NaN sink: m NaN, which poisons the row once
+      // it keeps a key; a row that keeps none gives output 0 and lse NaN.
+      l[r] = real && sink != kNegInf ? 1.0f : 0.0f;
       mx[r] = kNegInf;
     }
     const int64_t tile_lo = ranges.tile_lo[ranges.tile_index(b, qt)];
@@ -80,21 +89,27 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
         if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
         float row_max = kNegInf;
+        bool nan = false;  // an OR of compares, not a branch: the loop stays vectorized
         for (int64_t c = 0; c < kBk; ++c) {
           sr[c] = (c >= c_lo && c < c_hi) ? sr[c] : kNegInf;
           row_max = std::max(row_max, sr[c]);
+          nan |= sr[c] != sr[c];
         }
-        mx[r] = std::max(mx[r], row_max);
-        const float m_new = std::max(m[r], row_max);
-        if (m_new == kNegInf) {  // nothing kept in this row so far
+        if (nan) row_max = std::numeric_limits<float>::quiet_NaN();
+        mx[r] = nan_max(mx[r], row_max);
+        const float m_new = nan_max(m[r], row_max);
+        if (!(m_new > kNegInf)) {  // nothing kept in this row so far (-inf), or a NaN
+          if (m_new != m_new && c_lo < c_hi) m[r] = l[r] = m_new;  // poisoned for good
           std::fill(sr, sr + kBk, 0.0f);
           continue;
         }
-        const float alpha = m[r] == kNegInf ? 0.0f : fast_exp(m[r] - m_new);
+        // m[r] == m_new: alpha 1, also when both are +inf (a +inf sink).
+        const float alpha = m[r] == m_new ? 1.0f : m[r] == kNegInf ? 0.0f : fast_exp(m[r] - m_new);
         float sum = 0.0f;
         for (int64_t c = 0; c < kBk; ++c) {
-          const float e = fast_exp(sr[c] - m_new);
-          sr[c] = sr[c] == kNegInf ? 0.0f : e;
+          const float d = sr[c] - m_new;  // -inf for masked keys, and for all under a +inf max
+          const float e = fast_exp(d);
+          sr[c] = d == kNegInf ? 0.0f : e;
           sum += sr[c];
         }
         l[r] = l[r] * alpha + sum;
@@ -111,18 +126,21 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 
     float local_max = kNegInf;
     for (int64_t r = 0; r < rows; ++r) {
-      const bool any = l[r] > 0.0f;
+      const bool any = l[r] != 0.0f;  // a NaN l is "any": its NaN reaches out and lse
       store_row(acc.data() + r * Dvp, Dv, any ? 1.0f / l[r] : 0.0f,
                 out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h);
       a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
-      local_max = std::max(local_max, mx[r]);
+      local_max = nan_max(local_max, mx[r]);
     }
     tile_max[task] = local_max;
   });
 
   if (a.max_logit) {
-    for (int64_t bh = 0; bh < B * Hq; ++bh)
-      a.max_logit[bh] = *std::max_element(tile_max.begin() + bh * n_qt, tile_max.begin() + (bh + 1) * n_qt);
+    for (int64_t bh = 0; bh < B * Hq; ++bh) {
+      float mb = kNegInf;
+      for (int64_t t = 0; t < n_qt; ++t) mb = nan_max(mb, tile_max[bh * n_qt + t]);
+      a.max_logit[bh] = mb;
+    }
   }
 }
 

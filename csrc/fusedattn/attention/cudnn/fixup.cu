@@ -39,6 +39,9 @@ __global__ void prepare_sequences_kernel(AttnMask r, SequenceArgs a) {
   }
 }
 
+// max(a, b), NaN when either is NaN (fmaxf drops a NaN): max_logit shows a NaN row.
+__device__ __forceinline__ float nan_max(float a, float b) { return b > a || b != b ? b : a; }
+
 template <class T>
 __device__ void zero_row(T* row, int64_t n) {
   // Rows start 16-byte aligned when n * sizeof(T) is a multiple of 16 (cuDNN needs D % 8 == 0).
@@ -66,19 +69,21 @@ __global__ void finalize_forward_kernel(AttnMask r, FinalizeArgs a) {
       if (a.dtype == FA_FLOAT32) zero_row(static_cast<float*>(a.out) + oi, a.head_dim_v);
       else zero_row(static_cast<uint16_t*>(a.out) + oi, a.head_dim_v);
     } else if (a.max) {
-      const float m = a.max[li];
-      a.lse[li] = m + logf(a.sum_exp[li]);
-      local_max = fmaxf(local_max, m);
+      const float m = a.max[li], sum = a.sum_exp[li];
+      a.lse[li] = m + logf(sum);
+      // cuDNN's row max may skip a NaN score; the sum of exps does not (a +inf max gives
+      // a NaN sum too, and stays +inf).
+      local_max = nan_max(local_max, sum != sum && m != INFINITY ? sum : m);
     }
   }
   if (!a.max_logit) return;
   __shared__ float warp_max[32];
-  for (int o = 16; o > 0; o /= 2) local_max = fmaxf(local_max, __shfl_xor_sync(~0u, local_max, o));
+  for (int o = 16; o > 0; o /= 2) local_max = nan_max(local_max, __shfl_xor_sync(~0u, local_max, o));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = local_max;
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = -INFINITY;
-    for (int w = 0; w < int(blockDim.x / 32); ++w) m = fmaxf(m, warp_max[w]);
+    for (int w = 0; w < int(blockDim.x / 32); ++w) m = nan_max(m, warp_max[w]);
     a.max_logit[b * a.heads + h] = m;
   }
 }

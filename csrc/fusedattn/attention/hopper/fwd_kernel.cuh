@@ -450,7 +450,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       const float l = o[64 + 2 * r];  // every column of the ones holds the row's sum
       const int row = row0 + 8 * r;
       if (row >= a.seqlen_q) continue;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
+      // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;
       T* out = static_cast<T*>(a.out) + tile.b * a.o_b + row * a.o_s + tile.h * a.o_h;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -459,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       }
       if (a.lse && lane % 4 == 0)
         a.lse[tile.b * a.l_b + tile.h * a.l_h + row * a.l_s] =
-            l > 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            l != 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
   }
 #ifdef FA_HOPPER_PROFILE

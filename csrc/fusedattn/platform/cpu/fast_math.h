@@ -8,9 +8,11 @@
 namespace fusedattn::cpu {
 
 // exp(x) with relative error < 2e-7 on [-87, 88]; inputs below -87 give
-// ~1e-38 and callers zero masked entries explicitly.
-inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+// ~1e-38 and callers zero masked entries explicitly; NaN gives NaN.
+inline float fast_exp(float x_in) {
+  // The clamp sends a NaN to -87 so that the integer exponent below is always in
+  // range (converting NaN to int is undefined); the NaN is given back at the end.
+  const float x = x_in > -87.0f ? (x_in < 88.0f ? x_in : 88.0f) : -87.0f;
   // x = n ln2 + r, |r| <= ln2 / 2; the magic constant rounds to nearest.
   const float kRound = 12582912.0f;  // 1.5 * 2^23
   float n = (x * 1.44269504088896341f + kRound) - kRound;
@@ -23,11 +25,15 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // n in [-126, 127]
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  return x_in != x_in ? x_in : p * scale;
 }
+
+// max(a, b) that keeps a NaN of either argument (std::max and the SIMD max drop
+// one of b's or a's); branch-free.
+inline float nan_max(float a, float b) { return b > a || b != b ? b : a; }
 
 // exp(x) for any x, relative error < 3e-7 where the result is a normal float: fast_exp,
 // with x in (88, 88.72] as e * e^(x - 1) (past fast_exp's clamp), +inf above, 0 below
