@@ -33,6 +33,7 @@ import numpy as np
 from . import _lib
 from ._lib import SmallSeqParams
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from .small_seq_reference import rule_slots
 
 __all__ = ["SmallSeqDescriptor", "fused_attn_eligibility", "fused_attn_small_seq",
            "small_seq_eligibility", "small_seq_params"]
@@ -220,6 +221,10 @@ def _segments(sequence_descriptor, layout, mask, q, k) -> _Segments:
             if x is not None and x.shape[-1] != size:
                 raise ValueError(f"fused_attn_small_seq: sequence_descriptor.{name} must have "
                                  f"{size} entries per pack ({n} segments); got shape {x.shape}")
+        # Out-of-order offsets under the rule of every backend, before the kernels'
+        # slots see them (they assume non-decreasing offsets).
+        q_offs, q_lens = rule_slots(q_offs, q_lens, q.shape[-3])
+        kv_offs, kv_lens = rule_slots(kv_offs, kv_lens, k.shape[-3])
         max_q = 1 if max_q is None else int(max_q)
         width = int(max_kv)
     else:

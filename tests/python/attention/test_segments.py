@@ -88,11 +88,17 @@ def test_overlapping_segment_ends_at_the_next_offset(key):
     assert not np.asarray(out[:, 8:]).any()
 
 
-def test_small_seq_matches_reference_on_overlapping_keys(key):
-    # One query per segment, keys that overlap the next segment's and run past the buffer:
-    # small-seq clamps each segment to its slot, the same rule.
-    sd = _sd(([1, 1, 1], [6, 9, 40]), ([0, 1, 2, 3], [0, 4, 8, S])).with_max_segment_seqlens(
-        max_segment_seqlen_kv=8)
+@pytest.mark.parametrize("lens, offs", [
+    # keys that overlap the next segment's and run past the buffer
+    (([1, 1, 1], [6, 9, 40]), ([0, 1, 2, 3], [0, 4, 8, S])),
+    # kv offsets out of order: segments 1 and 2 keep no key
+    (([1, 1, 1], [3, 3, 3]), ([0, 1, 2, 3], [0, 6, 2, S])),
+    # q offsets out of order: the queries of segments 1 and 2 are padding
+    (([1, 1, 1], [3, 3, 3]), ([0, 2, 1, 3], [0, 4, 8, S])),
+], ids=["overlap", "kv_out_of_order", "q_out_of_order"])
+def test_small_seq_matches_reference_on_invalid_descriptors(key, lens, offs):
+    # One query per segment: small-seq's kernels see rule_slots' canonical slots.
+    sd = _sd(lens, offs).with_max_segment_seqlens(max_segment_seqlen_kv=8)
     qkv = _inputs(key, D=64)  # a head dim small-seq serves
     mask = AttnMaskType.PADDING_MASK
     assert fusedattn.get_backend(qkv, None, sd, qkv_layout=THD, attn_mask_type=mask,
