@@ -24,6 +24,7 @@ from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
+from .sequence import check_descriptor
 
 __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
@@ -315,7 +316,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                return_aux=False,
                score_mod=None,
                score_mod_operands=(),
-               score_mod_bprop=None):
+               score_mod_bprop=None,
+               check_descriptors=False):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same):
@@ -357,6 +359,14 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       score_mod act per segment), batch_idx is the packed row, and the operands are read
       at those positions ([.., Sq, Skv] tables indexed per segment). score_mod_bprop(dscore, score, batch_idx, head_idx, q_idx, kv_idx, *operands)
       -> dscore of the input score: overrides the derived backward.
+    check_descriptors: off (default), an invalid runtime sequence_descriptor is clamped by
+      one rule on every backend (sequence.py's docstring: a THD segment ends at the next
+      segment's offset, one whose offset is below an earlier one is empty, everything is
+      clamped to the buffers). On, it is an error instead: offsets outside the buffer or
+      out of order, negative lengths, a segment past the buffer or overlapping the next
+      one, more segment-id runs than max_segments_per_seq (sequence.check_descriptor).
+      The checks are jax.experimental.checkify checks: eagerly they raise at once; under
+      jit, use err, out = checkify.checkify(jax.jit(f))(...); err.throw().
     A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
     it and no statistics are asked for; get_backend reports "small_seq".
@@ -379,6 +389,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset)
+    if check_descriptors and sequence_descriptor is not None:
+        d = call.dims
+        check_descriptor(*call.operands[6:10], seqlen_q=d.Sq, seqlen_kv=d.Skv,
+                         thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
+                         q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs)
     sm = None
     if score_mod is not None:
         d = call.dims

@@ -10,8 +10,11 @@ call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h an
   [q_off[b, s], q_off[b, s] + q_len[b, s]) and keys [kv_off[b, s], ... + kv_len[b, s]).
   BSHD layouts have one segment starting at token 0, whose lengths are the
   descriptor's under the padding masks and the full extents otherwise. Offsets and
-  lengths are clamped to the tensor's extent. A query attends only to keys of its own
-  segment; tokens outside every segment are padding: output 0, lse -inf, no gradient.
+  lengths are clamped to the tensor's extent, and (THD) a segment ends at the next
+  segment's offset at the latest (off[b, M] bounds the last), and is empty when its
+  offset is below an earlier segment's: segments never overlap (each side separately).
+  A query attends only to keys of its own segment; tokens outside every segment are
+  padding: output 0, lse -inf, no gradient.
 * Inside a segment, with local positions i, j and diag = 0 (top-left) or
   kv_len - q_len (the *_BOTTOM_RIGHT masks), key j is kept for query i when
   i + diag - left <= j <= i + diag + right, where window_size = (left, right) and
@@ -91,19 +94,25 @@ def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int):
 
 
 def _segments(lens, offsets, S, M, thd, padding):
-    """Clamped (begin, length) int32 [B, M] of each segment (mask.h's segment)."""
+    """(begin, length) int32 [B, M] of each segment by mask.h's rule (segment_side): a
+    THD segment runs [off[s], min(off[s] + len[s], off[s + 1], S)) with offsets clamped
+    to [0, S], and is empty when off[s] is below an earlier segment's offset."""
     if thd:
-        begin = jnp.clip(jnp.asarray(offsets, jnp.int32)[:, :M], 0, S)
+        offs = jnp.clip(jnp.asarray(offsets, jnp.int32)[:, :M + 1], 0, S)
+        begin = offs[:, :M]
+        earlier = jax.lax.cummax(begin, axis=1)  # the largest offset up to each segment
+        in_order = begin >= jnp.pad(earlier, ((0, 0), (1, 0)))[:, :M]
+        end = jnp.where(in_order, offs[:, 1:], begin)
     else:
         begin = jnp.zeros((lens.shape[0], M), jnp.int32)
-    length = S - begin
+        end = jnp.full_like(begin, S)
     if padding:
-        length = jnp.clip(jnp.asarray(lens, jnp.int32), 0, length)
-    return begin, length
+        end = jnp.minimum(end, begin + jnp.clip(jnp.asarray(lens, jnp.int32), 0, S))
+    return begin, jnp.maximum(end - begin, 0)
 
 
 def _token_segment(begin, length, S):
-    """Segment index of each token [B, S] (-1: padding); a later segment wins on overlap."""
+    """Segment index of each token [B, S] (-1: padding); segments never overlap."""
     t = jnp.arange(S)[None, :, None]
     inside = (t >= begin[:, None, :]) & (t < (begin + length)[:, None, :])  # [B, S, M]
     M = begin.shape[1]

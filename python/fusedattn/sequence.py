@@ -5,11 +5,16 @@ layouts): segment s has q_seqlens[b, s] query tokens starting at token q_offsets
 of the row, and kv_seqlens[b, s] key/value tokens starting at kv_offsets[b, s]. The
 query tokens of segment s attend only to the key tokens of segment s; tokens outside
 every segment are padding (output 0). BSHD layouts read only the lengths: their one
-segment starts at token 0. Lengths and offsets are clamped to the tensors' extents by
-the kernels; segments of one row must not overlap.
+segment starts at token 0. Lengths, offsets and segment ids are integer arrays: the
+constructors, and fused_attn for a descriptor built directly, reject float (or bool) ones
+rather than truncate them.
 
-Lengths, offsets and segment ids are integer arrays: the constructors, and fused_attn for
-a descriptor built directly, reject float (or bool) ones rather than truncate them.
+Invalid descriptors have one meaning on every backend (csrc/fusedattn/attention/mask.h,
+reference.py): offsets and lengths are clamped to the tensors' extents, a THD segment
+ends at the next segment's offset at the latest (offsets[:, M] bounds the last one), and
+a segment whose offset is below an earlier segment's offset is empty; so segments never
+overlap. fused_attn(..., check_descriptors=True) turns such descriptors into an error
+instead (check_descriptor below; under jit through jax.experimental.checkify).
 """
 
 from __future__ import annotations
@@ -83,6 +88,10 @@ class SequenceDescriptor:
     kv_seqlens: jax.Array
     q_offsets: jax.Array | None = None
     kv_offsets: jax.Array | None = None
+    # int32 [B]: the runs from_segment_ids_and_pos found per row, before dropping those
+    # past max_segments_per_seq (None: not built from segment ids); read by the checks.
+    q_runs: jax.Array | None = None
+    kv_runs: jax.Array | None = None
     max_segment_seqlen_q: int | None = dataclasses.field(default=None,
                                                          metadata=dict(static=True))
     max_segment_seqlen_kv: int | None = dataclasses.field(default=None,
@@ -176,14 +185,14 @@ class SequenceDescriptor:
             if M < 1:
                 raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; "
                                  f"got {M}")
-        q_lens, q_offs = _runs(q_ids, q_pos, M, ctor)
-        kv_lens, kv_offs = _runs(kv_ids, kv_pos, M, ctor)
-        return cls(q_lens, kv_lens, q_offs, kv_offs)
+        q_lens, q_offs, q_runs = _runs(q_ids, q_pos, M, ctor)
+        kv_lens, kv_offs, kv_runs = _runs(kv_ids, kv_pos, M, ctor)
+        return cls(q_lens, kv_lens, q_offs, kv_offs, q_runs, kv_runs)
 
 
 def _runs(ids, pos, M, ctor):
     """Runs of equal non-zero ids in each row of ids [B, S] -> lengths [B, M], offsets
-    [B, M + 1] (empty segments start where the row's last run ends)."""
+    [B, M + 1] (empty segments start where the row's last run ends), runs per row [B]."""
     B, S = ids.shape
     real = ids != 0
     prev = jnp.pad(ids, ((0, 0), (1, 0)))[:, :-1]
@@ -205,4 +214,66 @@ def _runs(ids, pos, M, ctor):
     ends = jnp.where(lens > 0, first[:, :M] + lens, 0)
     row_end = jnp.max(ends, axis=1, initial=0)[:, None]
     offsets = jnp.where(lens > 0, first[:, :M], row_end)
-    return lens, jnp.concatenate([offsets, row_end], axis=1).astype(jnp.int32)
+    runs = jnp.sum(start, axis=1).astype(jnp.int32)
+    return lens, jnp.concatenate([offsets, row_end], axis=1).astype(jnp.int32), runs
+
+
+def _first(bad):
+    """(any, row, segment) of the first True of bad [B, N] (row-major)."""
+    flat = jnp.argmax(bad.reshape(-1))
+    return jnp.any(bad), flat // bad.shape[1], flat % bad.shape[1]
+
+
+def check_descriptor(q_lens, kv_lens, q_offsets, kv_offsets, *, seqlen_q: int, seqlen_kv: int,
+                     thd: bool, padding: bool, q_runs=None, kv_runs=None,
+                     caller: str = "fused_attn"):
+    """checkify checks that a call's descriptor is valid, so that no clamping changes it.
+
+    q_lens / kv_lens int32 [B, M], q_offsets / kv_offsets int32 [B, M + 1]; q_runs /
+    kv_runs int32 [B] or None (SequenceDescriptor.q_runs). Checked per side, in this
+    order: (THD) offsets inside [0, S], offsets in order (non-decreasing), (padding masks)
+    lengths >= 0, a segment past the end of the buffer (THD: offset + length > S; BSHD:
+    length > S), (THD) a segment running into the next one (offset + length >
+    offsets[s + 1], an overlap), and more segment runs than max_segments_per_seq.
+
+    Eagerly a failed check raises at once; under jit, wrap the function with
+    jax.experimental.checkify.checkify and call err.throw() (a bare jit refuses to stage
+    an unfunctionalized check, by JAX's design)."""
+    from jax.experimental import checkify
+
+    for side, lens, offs, S, runs in (("q", q_lens, q_offsets, seqlen_q, q_runs),
+                                      ("kv", kv_lens, kv_offsets, seqlen_kv, kv_runs)):
+        where = f"{caller}(check_descriptors=True): sequence_descriptor {side}"
+        lens = jnp.asarray(lens, jnp.int32)
+        M = lens.shape[1]
+        if thd:
+            offs = jnp.asarray(offs, jnp.int32)
+            bad, b, s = _first((offs < 0) | (offs > S))
+            checkify.check(~bad, where + "_offsets[{b}, {s}] = {v} is outside the buffer "
+                           f"[0, {S}]", b=b, s=s, v=offs[b, s])
+            bad, b, s = _first(offs[:, 1:] < offs[:, :-1])
+            checkify.check(~bad, where + "_offsets are out of order in row {b}: offsets[{s}] = "
+                           "{v} > offsets[{s1}] = {w} (offsets must be non-decreasing)",
+                           b=b, s=s, s1=s + 1, v=offs[b, s], w=offs[b, s + 1])
+        if padding:
+            bad, b, s = _first(lens < 0)
+            checkify.check(~bad, where + "_seqlens[{b}, {s}] = {v} is negative", b=b, s=s,
+                           v=lens[b, s])
+            begin = jnp.clip(offs[:, :M], 0, S) if thd else jnp.zeros_like(lens)
+            bad, b, s = _first(lens > S - begin)
+            checkify.check(~bad, where + " segment {s} of row {b} (offset {o}, length {v}) runs "
+                           f"past the end of the buffer ({S} tokens)", b=b, s=s, o=begin[b, s],
+                           v=lens[b, s])
+            if thd:
+                nxt = jnp.clip(offs[:, 1:], 0, S)
+                bad, b, s = _first(lens > nxt - begin)
+                checkify.check(~bad, where + " segment {s} of row {b} (offset {o}, length {v}) "
+                               "overlaps the next one, which starts at offset {n} (offsets[:, M] "
+                               "bounds the last segment)", b=b, s=s, o=begin[b, s], v=lens[b, s],
+                               n=nxt[b, s])
+        if runs is not None:
+            runs = jnp.asarray(runs, jnp.int32).reshape(-1, 1)
+            bad, b, _ = _first(runs > M)
+            checkify.check(~bad, where + " segment ids of row {b} hold {v} runs, more than "
+                           f"max_segments_per_seq={M} (the runs past it would be dropped)",
+                           b=b, v=runs[b, 0])

@@ -35,6 +35,7 @@ from ._args import (ArgumentTypeError, array, fold_scale, got, is_traced, scale_
                     static_float, static_int)
 from ._lib import SmallSeqParams
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from .small_seq_reference import rule_slots
 
 __all__ = ["SmallSeqDescriptor", "fused_attn_eligibility", "fused_attn_small_seq",
            "small_seq_eligibility", "small_seq_params"]
@@ -249,6 +250,10 @@ def _segments(sequence_descriptor, layout, mask, q, k) -> _Segments:
             if x is not None and x.shape[-1] != size:
                 raise ValueError(f"fused_attn_small_seq: sequence_descriptor.{name} must have "
                                  f"{size} entries per pack ({n} segments); got shape {x.shape}")
+        # Out-of-order offsets under the rule of every backend, before the kernels'
+        # slots see them (they assume non-decreasing offsets).
+        q_offs, q_lens = rule_slots(q_offs, q_lens, q.shape[-3])
+        kv_offs, kv_lens = rule_slots(kv_offs, kv_lens, k.shape[-3])
         where = "fused_attn_small_seq: sequence_descriptor"
         max_q = 1 if max_q is None else _maximum(max_q, "max_segment_seqlen_q", where)
         width = _maximum(max_kv, "max_segment_seqlen_kv", where)

@@ -3,7 +3,8 @@ run fusedattn.attention_reference on it, scatter the rows back.
 
 The segment rules are those of csrc/fusedattn/small_seq/segments.h: slot s of a THD
 tensor is [offsets[s], offsets[s+1]) clamped to the tensor, a segment uses the first
-min(len, slot) rows of its slot, and rows no segment uses get output 0 (probabilities 0,
+min(len, slot) rows of its slot (a segment whose offset is below an earlier one uses
+none: rule_slots, the rule of every backend), and rows no segment uses get output 0 (probabilities 0,
 statistics -inf). max_q / max_kv bound the rows a segment may use here (static shapes):
 give at least the largest length present, promise or not.
 """
@@ -17,12 +18,25 @@ from .enums import AttnMaskType, QKVLayout
 from .reference import attention_mask, attention_reference
 
 
+def rule_slots(offsets, lens, tokens):
+    """(offsets [..., N + 1], lengths [..., N]) int32 equivalent to the given ones under the
+    descriptor rule of every backend (attention/mask.h): offsets clamped to [0, tokens]
+    and made non-decreasing (their running max), a segment ending at the next offset and
+    empty when its offset is below an earlier one. lens None: each segment its whole slot.
+    Valid descriptors come back unchanged; small-seq's kernels then need no more rule."""
+    o = jnp.clip(jnp.asarray(offsets, jnp.int32), 0, tokens)
+    run = jax.lax.cummax(o, axis=o.ndim - 1)
+    begin = o[..., :-1]
+    in_order = begin >= jnp.concatenate([begin[..., :1], run[..., :-2]], axis=-1)
+    end = jnp.where(in_order, o[..., 1:], begin)
+    if lens is not None:
+        end = jnp.minimum(end, begin + jnp.clip(jnp.asarray(lens, jnp.int32), 0, tokens))
+    return run, jnp.maximum(end - begin, 0)
+
+
 def _slots(offsets, lens, tokens):
-    start = jnp.clip(offsets[:-1], 0, tokens)
-    nxt = jnp.clip(offsets[1:], 0, tokens)
-    nxt = jnp.maximum(nxt, start)
-    used = nxt - start if lens is None else jnp.clip(lens, 0, nxt - start)
-    return start, used
+    run, used = rule_slots(offsets, lens, tokens)
+    return run[:-1], used
 
 
 def _gather(x, start, used, rows):

@@ -12,12 +12,16 @@
 // where a negative side (-1) is unbounded and a causal mask sets right = 0.
 //
 // Sequences of an attention call: seqlens [B, M] and token offsets [B, M + 1]
-// int32 (M = max_segments). Segment s of row b has queries
-// [q_off[b, s], + q_len[b, s]) and keys [kv_off[b, s], + kv_len[b, s]); BSHD
-// layouts have one segment at token 0 whose lengths are the descriptor's under
-// padding masks and the full extents otherwise. Offsets and lengths are clamped
-// to the tensor's extent, so no descriptor leads a kernel out of bounds; where
-// segments overlap, the later one owns the query. Tokens of no segment are padding.
+// int32 (M = max_segments). BSHD layouts have one segment at token 0 whose lengths
+// are the descriptor's under padding masks and the full extents otherwise. In THD
+// layouts segment s of row b holds, on each side (q and kv) separately, the tokens
+//   [off[s], min(off[s] + len[s], off[s + 1], S))   with off clamped to [0, S]
+// (len[s] < 0 counts as 0): a segment ends at the next segment's offset at the latest
+// (offsets[M] bounds the last one), so segments never overlap, and a segment whose
+// offset is below an earlier segment's offset (offsets out of order) is empty (the
+// one before it, ending at that lower offset, is empty too). No descriptor leads a
+// kernel out of bounds. Tokens of no segment are padding. fused_attn(...,
+// check_descriptors=True) reports such descriptors instead (python/fusedattn/sequence.py).
 #pragma once
 
 #include <stdint.h>
@@ -116,21 +120,50 @@ FA_HOST_DEVICE FA_INLINE int64_t clamp_extent(int64_t x, int64_t hi) {
   return x < 0 ? 0 : (x > hi ? hi : x);
 }
 
-// Segment s of row b, every offset and length clamped to the tensor's extent.
+// The largest clamped offset of the segments of a row walked so far, per side: a walk
+// over segments 0, 1, .. of a row carries it so that each step is O(1).
+struct SegmentWalk {
+  int64_t q_floor = 0, kv_floor = 0;
+};
+
+// One side of segment s of row b: *begin, *len of its tokens by the rule above.
+FA_HOST_DEVICE FA_INLINE void segment_side(const int32_t* offsets, const int32_t* lens,
+                                           int64_t b, int64_t s, int64_t M, int64_t S,
+                                           bool thd, bool padding, int64_t* floor,
+                                           int64_t* begin, int64_t* len) {
+  int64_t lo = 0, end = S;
+  if (thd && offsets) {
+    const int32_t* o = offsets + b * (M + 1);
+    lo = clamp_extent(o[s], S);
+    end = clamp_extent(o[s + 1], S);
+    if (lo < *floor) end = lo;  // below an earlier segment's offset: empty
+    else *floor = lo;
+  }
+  if (padding && lens) {
+    const int64_t e = lo + clamp_extent(lens[b * M + s], S);
+    if (e < end) end = e;
+  }
+  *begin = lo;
+  *len = end > lo ? end - lo : 0;
+}
+
+// Segment s of row b, the walk having visited segments 0 .. s - 1 of row b before.
+FA_HOST_DEVICE FA_INLINE Segment next_segment(const AttnMask& m, int64_t b, int64_t s,
+                                              SegmentWalk* w) {
+  Segment g;
+  segment_side(m.seq.q_offsets, m.seq.q_lens, b, s, m.segments, m.seqlen_q, m.thd, m.padding,
+               &w->q_floor, &g.q_begin, &g.q_len);
+  segment_side(m.seq.kv_offsets, m.seq.kv_lens, b, s, m.segments, m.seqlen_kv, m.thd,
+               m.padding, &w->kv_floor, &g.kv_begin, &g.kv_len);
+  return g;
+}
+
+// Segment s of row b alone: O(s), it walks the segments before it. Kernels that visit
+// every segment of a row walk with next_segment instead.
 FA_HOST_DEVICE FA_INLINE Segment segment(const AttnMask& m, int64_t b, int64_t s) {
-  const int64_t M = m.segments;
-  Segment g{0, m.seqlen_q, 0, m.seqlen_kv};
-  if (m.thd) {
-    if (m.seq.q_offsets) g.q_begin = clamp_extent(m.seq.q_offsets[b * (M + 1) + s], m.seqlen_q);
-    if (m.seq.kv_offsets)
-      g.kv_begin = clamp_extent(m.seq.kv_offsets[b * (M + 1) + s], m.seqlen_kv);
-    g.q_len = m.seqlen_q - g.q_begin;
-    g.kv_len = m.seqlen_kv - g.kv_begin;
-  }
-  if (m.padding) {
-    if (m.seq.q_lens) g.q_len = clamp_extent(m.seq.q_lens[b * M + s], g.q_len);
-    if (m.seq.kv_lens) g.kv_len = clamp_extent(m.seq.kv_lens[b * M + s], g.kv_len);
-  }
+  SegmentWalk w;
+  Segment g{0, 0, 0, 0};
+  for (int64_t t = 0; t <= s; ++t) g = next_segment(m, b, t, &w);
   return g;
 }
 
@@ -141,15 +174,18 @@ FA_HOST_DEVICE FA_INLINE KeyRange row_keys(const AttnMask& m, const Segment& g, 
   return {g.kv_begin + k.lo, g.kv_begin + k.hi};
 }
 
-// The segment that owns query i of row b (the last one containing it); false when i is
+// The segment that owns query i of row b (segments never overlap); false when i is
 // padding. O(M): kernels that visit every row walk the segments instead.
 FA_HOST_DEVICE FA_INLINE bool find_segment(const AttnMask& m, int64_t b, int64_t i, Segment* g) {
-  bool found = false;
+  SegmentWalk w;
   for (int64_t s = 0; s < m.segments; ++s) {
-    const Segment c = segment(m, b, s);
-    if (i >= c.q_begin && i < c.q_begin + c.q_len) *g = c, found = true;
+    const Segment c = next_segment(m, b, s, &w);
+    if (i >= c.q_begin && i < c.q_begin + c.q_len) {
+      *g = c;
+      return true;
+    }
   }
-  return found;
+  return false;
 }
 
 }  // namespace fusedattn

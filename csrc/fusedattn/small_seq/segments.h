@@ -11,7 +11,11 @@
 // slot past the length ("padded tails"), and rows before the first and after the
 // last slot, belong to no segment: their outputs and gradients are zero (the
 // first and last segment of a pack write those edge rows).
-// Offsets must be non-decreasing for every row to have exactly one owner.
+// Offsets must be non-decreasing for every row to have exactly one owner: small_seq.py
+// hands the kernels rule_slots() of small_seq_reference.py, the descriptor rule of every
+// backend (attention/mask.h: a segment ends at the next offset, which clamping to the
+// slot already does; one whose offset is below an earlier one is empty) as non-decreasing
+// offsets and lengths.
 //
 // Query row r (0-based in its segment) keeps the keys [0, hi) of mask.h's
 // segment_keys: small-seq serves no window (validate()), so every range starts

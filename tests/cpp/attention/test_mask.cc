@@ -1,19 +1,19 @@
 // attention/mask.h against a brute-force per-element rule, written here from
 // python/fusedattn/reference.py (segment_mask), not from the header:
-//   segment s of row b: begin = clamp(offset, 0, S) (THD; else 0), length = S - begin,
-//   clamped lengths under padding masks; a query belongs to the last segment holding it
-//   and keeps key j of that segment's key range when, with local li, lj and
+//   segment s of row b, each side: THD begin = clamp(offset[s], 0, S), end = the least of
+//   begin + clamped length (padding masks), clamp(offset[s + 1], 0, S) and S, and empty when
+//   begin is below an earlier segment's begin (offsets out of order); BSHD begin = 0, end =
+//   the clamped length under padding masks, S otherwise. A query belongs to the one
+//   segment holding it (the rule keeps segments disjoint; checked here) and keeps key j of
+//   that segment's key range when, with local li, lj and
 //   diag = 0 or kv_len - q_len (bottom-right), li + diag - left <= lj <= li + diag + right
 //   (a negative side unbounded, causal: right = 0), evaluated in 128-bit integers so
 //   that no window, INT64_MAX included, can overflow.
-// Where key ranges of segments overlap (bad descriptors), reference.py keeps only keys
-// whose own (last) segment is the query's: no per-row range can say that, and every
-// backend (cuDNN reads each segment's keys by its offset and length) keeps the query
-// segment's whole key range, so that is the rule checked here.
 // Every test checks the kept keys form exactly the header's range [lo, hi), and the CPU
 // engine's RowRanges and the small-seq row rule against the same brute force.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -154,29 +154,46 @@ struct RefSegments {
   std::vector<int64_t> qb, ql, kb, kl;  // [B, M]
 };
 
+// One side of the rule: (begin, length) of each segment of row b.
+void ref_side(const std::vector<int32_t>& offs, const std::vector<int32_t>& lens, bool thd,
+              bool pad, int64_t b, int64_t M, int64_t S, std::vector<int64_t>* begin,
+              std::vector<int64_t>* len) {
+  for (int64_t s = 0; s < M; ++s) {
+    int64_t lo = 0, end = S;
+    if (thd) {
+      lo = clip(offs[b * (M + 1) + s], 0, S);
+      end = std::min(end, clip(offs[b * (M + 1) + s + 1], 0, S));
+      for (int64_t t = 0; t < s; ++t)
+        if (clip(offs[b * (M + 1) + t], 0, S) > lo) end = lo;
+    }
+    if (pad) end = std::min(end, lo + clip(lens[b * M + s], 0, S));
+    begin->push_back(lo);
+    len->push_back(std::max<int64_t>(end - lo, 0));
+  }
+}
+
 RefSegments ref_segments(const Call& c) {
   const AttnParams& p = c.p;
   const int64_t B = p.batch, M = p.max_segments;
   const bool thd = is_thd(p.layout), pad = padding(p.mask_type);
   RefSegments r;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < M; ++s) {
-      const int64_t qb = thd ? clip(c.q_offsets[b * (M + 1) + s], 0, p.seqlen_q) : 0;
-      const int64_t kb = thd ? clip(c.kv_offsets[b * (M + 1) + s], 0, p.seqlen_kv) : 0;
-      r.qb.push_back(qb);
-      r.kb.push_back(kb);
-      r.ql.push_back(pad ? clip(c.q_lens[b * M + s], 0, p.seqlen_q - qb) : p.seqlen_q - qb);
-      r.kl.push_back(pad ? clip(c.kv_lens[b * M + s], 0, p.seqlen_kv - kb) : p.seqlen_kv - kb);
-    }
+  for (int64_t b = 0; b < B; ++b) {
+    ref_side(c.q_offsets, c.q_lens, thd, pad, b, M, p.seqlen_q, &r.qb, &r.ql);
+    ref_side(c.kv_offsets, c.kv_lens, thd, pad, b, M, p.seqlen_kv, &r.kb, &r.kl);
+  }
   return r;
 }
 
-// The segment of token t (-1: padding): the last one holding it.
+// The segment of token t (-1: padding); fails the test when two segments hold it.
 int64_t owner(const std::vector<int64_t>& begin, const std::vector<int64_t>& len, int64_t b,
               int64_t M, int64_t t) {
   int64_t o = -1;
   for (int64_t s = 0; s < M; ++s)
-    if (t >= begin[b * M + s] && t < begin[b * M + s] + len[b * M + s]) o = s;
+    if (t >= begin[b * M + s] && t < begin[b * M + s] + len[b * M + s]) {
+      EXPECT_EQ(o, -1) << "segments " << o << " and " << s << " of row " << b
+                       << " both hold token " << t;
+      o = s;
+    }
   return o;
 }
 
@@ -186,6 +203,8 @@ void check_call(const Call& c) {
   const RefSegments ref = ref_segments(c);
   const AttnMask m = attn_mask(p, c.seq());
   const cpu::RowRanges table = cpu::build_row_ranges(p, c.seq(), 4);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < Skv; ++j) owner(ref.kb, ref.kl, b, M, j);  // keys disjoint too
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sq; ++i) {
       const int64_t qs = owner(ref.qb, ref.ql, b, M, i);
@@ -205,6 +224,10 @@ void check_call(const Call& c) {
         continue;
       }
       ASSERT_EQ(g.q_begin, ref.qb[b * M + qs]);
+      const Segment alone = segment(m, b, qs);
+      ASSERT_EQ(alone.q_len, ref.ql[b * M + qs]);
+      ASSERT_EQ(alone.kv_begin, ref.kb[b * M + qs]);
+      ASSERT_EQ(alone.kv_len, ref.kl[b * M + qs]);
       ASSERT_EQ(g.kv_begin, ref.kb[b * M + qs]);
       const KeyRange r = row_keys(m, g, i);
       ASSERT_TRUE(is_range(kept, r, g.kv_begin))
@@ -274,6 +297,41 @@ TEST(MaskRule, ThdCallsWithGapsOverlapsAndBadDescriptors) {
     }
     check_call(c);
   }
+}
+
+// Issue 20's descriptor: lengths [[8, 4]], offsets [[0, 4, 8]] on both sides. Segment 0
+// ends at segment 1's offset: queries and keys [0, 4); segment 1 is [4, 8).
+TEST(MaskRule, OverlappingSegmentEndsAtTheNextOffset) {
+  Call c = make_call(FA_THD_THD_THD, FA_PADDING_MASK, 1, 8, 8, 2, -1, -1);
+  c.q_lens = c.kv_lens = {8, 4};
+  c.q_offsets = c.kv_offsets = {0, 4, 8};
+  const AttnMask m = attn_mask(c.p, c.seq());
+  const Segment g0 = segment(m, 0, 0), g1 = segment(m, 0, 1);
+  EXPECT_EQ(g0.q_begin, 0);
+  EXPECT_EQ(g0.q_len, 4);
+  EXPECT_EQ(g0.kv_len, 4);
+  EXPECT_EQ(g1.q_begin, 4);
+  EXPECT_EQ(g1.kv_len, 4);
+  const KeyRange k = row_keys(m, g0, 0);
+  EXPECT_EQ(k.lo, 0);
+  EXPECT_EQ(k.hi, 4);
+  check_call(c);
+}
+
+// Offsets out of order: offsets [0, 6, 2, 8] with lengths [2, 2, 2]. Segment 2 starts
+// below segment 1's offset: empty; segment 1 ends at segment 2's offset 2 < 6: empty.
+TEST(MaskRule, SegmentBelowAnEarlierOffsetIsEmpty) {
+  Call c = make_call(FA_THD_THD_THD, FA_PADDING_MASK, 1, 8, 8, 3, -1, -1);
+  c.q_lens = c.kv_lens = {2, 2, 2};
+  c.q_offsets = c.kv_offsets = {0, 6, 2, 8};
+  const AttnMask m = attn_mask(c.p, c.seq());
+  EXPECT_EQ(segment(m, 0, 0).q_len, 2);
+  EXPECT_EQ(segment(m, 0, 1).q_len, 0);
+  EXPECT_EQ(segment(m, 0, 2).q_len, 0);
+  Segment g;
+  EXPECT_FALSE(find_segment(m, 0, 2, &g));
+  EXPECT_FALSE(find_segment(m, 0, 6, &g));
+  check_call(c);
 }
 
 }  // namespace

@@ -127,6 +127,20 @@ def test_thd_segment_ids(key):
                         D=128, mask=AttnMaskType.PADDING_CAUSAL_MASK, sd=sd, M=3))
 
 
+@pytest.mark.parametrize("mask", [AttnMaskType.PADDING_MASK, AttnMaskType.PADDING_CAUSAL_MASK],
+                         ids=lambda m: m.name)
+def test_thd_invalid_descriptors_follow_the_rule(key, mask):
+    # mask.h's rule through the sequence fixup: segment 0 claims more tokens than lie
+    # before segment 1's offset (issue 20's overlap), the last runs past offsets[:, M] and
+    # the buffer, row 1's offsets go backwards; cuDNN must agree with the reference.
+    sd = SequenceDescriptor.from_seqlens_and_offsets(
+        (jnp.array([[48, 24, 90], [30, 10, 20]]), jnp.array([[40, 20, 200], [16, 10, 30]])),
+        (jnp.array([[0, 24, 48, 80], [0, 50, 20, 96]]),
+         jnp.array([[0, 24, 48, 96], [0, 60, 30, 96]])))
+    run_check(key, Spec(dtype=BF16, layout=QKVLayout.THD_THD_THD, mask=mask, Sq=96, Skv=96,
+                        Hq=4, Hkv=2, D=64, sd=sd, M=3))
+
+
 # ---------------------------------------------------------------------------
 # Bias (post-scale, every broadcast), softmax types, windows
 

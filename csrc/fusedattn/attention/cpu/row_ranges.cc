@@ -21,9 +21,9 @@ RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile
   r.tile_hi.assign(B * r.n_qt, 0);
   const AttnMask mask = attn_mask(p, seq);
   parallel_for(B, [&](int64_t b, int) {
-    // Segments in order; where descriptors overlap, the later segment wins.
+    SegmentWalk walk;  // segments in order; mask.h keeps them disjoint
     for (int64_t s = 0; s < mask.segments; ++s) {
-      const Segment g = segment(mask, b, s);
+      const Segment g = next_segment(mask, b, s, &walk);
       for (int64_t i = g.q_begin; i < g.q_begin + g.q_len; ++i) {
         const KeyRange k = row_keys(mask, g, i);
         r.lo[r.row(b, i)] = int32_t(k.lo);

@@ -29,6 +29,8 @@ __global__ void prepare_sequences_kernel(AttnMask r, SequenceArgs a) {
     return;
   }
   const int64_t b = t / r.segments, s = t % r.segments;
+  // mask.h's clamped segment (O(s): it walks the offsets before it). cuDNN reads each
+  // segment by these lengths and offsets, so it follows the rule of every backend.
   const Segment g = segment(r, b, s);
   a.seq_q[t] = int32_t(g.q_len);
   a.seq_kv[t] = int32_t(g.kv_len);
