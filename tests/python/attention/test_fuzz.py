@@ -13,7 +13,8 @@ Never a crash: a segfault or abort kills the pytest process; any exception other
 ValueError/TypeError propagates at once.
 
 CI runs a bounded, derandomized number of examples per test (reproducible); set
-FUSEDATTN_FUZZ_EXAMPLES=N for a longer run (N per test, with shrinking). Mismatches are
+FUSEDATTN_FUZZ_EXAMPLES=N for another count (N per test; a longer run shrinks an unexpected
+exception to its simplest case). Mismatches are
 collected over the whole run and reported together (case, message); the counts (inputs
 tried, clear errors, mismatches, NaN/Inf cases) print at the end of the module (pytest -s)
 and go to build/fuzz_summary.json.
@@ -59,11 +60,13 @@ COUNTS: dict[str, collections.Counter] = collections.defaultdict(collections.Cou
 
 
 def _settings(default_examples: int):
-    long_run = _LONG > 0
+    """Derandomized (the same examples on every run); FUSEDATTN_FUZZ_EXAMPLES=N draws N per
+    test instead, and shrinks an unexpected exception when N is above the default."""
+    n = _LONG or default_examples
     return settings(
-        max_examples=_LONG if long_run else default_examples, deadline=None,
-        derandomize=not long_run, database=None, print_blob=long_run,
-        phases=(Phase.explicit, Phase.generate) + ((Phase.shrink,) if long_run else ()),
+        max_examples=n, deadline=None, derandomize=True, database=None,
+        phases=(Phase.explicit, Phase.generate) + ((Phase.shrink,) if n > default_examples
+                                                   else ()),
         suppress_health_check=list(HealthCheck))
 
 
