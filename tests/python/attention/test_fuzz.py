@@ -191,7 +191,7 @@ def _key(spec: Spec):
 def test_fuzz_valid_inputs_match_reference():
     failures = Failures("valid")
 
-    @_settings(60)
+    @_settings(40)
     @given(valid_specs())
     def one(case):
         spec, grads = case
@@ -245,7 +245,7 @@ def invalid_descriptor_specs(draw):
 def test_fuzz_invalid_descriptors_match_reference():
     failures = Failures("invalid_descriptors")
 
-    @_settings(40)
+    @_settings(20)
     @given(invalid_descriptor_specs())
     def one(case):
         spec, kind = case
@@ -306,7 +306,7 @@ def _compare_nonfinite(name, got, ref, lowp, dtype):
 def test_fuzz_nan_inf_propagate_like_reference():
     failures = Failures("nan_inf")
 
-    @_settings(40)
+    @_settings(20)
     @given(nan_specs())
     def one(case):
         spec, target, value, where = case
