@@ -99,7 +99,10 @@ class SmallSeqParams(ctypes.Structure):
 
 
 def _load() -> ctypes.CDLL:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_FILE)
+    # FUSEDATTN_LIBRARY: the path of another build of the library to load instead of the
+    # package's own (e.g. the sanitized build scripts/test.sh runs a pytest selection with).
+    path = os.environ.get("FUSEDATTN_LIBRARY") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), _LIB_FILE)
     if not os.path.exists(path):
         raise ImportError(
             f"fusedattn: {path} is missing; install the package with `pip install .` "
