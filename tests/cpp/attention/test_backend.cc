@@ -182,8 +182,6 @@ const HopperCase kHopperDeclines[] = {
      "head dim 128"},
     {"max_logit", [](AttnParams&, BackendRequest& r, PlatformInfo&) { r.want_max_logit = true; },
      "max_logit"},
-    {"bias", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1; }, "bias"},
     {"dropout", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.dropout = 0.1f; },
      "dropout"},
     {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {

@@ -46,16 +46,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
     __file__)))))
 SUMMARY_PATH = os.path.join(_ROOT, "build", "fuzz_summary.json")
 
-# The pending marks: the lead removes them once the named branches are merged.
-PENDING_NAN = pytest.mark.xfail(strict=False, reason="issue 20: fixed on branch nan/segrule "
-                                "(q NaN rows swallowed to 0, softmax_offset=+inf gives NaN)")
-PENDING_DESCRIPTORS = pytest.mark.xfail(strict=False, reason="issue 20: fixed on branch "
-                                        "nan/segrule (overlapping segments: CPU and reference "
-                                        "keep different keys)")
-PENDING_ARGUMENTS = pytest.mark.xfail(strict=False, reason="issue 20: fixed on the _prepare.py "
-                                      "errors branch (head dim 0, list bias, window 2**64, "
-                                      "string seed, float segment ids)")
-
 COUNTS: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
 
@@ -241,7 +231,6 @@ def invalid_descriptor_specs(draw):
     return Spec(**{**{f: getattr(spec, f) for f in Spec.__dataclass_fields__}, "sd": sd}), kind
 
 
-@PENDING_DESCRIPTORS
 def test_fuzz_invalid_descriptors_match_reference():
     failures = Failures("invalid_descriptors")
 
@@ -302,7 +291,6 @@ def _compare_nonfinite(name, got, ref, lowp, dtype):
     assert_close(name, np.where(fin, got, 0), np.where(fin, ref, 0), low, dtype=dtype)
 
 
-@PENDING_NAN
 def test_fuzz_nan_inf_propagate_like_reference():
     failures = Failures("nan_inf")
 
@@ -481,6 +469,5 @@ def test_fuzz_invalid_arguments_raise_clear_errors():
     _fuzz_invalid_arguments("invalid_arguments", _mutations, 60)
 
 
-@PENDING_ARGUMENTS
-def test_fuzz_invalid_arguments_pending():
+def test_fuzz_issue20_arguments_raise_clear_errors():
     _fuzz_invalid_arguments("invalid_arguments_pending", _pending_mutations, 20)
