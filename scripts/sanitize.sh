@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$PWD/.venv/bin/python}
 mkdir -p build
 {
+  # -O1: the sanitizers need no more, and the build is half as long on CI's two cores.
   cmake -S . -B build/asan -DFUSEDATTN_SANITIZE=ON -DFUSEDATTN_BUILD_TESTS=ON \
-    -DFUSEDATTN_CUDA=OFF -DPython_EXECUTABLE="$PYTHON" &&
+    -DFUSEDATTN_CUDA=OFF -DCMAKE_CXX_FLAGS_RELEASE=-O1 -DPython_EXECUTABLE="$PYTHON" &&
   cmake --build build/asan -j "$(nproc)" --target fusedattn fusedattn_cpp_tests
 } > build/asan.log 2>&1 || { cat build/asan.log; exit 1; }
 
@@ -22,11 +23,9 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Python is not instrumented: the sanitizer runtimes go first in the process (LD_PRELOAD), the
 # package loads the sanitized library (FUSEDATTN_LIBRARY), and leak checking stays off (the
 # interpreter never frees some of what it allocates). A selection, not the whole suite: THD
-# segments, threads, sinks, the fuzz test, a slice of small-seq, softmax and score_mod.
+# segments (the descriptor rule's index arithmetic), threads, and the fuzz test.
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
-FUSEDATTN_LIBRARY="$PWD/build/asan/libfusedattn.so" FUSEDATTN_FUZZ_EXAMPLES=12 \
+FUSEDATTN_LIBRARY="$PWD/build/asan/libfusedattn.so" FUSEDATTN_FUZZ_EXAMPLES=8 \
   "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/python/attention/test_thd.py tests/python/attention/test_threads.py \
-    tests/python/attention/test_sinks.py tests/python/attention/test_fuzz.py \
-    "tests/python/small_seq/test_small_seq_forward.py" "tests/python/softmax/test_softmax.py" \
-    "tests/python/score_mod/test_score_mod.py" -k "not gpu"
+    tests/python/attention/test_fuzz.py
