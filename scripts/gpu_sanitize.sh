@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU machine: compute-sanitizer over a representative selection of the GPU tests: memcheck
+# (out-of-bounds and misaligned accesses, bad frees, CUDA API errors) for the cuDNN path with
+# its fixup kernels, the Hopper forward, small-seq and softmax; racecheck (shared-memory
+# hazards) for our kernels that use shared memory (Hopper forward, small-seq, softmax).
+# XLA allocates each buffer with its own cudaMalloc here (XLA_PYTHON_CLIENT_ALLOCATOR=platform),
+# so an access past one of our buffers is seen, not hidden inside XLA's memory pool.
+# One line per run: the tool, the selection, pytest's summary and the sanitizer's error count;
+# logs in $OUT/cs-<tool>-<name>.log. The runs go in parallel (their time is mostly compiling on
+# the CPU). Exit status 1 when a run reports anything or a test fails.
+#   OUT=... bash scripts/gpu_sanitize.sh            (carry .whl/ as for scripts/gpu_test.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+source scripts/gpu_env.sh
+export XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false
+CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+status=0
+
+run() {  # run TOOL NAME PYTEST-ARGS...
+  local tool=$1 name=$2
+  shift 2
+  "$CS" --tool "$tool" --target-processes all --error-exitcode 97 \
+    --log-file "$OUT/cs-$tool-$name.log" \
+    "$PY" -m pytest -q -p no:cacheprovider "$@" > "$OUT/cs-$tool-$name.pytest.log" 2>&1
+  local rc=$? errors
+  errors=$(grep -ho "ERROR SUMMARY: [0-9]* error" "$OUT/cs-$tool-$name.log" |
+           awk '{s += $3} END {print s + 0}')
+  echo "$tool $name: rc=$rc, $(tail -1 "$OUT/cs-$tool-$name.pytest.log"), sanitizer errors: $errors" \
+    > "$OUT/cs-$tool-$name.summary"
+  [ "$rc" -eq 0 ] && [ "$errors" -eq 0 ]
+}
+
+A=tests/python/attention
+pids=()
+run memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink" &
+pids+=($!)
+run memcheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout or nan" &
+pids+=($!)
+run memcheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks or broken_promises_among or nan" &
+pids+=($!)
+run memcheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest or nan or fully_masked" &
+pids+=($!)
+run racecheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout" &
+pids+=($!)
+run racecheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks" &
+pids+=($!)
+run racecheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest" &
+pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+cat "$OUT"/cs-*.summary
+exit $status
