@@ -2,7 +2,7 @@
 # with `python -m pip wheel . --no-deps -w .whl`) or builds in place, into a fresh
 # directory on PYTHONPATH; sets PY and writes the device line to $OUT/device.txt.
 PY=${PYTHON:-python3}
-SITE=/tmp/fusedattn-site
+SITE=${FUSEDATTN_SITE:-/tmp/fusedattn-site}  # a second script running at once takes its own
 rm -rf "$SITE"
 if ls .whl/fusedattn-*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/fusedattn-*.whl || exit 1
