@@ -8,7 +8,8 @@
 # One line per run: the tool, the selection, pytest's summary and the sanitizer's error count;
 # logs in $OUT/cs-<tool>-<name>.log (H100, 2026-11-25: memcheck of the Hopper, small-seq and
 # softmax selections 0 errors; with cuDNN's graphs in the process compute-sanitizer 2025.3.1
-# itself crashes (SIGSEGV), and so did every run with --target-processes all). The runs go in parallel (their time is mostly compiling on
+# itself crashes (SIGSEGV), and so did every run with --target-processes all).
+# The runs go in parallel (their time is mostly compiling on
 # the CPU). Exit status 1 when a run reports anything or a test fails.
 #   OUT=... bash scripts/gpu_sanitize.sh            (carry .whl/ as for scripts/gpu_test.sh)
 set -uo pipefail
