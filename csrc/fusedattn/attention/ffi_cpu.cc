@@ -157,43 +157,27 @@ using fusedattn::ffi_glue::AttnScoreModAttrs;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd, fusedattn::ffi_glue::attn_fwd_cpu,
                               ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  FA_ATTN_BIND_FWD_RESULTS
                                   .Attrs<AttnAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu,
                               ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  FA_ATTN_BIND_BWD_INPUTS
+                                  FA_ATTN_BIND_BWD_RESULTS
                                   .Attrs<AttnAttrs>());
 
 // score_mod variants: the ten operands, then score_mod_operands (float32, the array
 // operands concatenated); the backward also returns their gradient.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cpu,
                               ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  FA_ATTN_BIND_SM_OPERANDS
+                                  FA_ATTN_BIND_FWD_RESULTS
                                   .Attrs<AttnScoreModAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd_sm_cpu,
                               ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  FA_ATTN_BIND_SM_OPERANDS
+                                  FA_ATTN_BIND_BWD_INPUTS
+                                  FA_ATTN_BIND_BWD_RESULTS
                                   .Ret<ffi::AnyBuffer>()  // dscore_mod_operands
                                   .Attrs<AttnScoreModAttrs>());

@@ -163,9 +163,6 @@ Status make_sm_args(const AttnParams& p, const ffi::Span<const int32_t>* program
                     const ffi::AnyBuffer* operands, ScoreModCall* call, SmArgs* out) {
   if (!program) return Status::Ok();
   FA_RETURN_IF_NOT_OK(decode_score_mod_call(p, *program, *operands, nullptr, call));
-  if (p.bias_type != FA_NO_BIAS)
-    return Status::Unimplemented("score_mod with a bias on cuDNN (the bias would follow the "
-                                 "score_mod there); fusedattn runs the reference instead");
   out->call = call;
   out->spec = {program->begin(), static_cast<int64_t>(program->size())};
   return Status::Ok();
@@ -464,12 +461,13 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                             bool backward, int64_t* bytes, const cudnn::ScoreModSpec* sm) {
-  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none); which
-  // handler serves the call does not depend on the score_mod.
+  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none), so the
+  // score_mod's form does not matter here, only that there is one (select_backend sends a
+  // score_mod with a bias to the reference).
+  BackendRequest req;
+  if (sm) req.score_mod.kind = ScoreModKind::kOther;
   BackendChoice choice;
-  FA_RETURN_IF_NOT_OK(choose(p, device, BackendRequest{}, &choice));
-  if (sm && p.bias_type != FA_NO_BIAS)
-    return Status::Unimplemented("score_mod with a bias on cuDNN");
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
@@ -490,9 +488,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd, fusedattn::ffi_glue::attn_fwd_cu
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_ATTN_BIND_OPERANDS
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  FA_ATTN_BIND_FWD_RESULTS
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());
 
@@ -501,14 +497,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  FA_ATTN_BIND_BWD_INPUTS
+                                  FA_ATTN_BIND_BWD_RESULTS
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());
 
@@ -519,10 +509,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // max_logit
+                                  FA_ATTN_BIND_SM_OPERANDS
+                                  FA_ATTN_BIND_FWD_RESULTS
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnScoreModAttrs>());
 
@@ -531,14 +519,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   FA_ATTN_BIND_OPERANDS
-                                  .Arg<ffi::AnyBuffer>()  // score_mod_operands
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // softmax_aux (lse)
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::AnyBuffer>()  // dsoftmax_offset
+                                  FA_ATTN_BIND_SM_OPERANDS
+                                  FA_ATTN_BIND_BWD_INPUTS
+                                  FA_ATTN_BIND_BWD_RESULTS
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnScoreModAttrs>());

@@ -160,6 +160,27 @@ Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> progr
       .Arg<::xla::ffi::AnyBuffer>() /* q_offsets */            \
       .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */
 
+// The other pieces of the handlers' argument lists, in their order (a CUDA handler adds
+// its contexts before and a workspace result after; the score_mod variants insert
+// FA_ATTN_BIND_SM_OPERANDS after the ten operands):
+//   forward:  FA_ATTN_BIND_OPERANDS [sm] FA_ATTN_BIND_FWD_RESULTS
+//   backward: FA_ATTN_BIND_OPERANDS [sm] FA_ATTN_BIND_BWD_INPUTS FA_ATTN_BIND_BWD_RESULTS
+#define FA_ATTN_BIND_SM_OPERANDS .Arg<::xla::ffi::AnyBuffer>() /* score_mod_operands */
+#define FA_ATTN_BIND_FWD_RESULTS                             \
+  .Ret<::xla::ffi::AnyBuffer>()     /* out */                \
+      .Ret<::xla::ffi::AnyBuffer>() /* softmax_aux (lse) */  \
+      .Ret<::xla::ffi::AnyBuffer>() /* max_logit */
+#define FA_ATTN_BIND_BWD_INPUTS                              \
+  .Arg<::xla::ffi::AnyBuffer>()     /* out */                \
+      .Arg<::xla::ffi::AnyBuffer>() /* dout */               \
+      .Arg<::xla::ffi::AnyBuffer>() /* softmax_aux (lse) */
+#define FA_ATTN_BIND_BWD_RESULTS                             \
+  .Ret<::xla::ffi::AnyBuffer>()     /* dq */                 \
+      .Ret<::xla::ffi::AnyBuffer>() /* dk */                 \
+      .Ret<::xla::ffi::AnyBuffer>() /* dv */                 \
+      .Ret<::xla::ffi::AnyBuffer>() /* dbias */              \
+      .Ret<::xla::ffi::AnyBuffer>() /* dsoftmax_offset */
+
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     fusedattn::ffi_glue::AttnAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
     ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),

@@ -77,32 +77,10 @@ using fusedattn::ffi_glue::SmallSeqAttrs;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_small_seq_fwd, fusedattn::ffi_glue::small_seq_fwd_cpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // q_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // kv_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // q_offsets
-                                  .Arg<ffi::AnyBuffer>()  // kv_offsets
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // probs
-                                  .Ret<ffi::AnyBuffer>()  // stats
+                                  FA_SMALL_SEQ_BIND_FWD
                                   .Attrs<SmallSeqAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_small_seq_bwd, fusedattn::ffi_glue::small_seq_bwd_cpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // probs
-                                  .Arg<ffi::AnyBuffer>()  // stats
-                                  .Arg<ffi::AnyBuffer>()  // q_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // kv_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // q_offsets
-                                  .Arg<ffi::AnyBuffer>()  // kv_offsets
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  FA_SMALL_SEQ_BIND_BWD
                                   .Attrs<SmallSeqAttrs>());

@@ -85,33 +85,11 @@ using fusedattn::ffi_glue::SmallSeqAttrs;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_small_seq_fwd, fusedattn::ffi_glue::small_seq_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // q_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // kv_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // q_offsets
-                                  .Arg<ffi::AnyBuffer>()  // kv_offsets
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // probs
-                                  .Ret<ffi::AnyBuffer>()  // stats
+                                  FA_SMALL_SEQ_BIND_FWD
                                   .Attrs<SmallSeqAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_small_seq_bwd, fusedattn::ffi_glue::small_seq_bwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // probs
-                                  .Arg<ffi::AnyBuffer>()  // stats
-                                  .Arg<ffi::AnyBuffer>()  // q_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // kv_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // q_offsets
-                                  .Arg<ffi::AnyBuffer>()  // kv_offsets
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  FA_SMALL_SEQ_BIND_BWD
                                   .Attrs<SmallSeqAttrs>());

@@ -48,6 +48,35 @@ Status expect_like(const char* name, const ffi::AnyBuffer& buf, const ffi::AnyBu
 
 }  // namespace fusedattn::ffi_glue
 
+// The handlers' argument lists after their contexts (the CPU and CUDA handlers share them):
+// Ffi::Bind() [contexts] FA_SMALL_SEQ_BIND_FWD .Attrs<SmallSeqAttrs>()
+#define FA_SMALL_SEQ_BIND_FWD                           \
+  .Arg<::xla::ffi::AnyBuffer>()     /* q */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* k */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* v */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_seqlens */     \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_seqlens */    \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_offsets */     \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */    \
+      .Ret<::xla::ffi::AnyBuffer>() /* out */           \
+      .Ret<::xla::ffi::AnyBuffer>() /* probs */         \
+      .Ret<::xla::ffi::AnyBuffer>() /* stats */
+#define FA_SMALL_SEQ_BIND_BWD                           \
+  .Arg<::xla::ffi::AnyBuffer>()     /* q */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* k */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* v */             \
+      .Arg<::xla::ffi::AnyBuffer>() /* out */           \
+      .Arg<::xla::ffi::AnyBuffer>() /* dout */          \
+      .Arg<::xla::ffi::AnyBuffer>() /* probs */         \
+      .Arg<::xla::ffi::AnyBuffer>() /* stats */         \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_seqlens */     \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_seqlens */    \
+      .Arg<::xla::ffi::AnyBuffer>() /* q_offsets */     \
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */    \
+      .Ret<::xla::ffi::AnyBuffer>() /* dq */            \
+      .Ret<::xla::ffi::AnyBuffer>() /* dk */            \
+      .Ret<::xla::ffi::AnyBuffer>() /* dv */
+
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(fusedattn::ffi_glue::SmallSeqAttrs,
                                       ::xla::ffi::StructMember<int32_t>("layout"),
                                       ::xla::ffi::StructMember<int32_t>("mask_type"),
