@@ -59,8 +59,9 @@ def _offset_grad(doffset):
 
 
 def _sm_key(sm: _sm.ScoreMod | None) -> tuple | None:
-    """The packed program as a hashable key (the graph cache and _gpu_choice take it)."""
-    return None if sm is None else tuple(int(w) for w in _sm.packed_attribute(sm))
+    """The CUDA handler's packed program as a hashable key (the graph cache, the workspace
+    query and _gpu_choice take it)."""
+    return None if sm is None else tuple(int(w) for w in _sm.packed_attribute(sm, cuda=True))
 
 
 def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
@@ -68,10 +69,10 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
     return f"fusedattn_attn_{direction}{'' if sm is None else '_sm'}{'_cuda' if cuda else ''}"
 
 
-def _attrs(cfg: Config, sm: _sm.ScoreMod | None):
+def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool):
     attrs = cfg.ffi_attrs()
     if sm is not None:
-        attrs["score_mod"] = _sm.packed_attribute(sm)
+        attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
     return attrs
 
 
@@ -90,7 +91,7 @@ def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     if cuda:
         results += (_workspace(ops[:10], cfg, dims, False, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("fwd", sm, cuda), results, vmap_method="broadcast_all")
-    return call(*ops, **_attrs(cfg, sm))[:3]
+    return call(*ops, **_attrs(cfg, sm, cuda))[:3]
 
 
 def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
@@ -106,7 +107,7 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     if cuda:
         results += (_workspace(ops[:10], cfg, dims, True, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("bwd", sm, cuda), results, vmap_method="broadcast_all")
-    grads = call(*args, **_attrs(cfg, sm))
+    grads = call(*args, **_attrs(cfg, sm, cuda))
     dq, dk, dv, dbias, doffset = grads[:5]
     grads_out = (dq, dk, dv, dbias, _offset_grad(doffset))
     if sm is None:
