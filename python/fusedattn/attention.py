@@ -18,10 +18,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import _lib, small_seq
+from . import _lib, _partition, small_seq
 from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
-from ._prepare import N_OPS, Config, Dims, enum, prepare, unpack, window
+from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
 from .sequence import check_descriptor
@@ -91,7 +91,7 @@ def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     if cuda:
         results += (_workspace(ops[:N_OPS], cfg, dims, False, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("fwd", sm, cuda), results, vmap_method="broadcast_all")
-    return call(*ops, **_attrs(cfg, sm, cuda))[:3]
+    return _partition.vary_like(tuple(call(*ops, **_attrs(cfg, sm, cuda))[:3]), *ops)
 
 
 def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
@@ -107,7 +107,7 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     if cuda:
         results += (_workspace(ops[:N_OPS], cfg, dims, True, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("bwd", sm, cuda), results, vmap_method="broadcast_all")
-    grads = call(*args, **_attrs(cfg, sm, cuda))
+    grads = _partition.vary_like(tuple(call(*args, **_attrs(cfg, sm, cuda))), *args)
     dq, dk, dv, dbias, doffset = grads[:5]
     grads_out = (dq, dk, dv, dbias, _offset_grad(doffset))
     if sm is None:
@@ -216,8 +216,15 @@ def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]
                        training, *key)
 
 
+def _cuda_fused_ok(ops, cfg: Config, sm) -> bool:
+    """The CUDA kernels cannot offset their batch / head indices: a shard that needs its
+    global indices (dropout, score_mod) runs XLA's reference on the GPU."""
+    return not (ops[10].size and (cfg.dropout_on or sm is not None))
+
+
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
-    if _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
+    """One device's forward (the partitioned primitive's per-device body)."""
+    if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
         gpu = functools.partial(_ffi_fwd, cuda=True)
     else:
         gpu = _reference
@@ -228,18 +235,33 @@ def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
         default=functools.partial(_reference, cfg=cfg, dims=dims, sm=sm))
 
 
+def _backward(args, cfg: Config, dims: Dims, sm):
+    """One device's backward: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset
+    [Hq] (summed over the batch) and, with a score_mod, d of its operands."""
+    ops = args[:N_OPS]
+    if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops, cfg, dims, True, sm):
+        gpu = functools.partial(_ffi_bwd, cuda=True)
+    else:
+        gpu = _bwd_reference
+    return jax.lax.platform_dependent(
+        *args,
+        cpu=functools.partial(_ffi_bwd, cfg=cfg, dims=dims, sm=sm),
+        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
+        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims, sm=sm))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _attention(cfg: Config, dims: Dims, sm, *ops):
     """ops: q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, index_base
     (the N_OPS), and with a score_mod sm (else None) its concatenated operands."""
-    return _forward(ops, cfg, dims, sm, training=False)
+    return _FWD((cfg, dims, sm, False, "fwd"), *ops)
 
 
 def _attention_fwd(cfg: Config, dims: Dims, sm, *ops):
     cfg = dataclasses.replace(cfg, want_lse=True)
     if _has_gpu() and jax.default_backend() != "cpu":
         _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
-    out, lse, max_logit = _forward(ops, cfg, dims, sm, training=True)
+    out, lse, max_logit = _FWD((cfg, dims, sm, True, "fwd"), *ops)
     return (out, lse, max_logit), (ops, out, lse)
 
 
@@ -247,21 +269,172 @@ def _attention_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
-    if _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, True, sm):
-        gpu = functools.partial(_ffi_bwd, cuda=True)
-    else:
-        gpu = _bwd_reference
-    grads = jax.lax.platform_dependent(
-        *ops, out, dout, lse,
-        cpu=functools.partial(_ffi_bwd, cfg=cfg, dims=dims, sm=sm),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
-        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims, sm=sm))
+    grads = _BWD((cfg, dims, sm, "bwd"), *ops, out, dout, lse)
     # seed, sequence lengths, offsets and index_base take none; a score_mod's operands
     # come last.
     return (*grads[:5], *(None,) * (N_OPS - 5), *grads[5:])
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# ---------------------------------------------------------------------------
+# Partitioning (_partition.py). The forward and the backward are each one partitioned
+# primitive around the per-device call above: batch (and vmap) dims and the q heads shard
+# with no collective in the forward; k / v follow the q heads when their heads divide
+# (else they stay whole and each device takes the kv heads its q heads use). Each device
+# gets its shard's global batch and head base as the index_base operand (dropout's
+# Philox counters and score_mod's batch_idx / head_idx are global, so the result does
+# not depend on the mesh) and its slice of every score_mod operand. The backward sums
+# what the math needs: dbias over the axes that shard a dim the bias broadcasts,
+# d softmax_offset over the batch axes, score_mod operand gradients over the batch and
+# head axes, replicated k / v's gradients over the head axes.
+
+
+def _q_rank(cfg: Config) -> int:
+    return 5 if cfg.layout in QKV_PACKED else 4
+
+
+def _attn_roles(static, arg_shapes, res_shapes):
+    cfg, dims, sm, kind = static[0], static[1], static[2], static[-1]
+    n_lead = len(arg_shapes[0]) - _q_rank(cfg)
+    lead = _partition.lead(n_lead)
+    packed3, packed2 = cfg.layout in QKV_PACKED, cfg.layout in KV_PACKED
+    qr = ("b", None, None, "h", None) if packed3 else ("b", None, "h", None)
+    kr = ("b", None, None, "k", None) if packed2 else ("b", None, "k", None)
+    flat = (None,)
+
+    def fit(roles, shape):
+        """roles for a dims-shaped operand; an empty one (or a broadcast dim) gets None."""
+        body = shape[n_lead:]
+        if len(body) != len(roles) or 0 in body:
+            return lead + (None,) * len(body)
+        full = {"b": dims.B, "h": dims.Hq, "k": dims.Hkv}
+        return lead + tuple(r if r is not None and d == full[r] else None
+                            for r, d in zip(roles, body))
+
+    q_op, k_op, v_op, bias, offset = arg_shapes[:5]
+    ops = [fit(qr, q_op), fit(kr, k_op), fit(kr, v_op),
+           fit(("b", "h", None, None), bias), fit(("h",), offset), lead + flat,
+           fit(("b", None), arg_shapes[6]), fit(("b", None), arg_shapes[7]),
+           fit(("b", None), arg_shapes[8]), fit(("b", None), arg_shapes[9]), lead + flat]
+    if sm is not None:
+        ops.append(lead + flat)
+    out = lead + ("b", None, "h", None)
+    lse = lead + (("b", None, "h") if cfg.thd else ("b", "h", None))
+    if kind == "fwd":
+        return ops, [out, lse, lead + ("b", "h")]
+    results = ops[:4] + [fit(("h",), res_shapes[4])] + ([lead + flat] if sm is not None else [])
+    return ops + [out, out, lse], results
+
+
+def _local_sm(sm, dims: Dims, local: Dims, plan, flat, n_lead):
+    """Each device's slice of the score_mod operands (float32 [.., N] flat, the global
+    shapes in sm) and the ScoreMod of the local shapes."""
+    shapes = [(local.B if s[0] == dims.B else 1, local.Hq if s[1] == dims.Hq else 1, s[2], s[3])
+              for s in sm.operand_shapes]
+    b0, h0 = plan.index("b") * local.B, plan.index("h") * local.Hq
+
+    def cut(f):
+        parts = []
+        for a, s in zip(_sm.split_operands(f, sm), shapes):
+            start = (b0 if s[0] != a.shape[0] else 0, h0 if s[1] != a.shape[1] else 0, 0, 0)
+            parts.append(jax.lax.dynamic_slice(a, start, s))
+        return _sm.concat_operands(parts)
+
+    return dataclasses.replace(sm, operand_shapes=tuple(shapes)), _partition.per_slice(
+        cut, n_lead)(flat)
+
+
+def _global_sm_grad(sm, local_sm, local: Dims, plan, dflat, n_lead):
+    """The local score_mod operand gradients placed at this device's slice of the global
+    operands, summed over the batch and head axes."""
+    b0, h0 = plan.index("b") * local.B, plan.index("h") * local.Hq
+
+    def place(f):
+        parts = []
+        for a, s in zip(_sm.split_operands(f, local_sm), sm.operand_shapes):
+            start = (b0 if s[0] != a.shape[0] else 0, h0 if s[1] != a.shape[1] else 0, 0, 0)
+            parts.append(jax.lax.dynamic_update_slice(jnp.zeros(s, jnp.float32), a, start))
+        return _sm.concat_operands(parts)
+
+    return jax.lax.psum(_partition.per_slice(place, n_lead)(dflat), plan.reduce_axes("b", "h"))
+
+
+def _localize(cfg: Config, dims: Dims, sm, plan, ops):
+    """The operands of one device's call: (ops, local dims, local ScoreMod, the kv head
+    indices taken or None, n_lead)."""
+    ops = list(ops)
+    n_lead = ops[0].ndim - _q_rank(cfg)
+    q = ops[0]
+    if cfg.layout in QKV_PACKED:
+        B, Hq = q.shape[n_lead], q.shape[n_lead + 3]
+        local = dataclasses.replace(dims, B=B, Hq=Hq, Hkv=Hq)
+        return ops, local, sm, None, n_lead
+    B, Hq = q.shape[n_lead], q.shape[n_lead + 2]
+    kv_axis = n_lead + (3 if cfg.layout in KV_PACKED else 2)
+    kv_ops = (ops[1],) if cfg.layout in KV_PACKED else (ops[1], ops[2])
+    taken, kv_ops = _partition.take_kv_heads(plan, kv_axis, Hq, dims.Hq, dims.Hkv, *kv_ops)
+    ops[1:1 + len(kv_ops)] = kv_ops
+    local = dataclasses.replace(dims, B=B, Hq=Hq, Hkv=ops[1].shape[kv_axis])
+    if plan is None or not plan.reduce_axes("b", "h"):
+        return ops, local, sm, taken, n_lead
+    if cfg.dropout_on or sm is not None:
+        base = jnp.stack([plan.index("b") * B, plan.index("h") * Hq]).astype(jnp.int32)
+        ops[10] = jnp.broadcast_to(base, q.shape[:n_lead] + (2,))
+    if sm is not None and sm.operand_shapes:
+        sm, ops[11] = _local_sm(sm, dims, local, plan, ops[11], n_lead)
+    return ops, local, sm, taken, n_lead
+
+
+def _fwd_impl(static, plan, *ops):
+    cfg, dims, sm, training, _ = static
+    ops, local, lsm, _, n_lead = _localize(cfg, dims, sm, plan, ops)
+    fwd = lambda *o: _forward(o, cfg, local, lsm, training)
+    return _partition.per_slice(fwd, n_lead)(*ops)
+
+
+def _bwd_impl(static, plan, *args):
+    cfg, dims, sm, _ = static
+    n = N_OPS + (sm is not None)
+    ops, rest = args[:n], args[n:]
+    lops, local, lsm, taken, n_lead = _localize(cfg, dims, sm, plan, ops)
+    bwd = lambda *a: _backward(a, cfg, local, lsm)
+    grads = list(_partition.per_slice(bwd, n_lead)(*lops, *rest))
+    if plan is None:
+        return grads
+    if taken is not None:
+        axis = n_lead + (3 if cfg.layout in KV_PACKED else 2)
+        hkv = ops[1].shape[axis]
+        if cfg.layout in KV_PACKED:
+            grads[1], = _partition.put_kv_heads(plan, taken, axis, hkv, grads[1])
+        else:
+            grads[1], grads[2] = _partition.put_kv_heads(plan, taken, axis, hkv, *grads[1:3])
+    bias = ops[3]
+    if bias.size:
+        axes = ((plan.of("b") if bias.shape[n_lead] == 1 else ())
+                + (plan.of("h") if bias.shape[n_lead + 1] == 1 else ()))
+        if axes:
+            grads[3] = jax.lax.psum(grads[3].astype(jnp.float32), axes).astype(bias.dtype)
+    if ops[4].size and plan.of("b"):
+        grads[4] = jax.lax.psum(grads[4], plan.of("b"))
+    if sm is not None and sm.operand_shapes and plan.reduce_axes("b", "h"):
+        grads[5] = _global_sm_grad(sm, lsm, local, plan, grads[5], n_lead)
+    return grads
+
+
+_OPERAND_NAMES = ("q", "k", "v", "bias", "softmax_offset", "seed", "q_seqlens", "kv_seqlens",
+                  "q_offsets", "kv_offsets", "index_base")
+
+
+def _names(static):
+    sm_names = ("score_mod_operands",) if static[2] is not None else ()
+    tail = ("out", "dout", "softmax_aux") if static[-1] == "bwd" else ()
+    return _OPERAND_NAMES + sm_names + tail
+
+
+_FWD = _partition.Partitioned("fused_attn", _fwd_impl, _attn_roles, _names)
+_BWD = _partition.Partitioned("fused_attn_bwd", _bwd_impl, _attn_roles, _names)
 
 
 _warned: set[str] = set()

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lib
+from . import _lib, _partition
 from ._args import (ArgumentTypeError, array, fold_scale, got, is_traced, scale_arg, static_bool,
                     static_float, static_int)
 from ._lib import SmallSeqParams
@@ -422,7 +422,8 @@ def forward(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, cfg: _Config, *, sa
         "fusedattn_small_seq_fwd",
         (jax.ShapeDtypeStruct(q.shape, q.dtype), *_aux_shapes(q, cfg)),
         vmap_method="broadcast_all")  # the handler takes leading dims (packs / batch)
-    return call(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, **cfg.attrs(save_aux, poison))
+    args = (q, k, v, q_lens, kv_lens, q_offsets, kv_offsets)
+    return _partition.vary_like(tuple(call(*args, **cfg.attrs(save_aux, poison))), *args)
 
 
 def backward(q, k, v, out, dout, probs, stats, q_lens, kv_lens, q_offsets, kv_offsets,
@@ -433,25 +434,92 @@ def backward(q, k, v, out, dout, probs, stats, q_lens, kv_lens, q_offsets, kv_of
         (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
          jax.ShapeDtypeStruct(v.shape, v.dtype)),
         vmap_method="broadcast_all")
-    return call(q, k, v, out, dout, probs, stats, q_lens, kv_lens, q_offsets, kv_offsets,
-                **cfg.attrs(False, poison))
+    args = (q, k, v, out, dout, probs, stats, q_lens, kv_lens, q_offsets, kv_offsets)
+    return _partition.vary_like(tuple(call(*args, **cfg.attrs(False, poison))), *args)
+
+
+# Partitioning (_partition.py): every segment is independent, so the packs / batch and
+# the heads shard with no collective (THD tokens stay whole: the offsets index them). k
+# and v whose heads do not divide by the head axes are replicated, each device taking the
+# kv heads its q heads use (and summing their gradients over the head axes).
+
+
+def _roles(static, arg_shapes, res_shapes):
+    cfg = static[0]
+    thd = cfg.layout == QKVLayout.THD_THD_THD
+    base = 3 if thd else 4
+    q_shape = arg_shapes[0]
+    lead = _partition.lead(len(q_shape) - base)
+    tok = () if thd else ("b",)  # the batch dim of BSHD (THD: the tokens, before the heads)
+    seq = (None,)
+    qr = lead + tok + seq + ("h", None)
+    kr = lead + tok + seq + ("k", None)
+    rows = lead + (tok if not thd else (None,)) + ("h",)  # probs / stats rows [.., T|B, H]
+
+    def index_roles(shape):  # lengths [.., B] (BSHD) or [.., n] / offsets [.., n + 1]
+        if len(shape) != len(lead) + 1:
+            return (None,) * len(shape)
+        return lead + (("b",) if not thd and shape[-1] == q_shape[len(lead)] else (None,))
+
+    names = {"q": qr, "k": kr, "v": kr, "out": qr, "dout": qr, "probs": rows + (None, None),
+             "stats": rows + (None,)}
+    args = [names[n] if n in names else index_roles(shape)
+            for n, shape in zip(static[1], arg_shapes)]
+    results = [names[n] for n in static[2]]
+    return args, results
+
+
+def _local_kv(plan, q, k, v):
+    h_local, hkv = q.shape[-2], k.shape[-2]
+    hq = h_local * (plan.size("h") if plan is not None else 1)
+    return _partition.take_kv_heads(plan, k.ndim - 2, h_local, hq, hkv, k, v)
+
+
+def _fwd_impl(static, plan, q, k, v, *idx):
+    cfg, _, _, save_aux = static
+    _, (k, v) = _local_kv(plan, q, k, v)
+    return forward(q, k, v, *idx, cfg, save_aux=save_aux)
+
+
+def _bwd_impl(static, plan, q, k, v, out, dout, probs, stats, *idx):
+    cfg = static[0]
+    hkv = k.shape[-2]
+    taken, (k_loc, v_loc) = _local_kv(plan, q, k, v)
+    dq, dk, dv = backward(q, k_loc, v_loc, out, dout, probs, stats, *idx, cfg)
+    if taken is not None:
+        dk, dv = _partition.put_kv_heads(plan, taken, k.ndim - 2, hkv, dk, dv)
+    return dq, dk, dv
+
+
+_INDEX = ("q_seqlens", "kv_seqlens", "q_offsets", "kv_offsets")
+_FWD = _partition.Partitioned("fused_attn_small_seq", _fwd_impl, _roles,
+                              ("q", "k", "v") + _INDEX)
+_BWD = _partition.Partitioned("fused_attn_small_seq_bwd", _bwd_impl, _roles,
+                              ("q", "k", "v", "out", "dout", "probs", "stats") + _INDEX)
+
+
+def _fwd_call(q, k, v, idx, cfg: _Config, save_aux: bool):
+    results = ("out", "probs", "stats")
+    return _FWD((cfg, ("q", "k", "v") + _INDEX, results, save_aux), q, k, v, *idx)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _small_seq(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, cfg: _Config):
     # Not differentiated: P and the statistics are not needed, so not written.
-    return forward(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, cfg, save_aux=False)[0]
+    return _fwd_call(q, k, v, (q_lens, kv_lens, q_offsets, kv_offsets), cfg, False)[0]
 
 
 def _small_seq_fwd(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, cfg: _Config):
-    out, probs, stats = forward(q, k, v, q_lens, kv_lens, q_offsets, kv_offsets, cfg)
+    out, probs, stats = _fwd_call(q, k, v, (q_lens, kv_lens, q_offsets, kv_offsets), cfg, True)
     return out, (q, k, v, out, probs, stats, q_lens, kv_lens, q_offsets, kv_offsets)
 
 
 def _small_seq_bwd(cfg: _Config, residuals, dout):
     q, k, v, out, probs, stats, q_lens, kv_lens, q_offsets, kv_offsets = residuals
-    dq, dk, dv = backward(q, k, v, out, dout.astype(out.dtype), probs, stats, q_lens, kv_lens,
-                          q_offsets, kv_offsets, cfg)
+    names = ("q", "k", "v", "out", "dout", "probs", "stats") + _INDEX
+    dq, dk, dv = _BWD((cfg, names, ("q", "k", "v"), False), q, k, v, out,
+                      dout.astype(out.dtype), probs, stats, q_lens, kv_lens, q_offsets,
+                      kv_offsets)
     return dq, dk, dv, None, None, None, None
 
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lib
+from . import _lib, _partition
 from ._args import (ArgumentTypeError, array, fold_scale, got, is_bool, is_traced, static_float,
                     static_int)
 from .enums import SoftmaxFusionType
@@ -190,7 +190,7 @@ def _fwd_ffi(logits, mask, cfg: _Config, out_init=None):
         "fusedattn_softmax_fwd", jax.ShapeDtypeStruct(logits.shape, logits.dtype),
         vmap_method="broadcast_all",  # the handler folds vmap's leading dims into the rows
         input_output_aliases={len(args) - 1: 0} if out_init is not None else None)
-    return call(*args, **cfg.ffi_attrs())
+    return _partition.vary_like(call(*args, **cfg.ffi_attrs()), *args)
 
 
 def _bwd_ffi(y, dy, cfg: _Config, out_init=None):
@@ -199,7 +199,7 @@ def _bwd_ffi(y, dy, cfg: _Config, out_init=None):
         "fusedattn_softmax_bwd", jax.ShapeDtypeStruct(y.shape, y.dtype),
         vmap_method="broadcast_all",
         input_output_aliases={2: 0} if out_init is not None else None)
-    return call(*args, **cfg.ffi_attrs())
+    return _partition.vary_like(call(*args, **cfg.ffi_attrs()), *args)
 
 
 def _fwd_fallback(logits, mask, cfg: _Config, out_init=None):
@@ -221,11 +221,51 @@ def _per_platform(kernel, fallback, cfg: _Config, *args, out_init=None):
 
 
 def _forward(logits, mask, cfg: _Config, out_init=None):
-    return _per_platform(_fwd_ffi, _fwd_fallback, cfg, logits, mask, out_init=out_init)
+    if out_init is not None:  # the aliasing tests' path: one device
+        return _per_platform(_fwd_ffi, _fwd_fallback, cfg, logits, mask, out_init=out_init)
+    args = (logits,) if mask is None else (logits, mask)
+    return _FWD((cfg, logits.ndim), *args)[0]
 
 
 def _backward(y, dy, cfg: _Config, out_init=None):
-    return _per_platform(_bwd_ffi, _bwd_fallback, cfg, y, dy, out_init=out_init)
+    if out_init is not None:
+        return _per_platform(_bwd_ffi, _bwd_fallback, cfg, y, dy, out_init=out_init)
+    return _BWD((cfg, y.ndim), y, dy)[0]
+
+
+# Partitioning (_partition.py): rows are independent, so the batch and head dims (and the
+# query dim, except under the causal mask, which reads the row's position) shard with no
+# collective; the kv dim (the softmax's own axis) is gathered. A mask's broadcast dims
+# stay whole.
+
+
+def _roles(static, arg_shapes, res_shapes):
+    cfg, rank = static
+    n = len(arg_shapes[0]) - rank
+    # The causal mask keeps j <= i for the row's own position i: its rows stay whole.
+    s_role = None if cfg.softmax_type == SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED else "s"
+    base = ("b", "h", s_role, None) if rank == 4 else ("b", s_role, None)
+    roles = _partition.lead(n) + base
+    shape = arg_shapes[0]
+    per = [tuple(r if d == shape[i] else None for i, (r, d) in enumerate(zip(roles, s)))
+           for s in arg_shapes]
+    return per, [roles for _ in res_shapes]
+
+
+def _fwd_impl(static, plan, logits, mask=None):
+    cfg, _ = static
+    return (_per_platform(_fwd_ffi, _fwd_fallback, cfg, logits, mask),)
+
+
+def _bwd_impl(static, plan, y, dy):
+    cfg, _ = static
+    return (_per_platform(_bwd_ffi, _bwd_fallback, cfg, y, dy),)
+
+
+_FWD = _partition.Partitioned("softmax", _fwd_impl, _roles, ("logits", "mask"),
+                              shardable=("b", "h", "s"))
+_BWD = _partition.Partitioned("softmax_bwd", _bwd_impl, _roles, ("y", "dy"),
+                              shardable=("b", "h", "s"))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

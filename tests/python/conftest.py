@@ -17,7 +17,13 @@ import os
 import sys
 import zlib
 
-import jax
+# The multi-device tests (tests/python/sharding) run on 8 virtual CPU devices: the flag must
+# be set before jax starts. Single-device tests run on device 0 as before.
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _FLAGS:
+    os.environ["XLA_FLAGS"] = (_FLAGS + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 import pytest
