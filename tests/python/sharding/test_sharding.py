@@ -77,7 +77,7 @@ def _inputs(key, layout, hkv, hq=HQ, with_bias=None, offset=False):
     q = normal(ks[0], (B, S, hq, D))
     k = normal(ks[1], (B, S, hkv, D))
     v = normal(ks[2], (B, S, hkv, D))
-    if layout == QKVLayout.BS3HD:
+    if layout in (QKVLayout.BS3HD, QKVLayout.T3HD):
         arrays = {"qkv": jnp.stack([q, k, v], axis=2)}
     elif layout in (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD):
         arrays = {"q": q, "kv": jnp.stack([k, v], axis=2)}
@@ -117,7 +117,7 @@ def _specs(arrays, batch, heads, kv_heads):
 
 def _call(arrays, kw, descriptor_fn=None):
     layout = kw.get("qkv_layout", QKVLayout.BSHD_BSHD_BSHD)
-    if layout == QKVLayout.BS3HD:
+    if "qkv" in arrays:
         qkv = (arrays["qkv"],)
     elif "kv" in arrays:
         qkv = (arrays["q"], arrays["kv"])
@@ -183,6 +183,7 @@ def _run(mesh_name, arrays, kw, descriptor_fn=None, grad_names=None, expect_bwd=
     # Output shardings: out like q (batch and heads), softmax_aux with the batch.
     q_spec = specs.get("q", specs.get("qkv"))
     assert out.sharding.spec[0] == q_spec[0], out.sharding
+    assert aux["softmax_aux"].sharding.spec[0] == q_spec[0], aux["softmax_aux"].sharding
     head_dim = 3 if "qkv" in specs else 2
     assert tuple(out.sharding.spec)[2:3] == (q_spec[head_dim],) or q_spec[head_dim] is None
     for n in grads:
@@ -266,10 +267,10 @@ def test_window(mesh_name):
 
 
 @pytest.mark.parametrize("mesh_name", ["dp_tp", "dp_fsdp_tp"])
-@pytest.mark.parametrize("layout", [QKVLayout.THD_THD_THD, QKVLayout.THD_T2HD],
+@pytest.mark.parametrize("layout", [QKVLayout.THD_THD_THD, QKVLayout.THD_T2HD, QKVLayout.T3HD],
                          ids=lambda l: l.name)
 def test_thd(mesh_name, layout):
-    arrays = _inputs(jax.random.key(6), layout, 2)
+    arrays = _inputs(jax.random.key(6), layout, HQ if layout == QKVLayout.T3HD else 2)
     M = 3
     rng = np.random.default_rng(0)
     lens = rng.integers(0, S // M + 1, size=(B, M)).astype(np.int32)
@@ -278,7 +279,7 @@ def test_thd(mesh_name, layout):
     desc = lambda a: SequenceDescriptor.from_seqlens((a["q_lens"], a["kv_lens"]))
     _run(mesh_name, arrays, dict(qkv_layout=layout, attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
                                  max_segments_per_seq=M),
-         descriptor_fn=desc, grad_names=["q", "k", "v", "kv"], expect_bwd=0)
+         descriptor_fn=desc, grad_names=["q", "k", "v", "kv", "qkv"], expect_bwd=0)
 
 
 # bias broadcast pattern -> all-reduces of dbias in the backward on the dp_tp mesh
@@ -475,3 +476,19 @@ def test_softmax(mesh_name, kind):
     close("y", y, f(x, mask))
     close("dx", jg(xs, ms), g(x, mask))
     assert y.sharding.is_equivalent_to(xs.sharding, 4)
+
+
+def test_dot_product_attention_drop_in():
+    """The jax.nn.dot_product_attention drop-in (a dense boolean mask, GQA) partitions too."""
+    mesh, batch, heads = mesh_of("dp_tp")
+    ks = jax.random.split(jax.random.key(22), 4)
+    q, k, v = normal(ks[0], (B, S, HQ, D)), normal(ks[1], (B, S, 2, D)), normal(ks[2], (B, S, 2, D))
+    mask = jax.random.uniform(ks[3], (B, 1, S, S)) < 0.8
+    spec = P(batch, None, heads, None)
+    args = [put(mesh, x, spec) for x in (q, k, v)] + [put(mesh, mask, P(batch))]
+    f = lambda q, k, v, m: fusedattn.dot_product_attention(q, k, v, mask=m, is_causal=True)
+    jf = jax.jit(f)
+    assert collectives(jf.lower(*args).compile().as_text()) == {}
+    out = jf(*args)
+    close("out", out, f(q, k, v, mask))
+    assert out.sharding.spec[0] == batch and out.sharding.spec[2] == heads
