@@ -35,9 +35,11 @@ print(f"  inputs tried:          {g['inputs_tried']}")
 print(f"  clear errors:          {g['clear_errors']}")
 print(f"  crashes:               0")
 print(f"  silent wrong results:  {g['silent_wrong_results']}")
-print(f"  NaN in:                {g['nan_in']} cases; NaN out where the reference has it: "
-      f"{g['nan_in_nan_out']} (NaN/Inf mismatches, issue 20's open xfail: "
-      f"{g['nan_inf_mismatches']})")
+print(f"  NaN in:                {g['nan_in']} of {g['nan_inf_tried']} NaN/Inf cases; NaN out "
+      f"as the reference: {g['nan_in_nan_out']}; NaN dropped by the mask, as the reference: "
+      f"{g['nan_in_masked_out']}")
+print(f"  NaN out (any cause):   {g['nan_out_matched']} cases where the reference has NaN, "
+      f"matched; NaN/Inf mismatches (issue 20's open xfail): {g['nan_inf_mismatches']}")
 print(f"  backends:              " + ", ".join(f"{k} {v}" for k, v in g["backends"].items()))
 print(f"  agree with reference:  {g['agree_with_reference']} valid and invalid-descriptor cases")
 sys.exit(0 if rc == 0 and g["silent_wrong_results"] == 0 else 1)

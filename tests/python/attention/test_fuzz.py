@@ -78,8 +78,11 @@ def _summary():
         "inputs_tried": total["tried"],
         "clear_errors": total["clear_errors"],
         "silent_wrong_results": wrong,
+        "nan_inf_tried": COUNTS["nan_inf"]["tried"],
         "nan_in": COUNTS["nan_inf"]["nan_in"],
         "nan_in_nan_out": COUNTS["nan_inf"]["nan_in_nan_out"],
+        "nan_in_masked_out": COUNTS["nan_inf"]["nan_in_masked_out"],
+        "nan_out_matched": COUNTS["nan_inf"]["nan_out_matched"],
         "nan_inf_mismatches": COUNTS["nan_inf"]["mismatches"],
         "backends": {k[len("backend_"):]: v for k, v in sorted(total.items())
                      if k.startswith("backend_")},
@@ -367,8 +370,11 @@ def test_fuzz_nan_inf_propagate_like_reference():
             _compare_nonfinite("softmax_aux", lse, r_lse, None, jnp.float32)
             _compare_nonfinite("max_logit", aux["max_logit"], jnp.max(r_max, axis=0), None,
                                jnp.float32)
-            if np.isnan(np.asarray(r_out, np.float32)).any():
-                COUNTS["nan_inf"]["nan_in_nan_out"] += 1
+            ref_nan = bool(np.isnan(np.asarray(r_out, np.float32)).any())
+            if ref_nan:  # the reference's NaN (from a NaN, or inf - inf) reproduced
+                COUNTS["nan_inf"]["nan_out_matched"] += 1
+            if value != value:  # a NaN in: out matches the reference's NaN or masked-out answer
+                COUNTS["nan_inf"]["nan_in_nan_out" if ref_nan else "nan_in_masked_out"] += 1
         except (AssertionError, ValueError, TypeError) as err:
             failures.add(_describe(spec) + f" {target}[{where}]={value}", err)
 
