@@ -33,10 +33,10 @@ def _is_hopper():
 
 
 def big_normal(key, shape, dtype=BF16):
-    """normal of shape, one key per leading index (each draw < 2^31 elements)."""
+    """normal of shape in dtype (no float32 copy), one key per leading index (each draw
+    < 2^31 elements)."""
     keys = jax.random.split(key, shape[0])
-    return jax.jit(jax.vmap(lambda k: jax.random.normal(k, shape[1:], jnp.float32).astype(dtype)))(
-        keys)
+    return jax.jit(jax.vmap(lambda k: jax.random.normal(k, shape[1:], dtype)))(keys)
 
 
 def assert_bf16_close(got, want, what):
