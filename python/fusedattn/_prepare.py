@@ -1,4 +1,4 @@
-"""Checks a fused_attn call and turns it into the engine's ten FFI operands and a static
+"""Checks a fused_attn call and turns it into the engine's eleven FFI operands and a static
 config (csrc/fusedattn/attention/ffi_decode.h lists the operands).
 
 Bad input raises at trace time, naming the argument, the value and what is allowed:
@@ -29,6 +29,9 @@ from .sequence import SequenceDescriptor, packed_offsets
 THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
 KV_PACKED = (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD)
+# The FFI operands every attention call starts with (ffi_decode.h): q, k, v, bias,
+# softmax_offset, seed, q_seqlens, kv_seqlens, q_offsets, kv_offsets, index_base.
+N_OPS = 11
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,14 +293,14 @@ class Call:
     cfg: Config
     dims: Dims
     params: _lib.AttnParams
-    operands: tuple | None  # the ten FFI operands (None when only checking)
+    operands: tuple | None  # the N_OPS FFI operands (None when only checking)
     traced_scale: Any = None  # a traced scaling_factor, folded into the operands (cfg.scale 1.0)
 
 
 def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
             softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
             window_size, softmax_offset, build=True) -> Call:
-    """Checks a call; with build, also makes the ten FFI operands. Raises on bad input."""
+    """Checks a call; with build, also makes the N_OPS FFI operands. Raises on bad input."""
     layout = enum(QKVLayout, qkv_layout, "qkv_layout")
     mask_type = enum(AttnMaskType, attn_mask_type, "attn_mask_type")
     bias_type = enum(AttnBiasType, attn_bias_type, "attn_bias_type")
@@ -385,7 +388,8 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         (empty(jnp.float32) if softmax_offset is None
          else jnp.asarray(softmax_offset).astype(jnp.float32).reshape(dims.Hq)),
         seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),
-        q_lens, kv_lens, q_offs, kv_offs)
+        q_lens, kv_lens, q_offs, kv_offs,
+        empty(jnp.int32))  # index_base: (0, 0), an unsharded call
     return Call(cfg, dims, params, operands, traced_scale)
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from . import _lib, small_seq
 from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
-from ._prepare import Config, Dims, enum, prepare, unpack, window
+from ._prepare import N_OPS, Config, Dims, enum, prepare, unpack, window
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
 from .sequence import check_descriptor
@@ -30,8 +30,8 @@ __all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "Backe
 
 
 # ---------------------------------------------------------------------------
-# The differentiable core: the ten FFI operands (ffi_decode.h), and with a score_mod an
-# eleventh, its array operands concatenated (f32 [N], score_mod.py) -> (out, lse, max_logit
+# The differentiable core: the N_OPS FFI operands (ffi_decode.h), and with a score_mod one
+# more, its array operands concatenated (f32 [N], score_mod.py) -> (out, lse, max_logit
 # per batch entry). Differentiable in q, k, v (as the layout packs them), bias,
 # softmax_offset and the score_mod operands. The CPU engine runs every call (a score_mod
 # as its lowered programs); on the GPU cuDNN runs what it serves, XLA's reference the rest.
@@ -89,7 +89,7 @@ def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     result, its workspace. vmap: the handler folds the leading dims into the batch."""
     results = _fwd_results(ops, cfg, dims)
     if cuda:
-        results += (_workspace(ops[:10], cfg, dims, False, _sm_key(sm)),)
+        results += (_workspace(ops[:N_OPS], cfg, dims, False, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("fwd", sm, cuda), results, vmap_method="broadcast_all")
     return call(*ops, **_attrs(cfg, sm, cuda))[:3]
 
@@ -99,13 +99,13 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     with a score_mod, d of its operands (the CUDA handler has none: XLA's reference vjp
     gives it, and XLA drops it when nothing uses it). The CUDA handler returns one more
     result, its workspace."""
-    n = 10 if sm is None else 11
+    n = N_OPS if sm is None else N_OPS + 1
     ops, dout = args[:n], args[n + 1]
     results = _bwd_results(ops, dims)
     if sm is not None and not cuda:
-        results += (jax.ShapeDtypeStruct(ops[10].shape, jnp.float32),)
+        results += (jax.ShapeDtypeStruct(ops[N_OPS].shape, jnp.float32),)
     if cuda:
-        results += (_workspace(ops[:10], cfg, dims, True, _sm_key(sm)),)
+        results += (_workspace(ops[:N_OPS], cfg, dims, True, _sm_key(sm)),)
     call = jax.ffi.ffi_call(_target("bwd", sm, cuda), results, vmap_method="broadcast_all")
     grads = call(*args, **_attrs(cfg, sm, cuda))
     dq, dk, dv, dbias, doffset = grads[:5]
@@ -116,10 +116,10 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
 
 
 def _sm_operand_grad(ops, dout, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
-    smo = ops[10]
+    smo = ops[N_OPS]
     if not smo.size:
         return jnp.zeros_like(smo)
-    _, vjp = jax.vjp(lambda o: _reference(*ops[:10], o, cfg=cfg, dims=dims, sm=sm)[0], smo)
+    _, vjp = jax.vjp(lambda o: _reference(*ops[:N_OPS], o, cfg=cfg, dims=dims, sm=sm)[0], smo)
     return vjp(dout)[0]
 
 
@@ -128,10 +128,11 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
     score_mod applies fn over the materialized scores."""
     score_mod = None
     if sm is not None:
-        arrays4 = _sm.split_operands(ops[10], sm)
-        score_mod = lambda s, qp, kp: _sm.apply_reference(
-            sm.fn, s, arrays4, *((qp, kp) if cfg.thd else ()))
-    q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs = ops[:10]
+        arrays4 = _sm.split_operands(ops[N_OPS], sm)
+        score_mod = lambda s, qp, kp, index_base=None: _sm.apply_reference(
+            sm.fn, s, arrays4, *((qp, kp) if cfg.thd else (None, None)), index_base=index_base)
+    (q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs,
+     index_base) = ops[:N_OPS]
     q, k, v = unpack(q_op, k_op, v_op, cfg.layout)
     out, lse, max_logit = attention_reference(
         q, k, v, attn_mask_type=cfg.mask_type, scaling_factor=cfg.scale, q_seqlens=q_lens,
@@ -139,18 +140,19 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
         window_size=cfg.window, bias=bias if bias.size else None, attn_bias_type=cfg.bias_type,
         softmax_type=cfg.softmax_type, softmax_offset=offset if offset.size else None,
         dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed,
-        score_mod=score_mod)
+        score_mod=score_mod, index_base=index_base if index_base.size else None)
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
 
 
 def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
-    n = 10 if sm is None else 11
+    n = N_OPS if sm is None else N_OPS + 1
     ops, dout = args[:n], args[n + 1]
 
     def out_of(q, k, v, bias, offset, *smo):
-        return _reference(q, k, v, bias, offset, *ops[5:10], *smo, cfg=cfg, dims=dims, sm=sm)[0]
+        return _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
+                          sm=sm)[0]
 
-    _, vjp = jax.vjp(out_of, *ops[:5], *ops[10:])
+    _, vjp = jax.vjp(out_of, *ops[:5], *ops[N_OPS:])
     return vjp(dout)
 
 
@@ -208,14 +210,14 @@ def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> bo
 
 
 def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]:
-    """_gpu_choice for these operands (the ten; a score_mod's program joins the key)."""
+    """_gpu_choice for these operands (the N_OPS; a score_mod's program joins the key)."""
     key = () if sm is None else (_sm_key(sm),)
     return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
                        training, *key)
 
 
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
-    if _gpu_uses_cudnn(ops[:10], cfg, dims, training, sm):
+    if _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
         gpu = functools.partial(_ffi_fwd, cuda=True)
     else:
         gpu = _reference
@@ -228,15 +230,15 @@ def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _attention(cfg: Config, dims: Dims, sm, *ops):
-    """ops: q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, and with a
-    score_mod sm (else None) its concatenated operands."""
+    """ops: q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, index_base
+    (the N_OPS), and with a score_mod sm (else None) its concatenated operands."""
     return _forward(ops, cfg, dims, sm, training=False)
 
 
 def _attention_fwd(cfg: Config, dims: Dims, sm, *ops):
     cfg = dataclasses.replace(cfg, want_lse=True)
     if _has_gpu() and jax.default_backend() != "cpu":
-        _warn_once(*_choice(ops[:10], cfg, dims, True, sm))
+        _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
     out, lse, max_logit = _forward(ops, cfg, dims, sm, training=True)
     return (out, lse, max_logit), (ops, out, lse)
 
@@ -245,7 +247,7 @@ def _attention_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
     ops, out, lse = residuals
     dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
-    if _gpu_uses_cudnn(ops[:10], cfg, dims, True, sm):
+    if _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, True, sm):
         gpu = functools.partial(_ffi_bwd, cuda=True)
     else:
         gpu = _bwd_reference
@@ -254,8 +256,9 @@ def _attention_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
         cpu=functools.partial(_ffi_bwd, cfg=cfg, dims=dims, sm=sm),
         cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
         default=functools.partial(_bwd_reference, cfg=cfg, dims=dims, sm=sm))
-    # seed, sequence lengths and offsets take none; a score_mod's operands come last.
-    return (*grads[:5], None, None, None, None, None, *grads[5:])
+    # seed, sequence lengths, offsets and index_base take none; a score_mod's operands
+    # come last.
+    return (*grads[:5], *(None,) * (N_OPS - 5), *grads[5:])
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -34,6 +34,10 @@ call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h an
   (key // 4, query, head, batch), key words (seed[0], seed[1]), word key % 4 kept when
   >= floor(p * 2^32). So this reference (and the XLA fallback built on it) draws the
   same mask as the CPU engine; other GPU backends may use their own generator.
+* index_base (batch_base, head_base): the call is one shard of a bigger one, whose batch
+  entry 0 and q head 0 are entry batch_base and head head_base of the whole. Dropout's
+  counter and score_mod's batch / head indices are the global ones; every array (and
+  score_mod's operands) is the shard's own. (0, 0) without it.
 """
 
 from __future__ import annotations
@@ -77,11 +81,15 @@ def dropout_threshold(p: float) -> int:
     return min(int(float(np.float32(p)) * 2.0 ** 32), 2 ** 32 - 1)
 
 
-def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int):
-    """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p."""
+def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int, index_base=None):
+    """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p; index_base
+    (batch_base, head_base) shifts the batch and head of the counter (None: (0, 0))."""
     seed = jnp.asarray(seed, jnp.uint32)
     b = jnp.arange(B, dtype=jnp.uint32)[:, None, None, None]
     h = jnp.arange(H, dtype=jnp.uint32)[None, :, None, None]
+    if index_base is not None:
+        base = jnp.asarray(index_base).astype(jnp.uint32)
+        b, h = b + base[0], h + base[1]
     i = jnp.arange(Sq, dtype=jnp.uint32)[None, None, :, None]
     j = jnp.arange(Skv, dtype=jnp.uint32)[None, None, None, :]
     words = philox4x32_10(j >> 2, i, h, b, seed[0], seed[1])
@@ -198,14 +206,18 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                         thd=False, window_size=None, bias=None,
                         attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
                         softmax_type=SoftmaxType.VANILLA_SOFTMAX, softmax_offset=None,
-                        dropout_probability=0.0, seed=None, score_mod=None):
+                        dropout_probability=0.0, seed=None, score_mod=None, index_base=None):
     """q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv]; q_seqlens / kv_seqlens
     int [B] or [B, M]; q_offsets / kv_offsets int [B, M + 1] (read when thd); bias
     [1|B, 1|Hq, Sq, Skv] (with attn_bias_type); softmax_offset [Hq] (LEARNABLE_SOFTMAX);
     seed uint32 [2] (dropout_probability > 0: dropout on). score_mod: None, or a function
     score_mod(s, q_pos, kv_pos) of the scaled (and biased) logits s [B, Hq, Sq, Skv] f32
     and the positions of sequence_positions() giving the scores the masks and softmax
-    then see (fused_attn's score_mod, applied over the grid).
+    then see (fused_attn's score_mod, applied over the grid). index_base: None, or
+    (batch_base, head_base) (ints or int32 [2], maybe traced) of a shard (module
+    docstring): dropout draws the global mask, and score_mod is called as
+    score_mod(s, q_pos, kv_pos, index_base=index_base) so that it can give fn the global
+    batch and head indices (score_mod.apply_reference's index_base).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
@@ -224,8 +236,10 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     else:
         s = s * scale
     if score_mod is not None:
-        s = score_mod(s, *sequence_positions(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
-                                             q_offsets, kv_offsets, thd))
+        pos = sequence_positions(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
+                                 kv_offsets, thd)
+        s = (score_mod(s, *pos) if index_base is None
+             else score_mod(s, *pos, index_base=index_base))
     keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
                               kv_offsets, thd, window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
@@ -254,7 +268,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     l_safe = jnp.where(l == 0, 1.0, l)  # a NaN l passes
     probs = jnp.where(keep, p / l_safe, 0.0)  # masked keys stay 0 in a NaN row
     if dropout_probability > 0.0:
-        keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
+        keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv, index_base)
         probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
                      v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)

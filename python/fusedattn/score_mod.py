@@ -399,19 +399,25 @@ def make_score_mod(fn, operands, bprop, shape4) -> tuple[ScoreMod, list]:
     return sm, arrays4
 
 
-def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None):
+def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None, index_base=None):
     """s' = fn over materialized scores s [B, Hq, Sq, Skv] (float32), with vmap (the
     reference path). q_pos [B, Sq] / kv_pos [B, Sq, Skv] (reference.sequence_positions):
     the q_idx and kv_idx fn sees, and where the operands are read; None (or plain
-    aranges) in BSHD layouts, where they are the grid's own indices."""
+    aranges) in BSHD layouts, where they are the grid's own indices. index_base: None, or
+    (batch_base, head_base) of a shard (int32 [2], maybe traced), added to the batch_idx
+    and head_idx fn sees; the operands are the shard's own, read at the local index."""
     B, H, Sq, Skv = s.shape
     idx = [jnp.arange(n, dtype=jnp.int32) for n in (B, H, Sq, Skv)]
+    b_glob, h_glob = idx[0], idx[1]
+    if index_base is not None:
+        base = jnp.asarray(index_base).astype(jnp.int32)
+        b_glob, h_glob = idx[0] + base[0], idx[1] + base[1]
     if q_pos is None:
         full = [jnp.broadcast_to(a, (B, H, Sq, Skv)) for a in arrays4]
         f = sm_fn
         for axis in range(4):  # innermost first: vmap over kv, then q, head, batch
             f = jax.vmap(f, in_axes=_axes(3 - axis, len(full)))
-        return f(s, idx[0], idx[1], idx[2], idx[3], *full)
+        return f(s, b_glob, h_glob, idx[2], idx[3], *full)
     # Positions of a THD segment: every grid element has its own (q_idx, kv_idx), and
     # the operands are gathered there.
     grid = (B, H, Sq, Skv)
@@ -423,7 +429,9 @@ def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None):
                     for d, ix in enumerate((bi, hi, qi, ki)))] for a in arrays4]
     full = [jnp.broadcast_to(a, grid) for a in full]
     flat = lambda x: x.reshape(-1)
-    out = jax.vmap(sm_fn)(flat(s), flat(bi), flat(hi), flat(qi), flat(ki), *map(flat, full))
+    bg = jnp.broadcast_to(b_glob[:, None, None, None], grid)
+    hg = jnp.broadcast_to(h_glob[None, :, None, None], grid)
+    out = jax.vmap(sm_fn)(flat(s), flat(bg), flat(hg), flat(qi), flat(ki), *map(flat, full))
     return out.reshape(grid)
 
 

@@ -1,7 +1,7 @@
 // XLA FFI handlers of the CPU attention engine (operands and results: ffi_decode.h):
 //   fa_cpu_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
-//                    q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
-//   fa_cpu_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+//                    q_offsets, kv_offsets, index_base -> out, softmax_aux (lse), max_logit
+//   fa_cpu_attn_bwd: the same 11, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
 // Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/score_mod/program.h"
@@ -19,6 +19,7 @@ cpu::Extras extras(const AttnTensors& t) {
   x.sbias = {t.bias_slice, t.bias_b, t.bias_h, t.bias_s};
   x.softmax_offset = t.softmax_offset;
   x.seed = t.seed;
+  x.index_base = t.index_base;
   return x;
 }
 
@@ -28,6 +29,7 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_ERROR(check_index_base(p, t));
   FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
   ScoreModCall smc;
   if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
@@ -54,10 +56,11 @@ ffi::Error attn_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                        ffi::AnyBuffer index_base,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                         ffi::Result<ffi::AnyBuffer> max_logit, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return run_fwd(in, attrs, &*out, &*lse, &*max_logit, nullptr, nullptr);
 }
 
@@ -65,11 +68,12 @@ ffi::Error attn_fwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer index_base,
                            ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
                            AttnScoreModAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return run_fwd(in, attrs.base(), &*out, &*lse, &*max_logit, &attrs.score_mod, &sm_operands);
 }
 
@@ -81,6 +85,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_ERROR(check_index_base(p, t));
   FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
                                         dsoftmax_offset, &t));
   ScoreModCall smc;
@@ -121,13 +126,14 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
 ffi::Error attn_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                         ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                         ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                        ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                        ffi::AnyBuffer index_base, ffi::AnyBuffer out,
                         ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> dbias,
                         ffi::Result<ffi::AnyBuffer> dsoftmax_offset, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return run_bwd(in, attrs, out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset, nullptr,
                  nullptr, nullptr);
 }
@@ -136,6 +142,7 @@ ffi::Error attn_bwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                            ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                            ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                           ffi::AnyBuffer index_base,
                            ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
                            ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
@@ -143,7 +150,7 @@ ffi::Error attn_bwd_sm_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
                            ffi::Result<ffi::AnyBuffer> dsm_operands, AttnScoreModAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return run_bwd(in, attrs.base(), out, dout, lse, &*dq, &*dk, &*dv, &*dbias, &*dsoftmax_offset,
                  &attrs.score_mod, &sm_operands, &*dsm_operands);
 }
@@ -166,7 +173,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_bwd, fusedattn::ffi_glue::attn_bwd_cpu
                                   FA_ATTN_BIND_BWD_RESULTS
                                   .Attrs<AttnAttrs>());
 
-// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// score_mod variants: the eleven operands, then score_mod_operands (float32, the array
 // operands concatenated); the backward also returns their gradient.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cpu_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cpu,
                               ffi::Ffi::Bind() FA_ATTN_BIND_OPERANDS

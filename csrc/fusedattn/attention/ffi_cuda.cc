@@ -1,13 +1,13 @@
 // XLA FFI handlers of attention on NVIDIA GPUs (operands and results as the CPU
 // handlers: ffi_decode.h):
 //   fa_cuda_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
-//                     q_offsets, kv_offsets -> out, softmax_aux (lse), max_logit
-//   fa_cuda_attn_bwd: the same 10, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
+//                     q_offsets, kv_offsets, index_base -> out, softmax_aux (lse), max_logit
+//   fa_cuda_attn_bwd: the same 11, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
 //   (each with one more result: a uint8 workspace, sized at trace time by
 //   attn_workspace_bytes(), since XLA's FFI scratch allocator is not available to
 //   every custom call)
 //   fa_cuda_attn_fwd_sm / fa_cuda_attn_bwd_sm: the same with score_mod (flex attention):
-//   one more operand after the ten (the concatenated score_mod operands, f32) and the
+//   one more operand after the eleven (the concatenated score_mod operands, f32) and the
 //   program attribute; the kernel runs the program (cudnn/sdpa_graph.cc, or the Hopper
 //   forward's own softcap / ALiBi). The operands' gradient is not computed here
 //   (fusedattn/attention.py takes it from XLA).
@@ -177,6 +177,18 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
         const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
 }
 
+// cuDNN and the Hopper forward count dropout's Philox counter and score_mod's batch and
+// head inputs from 0: they cannot take a shard's index_base (Python sends such calls
+// elsewhere). Without dropout and score_mod nothing reads the indices, so a base is
+// ignored. Decided by the buffer's size: its values stay on the device.
+Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs& sm) {
+  if (!t.index_base || (!has_dropout(p) && !sm.call)) return Status::Ok();
+  return Status::Unimplemented(
+      std::string("index_base: the CUDA backends take no index_base with ") +
+      (has_dropout(p) ? "dropout" : "score_mod") +
+      " (they count the batch and head index from 0); pass an empty index_base");
+}
+
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
 // ALiBi score_mod, form).
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
@@ -223,6 +235,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
   const bool want_max = attrs.want_max_logit != 0;
   BackendRequest req;
@@ -309,6 +322,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
+  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
   BackendRequest req;
@@ -389,11 +403,12 @@ ffi::Error attn_fwd_cuda(cudaStream_t stream, int32_t device,
                          ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                          ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                          ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                         ffi::AnyBuffer index_base,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                          ffi::Result<ffi::AnyBuffer> max_logit,
                          ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return to_ffi_error(
       attn_fwd(stream, device, in, &*out, &*lse, &*max_logit, &*workspace, attrs, SmArgs{}));
 }
@@ -403,11 +418,12 @@ ffi::Error attn_fwd_sm_cuda(cudaStream_t stream, int32_t device,
                             ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                             ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                             ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer index_base,
                             ffi::AnyBuffer sm_operands, ffi::Result<ffi::AnyBuffer> out,
                             ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> max_logit,
                             ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
@@ -422,14 +438,15 @@ ffi::Error attn_bwd_cuda(cudaStream_t stream, int32_t device,
                          ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                          ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                          ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets, ffi::AnyBuffer out,
+                         ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                         ffi::AnyBuffer index_base, ffi::AnyBuffer out,
                          ffi::AnyBuffer dout, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                          ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                          ffi::Result<ffi::AnyBuffer> dbias,
                          ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
                          ffi::Result<ffi::AnyBuffer> workspace, AttnAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
                                &*dsoftmax_offset, &*workspace, attrs, SmArgs{}));
 }
@@ -439,6 +456,7 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
                             ffi::AnyBuffer bias, ffi::AnyBuffer softmax_offset, ffi::AnyBuffer seed,
                             ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                             ffi::AnyBuffer q_offsets, ffi::AnyBuffer kv_offsets,
+                            ffi::AnyBuffer index_base,
                             ffi::AnyBuffer sm_operands, ffi::AnyBuffer out, ffi::AnyBuffer dout,
                             ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                             ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
@@ -446,7 +464,7 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
                             ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
                             ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
-                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets};
+                        &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
@@ -502,7 +520,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd, fusedattn::ffi_glue::attn_bwd_cu
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnAttrs>());
 
-// score_mod variants: the ten operands, then score_mod_operands (float32, the array
+// score_mod variants: the eleven operands, then score_mod_operands (float32, the array
 // operands concatenated), and the program attribute.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_fwd_sm, fusedattn::ffi_glue::attn_fwd_sm_cuda,
                               ffi::Ffi::Bind()

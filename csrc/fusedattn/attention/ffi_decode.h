@@ -10,9 +10,13 @@
 //   softmax_offset  [V, Hq] f32 (LEARNABLE_SOFTMAX), or empty
 //   seed            [V, 2] u32 (read only with dropout), or empty
 //   q_seqlens, kv_seqlens [L, M] int32;  q_offsets, kv_offsets [L, M + 1] int32
+//   index_base      [V, 2] int32 (batch_base, head_base) >= 0, or empty (0, 0): the
+//                   global index of this call's batch entry 0 and q head 0 when the call
+//                   is one device's shard of a bigger one. Dropout's Philox counter and
+//                   the score_mod program's batch / head inputs use the global index.
 // "Empty" is any zero-size array (Python passes shape (0,); vmap may add dims).
 // Forward results: out [L, Sq, Hq, Dv], lse f32 [L, Hq, Sq] (THD: [L, Sq, Hq]),
-// max_logit f32 [L, Hq]. Backward: the 10 operands, then out, dout, lse ->
+// max_logit f32 [L, Hq]. Backward: the 11 operands, then out, dout, lse ->
 // dq, dk, dv, dbias (each the shape of its operand; empty for empty),
 // dsoftmax_offset f32 [L, Hq] (empty without softmax_offset).
 #pragma once
@@ -85,6 +89,7 @@ struct AttnTensors {
   const int32_t* kv_seqlens = nullptr;    // [B, M]
   const int32_t* q_offsets = nullptr;     // [B, M + 1]
   const int32_t* kv_offsets = nullptr;    // [B, M + 1]
+  const int32_t* index_base = nullptr;    // [V, 2] (batch_base, head_base); null: (0, 0)
   // Forward results (backward: out and lse are inputs).
   void* out = nullptr;
   ViewStrides so;
@@ -102,7 +107,7 @@ struct AttnTensors {
   float* dsoftmax_offset = nullptr;  // [B, Hq]; null without softmax_offset
 };
 
-// The ten operands every attention call starts with.
+// The eleven operands every attention call starts with.
 struct AttnOperands {
   const ffi::AnyBuffer* q;
   const ffi::AnyBuffer* k;
@@ -114,11 +119,16 @@ struct AttnOperands {
   const ffi::AnyBuffer* kv_seqlens;
   const ffi::AnyBuffer* q_offsets;
   const ffi::AnyBuffer* kv_offsets;
+  const ffi::AnyBuffer* index_base;
 };
 
-// Shapes -> AttnParams (then validate()) and the input pointers of t.
+// Shapes -> AttnParams (then validate()) and the input pointers of t. Reads no
+// buffer's contents (the CUDA handlers' buffers live on the device).
 Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
                        AttnTensors* t);
+
+// index_base's values, read on the host (CPU handlers): each base must be >= 0.
+Status check_index_base(const AttnParams& p, const AttnTensors& t);
 
 // The forward results: out, lse, max_logit.
 Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,
@@ -145,7 +155,7 @@ Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> progr
 
 }  // namespace fusedattn::ffi_glue
 
-// The binding of the ten operands (AttnOperands' order) that every attention handler,
+// The binding of the eleven operands (AttnOperands' order) that every attention handler,
 // CPU and CUDA, starts its argument list with: Ffi::Bind() [contexts] FA_ATTN_BIND_OPERANDS
 // [more operands] .Ret<...>() ...
 #define FA_ATTN_BIND_OPERANDS                                  \
@@ -158,11 +168,12 @@ Status decode_score_mod_call(const AttnParams& p, ffi::Span<const int32_t> progr
       .Arg<::xla::ffi::AnyBuffer>() /* q_seqlens */            \
       .Arg<::xla::ffi::AnyBuffer>() /* kv_seqlens */           \
       .Arg<::xla::ffi::AnyBuffer>() /* q_offsets */            \
-      .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */
+      .Arg<::xla::ffi::AnyBuffer>() /* kv_offsets */           \
+      .Arg<::xla::ffi::AnyBuffer>() /* index_base */
 
 // The other pieces of the handlers' argument lists, in their order (a CUDA handler adds
 // its contexts before and a workspace result after; the score_mod variants insert
-// FA_ATTN_BIND_SM_OPERANDS after the ten operands):
+// FA_ATTN_BIND_SM_OPERANDS after the eleven operands):
 //   forward:  FA_ATTN_BIND_OPERANDS [sm] FA_ATTN_BIND_FWD_RESULTS
 //   backward: FA_ATTN_BIND_OPERANDS [sm] FA_ATTN_BIND_BWD_INPUTS FA_ATTN_BIND_BWD_RESULTS
 #define FA_ATTN_BIND_SM_OPERANDS .Arg<::xla::ffi::AnyBuffer>() /* score_mod_operands */

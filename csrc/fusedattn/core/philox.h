@@ -8,7 +8,9 @@
 //   counter = (key / 4, query, head, batch), key words = (seed[0], seed[1]),
 //   word    = output[key % 4],  kept when word >= dropout_threshold(p).
 // `batch` is the index within one vmap slice (params.h), so vmap(f)(x)[n]
-// equals f(x[n]). python/fusedattn/reference.py implements the same rule.
+// equals f(x[n]); a sharded call adds its index_base (attention/ffi_decode.h) to
+// batch and head, so each shard draws what the whole call draws there.
+// python/fusedattn/reference.py implements the same rule.
 // Plain C++ that nvcc compiles for the device too (FA_HOST_DEVICE).
 #pragma once
 

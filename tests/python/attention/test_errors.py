@@ -300,7 +300,8 @@ def test_descriptor_constructors_check_their_arguments():
 # The C++ side checks again: a call that bypasses fused_attn's checks gets an FFI error
 
 
-def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, **attrs):
+def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, index_base=None,
+             **attrs):
     empty = lambda dt: jnp.zeros((0,), dt)
     Bq, Sq, Hq, _ = q.shape
     lens = jnp.full((Bq, 1), Sq, jnp.int32) if lens is None else lens
@@ -315,7 +316,8 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, *
         jax.ShapeDtypeStruct((Bq, Hq, Sq), jnp.float32), jax.ShapeDtypeStruct((Bq, Hq), jnp.float32)))
     return call(q, k, v, empty(q.dtype) if bias is None else bias,
                 empty(jnp.float32) if offset is None else offset,
-                empty(jnp.uint32) if seed is None else seed, lens, lens, offs, offs, **a)
+                empty(jnp.uint32) if seed is None else seed, lens, lens, offs, offs,
+                empty(jnp.int32) if index_base is None else index_base, **a)
 
 
 @pytest.mark.parametrize("case, what", [
@@ -329,6 +331,9 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, *
     (dict(layout=np.int32(QKVLayout.THD_THD_THD)), "need a padding mask"),
     (dict(layout=np.int32(QKVLayout.BS3HD)), "expected qkv [B, S, 3, H, D]"),
     (dict(window_left=np.int64(-4)), "window_size"),
+    (dict(index_base=jnp.array([0, -1], jnp.int32)), "index_base: got (batch_base 0, head_base -1)"),
+    (dict(index_base=jnp.array([1, 2, 3], jnp.int32)), "index_base: got shape [3]"),
+    (dict(index_base=jnp.array([1.0, 2.0])), "index_base"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_the_handler_rejects_bad_operands(case, what):
     q = jnp.ones((B, S, H, D))

@@ -9,6 +9,7 @@
 //   bias [slices, 1|Bs, 1|Hq, Sq, Skv] in q's dtype (Bs = batch / slices; may be null)
 //   softmax_offset [slices, Hq] f32 (LEARNABLE_SOFTMAX only), seed [slices, 2] u32
 //     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (attention/mask.h)
+//   index_base [slices, 2] int32 (batch_base, head_base) >= 0 (may be null: (0, 0))
 // Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias.
 #pragma once
 
@@ -49,6 +50,10 @@ struct Extras {
   BiasStrides sbias{};
   const float* softmax_offset = nullptr;
   const uint32_t* seed = nullptr;
+  // The global index of batch entry 0 (within the slice) and q head 0, for a call that is
+  // one device's shard of a bigger one: dropout's Philox counter and score_mod's batch and
+  // head inputs count from there, so a shard computes what the whole call does there.
+  const int32_t* index_base = nullptr;
   // score_mod (null: none) and its array operands [slices, score_mod->total_size()] f32.
   const ScoreMod* score_mod = nullptr;
   const float* score_mod_operands = nullptr;

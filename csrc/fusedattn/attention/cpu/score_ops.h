@@ -52,17 +52,29 @@ inline void add_bias(const T* brow, float mul, float* sr, int64_t c_lo, int64_t 
   for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * to_float(brow[c]);
 }
 
+// (batch_base, head_base) of vmap slice `slice` (Extras::index_base; (0, 0) without it).
+struct IndexBase {
+  int64_t b = 0, h = 0;
+};
+inline IndexBase index_base(const Extras& x, int64_t slice) {
+  if (!x.index_base) return {};
+  return {x.index_base[2 * slice], x.index_base[2 * slice + 1]};
+}
+
 // Dropout of one (batch entry, head): z(i, j) = 1 / (1 - p) when key j of
-// query i is kept, else 0; the rule is philox.h's.
+// query i is kept, else 0; the rule is philox.h's, on the global batch and head index
+// (index_base added).
 class Dropout {
  public:
-  Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) : h_(h) {
+  Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) {
     on_ = has_dropout(p);
     if (!on_) return;
     const int64_t bs = slice_batch(p);
+    const IndexBase base = index_base(x, b / bs);
     seed_[0] = x.seed[2 * (b / bs)];
     seed_[1] = x.seed[2 * (b / bs) + 1];
-    b_ = b % bs;
+    b_ = b % bs + base.b;
+    h_ = h + base.h;
     threshold_ = dropout_threshold(p.dropout);
     inv_keep_ = 1.0f / (1.0f - p.dropout);
   }
@@ -87,7 +99,7 @@ class Dropout {
  private:
   bool on_ = false;
   uint32_t seed_[2] = {0, 0};
-  int64_t b_ = 0, h_;
+  int64_t b_ = 0, h_ = 0;
   uint32_t threshold_ = 0;
   float inv_keep_ = 1.0f;
 };
@@ -96,6 +108,8 @@ class Dropout {
 // on scores, and in the backward the score's and the operands' gradient programs.
 // Inputs of the programs, per row: score, batch, head, q, kv, the array operands read
 // at their broadcast position, then dscore (the gradient of the modified score).
+// batch and head are global (index_base added); the operands are this shard's own
+// slices (Python slices them), so they are read at the local batch and head.
 // q and kv are positions in the row's sequence (ranges' q_base / kv_base: a THD
 // segment counts from its first token), and so are the operands' indices.
 class ScoreModRows {
@@ -116,7 +130,8 @@ class ScoreModRows {
     in_store_.assign(static_cast<size_t>(n_in) * kMaxLanes, 0.0f);
     scratch_.assign(static_cast<size_t>(regs) * kMaxLanes, 0.0f);
     for (int r = 0; r < n_in; ++r) in_[r] = in_store_.data() + r * kMaxLanes;
-    for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_), in_[2][c] = float(h_);
+    const IndexBase g = index_base(x, slice_);
+    for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_ + g.b), in_[2][c] = float(h_ + g.h);
   }
   bool on() const { return sm_ != nullptr; }
   int64_t slice() const { return slice_; }
@@ -184,7 +199,7 @@ class ScoreModRows {
   const ScoreMod* sm_;
   const RowRanges* ranges_;
   int64_t b_fold_;  // the folded batch entry (rows of ranges_)
-  int64_t b_ = 0, h_ = 0, slice_ = 0;
+  int64_t b_ = 0, h_ = 0, slice_ = 0;  // local: the operands' indices
   const float* base_ = nullptr;
   std::vector<float> in_store_, scratch_;
   float* in_[kScoreModIndexInputs + kMaxScoreModOperands + 1] = {};
