@@ -185,6 +185,38 @@ def _maximum(x, name, where, optional=False):
     return static_int(x, name, where, "a Python int" + (" or None" if optional else ""))
 
 
+def _check_descriptor(sd, layout, mask, q, k):
+    """check_descriptors=True: checkify checks that the descriptor as given is valid, so that
+    no clamping or rule changes it (sequence.check_descriptor's checks, per pack): THD
+    offsets inside [0, T] and non-decreasing, lengths >= 0 and within their slot [offsets[s],
+    offsets[s + 1]); BSHD lengths (padding masks) within [0, S]. A broken promise
+    (max_segment_seqlen_q/kv) is no error: such segments are computed exactly."""
+    from .sequence import check_descriptor
+
+    where = "fused_attn_small_seq"
+    get = lambda name: _index_array(getattr(sd, name, None), name) if sd is not None else None
+    rows = lambda x, n: jnp.asarray(x, jnp.int32).reshape(-1, n)
+    if layout == QKVLayout.THD_THD_THD:
+        q_offs, kv_offs = get("q_offsets"), get("kv_offsets")
+        q_lens, kv_lens = get("q_seqlens"), get("kv_seqlens")
+        if q_offs is None:  # packed back to back from the lengths: only those can be wrong
+            n = q_lens.shape[-1]
+            check_descriptor(rows(q_lens, n), rows(kv_lens, n), None, None, seqlen_q=q.shape[-3],
+                             seqlen_kv=k.shape[-3], thd=False, padding=True, caller=where)
+            q_offs, kv_offs = _cumulative(q_lens), _cumulative(kv_lens)
+        n = q_offs.shape[-1] - 1
+        q_offs, kv_offs = rows(q_offs, n + 1), rows(kv_offs, n + 1)
+        zeros = jnp.zeros((q_offs.shape[0], n), jnp.int32)  # absent lengths: whole slots
+        check_descriptor(zeros if q_lens is None else rows(q_lens, n),
+                         zeros if kv_lens is None else rows(kv_lens, n), q_offs, kv_offs,
+                         seqlen_q=q.shape[-3], seqlen_kv=k.shape[-3], thd=True, padding=True,
+                         caller=where)
+    elif mask.is_padding():
+        check_descriptor(rows(get("q_seqlens"), 1), rows(get("kv_seqlens"), 1), None, None,
+                         seqlen_q=q.shape[-3], seqlen_kv=k.shape[-3], thd=False, padding=True,
+                         caller=where)
+
+
 def _cumulative(lens):
     lens = jnp.asarray(lens, jnp.int32)
     zero = jnp.zeros(lens.shape[:-1] + (1,), jnp.int32)
@@ -531,7 +563,8 @@ def fused_attn_small_seq(qkv, bias, sequence_descriptor, seed, *,
                          qkv_layout=QKVLayout.THD_THD_THD,
                          scaling_factor=None,
                          dropout_probability=0.0,
-                         is_training=False):
+                         is_training=False,
+                         check_descriptors=False):
     """Small-sequence cross attention: one query per segment over at most 64 keys.
 
     qkv: (q, k, v). THD_THD_THD: q [T_q, H_q, D], k/v [T_kv, H_kv, D]; BSHD_BSHD_BSHD:
@@ -550,6 +583,13 @@ def fused_attn_small_seq(qkv, bias, sequence_descriptor, seed, *,
       a 0-d array traced under jit/grad: that one is folded into q (s * q in q's dtype,
       the kernel then runs with scale 1.0), so gradients reach it.
     dropout_probability: a static float; must be 0 when is_training (not implemented).
+    check_descriptors: off (default), an invalid runtime sequence_descriptor is clamped by
+      the rule of every backend (segments.h; the same answer on each). On, it is an error
+      instead, naming the pack, the segment and the value: THD offsets outside [0, T] or out
+      of order, negative lengths, a length past its slot or the buffer; BSHD lengths
+      outside [0, S]. The checks are jax.experimental.checkify checks, as fused_attn's:
+      eagerly they raise at once; under jit, use err, out = checkify.checkify(jax.jit(f))
+      (...); err.throw().
     Bad arguments raise ValueError, or ArgumentTypeError (a TypeError that is also a
     ValueError) for the wrong kind of argument, naming it.
 
@@ -560,5 +600,7 @@ def fused_attn_small_seq(qkv, bias, sequence_descriptor, seed, *,
         qkv, bias, sequence_descriptor, attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
         scaling_factor=scaling_factor, dropout_probability=dropout_probability,
         is_training=is_training)
+    if static_bool(check_descriptors, "check_descriptors", "fused_attn_small_seq"):
+        _check_descriptor(sequence_descriptor, cfg.layout, cfg.mask_type, q, k)
     _check_platform()
     return _small_seq(q, k, v, seg.q_lens, seg.kv_lens, seg.q_offsets, seg.kv_offsets, cfg)

@@ -10,10 +10,16 @@ namespace {
 
 constexpr int64_t kCudnnSinkVersion = 91300;  // sink tokens, max / sum_exp outputs
 
-// The Hopper forward's tile shape (hopper/fwd_kernel.cuh) and grid limit.
+// The Hopper forward's tile shape (hopper/fwd_kernel.cuh) and tile limit: its blocks
+// count tiles in int and step by the grid size (t += gridDim.x, up to twice the tile
+// count), so tiles stay at most 2^30.
 constexpr int64_t kHopperHeadDim = 128;
 constexpr int64_t kHopperBlockM = 128;
-constexpr int64_t kHopperMaxBlocks = (int64_t{1} << 31) - 1;
+constexpr int64_t kHopperMaxTiles = int64_t{1} << 30;
+
+// cuDNN's SDPA graphs fail to run with a batch of 65536 or more (a 16-bit batch extent:
+// pytorch/pytorch#181235, measured with cuDNN 9.2 on an H100).
+constexpr int64_t kCudnnMaxBatch = 65535;
 
 std::string fmt_version(int64_t v) {
   std::ostringstream os;
@@ -57,10 +63,19 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
        << p.seqlen_q << " > Skv " << p.seqlen_kv;
     return os.str();
   }
+  // The graph's batch: the rows (THD: each row's segments are sequences of their own).
+  // Counted over every vmap slice, since one graph serves them all unless
+  // graph_per_slice (cudnn/sdpa_config.h) splits it.
+  const int64_t graph_batch = p.batch * (is_thd(p.layout) ? p.max_segments : 1);
+  if (graph_batch > kCudnnMaxBatch) {
+    os << "cuDNN runs at most " << kCudnnMaxBatch << " sequences in one graph; got "
+       << graph_batch << (is_thd(p.layout) ? " (batch x max_segments_per_seq)" : " (batch)");
+    return os.str();
+  }
   if (is_thd(p.layout)) {
-    // Ragged offsets are int32 element offsets.
-    const int64_t tokens = p.batch / (p.num_slices > 0 ? p.num_slices : 1) *
-                           std::max(p.seqlen_q, p.seqlen_kv);
+    // Ragged offsets are int32 element offsets, over every slice's rows (as above): the
+    // last one is the token count times the token stride (at most 3 H D, packed).
+    const int64_t tokens = p.batch * std::max(p.seqlen_q, p.seqlen_kv);
     const int64_t widest = 3 * std::max(p.heads_q, p.heads_kv) *
                            std::max(p.head_dim_qk, p.head_dim_v);
     if (tokens * widest >= (int64_t{1} << 31)) {
@@ -111,8 +126,8 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
        << "." << info.sm % 10;
     return os.str();
   }
-  if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q * p.batch > kHopperMaxBlocks)
-    return "more than 2^31 - 1 blocks of 128 query rows";
+  if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q * p.batch > kHopperMaxTiles)
+    return "more than 2^30 tiles of 128 query rows (batch x heads x ceil(Sq / 128))";
   if (is_causal_bottom_right(p.mask_type) && p.seqlen_q > p.seqlen_kv)
     return "its bottom-right causal mask needs Sq <= Skv";
   return "";

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "fusedattn/attention/cudnn/fixup.h"
@@ -55,9 +56,8 @@ __device__ void zero_row(T* row, int64_t n) {
   }
 }
 
-// One block per (head, batch entry); its threads stride over the query rows.
-__global__ void finalize_forward_kernel(AttnMask r, FinalizeArgs a) {
-  const int64_t h = blockIdx.x, b = blockIdx.y;
+// Row states, lse and max_logit of head h of batch entry b (the whole block takes part).
+__device__ void finalize_row(const AttnMask& r, const FinalizeArgs& a, int64_t h, int64_t b) {
   float extra = -INFINITY;
   if (a.softmax_type == FA_OFF_BY_ONE_SOFTMAX) extra = 0.0f;
   if (a.softmax_type == FA_LEARNABLE_SOFTMAX) extra = a.sink[(b / a.rows_per_slice) * a.heads + h];
@@ -88,6 +88,13 @@ __global__ void finalize_forward_kernel(AttnMask r, FinalizeArgs a) {
     for (int w = 0; w < int(blockDim.x / 32); ++w) m = nan_max(m, warp_max[w]);
     a.max_logit[b * a.heads + h] = m;
   }
+  __syncthreads();  // warp_max is read before the block's next b writes it
+}
+
+// One block per (head, batch entry b = blockIdx.y, + gridDim.y, ...: grid y stops at
+// 65535); its threads stride over the query rows.
+__global__ void finalize_forward_kernel(AttnMask r, FinalizeArgs a) {
+  for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) finalize_row(r, a, blockIdx.x, b);
 }
 
 __global__ void backward_lse_kernel(const float* lse, float* out, int64_t n) {
@@ -109,7 +116,8 @@ Status prepare_sequences(const AttnMask& mask, const SequenceArgs& a, cudaStream
 }
 
 Status finalize_forward(const AttnMask& mask, const FinalizeArgs& a, cudaStream_t stream) {
-  finalize_forward_kernel<<<dim3(unsigned(a.heads), unsigned(a.batch)), 256, 0, stream>>>(mask, a);
+  const dim3 grid(unsigned(a.heads), unsigned(std::min<int64_t>(a.batch, 65535)));
+  finalize_forward_kernel<<<grid, 256, 0, stream>>>(mask, a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

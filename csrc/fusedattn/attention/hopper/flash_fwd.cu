@@ -26,7 +26,9 @@ Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream);
 
 namespace {
 
-constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // grid x
+// Tiles: the kernel counts them in int, and a block steps t += gridDim.x up to twice the
+// count (causal grids have a block a tile), so at most 2^30 keeps that in range.
+constexpr int64_t kMaxTiles = int64_t{1} << 30;
 
 std::atomic<int64_t> launches{0};
 
@@ -106,8 +108,8 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
   if (p.head_dim != kHeadDim) return "head dim must be 128";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if ((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch > kMaxBlocks)
-    return "more than 2^31 - 1 blocks of 128 query rows";
+  if ((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch > kMaxTiles)
+    return "more than 2^30 tiles of 128 query rows";
   if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
