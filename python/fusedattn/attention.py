@@ -17,6 +17,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _lib, _partition, small_seq
 from . import score_mod as _sm
@@ -222,10 +223,67 @@ def _cuda_fused_ok(ops, cfg: Config, sm) -> bool:
     return not (ops[10].size and (cfg.dropout_on or sm is not None))
 
 
+# cuDNN's backward indexes its tensors in 32 bits: on the H100 (cuDNN 9.19, 2026-11-25) a
+# bf16 call of 33 x 4096 x 128 x 128 elements gave wrong dq past element 2^31 (the forward
+# was right). A cuDNN call past that runs in batch chunks under it, forward and backward
+# alike (so a dropout mask drawn by the forward is the one the backward sees).
+_CUDNN_MAX_ELEMENTS = 2 ** 31 - 1
+
+
+def _cudnn_chunk(ops, dims: Dims, sm=None) -> int | None:
+    """Batch entries per cuDNN call, or None when one call is within the limit."""
+    bias = ops[3]
+    per_entry = [int(np.prod(x.shape[1:])) for x in ops[:3] if x.size]
+    per_entry.append(dims.Sq * dims.Hq * dims.Dv)  # out, dout
+    bias_batched = bias.size and bias.shape[0] == dims.B and dims.B > 1
+    if bias_batched:
+        per_entry.append(int(np.prod(bias.shape[1:])))
+    widest = max(per_entry)
+    if dims.B * widest <= _CUDNN_MAX_ELEMENTS and bias.size <= _CUDNN_MAX_ELEMENTS:
+        return None
+    if widest > _CUDNN_MAX_ELEMENTS or (bias.size > _CUDNN_MAX_ELEMENTS and not bias_batched):
+        raise NotImplementedError(
+            f"fused_attn: one batch entry of this call has {widest} elements in a tensor (or "
+            f"the bias {bias.size}), past the 2^31 - 1 that cuDNN indexes; nothing on the GPU "
+            "serves it: split the heads or the sequence")
+    if sm is not None and any(shape[0] > 1 for shape in sm.operand_shapes):
+        raise NotImplementedError(
+            f"fused_attn: this call has {dims.B * widest} elements in a tensor, past the "
+            "2^31 - 1 that cuDNN indexes, so it runs in batch chunks; a score_mod operand "
+            "with a batch dim cannot be split with them: broadcast it over the batch")
+    return _CUDNN_MAX_ELEMENTS // widest
+
+
+def _batch_args(ops, dims: Dims, n_args: int) -> frozenset:
+    """Indices of the arguments that carry the batch: q, k, v, a bias of B entries, the
+    descriptor arrays, and in the backward out, dout and lse (the args past ops)."""
+    idx = {0, 1, 2, 6, 7, 8, 9} | ({3} if ops[3].size and ops[3].shape[0] == dims.B else set())
+    return frozenset(idx | set(range(len(ops), n_args)))
+
+
+def _chunked(fn, chunk: int | None, batched: frozenset, sums: tuple = ()):
+    """fn(*args, dims=...) over batch chunks of chunk entries: the batched args sliced,
+    results concatenated along the batch, or summed (result indices in sums)."""
+    if chunk is None:
+        return fn
+
+    def run(*args, cfg, dims: Dims, sm=None):
+        parts = []
+        for b0 in range(0, dims.B, chunk):
+            n = min(chunk, dims.B - b0)
+            cut = [x[b0:b0 + n] if i in batched and x.size else x for i, x in enumerate(args)]
+            parts.append(fn(*cut, cfg=cfg, dims=dataclasses.replace(dims, B=n), sm=sm))
+        return tuple(functools.reduce(jnp.add, rs) if i in sums else jnp.concatenate(rs, axis=0)
+                     for i, rs in enumerate(zip(*parts)))
+
+    return run
+
+
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
     """One device's forward (the partitioned primitive's per-device body)."""
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
-        gpu = functools.partial(_ffi_fwd, cuda=True)
+        gpu = _chunked(functools.partial(_ffi_fwd, cuda=True), _cudnn_chunk(ops, dims, sm),
+                       _batch_args(ops, dims, len(ops)))
     else:
         gpu = _reference
     return jax.lax.platform_dependent(
@@ -240,7 +298,11 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     [Hq] (summed over the batch) and, with a score_mod, d of its operands."""
     ops = args[:N_OPS]
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops, cfg, dims, True, sm):
-        gpu = functools.partial(_ffi_bwd, cuda=True)
+        # dbias of a batch-broadcast bias, d softmax_offset and score_mod operand grads sum
+        n = N_OPS + (sm is not None)
+        batched = _batch_args(args[:n], dims, len(args))
+        gpu = _chunked(functools.partial(_ffi_bwd, cuda=True), _cudnn_chunk(ops, dims, sm),
+                       batched, sums=(4, 5) if 3 in batched else (3, 4, 5))
     else:
         gpu = _bwd_reference
     return jax.lax.platform_dependent(
