@@ -272,6 +272,10 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
         probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
                      v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)
+    # A row that keeps no key (padding, or all its mass on the sink) is 0 whatever v
+    # holds: the einsum's 0 * inf would make it NaN.
+    empty = ~keep[:, 0].any(axis=-1)  # [B, Sq]
+    out = jnp.where(empty[:, :, None, None], 0.0, out)
     live = (l != 0)[..., 0] & real[:, None, :]
     lse = jnp.where(live, (m_safe + jnp.log(l_safe))[..., 0], neg_inf)
     max_logit = nan_max(m_keys[..., 0], axis=-1)

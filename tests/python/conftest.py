@@ -177,8 +177,9 @@ def reference_lowp(q, k, v, mask_type=AttnMaskType.NO_MASK, q_lens=None, kv_lens
         z = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv)
         p = jnp.where(z, p / (1.0 - jnp.float32(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(dt).reshape(B, Hkv, g, Sq, Skv), v,
-                     preferred_element_type=dt)
-    return out.reshape(B, Sq, Hq, -1)
+                     preferred_element_type=dt).reshape(B, Sq, Hq, -1)
+    # As reference.py: a row that keeps no key is 0 whatever v holds (no 0 * inf).
+    return jnp.where((~keep[:, 0].any(axis=-1))[:, :, None, None], jnp.zeros((), dt), out)
 
 
 def stored_out_grads(out, lse, dout, dtype, lse_fn, args, argnums):

@@ -329,13 +329,8 @@ def _compare_nonfinite(name, got, ref, lowp, dtype):
 
 
 
-# Issue 20, still open: 7 of the 20 derandomized cases disagree with the reference in two corner
-# cases, listed here so that the rest of the harness keeps running (and counting) in CI:
-# a NaN softmax_offset (LEARNABLE_SOFTMAX) on THD rows that keep no key or given 4-D (the engine
-# gives NaN out / softmax_aux where the reference gives -inf or finite values), and a -inf in v
-# reaching a padding row of the reference (0 * -inf) where the engine writes 0.
-@pytest.mark.xfail(strict=False, reason="issue 20 (open): NaN softmax_offset on rows without "
-                   "keys / 4-D offsets, and -inf in v on padding rows, disagree with reference.py")
+# NaN and Inf placed in q, k, v, bias or softmax_offset: NaN out exactly where the reference
+# has it (a row that keeps no key is 0 whatever v holds, on every backend).
 def test_fuzz_nan_inf_propagate_like_reference():
     failures = Failures("nan_inf")
 

@@ -127,8 +127,12 @@ void forward(const AttnParams& p, const FwdArgs& a) {
     float local_max = kNegInf;
     for (int64_t r = 0; r < rows; ++r) {
       const bool any = l[r] != 0.0f;  // a NaN l is "any": its NaN reaches out and lse
+      // A row that keeps no key is exactly 0 (a sink may hold all its mass): its
+      // accumulator may hold 0 * inf = NaN from a value row the tile's gemm met with
+      // weight 0.
       store_row(acc.data() + r * Dvp, Dv, any ? 1.0f / l[r] : 0.0f,
-                out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h);
+                out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h,
+                /*zero=*/!any || hi[r] <= lo[r]);
       a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
       local_max = nan_max(local_max, mx[r]);
     }

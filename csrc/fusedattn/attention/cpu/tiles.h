@@ -66,8 +66,8 @@ inline void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_s
 }
 
 template <class T>
-inline void store_row(const float* src, int64_t cols, float mul, T* dst) {
-  for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<T>(src[c] * mul);
+inline void store_row(const float* src, int64_t cols, float mul, T* dst, bool zero = false) {
+  for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<T>(zero ? 0.0f : src[c] * mul);
 }
 
 }  // namespace fusedattn::cpu
