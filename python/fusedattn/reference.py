@@ -278,5 +278,13 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     out = jnp.where(empty[:, :, None, None], 0.0, out)
     live = (l != 0)[..., 0] & real[:, None, :]
     lse = jnp.where(live, (m_safe + jnp.log(l_safe))[..., 0], neg_inf)
+    if sink is not None:
+        # A NaN sink makes its real rows' lse NaN, and the output of those that keep a
+        # key; said explicitly, because under jit XLA's max may drop the NaN on its way.
+        nan_sink = jnp.isnan(sink[..., 0])  # [1, Hq, 1]
+        # (added, not selected, so that gradients still flow through out and lse)
+        lse = lse + jnp.where(nan_sink & real[:, None, :], jnp.nan, 0.0)
+        nan_out = nan_sink & keep.any(-1)  # [B, Hq, Sq]
+        out = out + jnp.where(jnp.swapaxes(nan_out, 1, 2)[..., None], jnp.nan, 0.0)
     max_logit = nan_max(m_keys[..., 0], axis=-1)
     return out.astype(q.dtype), lse, max_logit
