@@ -37,20 +37,14 @@ run() {  # run TOOL NAME PYTEST-ARGS...
 
 A=tests/python/attention
 pids=()
-run memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink" &
-pids+=($!)
-run memcheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout or nan" &
-pids+=($!)
-run memcheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks or broken_promises_among or nan" &
-pids+=($!)
-run memcheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest or nan or fully_masked" &
-pids+=($!)
-run racecheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout" &
-pids+=($!)
-run racecheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks" &
-pids+=($!)
-run racecheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest" &
-pids+=($!)
+bg() { run "$@" & pids+=($!); }  # each run in the background
+bg memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink"
+bg memcheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout or nan"
+bg memcheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks or broken_promises_among or nan"
+bg memcheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest or nan or fully_masked"
+bg racecheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout"
+bg racecheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks"
+bg racecheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest"
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 cat "$OUT"/cs-*.summary
 exit $status

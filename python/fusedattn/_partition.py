@@ -25,6 +25,7 @@ per-device call.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -186,16 +187,18 @@ class Partitioned:
                               "(the sequence dimension: use context parallelism)")
         return plan
 
-    def _shapes(self, infos):
-        return [tuple(x.shape) for x in infos]
-
-    def _partition(self, static, mesh, arg_infos, result_infos):
-        arg_shapes = self._shapes(arg_infos)
-        res_shapes = self._shapes(result_infos)
+    def _planned(self, static, mesh, arg_infos, result_infos):
+        """(plan, arg shardings, result shardings) of a call's shapes and shardings."""
+        arg_shapes = [tuple(x.shape) for x in arg_infos]
+        res_shapes = [tuple(x.shape) for x in result_infos]
         arg_roles, res_roles = self.roles(static, arg_shapes, res_shapes)
         plan = self._plan(static, mesh, arg_shapes, [a.sharding for a in arg_infos], arg_roles)
-        arg_sh = tuple(NamedSharding(mesh, plan.spec(r, s)) for r, s in zip(arg_roles, arg_shapes))
-        res_sh = tuple(NamedSharding(mesh, plan.spec(r, s)) for r, s in zip(res_roles, res_shapes))
+        shard = lambda roles, shapes: tuple(NamedSharding(mesh, plan.spec(r, s))
+                                            for r, s in zip(roles, shapes))
+        return plan, shard(arg_roles, arg_shapes), shard(res_roles, res_shapes)
+
+    def _partition(self, static, mesh, arg_infos, result_infos):
+        plan, arg_sh, res_sh = self._planned(static, mesh, arg_infos, result_infos)
 
         def lower(*args):
             return tuple(self.impl(static, plan, *args))
@@ -203,17 +206,13 @@ class Partitioned:
         return mesh, lower, res_sh, arg_sh
 
     def _infer(self, static, mesh, arg_infos, result_infos):
-        arg_shapes = self._shapes(arg_infos)
-        res_shapes = self._shapes(result_infos)
-        arg_roles, res_roles = self.roles(static, arg_shapes, res_shapes)
-        plan = self._plan(static, mesh, arg_shapes, [a.sharding for a in arg_infos], arg_roles)
-        return tuple(NamedSharding(mesh, plan.spec(r, s)) for r, s in zip(res_roles, res_shapes))
+        return self._planned(static, mesh, arg_infos, result_infos)[2]
 
     def _rule(self, static, mesh, value_types, result_types):
         arg_shapes = [tuple(t.shape) for t in value_types]
         res_shapes = [tuple(t.shape) for t in result_types]
         arg_roles, res_roles = self.roles(static, arg_shapes, res_shapes)
-        counter = iter(range(1 << 30))
+        counter = itertools.count()
 
         def factors(roles, shape):
             names = []

@@ -279,37 +279,34 @@ def _chunked(fn, chunk: int | None, batched: frozenset, sums: tuple = ()):
     return run
 
 
+def _per_platform(args, cfg: Config, dims: Dims, sm, kernel, cuda, reference):
+    """kernel (the FFI call) on the CPU, cuda on NVIDIA GPUs, reference elsewhere."""
+    bind = lambda f: functools.partial(f, cfg=cfg, dims=dims, sm=sm)
+    return jax.lax.platform_dependent(*args, cpu=bind(kernel), cuda=bind(cuda),
+                                      default=bind(reference))
+
+
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
     """One device's forward (the partitioned primitive's per-device body)."""
+    gpu = _reference
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
         gpu = _chunked(functools.partial(_ffi_fwd, cuda=True), _cudnn_chunk(ops, dims, sm),
                        _batch_args(ops, dims, len(ops)))
-    else:
-        gpu = _reference
-    return jax.lax.platform_dependent(
-        *ops,
-        cpu=functools.partial(_ffi_fwd, cfg=cfg, dims=dims, sm=sm),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
-        default=functools.partial(_reference, cfg=cfg, dims=dims, sm=sm))
+    return _per_platform(ops, cfg, dims, sm, _ffi_fwd, gpu, _reference)
 
 
 def _backward(args, cfg: Config, dims: Dims, sm):
     """One device's backward: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset
     [Hq] (summed over the batch) and, with a score_mod, d of its operands."""
     ops = args[:N_OPS]
+    gpu = _bwd_reference
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops, cfg, dims, True, sm):
-        # dbias of a batch-broadcast bias, d softmax_offset and score_mod operand grads sum
-        n = N_OPS + (sm is not None)
-        batched = _batch_args(args[:n], dims, len(args))
+        # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod
+        # operand grads sum
+        batched = _batch_args(args[:N_OPS + (sm is not None)], dims, len(args))
         gpu = _chunked(functools.partial(_ffi_bwd, cuda=True), _cudnn_chunk(ops, dims, sm),
                        batched, sums=(4, 5) if 3 in batched else (3, 4, 5))
-    else:
-        gpu = _bwd_reference
-    return jax.lax.platform_dependent(
-        *args,
-        cpu=functools.partial(_ffi_bwd, cfg=cfg, dims=dims, sm=sm),
-        cuda=functools.partial(gpu, cfg=cfg, dims=dims, sm=sm),
-        default=functools.partial(_bwd_reference, cfg=cfg, dims=dims, sm=sm))
+    return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -390,19 +387,24 @@ def _attn_roles(static, arg_shapes, res_shapes):
     return ops + [out, out, lse], results
 
 
+def _sm_starts(plan, local: Dims, global_shapes, local_shapes):
+    """Where each local score_mod operand sits in its global one: at this device's batch
+    and head base on the dims it does not broadcast."""
+    b0, h0 = plan.index("b") * local.B, plan.index("h") * local.Hq
+    return [(b0 if g[0] != l[0] else 0, h0 if g[1] != l[1] else 0, 0, 0)
+            for g, l in zip(global_shapes, local_shapes)]
+
+
 def _local_sm(sm, dims: Dims, local: Dims, plan, flat, n_lead):
     """Each device's slice of the score_mod operands (float32 [.., N] flat, the global
     shapes in sm) and the ScoreMod of the local shapes."""
     shapes = [(local.B if s[0] == dims.B else 1, local.Hq if s[1] == dims.Hq else 1, s[2], s[3])
               for s in sm.operand_shapes]
-    b0, h0 = plan.index("b") * local.B, plan.index("h") * local.Hq
+    starts = _sm_starts(plan, local, sm.operand_shapes, shapes)
 
     def cut(f):
-        parts = []
-        for a, s in zip(_sm.split_operands(f, sm), shapes):
-            start = (b0 if s[0] != a.shape[0] else 0, h0 if s[1] != a.shape[1] else 0, 0, 0)
-            parts.append(jax.lax.dynamic_slice(a, start, s))
-        return _sm.concat_operands(parts)
+        return _sm.concat_operands([jax.lax.dynamic_slice(a, st, s) for a, st, s in
+                                    zip(_sm.split_operands(f, sm), starts, shapes)])
 
     return dataclasses.replace(sm, operand_shapes=tuple(shapes)), _partition.per_slice(
         cut, n_lead)(flat)
@@ -411,14 +413,12 @@ def _local_sm(sm, dims: Dims, local: Dims, plan, flat, n_lead):
 def _global_sm_grad(sm, local_sm, local: Dims, plan, dflat, n_lead):
     """The local score_mod operand gradients placed at this device's slice of the global
     operands, summed over the batch and head axes."""
-    b0, h0 = plan.index("b") * local.B, plan.index("h") * local.Hq
+    starts = _sm_starts(plan, local, sm.operand_shapes, local_sm.operand_shapes)
 
     def place(f):
-        parts = []
-        for a, s in zip(_sm.split_operands(f, local_sm), sm.operand_shapes):
-            start = (b0 if s[0] != a.shape[0] else 0, h0 if s[1] != a.shape[1] else 0, 0, 0)
-            parts.append(jax.lax.dynamic_update_slice(jnp.zeros(s, jnp.float32), a, start))
-        return _sm.concat_operands(parts)
+        return _sm.concat_operands([
+            jax.lax.dynamic_update_slice(jnp.zeros(s, jnp.float32), a, st)
+            for a, st, s in zip(_sm.split_operands(f, local_sm), starts, sm.operand_shapes)])
 
     return jax.lax.psum(_partition.per_slice(place, n_lead)(dflat), plan.reduce_axes("b", "h"))
 

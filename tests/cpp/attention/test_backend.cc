@@ -12,41 +12,22 @@
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/options.h"
 #include "fusedattn/attention/params.h"
+#include "attention/plain_call.h"
 #include "score_mod/programs.h"
 
 namespace fusedattn {
 namespace {
 
+using test::h100;
 using test::program;
 
 // A bf16 causal call the Hopper forward can take when its score_mod is softcap or ALiBi:
 // q [2, 512, 8, 128], k/v [2, 512, 2, 128].
 AttnParams hopper_params() {
-  AttnParams p{};
-  p.batch = 2;
-  p.seqlen_q = p.seqlen_kv = 512;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.head_dim_qk = p.head_dim_v = 128;
-  p.window_left = p.window_right = -1;
-  p.dtype = FA_BFLOAT16;
-  p.layout = FA_BSHD_BSHD_BSHD;
+  AttnParams p = test::plain_call(2, 512, 512, 8, 2, 128, 128, 0.088f);
   p.mask_type = FA_CAUSAL_MASK;
-  p.bias_type = FA_NO_BIAS;
-  p.softmax_type = FA_VANILLA_SOFTMAX;
   p.is_training = 1;
-  p.scale = 0.088f;
-  p.max_segments = 1;
-  p.num_slices = 1;
   return p;
-}
-
-PlatformInfo h100() {
-  PlatformInfo info;
-  info.cuda_built = true;
-  info.cudnn_version = 91900;
-  info.sm = 90;
-  return info;
 }
 
 BackendRequest with(ScoreModKind kind) {

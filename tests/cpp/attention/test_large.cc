@@ -17,6 +17,7 @@
 #include "fusedattn/small_seq/params.h"
 #include "fusedattn/small_seq/validate.h"
 #include "fusedattn/softmax/mask_rows.h"
+#include "attention/plain_call.h"
 #include "fusedattn/softmax/params.h"
 #include "fusedattn/softmax/validate.h"
 
@@ -32,30 +33,10 @@ bool has(const std::string& text, const std::string& word) {
 
 // q/k/v [B, S, H, D] bf16, BSHD, no mask.
 AttnParams bshd(int64_t B, int64_t S, int64_t H, int64_t D) {
-  AttnParams p{};
-  p.batch = B;
-  p.seqlen_q = p.seqlen_kv = S;
-  p.heads_q = p.heads_kv = H;
-  p.head_dim_qk = p.head_dim_v = D;
-  p.window_left = p.window_right = -1;
-  p.dtype = FA_BFLOAT16;
-  p.layout = FA_BSHD_BSHD_BSHD;
-  p.mask_type = FA_NO_MASK;
-  p.bias_type = FA_NO_BIAS;
-  p.softmax_type = FA_VANILLA_SOFTMAX;
-  p.scale = 0.088f;
-  p.max_segments = 1;
-  p.num_slices = 1;
-  return p;
+  return test::plain_call(B, S, S, H, H, D, D, 0.088f);
 }
 
-PlatformInfo h100() {
-  PlatformInfo info;
-  info.cuda_built = true;
-  info.cudnn_version = 91900;
-  info.sm = 90;
-  return info;
-}
+using test::h100;
 
 // ---- the CPU engine's offsets (attention/cpu/attention.h, row_ranges.h)
 

@@ -12,31 +12,15 @@
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/params.h"
 #include "fusedattn/attention/validate.h"
+#include "attention/plain_call.h"
 
 namespace fusedattn {
 namespace {
 
 AttnParams valid_params() {
-  AttnParams p{};
-  p.batch = 2;
-  p.seqlen_q = 128;
-  p.seqlen_kv = 96;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.head_dim_qk = 64;
-  p.head_dim_v = 32;
-  p.window_left = -1;
-  p.window_right = -1;
-  p.dtype = FA_BFLOAT16;
-  p.layout = FA_BSHD_BSHD_BSHD;
+  AttnParams p = test::plain_call(2, 128, 96, 8, 2, 64, 32, 0.125f);
   p.mask_type = FA_CAUSAL_MASK;
-  p.bias_type = FA_NO_BIAS;
-  p.softmax_type = FA_VANILLA_SOFTMAX;
   p.is_training = 1;
-  p.scale = 0.125f;
-  p.dropout = 0.0f;
-  p.max_segments = 1;
-  p.num_slices = 1;
   return p;
 }
 
