@@ -9,7 +9,8 @@ where the math needs none. The FFI handlers never know: they see a smaller call.
 A primitive names the role of every dimension of its operands and results:
   "v0", "v1", ...  leading vmap dimensions (vmap broadcasts them onto every operand)
   "b" batch        "h" query heads     "k" key/value heads
-  "s" query sequence (softmax rows)    None: anything else (head dim, the packed 3 or 2,
+  "s" query sequence (softmax rows)    "c", "ckv": q's and k/v's sequence under context
+  parallelism (forced onto the cp axis)  None: anything else (head dim, the packed 3 or 2,
   sequence lengths, segment slots, flat buffers); a size-1 (broadcast) dimension too.
 The plan: the mesh axes that shard operand 0's "v*", "b" and "h" dimensions (and "s"
 where the primitive allows it) shard every dimension of that role; "k" follows "h" when
@@ -96,7 +97,8 @@ def warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-_ROLE_NAMES = {"b": "batch", "h": "heads", "k": "kv heads", "s": "sequence", "t": "kv sequence"}
+_ROLE_NAMES = {"b": "batch", "h": "heads", "k": "kv heads", "s": "sequence", "t": "kv sequence",
+               "c": "context-parallel sequence", "ckv": "context-parallel kv sequence"}
 
 
 def _role_name(role) -> str:
@@ -114,8 +116,11 @@ class Partitioned:
     vmap dims). names: the operands' names (or names(static)), for the warnings."""
 
     def __init__(self, name: str, impl: Callable, roles: Callable,
-                 names: Sequence[str], shardable=("b", "h")):
+                 names: Sequence[str], shardable=("b", "h"), forced: Callable | None = None):
         self.name, self.impl, self.roles = name, impl, roles
+        # forced(static, mesh) -> {role: axes}: roles sharded whatever operand 0's spec
+        # says (context parallelism's sequence dims); their axes leave the other roles.
+        self.forced = forced or (lambda static, mesh: {})
         self.names = names if callable(names) else (lambda static, n=tuple(names): n)
         self.shardable = tuple(shardable)
         part = custom_partitioning(self._body, static_argnums=(0,))
@@ -160,6 +165,11 @@ class Partitioned:
                 ax = ()
             if ax:
                 axes[role] = ax
+        forced = self.forced(static, mesh)
+        taken = {a for ax in forced.values() for a in ax}
+        axes = {r: tuple(a for a in ax if a not in taken) for r, ax in axes.items()}
+        axes = {r: ax for r, ax in axes.items() if ax}
+        axes.update(forced)
         kv_replicated = False
         if "h" in axes:
             kv = [shape[d] for roles, shape in zip(arg_roles, arg_shapes)

@@ -50,6 +50,8 @@ class Config:
     # engine computes all of them regardless.
     want_lse: bool = False
     want_max_logit: bool = False
+    # context parallelism (context_parallel.CPConfig) or None
+    cp: Any = None
 
     @property
     def thd(self) -> bool:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lib, _partition, small_seq
+from . import _lib, _partition, context_parallel, small_seq
 from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, enum, prepare, unpack, window
@@ -359,8 +359,9 @@ def _attn_roles(static, arg_shapes, res_shapes):
     n_lead = len(arg_shapes[0]) - _q_rank(cfg)
     lead = _partition.lead(n_lead)
     packed3, packed2 = cfg.layout in QKV_PACKED, cfg.layout in KV_PACKED
-    qr = ("b", None, None, "h", None) if packed3 else ("b", None, "h", None)
-    kr = ("b", None, None, "k", None) if packed2 else ("b", None, "k", None)
+    c, ckv = ("c", "ckv") if cfg.cp is not None else (None, None)
+    qr = ("b", c, None, "h", None) if packed3 else ("b", c, "h", None)
+    kr = ("b", ckv, None, "k", None) if packed2 else ("b", ckv, "k", None)
     flat = (None,)
 
     def fit(roles, shape):
@@ -368,7 +369,7 @@ def _attn_roles(static, arg_shapes, res_shapes):
         body = shape[n_lead:]
         if len(body) != len(roles) or 0 in body:
             return lead + (None,) * len(body)
-        full = {"b": dims.B, "h": dims.Hq, "k": dims.Hkv}
+        full = {"b": dims.B, "h": dims.Hq, "k": dims.Hkv, "c": dims.Sq, "ckv": dims.Skv}
         return lead + tuple(r if r is not None and d == full[r] else None
                             for r, d in zip(roles, body))
 
@@ -379,8 +380,8 @@ def _attn_roles(static, arg_shapes, res_shapes):
            fit(("b", None), arg_shapes[8]), fit(("b", None), arg_shapes[9]), lead + flat]
     if sm is not None:
         ops.append(lead + flat)
-    out = lead + ("b", None, "h", None)
-    lse = lead + (("b", None, "h") if cfg.thd else ("b", "h", None))
+    out = lead + ("b", c, "h", None)
+    lse = lead + (("b", c, "h") if cfg.thd else ("b", "h", c))
     if kind == "fwd":
         return ops, [out, lse, lead + ("b", "h")]
     results = ops[:4] + [fit(("h",), res_shapes[4])] + ([lead + flat] if sm is not None else [])
@@ -449,10 +450,76 @@ def _localize(cfg: Config, dims: Dims, sm, plan, ops):
     return ops, local, sm, taken, n_lead
 
 
+def _cp_run(cfg: Config, plan) -> context_parallel.CPRun | None:
+    """The context parallelism of this device's call: on a mesh, the plan's cp axis;
+    inside shard_map, the manual cp axis; None without one (a plain call)."""
+    if cfg.cp is None:
+        return None
+    if plan is not None and plan.of("c"):
+        size = plan.size("c")
+    else:  # inside shard_map, the axis manual (bound) or not there
+        try:
+            size = jax.lax.axis_size(cfg.cp.axis)
+        except (NameError, KeyError, ValueError):
+            return None
+    if size <= 1:
+        return None
+    return context_parallel.CPRun(cfg.cp.axis, size, cfg.cp.strategy, cfg.cp.load_balanced)
+
+
+def _cp_dims(cfg: Config, dims: Dims, sm, plan, cp, ops) -> Dims:
+    """The global sequence lengths of a cp call: on a mesh the partitioner's dims; inside
+    shard_map the call was traced on the shards, so cp times theirs."""
+    if plan is not None and plan.of("c"):
+        return dims
+    if ops[3].size or (sm is not None and any(s[2] > 1 or s[3] > 1
+                                              for s in sm.operand_shapes)):
+        raise NotImplementedError(
+            "fused_attn: inside shard_map, context parallelism takes no bias and no score_mod "
+            "operand with a sequence dim (they would be per-shard there); call fused_attn "
+            "under jit on the mesh instead, where they stay whole")
+    return dataclasses.replace(dims, Sq=dims.Sq * cp.size, Skv=dims.Skv * cp.size)
+
+
+def _index_base2(ops):
+    """(batch_base, head_base) of one slice's operands (0, 0 when none is given)."""
+    ib = ops[10]
+    if ib.size:
+        return ib[0], ib[1]
+    return jnp.int32(0), jnp.int32(0)
+
+
+def _cp_operands(cfg: Config, ops):
+    """q, k, v of any BSHD layout as three arrays (context parallelism's blocks)."""
+    q, k, v = unpack(*ops[:3], cfg.layout)
+    return [q, k, v] + list(ops[3:])
+
+
+def _cp_grads(cfg: Config, grads):
+    """dq, dk, dv back into the call's layout."""
+    dq, dk, dv = grads[:3]
+    if cfg.layout in QKV_PACKED:
+        return (jnp.stack([dq, dk, dv], axis=2), jnp.zeros((0,), dq.dtype),
+                jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
+    if cfg.layout in KV_PACKED:
+        return (dq, jnp.stack([dk, dv], axis=2), jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
+    return tuple(grads)
+
+
 def _fwd_impl(static, plan, *ops):
     cfg, dims, sm, training, _ = static
     ops, local, lsm, _, n_lead = _localize(cfg, dims, sm, plan, ops)
-    fwd = lambda *o: _forward(o, cfg, local, lsm, training)
+    cp = _cp_run(cfg, plan)
+    if cp is not None:
+        local = _cp_dims(cfg, local, lsm, plan, cp, ops)
+        context_parallel.check_divisible(cp, local.Sq, local.Skv, cfg.dropout_on)
+        call = lambda o, c, d, s: _forward(o, c, d, s, training)
+
+        def fwd(*o):
+            return context_parallel.forward(_cp_operands(cfg, o), cfg, local, lsm, training,
+                                            cp, _index_base2(o), call)
+    else:
+        fwd = lambda *o: _forward(o, cfg, local, lsm, training)
     return _partition.per_slice(fwd, n_lead)(*ops)
 
 
@@ -461,7 +528,17 @@ def _bwd_impl(static, plan, *args):
     n = N_OPS + (sm is not None)
     ops, rest = args[:n], args[n:]
     lops, local, lsm, taken, n_lead = _localize(cfg, dims, sm, plan, ops)
-    bwd = lambda *a: _backward(a, cfg, local, lsm)
+    cp = _cp_run(cfg, plan)
+    if cp is not None:
+        local = _cp_dims(cfg, local, lsm, plan, cp, lops)
+
+        def bwd(*a):
+            o = a[:n]
+            g = context_parallel.backward(_cp_operands(cfg, o), *a[n:], cfg, local, lsm, cp,
+                                          _index_base2(o), _backward)
+            return _cp_grads(cfg, g)
+    else:
+        bwd = lambda *a: _backward(a, cfg, local, lsm)
     grads = list(_partition.per_slice(bwd, n_lead)(*lops, *rest))
     if plan is None:
         return grads
@@ -495,8 +572,20 @@ def _names(static):
     return _OPERAND_NAMES + sm_names + tail
 
 
-_FWD = _partition.Partitioned("fused_attn", _fwd_impl, _attn_roles, _names)
-_BWD = _partition.Partitioned("fused_attn_bwd", _bwd_impl, _attn_roles, _names)
+def _cp_forced(static, mesh) -> dict:
+    """Context parallelism shards q's and k / v's sequence over its axis."""
+    cp = static[0].cp
+    if cp is None or cp.axis not in mesh.shape or mesh.shape[cp.axis] <= 1:
+        return {}
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
+    if types.get(cp.axis) == jax.sharding.AxisType.Manual:
+        return {}  # inside shard_map: the body runs the algorithm on its shards
+    return {"c": (cp.axis,), "ckv": (cp.axis,)}
+
+
+_FWD = _partition.Partitioned("fused_attn", _fwd_impl, _attn_roles, _names, forced=_cp_forced)
+_BWD = _partition.Partitioned("fused_attn_bwd", _bwd_impl, _attn_roles, _names,
+                              forced=_cp_forced)
 
 
 _warned: set[str] = set()
@@ -556,7 +645,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                score_mod=None,
                score_mod_operands=(),
                score_mod_bprop=None,
-               check_descriptors=False):
+               check_descriptors=False,
+               context_parallel_strategy=context_parallel.CPStrategy.DEFAULT,
+               context_parallel_axis=None,
+               context_parallel_causal_load_balanced=False,
+               stripe_size=None):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same):
@@ -606,6 +699,15 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       one, more segment-id runs than max_segments_per_seq (sequence.check_descriptor).
       The checks are jax.experimental.checkify checks: eagerly they raise at once; under
       jit, use err, out = checkify.checkify(jax.jit(f))(...); err.throw().
+    Context parallelism (context_parallel.py; under jit on a mesh, or inside shard_map
+    with the axis manual): context_parallel_axis names the mesh axis that shards the
+    sequence of q and k / v (None: none); context_parallel_strategy ALL_GATHER (DEFAULT)
+    or RING (CPStrategy or its name); context_parallel_causal_load_balanced: the inputs
+    come in reorder_causal_load_balancing's dual-chunk order (and the output, aux and
+    gradients leave in it). Every feature keeps the unsharded call's result (masks,
+    windows, bias, sinks, dropout, score_mod); BSHD layouts. stripe_size is THD's striped
+    balancing, not served yet (it must be None). Off a mesh with that axis the call is the
+    plain one.
     A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
     it and no statistics are asked for; get_backend reports "small_seq".
@@ -633,12 +735,16 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         check_descriptor(*call.operands[6:10], seqlen_q=d.Sq, seqlen_kv=d.Skv,
                          thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
                          q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs)
+    cp = _cp_config(context_parallel_strategy, context_parallel_axis,
+                    context_parallel_causal_load_balanced, stripe_size, call.cfg)
+    if cp is not None:
+        call = dataclasses.replace(call, cfg=dataclasses.replace(call.cfg, cp=cp))
     sm = None
     if score_mod is not None:
         d = call.dims
         sm, arrays4 = _sm.make_score_mod(score_mod, score_mod_operands, score_mod_bprop,
                                          (d.B, d.Hq, d.Sq, d.Skv))
-    elif (not (return_max_logit or return_aux)
+    elif (not (return_max_logit or return_aux) and cp is None
             and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
         return small_seq.fused_attn_small_seq(
             qkv, None, sequence_descriptor, seed, attn_mask_type=attn_mask_type,
@@ -651,6 +757,34 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
     out, lse, max_logit = _attention(call.cfg, call.dims, sm, *ops)
     return _results(out, lse, max_logit, return_max_logit, return_aux)
+
+
+def _cp_config(strategy, axis, load_balanced, stripe_size, cfg: Config):
+    """The static context-parallel arguments (checked) or None."""
+    where = "fused_attn"
+    balanced = static_bool(load_balanced, "context_parallel_causal_load_balanced", where)
+    try:
+        strategy = (context_parallel.CPStrategy[strategy.upper()] if isinstance(strategy, str)
+                    else context_parallel.CPStrategy(strategy))
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"{where}: context_parallel_strategy must be a CPStrategy (DEFAULT, "
+                         f"ALL_GATHER, RING) or its name; got {strategy!r}") from None
+    if stripe_size is not None:
+        raise NotImplementedError(
+            f"{where}: stripe_size={stripe_size!r}: striped load balancing is THD's, and THD "
+            "layouts are not served under context parallelism yet; pass None")
+    if axis is None:
+        return None
+    if not isinstance(axis, str) or not axis:
+        raise ArgumentTypeError(f"{where}: context_parallel_axis must be a mesh axis name (a "
+                                f"str) or None; got {axis!r}")
+    if cfg.thd:
+        raise NotImplementedError(
+            f"{where}: context parallelism takes the BSHD layouts (BS3HD, BSHD_BS2HD, "
+            f"BSHD_BSHD_BSHD); got {cfg.layout.name}, not served under it yet")
+    if strategy == context_parallel.CPStrategy.DEFAULT:
+        strategy = context_parallel.CPStrategy.ALL_GATHER
+    return context_parallel.CPConfig(axis, strategy, balanced)
 
 
 def _results(out, lse, max_logit, return_max_logit, return_aux):

@@ -1,0 +1,540 @@
+"""Context parallelism: the sequence of an attention call sharded over a mesh axis.
+
+fused_attn(..., context_parallel_axis="cp") shards q's sequence (and k / v's) over that
+mesh axis; every device computes its queries' attention over all keys, by one of two
+strategies, with JAX collectives only:
+
+  ALL_GATHER  k and v are all-gathered over the axis; each device runs its queries against
+              the whole sequence; the backward reduce-scatters dk / dv.
+  RING        k / v blocks travel around the ring with lax.ppermute (the transfer for step
+              s + 1 is issued before step s's attention, so XLA overlaps them); the partial
+              (out, log-sum-exp) of each step merge in float32; a block the mask empties is
+              skipped; the backward is a ring too, dk / dv travelling with their block back
+              to its owner. No device ever holds the whole k / v.
+
+Every block is an engine call of its own with global positions (the index_base operand's
+q_pos / kv_pos / extents): masks (causal, bottom-right, windows, padding), dropout's
+Philox counters and score_mod's q_idx / kv_idx are those of the unsharded call, so the
+result equals the single-device one. The attention sink (softmax_offset) joins once, at
+the merge; a bias and the score_mod operands stay whole over the axis (each block takes
+its slice; their gradients are summed over it).
+
+Causal load balancing (context_parallel_causal_load_balanced=True): the inputs come in
+dual-chunk order (reorder_causal_load_balancing): the sequence cut into 2 cp chunks, device
+r holding chunks r and 2 cp - 1 - r, so every device has the same causal work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import IntEnum
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["CPStrategy", "ReorderStrategy", "reorder_causal_load_balancing",
+           "inverse_reorder_causal_load_balancing"]
+
+
+class CPStrategy(IntEnum):
+    """How context parallelism exchanges k / v (TransformerEngine's names)."""
+
+    DEFAULT = 0  # ALL_GATHER
+    ALL_GATHER = 1
+    RING = 2
+
+
+class ReorderStrategy(IntEnum):
+    """How load balancing reorders a sequence over cp devices."""
+
+    DualChunkSwap = 0  # 2 cp chunks, device r holds chunks r and 2 cp - 1 - r (BSHD)
+    Striped = 1  # stripes of stripe_size tokens dealt round-robin to the devices (THD)
+
+
+def _chunk_order(cp_size: int, strategy: ReorderStrategy, n_units: int) -> list[int]:
+    """The natural unit indices in reordered order (units: 2 cp chunks or stripes)."""
+    if strategy == ReorderStrategy.DualChunkSwap:
+        return [c for r in range(cp_size) for c in (r, 2 * cp_size - 1 - r)]
+    per = n_units // cp_size
+    return [r + cp_size * i for r in range(cp_size) for i in range(per)]
+
+
+def _reorder(x, strategy, cp_size: int, seq_dim: int, stripe_size, inverse: bool):
+    where = ("inverse_" if inverse else "") + "reorder_causal_load_balancing"
+    strategy = ReorderStrategy(strategy)
+    if not isinstance(cp_size, int) or cp_size < 1:
+        raise ValueError(f"{where}: cp_size must be a positive int; got {cp_size!r}")
+    x = jnp.asarray(x)
+    seq_dim = seq_dim % x.ndim
+    S = x.shape[seq_dim]
+    if strategy == ReorderStrategy.DualChunkSwap:
+        unit, n_units = S // (2 * cp_size), 2 * cp_size
+    else:
+        if not isinstance(stripe_size, int) or stripe_size < 1:
+            raise ValueError(f"{where}: stripe_size must be a positive int for Striped; got "
+                             f"{stripe_size!r}")
+        unit, n_units = stripe_size, S // stripe_size
+    if unit == 0 or unit * n_units != S or n_units % cp_size:
+        raise ValueError(f"{where}: the sequence dim {seq_dim} ({S}) must divide into "
+                         f"{'2 * cp_size' if strategy == 0 else 'cp_size * stripe_size'} "
+                         f"equal units (cp_size {cp_size}, stripe_size {stripe_size})")
+    order = _chunk_order(cp_size, strategy, n_units)
+    if inverse:
+        inv = [0] * n_units
+        for i, c in enumerate(order):
+            inv[c] = i
+        order = inv
+    shape = x.shape[:seq_dim] + (n_units, unit) + x.shape[seq_dim + 1:]
+    y = jnp.take(x.reshape(shape), jnp.asarray(order), axis=seq_dim)
+    return y.reshape(x.shape)
+
+
+def reorder_causal_load_balancing(tensor, strategy=ReorderStrategy.DualChunkSwap,
+                                  cp_size: int = 1, seq_dim: int = 1, stripe_size=None):
+    """tensor's sequence dim in load-balanced order: shard r (of cp_size contiguous
+    shards) then holds dual chunks r and 2 cp - 1 - r (DualChunkSwap), or the stripes
+    r, r + cp, r + 2 cp, .. of stripe_size tokens (Striped). Apply it to q, k, v, and to
+    segment ids / positions [B, S] (seq_dim=1) alike."""
+    return _reorder(tensor, strategy, cp_size, seq_dim, stripe_size, inverse=False)
+
+
+def inverse_reorder_causal_load_balancing(tensor, strategy=ReorderStrategy.DualChunkSwap,
+                                          cp_size: int = 1, seq_dim: int = 1,
+                                          stripe_size=None):
+    """The natural order back (the output of a load-balanced call, its gradients)."""
+    return _reorder(tensor, strategy, cp_size, seq_dim, stripe_size, inverse=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CPConfig:
+    """The static context-parallel arguments of a call."""
+
+    axis: str
+    strategy: CPStrategy
+    load_balanced: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CPRun:
+    """One call's context parallelism on a mesh: the axis, its size, the strategy."""
+
+    axis: str
+    size: int
+    strategy: CPStrategy
+    load_balanced: bool
+
+    def rank(self):
+        return jax.lax.axis_index(self.axis)
+
+    def chunks(self, rank, S: int) -> list[tuple]:
+        """(global position, length) of the chunks a device holds, in its local order."""
+        n = self.size
+        if self.load_balanced:
+            C = S // (2 * n)
+            return [(rank * C, C), ((2 * n - 1 - rank) * C, C)]
+        return [(rank * (S // n), S // n)]
+
+
+def check_divisible(cp: CPRun, Sq: int, Skv: int, dropout: bool) -> None:
+    """The sequence lengths a cp split needs (raised at partitioning time)."""
+    units = cp.size * (2 if cp.load_balanced else 1)
+    for name, S in (("q", Sq), ("k/v", Skv)):
+        if S % units:
+            raise ValueError(
+                f"fused_attn: context parallelism over '{cp.axis}' ({cp.size} devices"
+                f"{', load-balanced: 2 chunks each' if cp.load_balanced else ''}) needs the "
+                f"{name} sequence length ({S}) to be a multiple of {units}")
+        if dropout and (S // units) % 4:
+            raise ValueError(
+                f"fused_attn: dropout under context parallelism needs chunks of a multiple of "
+                f"4 tokens (dropout draws 4 keys per Philox counter); the {name} sequence "
+                f"{S} over {units} chunks gives {S // units}")
+
+
+# ---------------------------------------------------------------------------
+# The algorithms. Operands are one device's BSHD shards without vmap dims:
+# q [B, Sq_l, Hq, D], k / v [B, Skv_l, Hkv, D|Dv]; the rest as attention.py's ops. A block
+# call goes through call_fwd(ops, cfg, dims, sm) / call_bwd(args, cfg, dims, sm), the
+# per-device calls of attention.py.
+
+NEG_INF = -jnp.inf
+
+
+# Block modes: how a block's mask is given to the engine. "pos": the call's own mask at
+# global positions (index_base's q_pos / kv_pos / extents: any mask, window, dropout,
+# score_mod). Where positions cannot matter (no dropout, score_mod, window; no mask or a
+# top-left causal one) a block is one of the plain calls every backend serves at full
+# speed, chosen at run time: "none" (no mask: a causal block wholly below the diagonal),
+# "causal" (a diagonal block: same positions for q and k), "upto" (the all-gather's
+# queries at qp.. against every key: bottom-right causal over the first qp + cq keys,
+# by the padding lengths), or skipped (wholly above the diagonal).
+
+
+def _plain(cfg, dims, sm):
+    """"none" / "causal" when the call's blocks can be plain calls, else None."""
+    from .enums import AttnMaskType
+    if cfg.dropout_on or sm is not None or tuple(cfg.window) != (-1, -1):
+        return None
+    mask = AttnMaskType(cfg.mask_type)
+    if mask == AttnMaskType.NO_MASK:
+        return "none"
+    if mask == AttnMaskType.CAUSAL_MASK or (
+            mask == AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK and dims.Sq == dims.Skv):
+        return "causal"
+    return None
+
+
+@dataclasses.dataclass
+class _Call:
+    """What every block of one device's call shares."""
+
+    cfg: object  # the blocks' Config (BSHD_BSHD_BSHD, lse wanted)
+    dims: object  # global Dims (Sq, Skv global; B, heads local)
+    sm: object  # local ScoreMod or None
+    ops: list  # q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, index_base[, smo]
+    cp: CPRun
+    base: tuple  # (batch_base, head_base) traced int32
+    sink_in_call: bool  # all-gather: each call sees every key, so it takes the sink
+    plain: str | None  # _plain's answer
+
+    def index_base(self, qp, kp):
+        b0, h0 = self.base
+        d = self.dims
+        return jnp.stack([b0, h0, jnp.int32(qp), jnp.int32(kp), jnp.int32(d.Sq),
+                          jnp.int32(d.Skv)]).astype(jnp.int32)
+
+    def block(self, q, k, v, qp, kp, mode):
+        """(ops, cfg, dims, sm) of the block (q at global row qp, k / v at global key kp)
+        in mode (above)."""
+        from .enums import AttnMaskType
+        o = self.ops
+        cq, ck = q.shape[1], k.shape[1]
+        bias = o[3]
+        if bias.size:
+            bias = jax.lax.dynamic_slice_in_dim(bias, qp, cq, axis=2)
+            bias = jax.lax.dynamic_slice_in_dim(bias, kp, ck, axis=3)
+        off = o[4] if self.sink_in_call else jnp.reshape(o[4], (-1,))[:0]
+        seq, ib, cfg = list(o[6:10]), self.index_base(qp, kp), self.cfg
+        if mode != "pos":
+            ib = o[10][:0]
+            mask = {"none": AttnMaskType.NO_MASK, "causal": AttnMaskType.CAUSAL_MASK,
+                    "upto": AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK}[mode]
+            cfg = dataclasses.replace(cfg, mask_type=mask)
+            if mode == "upto":
+                B = q.shape[0]
+                seq[0] = jnp.full((B, 1), cq, jnp.int32)
+                seq[1] = jnp.broadcast_to(jnp.int32(qp + cq), (B, 1))
+        ops = [q, k, v, bias, off, o[5], *seq, ib]
+        sm = self.sm
+        if sm is not None:
+            ops.append(self._sm_slice(qp, cq, kp, ck))
+            sm = dataclasses.replace(sm, operand_shapes=self._sm_shapes(cq, ck))
+        return ops, cfg, dataclasses.replace(self.dims, Sq=cq, Skv=ck), sm
+
+    def dispatch(self, qp, cq, kp, ck, run, skip, *refs):
+        """run(mode) for this block (a traced choice among the plain modes, or "pos" under
+        a cond that skips a block the mask empties); skip() gives empty results."""
+        if self.plain is None:
+            return _cond(_visible(self.cfg, self.dims, qp, cq, kp, ck), lambda: run("pos"),
+                         skip, *refs)
+        if self.plain == "none":
+            return run("none")
+        if isinstance(kp, int) and ck == self.dims.Skv:  # every key: the all-gather's queries
+            return run("upto")
+        empty = kp > qp + cq - 1
+        below = kp + ck - 1 <= qp
+        diag = jnp.logical_and(qp == kp, cq == ck)
+        idx = jnp.where(empty, 0, jnp.where(below, 1, jnp.where(diag, 2, 3)))
+        from ._partition import vary_like
+        return jax.lax.switch(idx, [lambda: vary_like(tuple(skip()), *refs),
+                                    lambda: run("none"), lambda: run("causal"),
+                                    lambda: run("pos")])
+
+    def _sm_shapes(self, cq, ck):
+        return tuple((s[0], s[1], cq if s[2] > 1 else 1, ck if s[3] > 1 else 1)
+                     for s in self.sm.operand_shapes)
+
+    def sm_size(self, cq, ck):
+        """The flat size of a block's score_mod operands."""
+        from . import score_mod as _sm
+        return _sm.concat_operands([jnp.zeros(s, jnp.float32)
+                                    for s in self._sm_shapes(cq, ck)]).shape
+
+    def _sm_slice(self, qp, cq, kp, ck):
+        from . import score_mod as _sm
+        arrays = _sm.split_operands(self.ops[11], self.sm)
+        cut = []
+        for a in arrays:
+            if a.shape[2] > 1:
+                a = jax.lax.dynamic_slice_in_dim(a, qp, cq, axis=2)
+            if a.shape[3] > 1:
+                a = jax.lax.dynamic_slice_in_dim(a, kp, ck, axis=3)
+            cut.append(a)
+        return _sm.concat_operands(cut)
+
+    def sm_place(self, dflat, qp, cq, kp, ck, acc):
+        """acc (the global operands' gradient, float32 [N]) + a block's at its place."""
+        from . import score_mod as _sm
+        local = dataclasses.replace(self.sm, operand_shapes=self._sm_shapes(cq, ck))
+        out = []
+        for a, g in zip(_sm.split_operands(acc, self.sm), _sm.split_operands(dflat, local)):
+            start = (0, 0, qp if a.shape[2] > 1 else 0, kp if a.shape[3] > 1 else 0)
+            cur = jax.lax.dynamic_slice(a, start, g.shape)
+            out.append(jax.lax.dynamic_update_slice(a, cur + g, start))
+        return _sm.concat_operands(out)
+
+    def bias_place(self, dbias, qp, kp, acc):
+        start = (0, 0, qp, kp)
+        cur = jax.lax.dynamic_slice(acc, start, dbias.shape)
+        return jax.lax.dynamic_update_slice(acc, cur + dbias.astype(jnp.float32), start)
+
+
+def _block_call(cfg, dims, sm, ops, cp: CPRun, base) -> _Call:
+    """The blocks take BSHD_BSHD_BSHD operands and give the lse; the ring's blocks see
+    part of the keys each, so the sink joins at the merge instead."""
+    from .enums import QKVLayout, SoftmaxType
+    ring = cp.strategy == CPStrategy.RING
+    bcfg = dataclasses.replace(cfg, want_lse=True, layout=QKVLayout.BSHD_BSHD_BSHD, cp=None)
+    if ring:
+        bcfg = dataclasses.replace(bcfg, softmax_type=SoftmaxType.VANILLA_SOFTMAX)
+    return _Call(bcfg, dims, sm, ops, cp, base, sink_in_call=not ring,
+                 plain=_plain(cfg, dims, sm))
+
+
+def _visible(cfg, dims, qp, cq, kp, ck):
+    """Whether the mask keeps any key of the block (traced bool; True when it cannot be
+    told without the runtime lengths). Causal masks set the right side to 0."""
+    from .enums import AttnMaskType
+    mask = AttnMaskType(cfg.mask_type)
+    if mask == AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK:
+        return True  # the diagonal depends on each row's lengths
+    diag = dims.Skv - dims.Sq if mask.is_bottom_right() else 0
+    left, right = cfg.window
+    if mask.is_causal():
+        right = 0
+    vis = True
+    if right >= 0:
+        vis = jnp.logical_and(vis, kp <= qp + cq - 1 + diag + right)
+    if left >= 0:
+        vis = jnp.logical_and(vis, kp + ck - 1 >= qp + diag - left)
+    return vis
+
+
+def _cond(pred, run, skip, *refs):
+    """run() where the block keeps a key, else skip() (typed varying like refs, as run's
+    results are inside shard_map)."""
+    from ._partition import vary_like
+    if pred is True:
+        return run()
+    return jax.lax.cond(pred, run, lambda: vary_like(tuple(skip()), *refs))
+
+
+def _merge(acc, part):
+    """Two partial (out f32, lse) of the same rows over disjoint keys -> their union."""
+    (o1, l1), (o2, l2) = acc, part
+    lse = jnp.logaddexp(l1, l2)
+    safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
+    w1 = jnp.where(jnp.isneginf(l1), 0.0, jnp.exp(l1 - safe))
+    w2 = jnp.where(jnp.isneginf(l2), 0.0, jnp.exp(l2 - safe))
+    t = lambda w: jnp.swapaxes(w, 1, 2)[..., None]  # [B, H, S] -> [B, S, H, 1]
+    return o1 * t(w1) + o2.astype(jnp.float32) * t(w2), lse
+
+
+def _sink(cfg, offset, H):
+    """The per-head extra logit [H] of the call's softmax type, or None."""
+    from .enums import SoftmaxType
+    st = SoftmaxType(cfg.softmax_type)
+    if st == SoftmaxType.VANILLA_SOFTMAX:
+        return None
+    if st == SoftmaxType.OFF_BY_ONE_SOFTMAX:
+        return jnp.zeros((H,), jnp.float32)
+    return jnp.reshape(offset, (-1,)).astype(jnp.float32)
+
+
+def _add_sink(o, lse, sink):
+    """The sink joins the denominator once: lse' = logaddexp(lse, sink), out rescaled."""
+    if sink is None:
+        return o, lse
+    s = sink[None, :, None]
+    new = jnp.logaddexp(lse, s)
+    w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(lse - jnp.where(jnp.isposinf(new), 0, new)))
+    w = jnp.where(jnp.isposinf(new) & ~jnp.isposinf(lse), 0.0, w)
+    return o * jnp.swapaxes(w, 1, 2)[..., None], new
+
+
+def _ring_perm(n):
+    return [(j, (j + 1) % n) for j in range(n)]
+
+
+def _gather_natural(x, cp: CPRun):
+    """all_gather of a sequence shard [B, S_l, ..] -> the whole sequence, natural order."""
+    full = jax.lax.all_gather(x, cp.axis, axis=1, tiled=True)
+    if not cp.load_balanced:
+        return full
+    return inverse_reorder_causal_load_balancing(full, ReorderStrategy.DualChunkSwap, cp.size)
+
+
+def _scatter_natural(x, cp: CPRun):
+    """The reverse: a whole-sequence gradient (natural order) summed over the axis, each
+    device keeping its shard."""
+    if cp.load_balanced:
+        x = reorder_causal_load_balancing(x, ReorderStrategy.DualChunkSwap, cp.size)
+    return jax.lax.psum_scatter(x, cp.axis, scatter_dimension=1, tiled=True)
+
+
+def _split(x, chunks, axis: int = 1):
+    """x's local sequence cut into the chunks' lengths (static)."""
+    out, start = [], 0
+    for _, n in chunks:
+        out.append(jax.lax.slice_in_dim(x, start, start + n, axis=axis))
+        start += n
+    return out
+
+
+def _steps(k, v, cp: CPRun, rank, S: int, gather: bool, carry, step, after=None, refs=()):
+    """carry through step(chunks, ks, vs, carry) over the k / v blocks a device sees (each
+    chunk (global position, length)); after(carry) follows every ring step. All-gather:
+    one step, the whole sequence. Ring: cp steps in a loop (its buffers reused, so a
+    device holds two k / v blocks, never the whole): step s's transfer of the next block
+    is issued before its blocks are used, so XLA overlaps the two."""
+    from ._partition import vary_like
+    if gather:
+        return step([(0, S)], [_gather_natural(k, cp)], [_gather_natural(v, cp)], carry)
+    after = after or (lambda c: c)
+    carry = jax.tree.map(lambda x: vary_like(x, *refs), carry)
+
+    def one(s, kv, carry):
+        chunks = cp.chunks((rank - s) % cp.size, S)
+        return after(step(chunks, _split(kv[0], chunks), _split(kv[1], chunks), carry))
+
+    def body(s, c):
+        kv, carry = c
+        nxt = jax.lax.ppermute(kv, cp.axis, _ring_perm(cp.size))
+        return nxt, one(s, kv, carry)
+
+    kv, carry = jax.lax.fori_loop(0, cp.size - 1, body, ((k, v), carry))
+    return one(cp.size - 1, kv, carry)
+
+
+def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
+    """out [B, Sq_l, Hq, Dv], lse [B, Hq, Sq_l], max_logit [B, Hq] of one device."""
+    ops = list(ops)
+    q, k, v = ops[0], ops[1], ops[2]
+    rank = cp.rank()
+    ring = cp.strategy == CPStrategy.RING
+    c = _block_call(cfg, dims, sm, ops, cp, base)
+    q_chunks = cp.chunks(rank, dims.Sq)
+    qs = _split(q, q_chunks)
+    B, H, Dv = q.shape[0], q.shape[2], v.shape[-1]
+    f32 = jnp.float32
+
+    def step(kv_chunks, ks, vs, carry):
+        acc, max_logit = list(carry[0]), carry[1]
+        for i, (qc, (qp, cq)) in enumerate(zip(qs, q_chunks)):
+            for kc, vc, (kp, ck) in zip(ks, vs, kv_chunks):
+                def run(mode, qc=qc, kc=kc, vc=vc, qp=qp, kp=kp):
+                    return tuple(call_fwd(*c.block(qc, kc, vc, qp, kp, mode)))
+
+                def skip(cq=cq):
+                    return (jnp.zeros((B, cq, H, Dv), q.dtype), jnp.full((B, H, cq), NEG_INF, f32),
+                            jnp.full((B, H), NEG_INF, f32))
+
+                o, lse, ml = c.dispatch(qp, cq, kp, ck, run, skip, qc, kc, vc)
+                acc[i] = _merge(acc[i], (o, lse))
+                max_logit = jnp.maximum(max_logit, ml)
+        return tuple(acc), max_logit
+
+    acc0 = tuple((jnp.zeros((B, cq, H, Dv), f32), jnp.full((B, H, cq), NEG_INF, f32))
+                 for _, cq in q_chunks)
+    acc, max_logit = _steps(k, v, cp, rank, dims.Skv, not ring,
+                            (acc0, jnp.full((B, H), NEG_INF, f32)), step, refs=(q, k, v))
+    sink = _sink(cfg, ops[4], dims.Hq) if ring else None
+    outs, lses = [], []
+    for o, lse in acc:
+        o, lse = _add_sink(o, lse, sink)
+        outs.append(o.astype(q.dtype))
+        lses.append(lse)
+    out = jnp.concatenate(outs, axis=1)
+    lse = jnp.concatenate(lses, axis=2)
+    return out, lse, jax.lax.pmax(max_logit, cp.axis)
+
+
+def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Callable):
+    """dq, dk, dv (the shards), dbias (whole), d softmax_offset [Hq] and, with a score_mod,
+    d of its operands (whole), each summed over the cp axis where it is replicated. Each
+    block's backward is given the call's final out and lse: its dq / dk / dv are then that
+    block's exact share of the unsharded gradients. In the ring dk / dv travel with their
+    block and go home after the last step."""
+    ops = list(ops)
+    q, k, v, bias, offset = ops[:5]
+    rank = cp.rank()
+    ring = cp.strategy == CPStrategy.RING
+    c = _block_call(cfg, dims, sm, ops, cp, base)
+    q_chunks = cp.chunks(rank, dims.Sq)
+    qs, outs, douts = _split(q, q_chunks), _split(out, q_chunks), _split(dout, q_chunks)
+    lses = _split(lse, q_chunks, axis=2)
+    f32 = jnp.float32
+    take_offset = c.sink_in_call and offset.size
+
+    def step(kv_chunks, ks, vs, carry):
+        (dk_all, dv_all), dqs, dbias, doffset, dsm = carry
+        dqs = list(dqs)
+        dks, dvs = _split(dk_all, kv_chunks), _split(dv_all, kv_chunks)
+        for i, (qp, cq) in enumerate(q_chunks):
+            for j, (kp, ck) in enumerate(kv_chunks):
+                def run(mode, i=i, j=j, qp=qp, kp=kp):
+                    bops, bcfg, bdims, bsm = c.block(qs[i], ks[j], vs[j], qp, kp, mode)
+                    g = call_bwd(bops + [outs[i], douts[i], lses[i]], bcfg, bdims, bsm)
+                    return tuple(x.astype(f32) for x in g[:3]) + tuple(g[3:])
+
+                def skip(i=i, j=j, cq=cq, ck=ck):
+                    zb = jnp.zeros(bias.shape[:2] + (cq, ck), bias.dtype) if bias.size else bias
+                    zo = jnp.zeros((dims.Hq,) if take_offset else (0,), f32)
+                    zs = (jnp.zeros(c.sm_size(cq, ck), f32),) if sm is not None else ()
+                    return (jnp.zeros(qs[i].shape, f32), jnp.zeros(ks[j].shape, f32),
+                            jnp.zeros(vs[j].shape, f32), zb, zo) + zs
+
+                g = c.dispatch(qp, cq, kp, ck, run, skip, qs[i], ks[j], vs[j], douts[i])
+                dqs[i] = dqs[i] + g[0]
+                dks[j], dvs[j] = dks[j] + g[1], dvs[j] + g[2]
+                if bias.size:
+                    dbias = c.bias_place(g[3], qp, kp, dbias)
+                if take_offset:
+                    doffset = doffset + g[4]
+                if sm is not None:
+                    dsm = c.sm_place(g[5], qp, cq, kp, ck, dsm)
+        dkv = (jnp.concatenate(dks, axis=1), jnp.concatenate(dvs, axis=1))
+        return dkv, tuple(dqs), dbias, doffset, dsm
+
+    def send(carry):  # the ring: dk / dv go on with their block (the last step: home)
+        return (jax.lax.ppermute(carry[0], cp.axis, _ring_perm(cp.size)),) + carry[1:]
+
+    Skv_l = dims.Skv if not ring else k.shape[1]
+    carry = ((jnp.zeros((k.shape[0], Skv_l) + k.shape[2:], f32),
+              jnp.zeros((v.shape[0], Skv_l) + v.shape[2:], f32)),
+             tuple(jnp.zeros(x.shape, f32) for x in qs),
+             jnp.zeros(bias.shape, f32) if bias.size else bias,
+             jnp.zeros((dims.Hq,) if offset.size else (0,), f32),
+             jnp.zeros(ops[11].shape, f32) if sm is not None else None)
+    (dk, dv), dqs, dbias, doffset, dsm = _steps(k, v, cp, rank, dims.Skv, not ring, carry, step,
+                                                after=send if ring else None,
+                                                refs=(q, k, v, dout))
+    if ring:
+        sink = _sink(cfg, offset, dims.Hq)
+        if offset.size and sink is not None:
+            # d offset[h] = -sum over rows of exp(offset[h] - lse) * (dout . out)
+            for i in range(len(q_chunks)):
+                Dr = jnp.einsum("bshd,bshd->bhs", douts[i].astype(f32), outs[i].astype(f32))
+                p = jnp.where(jnp.isneginf(lses[i]), 0.0, jnp.exp(sink[None, :, None] - lses[i]))
+                doffset = doffset - jnp.sum(p * Dr, axis=(0, 2))
+    else:
+        dk, dv = _scatter_natural(dk, cp), _scatter_natural(dv, cp)
+    dq = jnp.concatenate(dqs, axis=1).astype(q.dtype)
+    grads = [dq, dk.astype(k.dtype), dv.astype(v.dtype)]
+    grads.append(jax.lax.psum(dbias, cp.axis).astype(bias.dtype) if bias.size else
+                 jnp.zeros(bias.shape, bias.dtype))
+    grads.append(jax.lax.psum(doffset, cp.axis) if offset.size else doffset)
+    if sm is not None:
+        grads.append(jax.lax.psum(dsm, cp.axis))
+    return tuple(grads)
