@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: installs fusedattn (as scripts/gpu_test.sh does, from a carried .whl/) and
-# runs the GPU benchmarks: attention (cuDNN grid), small_seq, softmax, score_mod. Each writes its
+# runs the GPU benchmarks: attention (cuDNN grid), small_seq, softmax, score_mod (and cp_ring, the
+# context-parallel ring simulated on one GPU, when BENCHES names it). Each writes its
 # table to $OUT/bench-<name>.log and its rows to $OUT/bench-<name>.json; attention also
 # $OUT/attention.png. BENCH_REPEATS (default 5) sets the repeats of every timing;
 # BENCHES (default "attention small_seq softmax score_mod") picks which run. OUT defaults to
