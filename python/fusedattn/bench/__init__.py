@@ -1,4 +1,4 @@
-"""python -m fusedattn bench [attention | softmax | small_seq | score_mod | cp_ring] [options]
+"""python -m fusedattn bench [attention | softmax | small_seq | score_mod | cp_ring | multi] [options]
 
 Benchmarks are programs, not tests (shared/BENCH.md): each subcommand prints a
 table whose figures are ratios against anchors measured in the same run, and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBCOMMANDS = ("attention", "softmax", "small_seq", "score_mod", "cp_ring")
+SUBCOMMANDS = ("attention", "softmax", "small_seq", "score_mod", "cp_ring", "multi")
 
 
 def main(argv=None) -> int:
