@@ -219,8 +219,12 @@ def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]
 
 def _cuda_fused_ok(ops, cfg: Config, sm) -> bool:
     """The CUDA kernels cannot offset their batch / head indices: a shard that needs its
-    global indices (dropout, score_mod) runs XLA's reference on the GPU."""
-    return not (ops[10].size and (cfg.dropout_on or sm is not None))
+    global indices (dropout, score_mod) runs XLA's reference on the GPU, and so does a
+    block of a bigger call (index_base with 6 columns: positions), whatever the call."""
+    index_base = ops[10]
+    if index_base.size and index_base.shape[-1] == 6:
+        return False
+    return not (index_base.size and (cfg.dropout_on or sm is not None))
 
 
 # cuDNN's backward indexes its tensors in 32 bits: on the H100 (cuDNN 9.19, 2026-11-25) a
@@ -444,7 +448,10 @@ def _localize(cfg: Config, dims: Dims, sm, plan, ops):
         return ops, local, sm, taken, n_lead
     if cfg.dropout_on or sm is not None:
         base = jnp.stack([plan.index("b") * B, plan.index("h") * Hq]).astype(jnp.int32)
-        ops[10] = jnp.broadcast_to(base, q.shape[:n_lead] + (2,))
+        if ops[10].size:  # a base of its own (a block's positions too): the shard's added
+            ops[10] = ops[10].at[..., :2].add(base)
+        else:
+            ops[10] = jnp.broadcast_to(base, q.shape[:n_lead] + (2,))
     if sm is not None and sm.operand_shapes:
         sm, ops[11] = _local_sm(sm, dims, local, plan, ops[11], n_lead)
     return ops, local, sm, taken, n_lead

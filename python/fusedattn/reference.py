@@ -38,6 +38,21 @@ call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h an
   entry 0 and q head 0 are entry batch_base and head head_base of the whole. Dropout's
   counter and score_mod's batch / head indices are the global ones; every array (and
   score_mod's operands) is the shard's own. (0, 0) without it.
+* index_base (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent), BSHD layouts
+  only: the shard is also a block of the bigger call along the sequence (context
+  parallelism): query i and key j are query q_pos + i and key kv_pos + j of a call of
+  q_extent queries and kv_extent keys. Everything is in those global positions, so the
+  block computes the whole call's scores there: the one segment is the whole call's
+  (lengths: the descriptor's, which are the global ones, under the padding masks, else
+  the extents; clamped to the extents), global query g keeps the global keys the rule
+  above keeps for it (diag and window with the global lengths; none when g is past the
+  segment, which makes it padding), cut to the block's keys; dropout's counter takes the
+  global query and key (kv_pos must be a multiple of 4 under dropout); score_mod's
+  q_idx / kv_idx are global, while its operands are the block's own slices, read at the
+  local positions. out, lse and max_logit are those of the block's kept keys alone (a
+  query that keeps none of them: output 0 and lse -inf, or the extra logit for a query
+  of the segment), so blocks over the keys merge by their lse (an extra logit enters
+  every block's lse).
 """
 
 from __future__ import annotations
@@ -81,17 +96,32 @@ def dropout_threshold(p: float) -> int:
     return min(int(float(np.float32(p)) * 2.0 ** 32), 2 ** 32 - 1)
 
 
+def index_base_vector(index_base):
+    """index_base (ints or an int32 array of 2 or 6 elements, maybe traced; a [1, 2] or
+    [1, 6] array too) as an int32 vector [2] or [6]."""
+    base = jnp.asarray(index_base, jnp.int32)
+    if base.size not in (2, 6):
+        raise ValueError(f"index_base: got shape {base.shape}; expected 2 elements (batch_base, "
+                         "head_base) or 6 (batch_base, head_base, q_pos, kv_pos, q_extent, "
+                         "kv_extent)")
+    return base.reshape(-1)
+
+
 def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int, index_base=None):
     """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p; index_base
-    (batch_base, head_base) shifts the batch and head of the counter (None: (0, 0))."""
+    (batch_base, head_base) shifts the batch and head of the counter, and with 6 elements
+    (.., q_pos, kv_pos, q_extent, kv_extent) q_pos and kv_pos shift its query and key
+    (None: no shift)."""
     seed = jnp.asarray(seed, jnp.uint32)
     b = jnp.arange(B, dtype=jnp.uint32)[:, None, None, None]
     h = jnp.arange(H, dtype=jnp.uint32)[None, :, None, None]
-    if index_base is not None:
-        base = jnp.asarray(index_base).astype(jnp.uint32)
-        b, h = b + base[0], h + base[1]
     i = jnp.arange(Sq, dtype=jnp.uint32)[None, None, :, None]
     j = jnp.arange(Skv, dtype=jnp.uint32)[None, None, None, :]
+    if index_base is not None:
+        base = index_base_vector(index_base).astype(jnp.uint32)
+        b, h = b + base[0], h + base[1]
+        if base.shape[0] == 6:
+            i, j = i + base[2], j + base[3]
     words = philox4x32_10(j >> 2, i, h, b, seed[0], seed[1])
     word = jnp.select([(j & 3) == t for t in range(3)], words[:3], words[3])
     return word >= jnp.uint32(dropout_threshold(p))
@@ -169,6 +199,36 @@ def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offse
     return keep, qs >= 0
 
 
+def block_mask(mask_type, B, Sq, Skv, positions, q_seqlens=None, kv_seqlens=None,
+               window_size=None):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]) of a block of a bigger BSHD call
+    (module docstring; mask.h's block_keys). positions: (q_pos, kv_pos, q_extent,
+    kv_extent), int32 [4] maybe traced: query i and key j are the whole call's q_pos + i
+    and kv_pos + j; q_seqlens / kv_seqlens [B] or [B, 1] are the whole call's lengths."""
+    mask_type = AttnMaskType(mask_type)
+    pos = jnp.asarray(positions, jnp.int32)
+    q_pos, kv_pos, q_ext, kv_ext = pos[0], pos[1], pos[2], pos[3]
+    if mask_type.is_padding():
+        q_len = jnp.clip(jnp.asarray(q_seqlens, jnp.int32).reshape(B, -1)[:, 0], 0, q_ext)
+        kv_len = jnp.clip(jnp.asarray(kv_seqlens, jnp.int32).reshape(B, -1)[:, 0], 0, kv_ext)
+    else:
+        q_len, kv_len = jnp.full((B,), q_ext), jnp.full((B,), kv_ext)
+    gi = (q_pos + jnp.arange(Sq, dtype=jnp.int32))[None, :, None]  # global positions
+    gj = (kv_pos + jnp.arange(Skv, dtype=jnp.int32))[None, None, :]
+    q_len, kv_len = q_len[:, None, None], kv_len[:, None, None]
+    real = gi < q_len  # [B, Sq, 1]
+    keep = real & (gj < kv_len)
+    diag = kv_len - q_len if mask_type.is_bottom_right() else 0
+    left, right = (-1, -1) if window_size is None else window_size
+    if mask_type.is_causal():
+        right = 0
+    if left >= 0:
+        keep &= gj >= gi + diag - left
+    if right >= 0:
+        keep &= gj <= gi + diag + right
+    return keep, real[..., 0]
+
+
 def sequence_positions(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
                        kv_offsets=None, thd=False):
     """(q_pos int32 [B, Sq], kv_pos int32 [B, Sq, Skv]): the positions score_mod sees,
@@ -214,16 +274,26 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     score_mod(s, q_pos, kv_pos) of the scaled (and biased) logits s [B, Hq, Sq, Skv] f32
     and the positions of sequence_positions() giving the scores the masks and softmax
     then see (fused_attn's score_mod, applied over the grid). index_base: None, or
-    (batch_base, head_base) (ints or int32 [2], maybe traced) of a shard (module
-    docstring): dropout draws the global mask, and score_mod is called as
-    score_mod(s, q_pos, kv_pos, index_base=index_base) so that it can give fn the global
-    batch and head indices (score_mod.apply_reference's index_base).
+    (batch_base, head_base) (ints or int32 [2], maybe traced) of a shard, or (batch_base,
+    head_base, q_pos, kv_pos, q_extent, kv_extent) (int32 [6]) of a block of a bigger
+    BSHD call (module docstring): the mask is block_mask()'s, dropout draws the global
+    mask, and score_mod is called as score_mod(s, q_pos, kv_pos, index_base=index_base)
+    (q_pos, kv_pos the block's own, local) so that it can give fn the global batch, head
+    and (6 elements) q / kv indices (score_mod.apply_reference's index_base).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
     """
     B, Sq, Hq, D = q.shape
     _, Skv, Hkv, _ = k.shape
+    block = None
+    if index_base is not None:
+        index_base = index_base_vector(index_base)
+        if index_base.shape[0] == 6:
+            if thd:
+                raise ValueError("index_base: 6 elements (a block's q_pos, kv_pos, q_extent, "
+                                 "kv_extent) take BSHD layouts only; got thd=True")
+            block = index_base[2:]
     scale = D ** -0.5 if scaling_factor is None else scaling_factor
     group = Hq // Hkv
     qf = q.astype(jnp.float32).reshape(B, Sq, Hkv, group, D)
@@ -240,8 +310,12 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                                  kv_offsets, thd)
         s = (score_mod(s, *pos) if index_base is None
              else score_mod(s, *pos, index_base=index_base))
-    keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
-                              kv_offsets, thd, window_size)
+    if block is None:
+        keep, real = segment_mask(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
+                                  kv_offsets, thd, window_size)
+    else:
+        keep, real = block_mask(attn_mask_type, B, Sq, Skv, block, q_seqlens, kv_seqlens,
+                                window_size)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
     neg_inf = jnp.float32(-jnp.inf)
     m_keys = nan_max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)

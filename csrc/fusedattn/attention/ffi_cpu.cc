@@ -20,6 +20,7 @@ cpu::Extras extras(const AttnTensors& t) {
   x.softmax_offset = t.softmax_offset;
   x.seed = t.seed;
   x.index_base = t.index_base;
+  x.index_cols = t.index_cols;
   return x;
 }
 

@@ -177,8 +177,16 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   if (has_dropout(*p))
     FA_RETURN_IF_NOT_OK(expect_shape("seed", *in.seed, ffi::DataType::U32, vlead, {2}));
   const ffi::AnyBuffer& index_base = *in.index_base;
-  if (!is_empty(index_base))
-    FA_RETURN_IF_NOT_OK(expect_shape("index_base", index_base, ffi::DataType::S32, vlead, {2}));
+  int64_t index_cols = 0;
+  if (!is_empty(index_base)) {
+    const Dims id = index_base.dimensions();
+    if (id.size() == nlead && same_dims(id.first(nlead - 1), vlead)) index_cols = id[nlead - 1];
+    if (index_base.element_type() != ffi::DataType::S32 || (index_cols != 2 && index_cols != 6))
+      return shape_error("index_base", index_base,
+                         "int32 " + (vlead.size() ? dims_str(vlead) + " + " : std::string()) +
+                             "[2] (batch_base, head_base) or [6] (batch_base, head_base, q_pos, "
+                             "kv_pos, q_extent, kv_extent), or an empty array");
+  }
 
   *t = AttnTensors{};
   const int64_t H = p->heads_q, D = p->head_dim_qk;
@@ -218,23 +226,17 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   t->kv_seqlens = static_cast<const int32_t*>(kl.untyped_data());
   t->q_offsets = static_cast<const int32_t*>(in.q_offsets->untyped_data());
   t->kv_offsets = static_cast<const int32_t*>(in.kv_offsets->untyped_data());
-  if (!is_empty(index_base)) t->index_base = static_cast<const int32_t*>(index_base.untyped_data());
+  if (!is_empty(index_base)) {
+    t->index_base = static_cast<const int32_t*>(index_base.untyped_data());
+    t->index_cols = index_cols;
+  }
   t->so = {p->seqlen_q * H * p->head_dim_v, H * p->head_dim_v, p->head_dim_v};
   t->slse = is_thd(p->layout) ? ViewStrides{p->seqlen_q * H, H, 1} : ViewStrides{H * p->seqlen_q, 1, p->seqlen_q};
   return Status::Ok();
 }
 
 Status check_index_base(const AttnParams& p, const AttnTensors& t) {
-  if (!t.index_base) return Status::Ok();
-  for (int64_t s = 0; s < p.num_slices; ++s) {
-    const int32_t b0 = t.index_base[2 * s], h0 = t.index_base[2 * s + 1];
-    if (b0 < 0 || h0 < 0)
-      return Status::Invalid("index_base: got (batch_base " + std::to_string(b0) +
-                             ", head_base " + std::to_string(h0) + ")" +
-                             (p.num_slices > 1 ? " in vmap slice " + std::to_string(s) : "") +
-                             "; both must be >= 0");
-  }
-  return Status::Ok();
+  return validate_index_base(p, t.index_base, t.index_cols);
 }
 
 namespace {

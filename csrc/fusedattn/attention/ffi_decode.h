@@ -14,6 +14,14 @@
 //                   global index of this call's batch entry 0 and q head 0 when the call
 //                   is one device's shard of a bigger one. Dropout's Philox counter and
 //                   the score_mod program's batch / head inputs use the global index.
+//                   Or [V, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent),
+//                   BSHD layouts only: the call is also a block of a bigger one along the
+//                   sequence (context parallelism): local query i is global query q_pos + i,
+//                   local key j global key kv_pos + j, of a call of q_extent queries and
+//                   kv_extent keys. The mask (mask.h: block_keys; the descriptor's seqlens
+//                   are the global call's), dropout's counter (kv_pos % 4 == 0) and the
+//                   score_mod program's q / kv inputs use global positions; arrays (bias,
+//                   score_mod operands) are the block's own. The CUDA handlers refuse it.
 // "Empty" is any zero-size array (Python passes shape (0,); vmap may add dims).
 // Forward results: out [L, Sq, Hq, Dv], lse f32 [L, Hq, Sq] (THD: [L, Sq, Hq]),
 // max_logit f32 [L, Hq]. Backward: the 11 operands, then out, dout, lse ->
@@ -89,7 +97,8 @@ struct AttnTensors {
   const int32_t* kv_seqlens = nullptr;    // [B, M]
   const int32_t* q_offsets = nullptr;     // [B, M + 1]
   const int32_t* kv_offsets = nullptr;    // [B, M + 1]
-  const int32_t* index_base = nullptr;    // [V, 2] (batch_base, head_base); null: (0, 0)
+  const int32_t* index_base = nullptr;    // [V, index_cols]; null: (0, 0)
+  int64_t index_cols = 0;                 // 2 (batch_base, head_base), or 6 with positions
   // Forward results (backward: out and lse are inputs).
   void* out = nullptr;
   ViewStrides so;
@@ -127,7 +136,7 @@ struct AttnOperands {
 Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
                        AttnTensors* t);
 
-// index_base's values, read on the host (CPU handlers): each base must be >= 0.
+// index_base's values, read on the host (CPU handlers): validate_index_base (validate.h).
 Status check_index_base(const AttnParams& p, const AttnTensors& t);
 
 // The forward results: out, lse, max_logit.

@@ -4,7 +4,7 @@
 // (lo == hi: none). Padding, THD segments, causal masks and sliding windows all
 // reduce to that range; the CPU engine, the cuDNN sequence preparation and the
 // small-seq kernels ask this header and never restate the rule.
-// python/fusedattn/reference.py (segment_mask) is the specification.
+// python/fusedattn/reference.py (segment_mask, block_mask) is the specification.
 //
 // Inside a segment of q_len queries and kv_len keys, with local (0-based)
 // positions li, lj and diag = 0 (top-left) or kv_len - q_len (*_BOTTOM_RIGHT):
@@ -22,6 +22,13 @@
 // one before it, ending at that lower offset, is empty too). No descriptor leads a
 // kernel out of bounds. Tokens of no segment are padding. fused_attn(...,
 // check_descriptors=True) reports such descriptors instead (python/fusedattn/sequence.py).
+//
+// A block of a bigger BSHD call (context parallelism: index_base's positions,
+// ffi_decode.h) keeps what the whole call keeps there: local query i is global query
+// q_pos + i, local key j global key kv_pos + j, and the one segment is the global call's
+// (its lengths the descriptor's, global, under padding masks, else the global extents;
+// clamped to the extents). A row keeps its global row's keys that lie in the block
+// (block_keys); a global row past the segment is padding.
 #pragma once
 
 #include <stdint.h>
@@ -82,17 +89,43 @@ FA_HOST_DEVICE FA_INLINE KeyRange segment_keys(const MaskRule& r, int64_t li, in
   return {lo, hi};
 }
 
+// Where a block of a bigger BSHD call sits in it: local query i is global query q_pos + i,
+// local key j global key kv_pos + j, of a call of q_extent queries and kv_extent keys.
+struct BlockPos {
+  int64_t q_pos, kv_pos, q_extent, kv_extent;
+};
+
+// Local keys [lo, hi) of local query i of a block that holds the keys [kv_pos, kv_pos +
+// kv_local) of a global segment of q_len queries and kv_len keys (global lengths, within
+// the extents): global query q_pos + i's segment_keys cut to the block, counted from
+// kv_pos. lo == hi == 0 when none is kept, and for a global query past the segment
+// (padding: q_pos + i >= q_len).
+FA_HOST_DEVICE FA_INLINE KeyRange block_keys(const MaskRule& r, const BlockPos& b, int64_t i,
+                                             int64_t kv_local, int64_t q_len, int64_t kv_len) {
+  const int64_t g = b.q_pos + i;
+  if (g >= q_len) return {0, 0};
+  const KeyRange k = segment_keys(r, g, q_len, kv_len);
+  const int64_t lo = k.lo - b.kv_pos > 0 ? k.lo - b.kv_pos : 0;
+  const int64_t hi = k.hi - b.kv_pos < kv_local ? k.hi - b.kv_pos : kv_local;
+  if (hi <= lo) return {0, 0};
+  return {lo, hi};
+}
+
 // The sequence descriptors of a call (null: every row is one full sequence).
 struct SeqArgs {
   const int32_t* q_lens = nullptr;      // [B, M]; read under padding masks only
   const int32_t* kv_lens = nullptr;
   const int32_t* q_offsets = nullptr;   // [B, M + 1]; read by THD layouts only
   const int32_t* kv_offsets = nullptr;
+  // index_base [slices, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent)
+  // of a block of a bigger BSHD call (ffi_decode.h); null: the call is no block.
+  const int32_t* block = nullptr;
 };
 
 // Everything a kernel needs to find the kept keys of any query row of a call.
 struct AttnMask {
   int64_t seqlen_q, seqlen_kv, segments;  // segments = M
+  int64_t slice_batch;                    // batch entries per vmap slice (seq.block's rows)
   bool thd, padding;
   MaskRule rule;
   SeqArgs seq;
@@ -103,6 +136,7 @@ inline AttnMask attn_mask(const AttnParams& p, const SeqArgs& seq) {
   m.seqlen_q = p.seqlen_q;
   m.seqlen_kv = p.seqlen_kv;
   m.segments = p.max_segments;
+  m.slice_batch = slice_batch(p);
   m.thd = is_thd(p.layout);
   m.padding = has_padding(p.mask_type);
   m.rule = mask_rule(p.mask_type, p.window_left, p.window_right);
@@ -172,6 +206,21 @@ FA_HOST_DEVICE FA_INLINE Segment segment(const AttnMask& m, int64_t b, int64_t s
 FA_HOST_DEVICE FA_INLINE KeyRange row_keys(const AttnMask& m, const Segment& g, int64_t i) {
   const KeyRange k = segment_keys(m.rule, i - g.q_begin, g.q_len, g.kv_len);
   return {g.kv_begin + k.lo, g.kv_begin + k.hi};
+}
+
+// Row b of a block (m.seq.block set): where the block sits, and the global segment's
+// lengths *q_len, *kv_len (the descriptor's under padding masks, else the extents,
+// clamped to the extents).
+FA_HOST_DEVICE FA_INLINE BlockPos block_of(const AttnMask& m, int64_t b, int64_t* q_len,
+                                           int64_t* kv_len) {
+  const int32_t* x = m.seq.block + 6 * (b / m.slice_batch);
+  const BlockPos pos{x[2], x[3], x[4], x[5]};
+  *q_len = pos.q_extent;
+  *kv_len = pos.kv_extent;
+  if (m.padding && m.seq.q_lens) *q_len = clamp_extent(m.seq.q_lens[b * m.segments], pos.q_extent);
+  if (m.padding && m.seq.kv_lens)
+    *kv_len = clamp_extent(m.seq.kv_lens[b * m.segments], pos.kv_extent);
+  return pos;
 }
 
 // The segment that owns query i of row b (segments never overlap); false when i is

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
 
 namespace fusedattn {
 
@@ -158,6 +159,38 @@ Status validate(const AttnParams& p) {
                   << "; allowed shapes: [1 or " << slice_batch(p) << ", 1 or " << p.heads_q
                   << ", " << p.seqlen_q << ", " << p.seqlen_kv << "] (a missing bias has extent 0)")
         .invalid();
+  return Status::Ok();
+}
+
+Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64_t cols) {
+  if (!index_base) return Status::Ok();
+  if (cols == 6 && is_thd(p.layout))
+    return (Msg() << "index_base: got 6 columns (a block's q_pos, kv_pos, q_extent, kv_extent) "
+                  << "with qkv_layout=" << layout_name(p.layout) << "; blocks of a bigger call "
+                  << "take BSHD layouts only (BS3HD, BSHD_BS2HD, BSHD_BSHD_BSHD)")
+        .invalid();
+  for (int64_t s = 0; s < p.num_slices; ++s) {
+    const int32_t* r = index_base + cols * s;
+    const std::string where = p.num_slices > 1 ? " in vmap slice " + std::to_string(s) : "";
+    if (r[0] < 0 || r[1] < 0)
+      return (Msg() << "index_base: got (batch_base " << r[0] << ", head_base " << r[1] << ")"
+                    << where << "; both must be >= 0")
+          .invalid();
+    if (cols != 6) continue;
+    const int64_t q_pos = r[2], kv_pos = r[3], q_ext = r[4], kv_ext = r[5];
+    if (q_pos < 0 || kv_pos < 0 || q_pos + p.seqlen_q > q_ext || kv_pos + p.seqlen_kv > kv_ext)
+      return (Msg() << "index_base: got (q_pos " << q_pos << ", kv_pos " << kv_pos
+                    << ", q_extent " << q_ext << ", kv_extent " << kv_ext << ")" << where
+                    << " for a block of " << p.seqlen_q << " queries and " << p.seqlen_kv
+                    << " keys; allowed: q_pos, kv_pos >= 0, q_pos + " << p.seqlen_q
+                    << " <= q_extent and kv_pos + " << p.seqlen_kv << " <= kv_extent")
+          .invalid();
+    if (has_dropout(p) && kv_pos % 4 != 0)
+      return (Msg() << "index_base: got kv_pos " << kv_pos << where << " with dropout; "
+                    << "dropout's Philox counter groups 4 keys, so a block's kv_pos must be a "
+                    << "multiple of 4")
+          .invalid();
+  }
   return Status::Ok();
 }
 

@@ -6,7 +6,18 @@ own slices. Forward and gradients through the custom_vjp (attention._attention),
 reference (reference.attention_reference, attention._reference) with index_base, and vmap
 (index_base [V, 2]).
 
-Shapes: q [B, S, Hq, D], k, v [B, S, Hkv, D], table [B, Hq, 1, 1] f32."""
+With 6 columns (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent) a call is a
+block of a bigger one along the sequence (context parallelism): the blocks of a call, cut
+along q and k/v, merged over k/v by their lse, give the whole call's out, and the blocks'
+backward given the whole call's out and lse sum to its dq, dk, dv (and score_mod operand
+gradients) - under causal, bottom-right, padding and window masks, dropout and a score_mod
+of q_idx / kv_idx with operands sliced per block.
+
+Shapes: q [B, S, Hq, D], k, v [B, S, Hkv, D], table [B, Hq, 1, 1] f32; blocks: q [B, Sq, H,
+D], k, v [B, Skv, H, D], score_mod operands slope [1, H, 1, 1], q_row [1, 1, Sq, 1], kv_col
+[1, 1, 1, Skv] (sliced to the block's rows and keys)."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +25,8 @@ import numpy as np
 import pytest
 
 from conftest import normal
-from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+import fusedattn
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
 from fusedattn import attention as attn_mod
 from fusedattn import score_mod as sm_mod
 from fusedattn._prepare import N_OPS, prepare
@@ -155,3 +167,248 @@ def test_negative_index_base_is_an_ffi_error(key):
     q, k, v, dout, _ = inputs(key)
     with pytest.raises(Exception, match="index_base: got \\(batch_base -1, head_base 0\\)"):
         jax.block_until_ready(run(q, k, v, dout, 0.3, index_base=jnp.array([-1, 0], jnp.int32)))
+
+
+# ---------------------------------------------------------------------------
+# Blocks: index_base [V, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent)
+
+BB, BSQ, BSKV, BH, BD = 2, 96, 128, 2, 16
+Q_CUTS, KV_CUTS = (0, 40, 96), (0, 36, 100, 128)  # uneven blocks; kv_pos % 4 == 0
+Q_LENS, KV_LENS = [70, 96], [90, 128]  # the whole call's, under the padding masks
+
+
+def alibi(s, b, h, qi, ki, slope, q_row, kv_col):
+    """ALiBi-like: reads q_idx and kv_idx (global in a block) and operands indexed by the
+    head, the query and the key (local in a block)."""
+    return s + slope * (ki - qi).astype(jnp.float32) + q_row + kv_col
+
+
+# name: (mask, window, padding lengths, dropout, score_mod)
+BLOCK_CASES = {
+    "no_mask": (AttnMaskType.NO_MASK, None, False, 0.0, None),
+    "causal": (AttnMaskType.CAUSAL_MASK, None, False, 0.0, None),
+    "causal_bottom_right": (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, None, False, 0.0, None),
+    "padding_causal": (AttnMaskType.PADDING_CAUSAL_MASK, None, True, 0.0, None),
+    "padding_bottom_right_window": (AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK, (30, 0),
+                                    True, 0.0, None),
+    "window": (AttnMaskType.NO_MASK, (24, 8), False, 0.0, None),
+    "dropout": (AttnMaskType.CAUSAL_MASK, None, False, 0.2, None),
+    "score_mod": (AttnMaskType.CAUSAL_MASK, None, False, 0.0, alibi),
+    "score_mod_dropout_window": (AttnMaskType.NO_MASK, (40, 40), False, 0.2, alibi),
+}
+
+
+def block_inputs(key):
+    kq, kk, kv, kd, ks, kr, kc = jax.random.split(key, 7)
+    operands = (jax.random.uniform(ks, (1, BH, 1, 1), minval=0.02, maxval=0.06),
+                normal(kr, (1, 1, BSQ, 1)), normal(kc, (1, 1, 1, BSKV)))
+    return (normal(kq, (BB, BSQ, BH, BD)), normal(kk, (BB, BSKV, BH, BD)),
+            normal(kv, (BB, BSKV, BH, BD)), normal(kd, (BB, BSQ, BH, BD)), operands)
+
+
+def descriptor_of(padding):
+    if not padding:
+        return None
+    return SequenceDescriptor.from_seqlens((jnp.array(Q_LENS, jnp.int32),
+                                            jnp.array(KV_LENS, jnp.int32)))
+
+
+def whole_call(case, q, k, v, dout, operands):
+    """The whole call by fused_attn: out, lse [B, H, Sq] and the gradients of sum(out *
+    dout) by q, k, v and the score_mod operands."""
+    mask, window, padding, p, fn = BLOCK_CASES[case]
+
+    def f(q, k, v, *ops):
+        return fusedattn.fused_attn(
+            (q, k, v), None, descriptor_of(padding), SEED if p else None, attn_mask_type=mask,
+            window_size=window, dropout_probability=p, is_training=True, return_aux=True,
+            score_mod=fn, score_mod_operands=ops)
+
+    args = (q, k, v, *(operands if fn else ()))
+    (out, aux), vjp = jax.vjp(f, *args)
+    grads = vjp((dout, jax.tree_util.tree_map(jnp.zeros_like, aux)))
+    return out, aux["softmax_aux"][..., 0], grads
+
+
+def block_ops(case, q, k, v, operands, q0, kv0, positions=True):
+    """cfg, dims, ScoreMod and the FFI operands of the block q [:, q0:], k / v [:, kv0:]
+    (as cut) of the whole call: index_base [6], the whole call's lengths, the score_mod
+    operands sliced to the block."""
+    mask, window, padding, p, fn = BLOCK_CASES[case]
+    call = prepare((q, k, v), None, descriptor_of(padding), SEED if p else None,
+                   attn_bias_type=AttnBiasType.NO_BIAS, attn_mask_type=mask,
+                   qkv_layout=QKVLayout.BSHD_BSHD_BSHD, softmax_type=SoftmaxType.VANILLA_SOFTMAX,
+                   scaling_factor=None, dropout_probability=p, is_training=True,
+                   max_segments_per_seq=1, window_size=window, softmax_offset=None)
+    base = [0, 0, q0, kv0, BSQ, BSKV] if positions else [0, 0]
+    ops = with_base(call.operands, jnp.array(base, jnp.int32))
+    sm = None
+    if fn is not None:
+        sq, skv = q.shape[1], k.shape[1]
+        slope, q_row, kv_col = operands
+        local = (slope, q_row[:, :, q0:q0 + sq], kv_col[..., kv0:kv0 + skv])
+        d = call.dims
+        sm, arrays4 = sm_mod.make_score_mod(fn, local, None, (d.B, d.Hq, d.Sq, d.Skv))
+        ops = (*ops, sm_mod.concat_operands(arrays4))
+    return call.cfg, call.dims, sm, ops
+
+
+def block_fwd(cfg, dims, sm, ops):
+    return jax.jit(lambda *o: attn_mod._attention(cfg, dims, sm, *o)[:2])(*ops)
+
+
+def block_bwd(cfg, dims, sm, ops, out, dout, lse):
+    """The block's backward given out and lse (the whole call's rows): its share of dq,
+    dk, dv and of the score_mod operands' gradient (flat)."""
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    grads = jax.jit(lambda *a: attn_mod._BWD((cfg, dims, sm, "bwd"), *a))(*ops, out, dout, lse)
+    return grads[:3] + ((sm_mod.split_operands(grads[5], sm),) if sm is not None else ())
+
+
+def merge(parts):
+    """(out [B, Sq, H, D], lse [B, H, Sq]) of blocks over the keys -> those of all keys."""
+    lses = jnp.stack([lse for _, lse in parts])
+    lse = jax.nn.logsumexp(lses, axis=0)
+    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    w = jnp.where(jnp.isfinite(lses), jnp.exp(lses - safe), 0.0)
+    out = sum(jnp.swapaxes(wi, 1, 2)[..., None] * o for wi, (o, _) in zip(w, parts))
+    return out, lse
+
+
+def blocks(cuts):
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_blocks_merge_to_the_whole_call(key, case):
+    fn = BLOCK_CASES[case][4]
+    q, k, v, dout, operands = block_inputs(key)
+    out, lse, grads = whole_call(case, q, k, v, dout, operands)
+
+    outs, lses = [], []
+    dq = jnp.zeros_like(q)
+    dk, dv = jnp.zeros_like(k), jnp.zeros_like(v)
+    dops = [jnp.zeros_like(o) for o in operands]
+    for q0, q1 in blocks(Q_CUTS):
+        parts = []
+        for kv0, kv1 in blocks(KV_CUTS):
+            cfg, dims, sm, ops = block_ops(case, q[:, q0:q1], k[:, kv0:kv1], v[:, kv0:kv1],
+                                           operands, q0, kv0)
+            parts.append(block_fwd(cfg, dims, sm, ops))
+            g = block_bwd(cfg, dims, sm, ops, out[:, q0:q1], dout[:, q0:q1], lse[:, :, q0:q1])
+            dq = dq.at[:, q0:q1].add(g[0])
+            dk, dv = dk.at[:, kv0:kv1].add(g[1]), dv.at[:, kv0:kv1].add(g[2])
+            if fn:
+                dslope, dq_row, dkv_col = g[3]
+                dops = [dops[0] + dslope, dops[1].at[:, :, q0:q1].add(dq_row),
+                        dops[2].at[..., kv0:kv1].add(dkv_col)]
+        o, l = merge(parts)
+        outs.append(o)
+        lses.append(l)
+
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), out, rtol=1e-5, atol=1e-5,
+                               err_msg="out")
+    np.testing.assert_allclose(jnp.concatenate(lses, 2), lse, rtol=1e-5, atol=1e-5,
+                               err_msg="lse")
+    names = ("dq", "dk", "dv", "dslope", "dq_row", "dkv_col")
+    for name, got, want in zip(names, (dq, dk, dv, *(dops if fn else ())), grads):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["causal", "window", "dropout", "score_mod"])
+def test_a_block_without_its_positions_differs(key, case):
+    # The merge test is not vacuous: a block read as a call of its own gives other results.
+    q, k, v, _, operands = block_inputs(key)
+    q0, q1, kv0, kv1 = 40, 96, 36, 100
+    cut = (q[:, q0:q1], k[:, kv0:kv1], v[:, kv0:kv1], operands, q0, kv0)
+    got = block_fwd(*block_ops(case, *cut))[0]
+    local = block_fwd(*block_ops(case, *cut, positions=False))[0]
+    assert np.max(np.abs(np.asarray(got - local))) > 1e-3
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_block_reference_matches_the_engine(key, case):
+    q, k, v, dout, operands = block_inputs(key)
+    q0, q1, kv0, kv1 = 40, 96, 36, 100
+    cfg, dims, sm, ops = block_ops(case, q[:, q0:q1], k[:, kv0:kv1], v[:, kv0:kv1], operands,
+                                   q0, kv0)
+    dout = dout[:, q0:q1]
+
+    def engine(q, k, v):
+        return attn_mod._attention(cfg, dims, sm, q, k, v, *ops[3:])[:2]
+
+    def reference(q, k, v):
+        return attn_mod._reference(q, k, v, *ops[3:], cfg=cfg, dims=dims, sm=sm)[:2]
+
+    results = []
+    for f in (engine, reference):
+        (out, lse), vjp = jax.jit(lambda *a: jax.vjp(f, *a))(*ops[:3])
+        results.append((out, lse, *vjp((dout, jnp.zeros_like(lse)))))
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_vmap_blocks_take_their_own_positions(key):
+    # Two q blocks of one causal call stacked by vmap: the handler gets index_base [2, 6].
+    q, k, v, _, _ = block_inputs(key)
+    out, lse, _ = whole_call("causal", q, k, v, jnp.zeros_like(q), ())
+    n = BSQ // 2
+    qs = q.reshape(BB, 2, n, BH, BD).swapaxes(0, 1)
+    bases = jnp.array([[0, 0, 0, 0, BSQ, BSKV], [0, 0, n, 0, BSQ, BSKV]], jnp.int32)
+
+    def one(q, base):
+        cfg, dims, sm, ops = block_ops("causal", q, k, v, (), 0, 0)
+        return attn_mod._attention(cfg, dims, sm, *with_base(ops, base))[:2]
+    got_out, got_lse = jax.jit(jax.vmap(one))(qs, bases)
+    np.testing.assert_allclose(got_out.swapaxes(0, 1).reshape(out.shape), out, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(jnp.concatenate(list(got_lse), 2), lse, rtol=1e-5, atol=1e-5)
+
+
+def ffi_fwd(cfg, dims, sm, ops):
+    """The CPU handler alone (the custom_vjp traces the reference too, whose checks would
+    speak first)."""
+    return jax.jit(lambda *o: attn_mod._ffi_fwd(*o, cfg=cfg, dims=dims, sm=sm))(*ops)
+
+
+@pytest.mark.parametrize("case, base, message", [
+    ("dropout", [0, 0, 40, 34, BSQ, BSKV], "got kv_pos 34 with dropout.*multiple of 4"),
+    ("causal", [0, 0, 41, 36, BSQ, BSKV], "got \\(q_pos 41, kv_pos 36, q_extent 96, kv_extent "
+     "128\\) for a block of 56 queries and 64 keys; allowed: .*q_pos \\+ 56 <= q_extent"),
+    ("causal", [0, 0, 40, 36, BSQ, 99], "kv_pos \\+ 64 <= kv_extent"),
+    ("causal", [0, 0, -1, 36, BSQ, BSKV], "q_pos, kv_pos >= 0"),
+    ("causal", [0, -2, 40, 36, BSQ, BSKV], "got \\(batch_base 0, head_base -2\\)"),
+    ("causal", [0, 0, 40], "got shape \\[3\\]; expected int32 \\[2\\] .* or \\[6\\]"),
+])
+def test_bad_block_positions_are_ffi_errors(key, case, base, message):
+    q, k, v, _, operands = block_inputs(key)
+    cfg, dims, sm, ops = block_ops(case, q[:, 40:], k[:, 36:100], v[:, 36:100], operands, 40, 36)
+    ops = with_base(ops, jnp.array(base, jnp.int32))
+    with pytest.raises(Exception, match="index_base: .*" + message):
+        jax.block_until_ready(ffi_fwd(cfg, dims, sm, ops))
+
+
+def test_thd_blocks_are_refused(key):
+    q, k, v, _, _ = block_inputs(key)
+    sd = SequenceDescriptor.from_seqlens((jnp.array(Q_LENS, jnp.int32),
+                                          jnp.array(KV_LENS, jnp.int32)))
+    call = prepare((q, k, v), None, sd, None, attn_bias_type=AttnBiasType.NO_BIAS,
+                   attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+                   qkv_layout=QKVLayout.THD_THD_THD, softmax_type=SoftmaxType.VANILLA_SOFTMAX,
+                   scaling_factor=None, dropout_probability=0.0, is_training=False,
+                   max_segments_per_seq=1, window_size=None, softmax_offset=None)
+    ops = with_base(call.operands, jnp.array([0, 0, 0, 0, BSQ, BSKV], jnp.int32))
+    with pytest.raises(Exception, match="index_base: got 6 columns .*THD_THD_THD.*BSHD"):
+        jax.block_until_ready(ffi_fwd(call.cfg, call.dims, None, ops))
+    with pytest.raises(ValueError, match="index_base: 6 elements .* BSHD layouts only"):
+        attn_mod._reference(*ops, cfg=call.cfg, dims=call.dims)
+
+
+def test_gpu_runs_the_reference_for_blocks(key):
+    # The CUDA backends take no positions: _cuda_fused_ok sends every block to XLA's
+    # reference, while a plain shard's (batch_base, head_base) alone is fine there.
+    q, k, v, _, operands = block_inputs(key)
+    cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
+    assert not attn_mod._cuda_fused_ok(ops, cfg, None)
+    cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0, positions=False)
+    assert attn_mod._cuda_fused_ok(ops, cfg, None)

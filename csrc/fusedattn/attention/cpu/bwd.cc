@@ -90,7 +90,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   const T* v = static_cast<const T*>(a.v);
   const T* dout = static_cast<const T*>(a.dout);
   const float bmul = bias_mul(p);
-  const RowRanges ranges = build_row_ranges(p, a.x.seq, kBq);
+  const RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
   const std::vector<float> delta = row_deltas<T>(p, a);
 
   // dbias [slices, bias_batch, bias_heads, Sq, Skv], accumulated in float32.

@@ -18,7 +18,8 @@ struct RowRanges {
   std::vector<int32_t> lo, hi;            // [B, Sq]; lo == hi: nothing kept
   std::vector<uint8_t> real;              // [B, Sq]: 1 for a query of a sequence, 0 for padding
   // [B, Sq]: the first query and key token of the row's sequence (0 but in THD
-  // layouts), which score_mod's q_idx and kv_idx count from.
+  // layouts), which score_mod's q_idx and kv_idx count from (a block adds its
+  // positions, score_ops.h).
   std::vector<int32_t> q_base, kv_base;
   std::vector<int32_t> tile_lo, tile_hi;  // [B, n_qt]: union over the tile's rows (empty: lo >= hi)
 
@@ -26,8 +27,8 @@ struct RowRanges {
   int64_t tile_index(int64_t b, int64_t qt) const { return b * n_qt + qt; }
 };
 
-// seq: seqlens [B, M] and offsets [B, M + 1] int32 (mask.h); tile: query rows per
-// tile of the kernel that will read the table.
+// seq: seqlens [B, M] and offsets [B, M + 1] int32, and the block of a bigger call
+// (mask.h); tile: query rows per tile of the kernel that will read the table.
 RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile);
 
 }  // namespace fusedattn::cpu

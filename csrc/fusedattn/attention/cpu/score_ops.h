@@ -52,18 +52,21 @@ inline void add_bias(const T* brow, float mul, float* sr, int64_t c_lo, int64_t 
   for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * to_float(brow[c]);
 }
 
-// (batch_base, head_base) of vmap slice `slice` (Extras::index_base; (0, 0) without it).
+// The global index of vmap slice `slice`'s batch entry 0, q head 0, query 0 and key 0
+// (Extras::index_base; all 0 without it, positions 0 with 2 columns).
 struct IndexBase {
-  int64_t b = 0, h = 0;
+  int64_t b = 0, h = 0, q = 0, kv = 0;
 };
 inline IndexBase index_base(const Extras& x, int64_t slice) {
   if (!x.index_base) return {};
-  return {x.index_base[2 * slice], x.index_base[2 * slice + 1]};
+  const int32_t* r = x.index_base + x.index_cols * slice;
+  if (x.index_cols == 6) return {r[0], r[1], r[2], r[3]};
+  return {r[0], r[1], 0, 0};
 }
 
 // Dropout of one (batch entry, head): z(i, j) = 1 / (1 - p) when key j of
-// query i is kept, else 0; the rule is philox.h's, on the global batch and head index
-// (index_base added).
+// query i is kept, else 0; the rule is philox.h's, on the global batch, head, query and
+// key index (index_base added; a block's kv_pos is a multiple of 4, check_index_base).
 class Dropout {
  public:
   Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) {
@@ -75,6 +78,8 @@ class Dropout {
     seed_[1] = x.seed[2 * (b / bs) + 1];
     b_ = b % bs + base.b;
     h_ = h + base.h;
+    q_ = base.q;
+    kv_group_ = base.kv / 4;
     threshold_ = dropout_threshold(p.dropout);
     inv_keep_ = 1.0f / (1.0f - p.dropout);
   }
@@ -86,7 +91,8 @@ class Dropout {
     static_assert(kPhiloxLanes * 4 == kBk, "one Philox batch covers one tile row of keys");
     alignas(32) uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
     for (int l = 0; l < kPhiloxLanes; ++l)
-      c0[l] = uint32_t(k0 / 4 + l), c1[l] = uint32_t(i), c2[l] = uint32_t(h_), c3[l] = uint32_t(b_);
+      c0[l] = uint32_t(kv_group_ + k0 / 4 + l), c1[l] = uint32_t(q_ + i), c2[l] = uint32_t(h_),
+      c3[l] = uint32_t(b_);
     philox_lanes(c0, c1, c2, c3, seed_[0], seed_[1]);
     for (int l = 0; l < kPhiloxLanes; ++l) {
       z[4 * l + 0] = c0[l] >= threshold_ ? inv_keep_ : 0.0f;
@@ -99,7 +105,7 @@ class Dropout {
  private:
   bool on_ = false;
   uint32_t seed_[2] = {0, 0};
-  int64_t b_ = 0, h_ = 0;
+  int64_t b_ = 0, h_ = 0, q_ = 0, kv_group_ = 0;
   uint32_t threshold_ = 0;
   float inv_keep_ = 1.0f;
 };
@@ -111,7 +117,9 @@ class Dropout {
 // batch and head are global (index_base added); the operands are this shard's own
 // slices (Python slices them), so they are read at the local batch and head.
 // q and kv are positions in the row's sequence (ranges' q_base / kv_base: a THD
-// segment counts from its first token), and so are the operands' indices.
+// segment counts from its first token), and so are the operands' indices; a block of
+// a bigger call (index_base's positions) gives the program global q and kv (q_pos and
+// kv_pos added) and reads its own operand slices at the local ones, as for batch / head.
 class ScoreModRows {
  public:
   ScoreModRows(const AttnParams& p, const Extras& x, const RowRanges& ranges, int64_t b,
@@ -132,6 +140,8 @@ class ScoreModRows {
     for (int r = 0; r < n_in; ++r) in_[r] = in_store_.data() + r * kMaxLanes;
     const IndexBase g = index_base(x, slice_);
     for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_ + g.b), in_[2][c] = float(h_ + g.h);
+    q_pos_ = g.q;
+    kv_pos_ = g.kv;
   }
   bool on() const { return sm_ != nullptr; }
   int64_t slice() const { return slice_; }
@@ -184,8 +194,8 @@ class ScoreModRows {
     positions(i, &qi, &kv0);
     for (int64_t c = lo; c < hi; ++c) {
       in_[0][c] = score[c];
-      in_[3][c] = float(qi);
-      in_[4][c] = float(kv0 + k0 + c);
+      in_[3][c] = float(q_pos_ + qi);
+      in_[4][c] = float(kv_pos_ + kv0 + k0 + c);
     }
     for (int32_t k = 0; k < n_ops; ++k) {
       const float* op = base_ + sm_->offset(k);
@@ -200,6 +210,7 @@ class ScoreModRows {
   const RowRanges* ranges_;
   int64_t b_fold_;  // the folded batch entry (rows of ranges_)
   int64_t b_ = 0, h_ = 0, slice_ = 0;  // local: the operands' indices
+  int64_t q_pos_ = 0, kv_pos_ = 0;      // a block's global query and key 0
   const float* base_ = nullptr;
   std::vector<float> in_store_, scratch_;
   float* in_[kScoreModIndexInputs + kMaxScoreModOperands + 1] = {};
