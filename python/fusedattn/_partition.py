@@ -292,7 +292,7 @@ def _varying(x) -> frozenset:
 def vary_like(results, *inputs):
     """An FFI call's results carry no varying-manual-axes type (shard_map's and a
     partitioned primitive's vma); mark them varying over every manual axis their inputs
-    vary over, as the computation they stand for would be. results: a tuple or an array."""
+    vary over, as the computation they stand for would be. results: any pytree of arrays."""
     vma = frozenset().union(*(_varying(x) for x in inputs))
     if not vma:
         return results
@@ -301,6 +301,4 @@ def vary_like(results, *inputs):
         missing = tuple(sorted(vma - _varying(r)))
         return jax.lax.pcast(r, missing, to="varying") if missing else r
 
-    if isinstance(results, (tuple, list)):
-        return type(results)(mark(r) for r in results)
-    return mark(results)
+    return jax.tree.map(mark, results)

@@ -148,6 +148,8 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
 def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
     n = N_OPS if sm is None else N_OPS + 1
     ops, dout = args[:n], args[n + 1]
+    if ops[10].shape[-1:] == (6,):
+        return _block_bwd_reference(ops, *args[n:n + 3], cfg=cfg, dims=dims, sm=sm)
 
     def out_of(q, k, v, bias, offset, *smo):
         return _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
@@ -155,6 +157,27 @@ def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
 
     _, vjp = jax.vjp(out_of, *ops[:5], *ops[N_OPS:])
     return vjp(dout)
+
+
+def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=None):
+    """A block of a context-parallel call (index_base with positions): its share of the
+    whole call's gradients, given the call's out and lse, as the engine's backward gives
+    it. With the block's own (out_b, lse_b) from the reference, the share is the gradient
+    of sum_i w_i (out_b,i . dout_i) - w_i D_i, w_i = exp(lse_b,i - lse_i), D_i = dout_i .
+    out_i (lse, D constants): exactly P o (Z dP - D) on the block's logits."""
+    f32 = jnp.float32
+    D = jnp.einsum("bshd,bshd->bhs", dout.astype(f32), out.astype(f32))
+    safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
+
+    def share(q, k, v, bias, offset, *smo):
+        ob, lb, _ = _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
+                               sm=sm)
+        w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(lb - safe))
+        wt = jnp.swapaxes(w, 1, 2)[..., None]
+        return jnp.sum(ob.astype(f32) * wt * dout.astype(f32)) - jnp.sum(w * D)
+
+    diff = (*ops[:5], *ops[N_OPS:])
+    return jax.grad(share, argnums=tuple(range(len(diff))))(*diff)
 
 
 # ---------------------------------------------------------------------------

@@ -417,6 +417,97 @@ def _steps(k, v, cp: CPRun, rank, S: int, gather: bool, carry, step, after=None,
     return one(cp.size - 1, kv, carry)
 
 
+# The ring's fast path: plain masks (no mask, top-left causal; no bias), one engine call
+# per step whatever the chunks, as Megatron and TransformerEngine schedule it. With the
+# dual chunks (rank r: chunks r, 2cp-1-r), step 0 is one causal call of the local q and k
+# (the local order keeps the global one); a block from a lower rank is seen whole by both
+# q chunks through its first chunk; one from a higher rank is seen whole by q's second
+# chunk. Unbalanced: step 0 causal, a lower rank's block whole, a higher rank's skipped.
+# One switch per step (the GPU reads one predicate per step).
+
+
+def _fast_case(q_chunks, kv_chunks):
+    """0: the device's own block, 1: a lower rank's, 2: a higher rank's (traced)."""
+    qp0, kp0 = q_chunks[0][0], kv_chunks[0][0]
+    return jnp.where(kp0 == qp0, 0, jnp.where(kp0 < qp0, 1, 2))
+
+
+def _fast_fwd_step(c: _Call, q, qs, q_chunks, call_fwd):
+    from ._partition import vary_like
+    balanced = len(q_chunks) == 2
+
+    def call(qx, kx, vx, mode):
+        return call_fwd(*c.block(qx, kx, vx, 0, 0, mode))
+
+    def step(kv_chunks, ks, vs, carry):
+        ((o, l),), ml = carry
+        kf, vf = jnp.concatenate(ks, axis=1), jnp.concatenate(vs, axis=1)
+
+        def all_rows(res):
+            o2, l2 = _merge((o, l), res[:2])
+            return ((o2, l2),), jnp.maximum(ml, res[2])
+
+        if c.plain == "none":
+            return all_rows(call(q, kf, vf, "none"))
+
+        def upper():
+            if not balanced:
+                return vary_like((((o, l),), ml), q, kf, vf)
+            C = qs[0].shape[1]
+            res = call(qs[1], kf, vf, "none")
+            o2, l2 = _merge((o[:, C:], l[..., C:]), res[:2])
+            return (((jnp.concatenate([o[:, :C], o2], 1), jnp.concatenate([l[..., :C], l2], 2)),),
+                    jnp.maximum(ml, res[2]))
+
+        lower_k, lower_v = (ks[0], vs[0]) if balanced else (kf, vf)
+        return jax.lax.switch(_fast_case(q_chunks, kv_chunks), [
+            lambda: all_rows(call(q, kf, vf, "causal")),
+            lambda: all_rows(call(q, lower_k, lower_v, "none")),
+            upper])
+
+    return step
+
+
+def _fast_bwd_step(c: _Call, q, q_chunks, qs, outs, douts, lses, out, dout, lse, call_bwd):
+    from ._partition import vary_like
+    balanced = len(q_chunks) == 2
+    f32 = jnp.float32
+
+    def call(qx, kx, vx, ox, dx, lx, mode):
+        bops, bcfg, bdims, bsm = c.block(qx, kx, vx, 0, 0, mode)
+        return [g.astype(f32) for g in call_bwd(bops + [ox, dx, lx], bcfg, bdims, bsm)[:3]]
+
+    def step(kv_chunks, ks, vs, carry):
+        (dk, dv), (dq,), dbias, doffset, dsm = carry
+        kf, vf = jnp.concatenate(ks, axis=1), jnp.concatenate(vs, axis=1)
+
+        def done(dq2, dk2, dv2):
+            return (dk2, dv2), (dq2,), dbias, doffset, dsm
+
+        def whole(mode, kx=kf, vx=vf):
+            g = call(q, kx, vx, out, dout, lse, mode)
+            if kx is kf:
+                return done(dq + g[0], dk + g[1], dv + g[2])
+            C = kx.shape[1]
+            return done(dq + g[0], dk.at[:, :C].add(g[1]), dv.at[:, :C].add(g[2]))
+
+        if c.plain == "none":
+            return whole("none")
+
+        def upper():
+            if not balanced:
+                return vary_like(done(dq, dk, dv), q, kf, vf, dout)
+            C = qs[0].shape[1]
+            g = call(qs[1], kf, vf, outs[1], douts[1], lses[1], "none")
+            return done(dq.at[:, C:].add(g[0]), dk + g[1], dv + g[2])
+
+        lower = (lambda: whole("none", ks[0], vs[0])) if balanced else (lambda: whole("none"))
+        return jax.lax.switch(_fast_case(q_chunks, kv_chunks),
+                              [lambda: whole("causal"), lower, upper])
+
+    return step
+
+
 def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
     """out [B, Sq_l, Hq, Dv], lse [B, Hq, Sq_l], max_logit [B, Hq] of one device."""
     ops = list(ops)
@@ -445,8 +536,13 @@ def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
                 max_logit = jnp.maximum(max_logit, ml)
         return tuple(acc), max_logit
 
+    if ring and c.plain is not None and not ops[3].size:
+        step = _fast_fwd_step(c, q, qs, q_chunks, call_fwd)
+        q_chunks_acc = [(None, q.shape[1])]
+    else:
+        q_chunks_acc = q_chunks
     acc0 = tuple((jnp.zeros((B, cq, H, Dv), f32), jnp.full((B, H, cq), NEG_INF, f32))
-                 for _, cq in q_chunks)
+                 for _, cq in q_chunks_acc)
     acc, max_logit = _steps(k, v, cp, rank, dims.Skv, not ring,
                             (acc0, jnp.full((B, H), NEG_INF, f32)), step, refs=(q, k, v))
     sink = _sink(cfg, ops[4], dims.Hq) if ring else None
@@ -510,6 +606,10 @@ def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Call
     def send(carry):  # the ring: dk / dv go on with their block (the last step: home)
         return (jax.lax.ppermute(carry[0], cp.axis, _ring_perm(cp.size)),) + carry[1:]
 
+    fast = ring and c.plain is not None and not bias.size
+    if fast:
+        step = _fast_bwd_step(c, q, q_chunks, qs, outs, douts, lses, out, dout, lse, call_bwd)
+        qs = [q]
     Skv_l = dims.Skv if not ring else k.shape[1]
     carry = ((jnp.zeros((k.shape[0], Skv_l) + k.shape[2:], f32),
               jnp.zeros((v.shape[0], Skv_l) + v.shape[2:], f32)),

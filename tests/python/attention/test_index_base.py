@@ -327,6 +327,29 @@ def test_a_block_without_its_positions_differs(key, case):
 
 
 @pytest.mark.parametrize("case", BLOCK_CASES)
+def test_block_backward_reference_takes_the_whole_calls_stats(key, case):
+    """The GPU fallback's block backward (attention._block_bwd_reference, what a ring
+    block the CUDA kernels do not serve runs) gives the engine's share of the gradients
+    given the whole call's out and lse (not the gradient of the block's own softmax)."""
+    q, k, v, dout, operands = block_inputs(key)
+    out, lse, _ = whole_call(case, q, k, v, dout, operands)
+    q0, q1, kv0, kv1 = 40, 96, 36, 100
+    cfg, dims, sm, ops = block_ops(case, q[:, q0:q1], k[:, kv0:kv1], v[:, kv0:kv1], operands,
+                                   q0, kv0)
+    args = (out[:, q0:q1], dout[:, q0:q1], lse[:, :, q0:q1])
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    want = block_bwd(cfg, dims, sm, ops, *args)
+    got = jax.jit(lambda *a: attn_mod._block_bwd_reference(ops, *a, cfg=cfg, dims=dims,
+                                                           sm=sm))(*args)
+    got = tuple(got[:3]) + ((sm_mod.split_operands(got[5], sm),) if sm is not None else ())
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=name)
+    if sm is not None:
+        for g, w in zip(got[3], want[3]):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg="d operands")
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES)
 def test_block_reference_matches_the_engine(key, case):
     q, k, v, dout, operands = block_inputs(key)
     q0, q1, kv0, kv1 = 40, 96, 36, 100
