@@ -1,6 +1,8 @@
 """fusedattn: fused attention for JAX, with a C++/CUDA engine behind XLA FFI."""
 
 from . import _lib
+from .context_parallel import (CPStrategy, ReorderStrategy, inverse_reorder_causal_load_balancing,
+                               reorder_causal_load_balancing)
 from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
 from .dot_product import dot_product_attention
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
@@ -14,9 +16,10 @@ set_num_threads = _lib.set_num_threads
 num_threads = _lib.num_threads
 
 __all__ = [
-    "AttnBiasType", "AttnMaskType", "BackendInfo", "QKVLayout", "SequenceDescriptor",
+    "AttnBiasType", "AttnMaskType", "BackendInfo", "CPStrategy", "QKVLayout", "ReorderStrategy", "SequenceDescriptor",
     "SmallSeqDescriptor", "SoftmaxFusionType", "SoftmaxType", "attention_reference",
     "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
+    "inverse_reorder_causal_load_balancing", "reorder_causal_load_balancing",
     "is_fused_attn_kernel_available", "is_softmax_kernel_available", "num_threads",
     "set_num_threads", "softmax", "softmax_fallback",
 ]
