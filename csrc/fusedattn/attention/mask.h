@@ -136,7 +136,7 @@ inline AttnMask attn_mask(const AttnParams& p, const SeqArgs& seq) {
   m.seqlen_q = p.seqlen_q;
   m.seqlen_kv = p.seqlen_kv;
   m.segments = p.max_segments;
-  m.slice_batch = slice_batch(p);
+  m.slice_batch = seq.block ? slice_batch(p) : p.batch;  // read by blocks only
   m.thd = is_thd(p.layout);
   m.padding = has_padding(p.mask_type);
   m.rule = mask_rule(p.mask_type, p.window_left, p.window_right);

@@ -352,7 +352,9 @@ std::vector<float> padded16(std::vector<float> x) {
     const bool ok = std::isinf(want[i]) ? got[i] == want[i]
                                         : std::fabs(got[i] - want[i]) <=
                                               1e-5 * std::max(1.0f, std::fabs(want[i]));
-    if (!ok) return ::testing::AssertionFailure() << "row " << i << ": got " << got[i] << ", want " << want[i];
+    if (!ok)
+      return ::testing::AssertionFailure() << "row " << i << ": got " << got[i] << ", want "
+                                           << want[i];
   }
   return ::testing::AssertionSuccess();
 }
@@ -447,7 +449,8 @@ TEST_P(Blocks, MergeToTheWholeCall) {
           double o = 0.0;
           for (const auto& b : parts) {
             const double lb = b.lse[bh * sq + i];
-            if (lb != -INFINITY) o += std::exp(lb - total) * b.out[((bb * sq + i) * kBHq + h) * kBD + d];
+            if (lb == -INFINITY) continue;
+            o += std::exp(lb - total) * b.out[((bb * sq + i) * kBHq + h) * kBD + d];
           }
           out[((bb * kBSq + q0 + i) * kBHq + h) * kBD + d] = float(o);
         }
