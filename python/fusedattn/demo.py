@@ -6,16 +6,24 @@ j of that half must be fetched from position S-1-j, so the task is solvable only
 through attention: accuracy stays at chance (1/vocab) unless fused_attn and its
 backward kernel work. The exit code is 0 when held-out accuracy beats --min-acc,
 so the demo doubles as an end-to-end smoke check.
+
+--mesh dp=2,tp=2,cp=2 trains the same model sharded over a device mesh (on the CPU:
+--cpu-devices 8 makes 8 virtual devices): the batch over dp, the attention heads over tp,
+the sequence over cp (context parallelism, --cp-strategy ring or all_gather, load-balanced:
+the token sequences are reordered in dual chunks once, and the model sees positions in
+that order), and prints the mesh and the time per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import fusedattn
 from fusedattn import AttnMaskType
@@ -66,21 +74,34 @@ def layer_norm(x, p):
     return ((x32 - mu) * jax.lax.rsqrt(var + 1e-5) * p["g"] + p["b"]).astype(x.dtype)
 
 
+# The sharded run (--mesh): None, or (mesh, context-parallel keyword arguments).
+SHARDED = None
+
+
+def _constrain(x, spec):
+    if SHARDED is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(SHARDED[0], spec))
+
+
 def attention(x, blk):
     """x [B, T, D] -> out [B, T, D], max_logit f32 [H]."""
     B, T, D = x.shape
     qkv = (x @ blk["w_qkv"]).reshape(B, T, 3, HEADS, D // HEADS)      # [B, T, 3, H, Dh]
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]                  # each [B, T, H, Dh]
+    q, k, v = (_constrain(qkv[:, :, i], P("dp", "cp", "tp")) for i in range(3))
+    cp = {} if SHARDED is None else SHARDED[1]
     out, aux = fusedattn.fused_attn((q, k, v), None, None, None,
                                     attn_mask_type=AttnMaskType.CAUSAL_MASK,
-                                    return_max_logit=True)             # out [B, T, H, Dh]
+                                    return_max_logit=True, **cp)      # out [B, T, H, Dh]
     return out.reshape(B, T, D) @ blk["w_o"], aux["max_logit"]
 
 
-def forward(params, tokens, dtype):
-    """tokens int32 [B, T] -> logits f32 [B, T, V+1], per-layer max_logit f32 [L, H]."""
+def forward(params, tokens, dtype, positions=None):
+    """tokens int32 [B, T] -> logits f32 [B, T, V+1], per-layer max_logit f32 [L, H].
+    positions: the position of each token (None: 0 .. T-1)."""
     p = jax.tree.map(lambda w: w.astype(dtype), params)  # compute dtype; masters stay f32
-    x = p["tok_emb"][tokens] + p["pos_emb"][: tokens.shape[1]]        # [B, T, D]
+    pos = jnp.arange(tokens.shape[1]) if positions is None else positions
+    x = _constrain(p["tok_emb"][tokens] + p["pos_emb"][pos], P("dp", "cp"))  # [B, T, D]
     max_logits = []
     for blk in p["blocks"]:
         h, max_logit = attention(layer_norm(x, blk["ln1"]), blk)
@@ -94,8 +115,8 @@ def forward(params, tokens, dtype):
 
 def loss_and_metrics(params, batch, dtype):
     """-> scalar loss (mean cross-entropy on the reversed half), (accuracy, max_logit [L, H])."""
-    inputs, targets, mask = batch
-    logits, max_logits = forward(params, inputs, dtype)
+    inputs, targets, mask = batch[:3]
+    logits, max_logits = forward(params, inputs, dtype, batch[3] if len(batch) > 3 else None)
     logp = jax.nn.log_softmax(logits)                                  # [B, T, V+1]
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
     correct = (logits.argmax(-1) == targets).astype(jnp.float32)
@@ -141,7 +162,29 @@ def parse_args(argv):
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--min-acc", type=float, default=0.5,
                     help="held-out accuracy needed for exit code 0")
+    ap.add_argument("--mesh", default=None,
+                    help="train sharded over a mesh, e.g. dp=2,tp=2,cp=2 (axes dp, tp, cp; "
+                         "their product = the devices used)")
+    ap.add_argument("--cp-strategy", choices=("ring", "all_gather"), default="ring")
+    ap.add_argument("--cpu-devices", type=int, default=None,
+                    help="virtual CPU devices (sets XLA_FLAGS before jax starts)")
     return ap.parse_args(argv)
+
+
+def make_mesh(spec: str):
+    """'dp=2,tp=2,cp=2' -> a Mesh over the first devices (axes dp, tp, cp; missing ones 1)."""
+    sizes = {"dp": 1, "tp": 1, "cp": 1}
+    for part in spec.split(","):
+        name, _, n = part.partition("=")
+        if name not in sizes or not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"--mesh: {part!r}; expected dp=N, tp=N, cp=N")
+        sizes[name] = int(n)
+    n = sizes["dp"] * sizes["tp"] * sizes["cp"]
+    if n > len(jax.devices()):
+        raise SystemExit(f"--mesh {spec} needs {n} devices; {len(jax.devices())} here "
+                         "(on the CPU: --cpu-devices N)")
+    devices = np.array(jax.devices()[:n]).reshape(sizes["dp"], sizes["cp"], sizes["tp"])
+    return Mesh(devices, ("dp", "cp", "tp"))
 
 
 def fmt_heads(max_logit) -> str:
@@ -149,8 +192,26 @@ def fmt_heads(max_logit) -> str:
 
 
 def main(argv=None) -> int:
+    global SHARDED
     args = parse_args(argv)
+    if args.cpu_devices:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={args.cpu_devices}")
     dtype = jnp.dtype(args.dtype)
+    cp_size = 1
+    if args.mesh:
+        mesh = make_mesh(args.mesh)
+        cp_size = mesh.shape["cp"]
+        cp = {} if cp_size == 1 else dict(context_parallel_axis="cp",
+                                          context_parallel_strategy=args.cp_strategy,
+                                          context_parallel_causal_load_balanced=True)
+        SHARDED = (mesh, cp)
+        print(f"mesh {dict(mesh.shape)} on {mesh.devices.size} {jax.devices()[0].platform} "
+              f"devices | batch over dp, heads over tp, sequence over cp"
+              f"{f' ({args.cp_strategy}, load-balanced)' if cp_size > 1 else ''}")
+    reorder = ((lambda x: fusedattn.reorder_causal_load_balancing(
+        x, fusedattn.ReorderStrategy.DualChunkSwap, cp_size, 1)) if cp_size > 1 else
+        (lambda x: x))
     seq_len = 2 * args.seq
     qkv_shape = jax.ShapeDtypeStruct((args.batch, seq_len, HEADS, D_MODEL // HEADS), dtype)
     backend = fusedattn.get_backend((qkv_shape,) * 3, attn_mask_type=AttnMaskType.CAUSAL_MASK)
@@ -166,9 +227,16 @@ def main(argv=None) -> int:
           f"{args.layers} layers, d_model {D_MODEL}, {HEADS} heads, {n_params:,} params | "
           f"batch {args.batch}, {args.steps} steps, lr {args.lr}")
 
+    def sharded_batch(key):
+        """A batch, its token sequences in the load-balanced order under cp (the model
+        reads each token's position with it)."""
+        inputs, targets, mask = make_batch(key, args.batch, args.seq)
+        positions = jnp.arange(seq_len)[None]
+        return reorder(inputs), reorder(targets), reorder(mask), reorder(positions)[0]
+
     @jax.jit
     def train_step(params, opt_state, step):
-        batch = make_batch(jax.random.fold_in(key_train, step), args.batch, args.seq)
+        batch = sharded_batch(jax.random.fold_in(key_train, step))
         (loss, (acc, max_logits)), grads = jax.value_and_grad(
             loss_and_metrics, has_aux=True)(params, batch, dtype)
         params, opt_state = adam_update(params, grads, opt_state,
@@ -177,19 +245,22 @@ def main(argv=None) -> int:
 
     @jax.jit
     def eval_acc(params, i):
-        batch = make_batch(jax.random.fold_in(key_eval, i), args.batch, args.seq)
+        batch = sharded_batch(jax.random.fold_in(key_eval, i))
         return loss_and_metrics(params, batch, dtype)[1][0]
 
     def held_out_acc(params) -> float:
         return float(np.mean([eval_acc(params, i) for i in range(EVAL_BATCHES)]))
 
     start = time.perf_counter()
+    jax.block_until_ready(train_step(params, opt_state, 0))  # compile
+    compiled = time.perf_counter()
     for step in range(args.steps):
         params, opt_state, loss, acc, max_logits = train_step(params, opt_state, step)
         if step % args.log_every == 0 or step == args.steps - 1:
             heads = " ".join(f"L{i} max_logit {fmt_heads(m)}" for i, m in enumerate(max_logits))
-            print(f"step {step:5d} | loss {float(loss):.4f} | acc {float(acc):.3f} | {heads}",
-                  flush=True)
+            ms = (time.perf_counter() - compiled) / (step + 1) * 1e3
+            print(f"step {step:5d} | loss {float(loss):.4f} | acc {float(acc):.3f} | "
+                  f"{ms:.1f} ms/step | {heads}", flush=True)
     final_acc = held_out_acc(params)
     wall = time.perf_counter() - start
     ok = final_acc > args.min_acc
