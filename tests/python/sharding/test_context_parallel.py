@@ -166,7 +166,9 @@ def test_causal(mesh_name, balanced, strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 @pytest.mark.parametrize("mask", [AttnMaskType.NO_MASK, AttnMaskType.PADDING_CAUSAL_MASK,
-                                  AttnMaskType.PADDING_MASK], ids=lambda m: m.name)
+                                  AttnMaskType.PADDING_MASK, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
+                                  AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK],
+                         ids=lambda m: m.name)
 def test_masks(mask, strategy):
     lens = None
     if mask.is_padding():
