@@ -494,7 +494,8 @@ def _cp_run(cfg: Config, plan) -> context_parallel.CPRun | None:
             return None
     if size <= 1:
         return None
-    return context_parallel.CPRun(cfg.cp.axis, size, cfg.cp.strategy, cfg.cp.load_balanced)
+    return context_parallel.CPRun(cfg.cp.axis, size, cfg.cp.strategy, cfg.cp.load_balanced,
+                                  cfg.cp.stripe, cfg.thd)
 
 
 def _cp_dims(cfg: Config, dims: Dims, sm, plan, cp, ops) -> Dims:
@@ -735,9 +736,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     or RING (CPStrategy or its name); context_parallel_causal_load_balanced: the inputs
     come in reorder_causal_load_balancing's dual-chunk order (and the output, aux and
     gradients leave in it). Every feature keeps the unsharded call's result (masks,
-    windows, bias, sinks, dropout, score_mod); BSHD layouts. stripe_size is THD's striped
-    balancing, not served yet (it must be None). Off a mesh with that axis the call is the
-    plain one.
+    windows, bias, sinks, dropout, score_mod). THD layouts: the packed tokens sharded
+    (sequence_descriptor global), load-balanced by stripes: stripe_size (the inputs in
+    reorder_causal_load_balancing(..., ReorderStrategy.Striped, cp, stripe_size=...) order);
+    no bias. Off a mesh with that axis the call is the plain one.
     A sequence_descriptor that promises max_segment_seqlen_kv (<= 64, one query per
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
     it and no statistics are asked for; get_backend reports "small_seq".
@@ -800,21 +802,27 @@ def _cp_config(strategy, axis, load_balanced, stripe_size, cfg: Config):
         raise ValueError(f"{where}: context_parallel_strategy must be a CPStrategy (DEFAULT, "
                          f"ALL_GATHER, RING) or its name; got {strategy!r}") from None
     if stripe_size is not None:
-        raise NotImplementedError(
-            f"{where}: stripe_size={stripe_size!r}: striped load balancing is THD's, and THD "
-            "layouts are not served under context parallelism yet; pass None")
+        stripe_size = static_int(stripe_size, "stripe_size", where, "a positive Python int")
+        if stripe_size < 1 or not cfg.thd:
+            raise ValueError(f"{where}: stripe_size={stripe_size}: striped load balancing "
+                             "takes THD layouts and a stripe_size >= 1 (BSHD layouts balance "
+                             "by dual chunks: leave it None)")
     if axis is None:
         return None
     if not isinstance(axis, str) or not axis:
         raise ArgumentTypeError(f"{where}: context_parallel_axis must be a mesh axis name (a "
                                 f"str) or None; got {axis!r}")
-    if cfg.thd:
-        raise NotImplementedError(
-            f"{where}: context parallelism takes the BSHD layouts (BS3HD, BSHD_BS2HD, "
-            f"BSHD_BSHD_BSHD); got {cfg.layout.name}, not served under it yet")
+    if cfg.thd and balanced and stripe_size is None:
+        raise ValueError(f"{where}: load-balanced context parallelism of a THD layout is "
+                         "striped: give stripe_size (the inputs in reorder_causal_load_"
+                         "balancing(..., ReorderStrategy.Striped, cp, stripe_size=...) order)")
+    if cfg.thd and cfg.bias_type != AttnBiasType.NO_BIAS:
+        raise NotImplementedError(f"{where}: a bias with a THD layout is not served under "
+                                  "context parallelism")
     if strategy == context_parallel.CPStrategy.DEFAULT:
         strategy = context_parallel.CPStrategy.ALL_GATHER
-    return context_parallel.CPConfig(axis, strategy, balanced)
+    return context_parallel.CPConfig(axis, strategy, balanced,
+                                     stripe_size if cfg.thd and balanced else None)
 
 
 def _results(out, lse, max_logit, return_max_logit, return_aux):

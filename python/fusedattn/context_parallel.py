@@ -113,6 +113,7 @@ class CPConfig:
     axis: str
     strategy: CPStrategy
     load_balanced: bool
+    stripe: int | None = None  # THD: striped load balancing's stripe_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +124,18 @@ class CPRun:
     size: int
     strategy: CPStrategy
     load_balanced: bool
+    stripe: int | None = None  # THD striped: the stripe size (stride: size * stripe)
+    thd: bool = False
 
     def rank(self):
         return jax.lax.axis_index(self.axis)
 
     def chunks(self, rank, S: int) -> list[tuple]:
-        """(global position, length) of the chunks a device holds, in its local order."""
+        """(global position, length) of the chunks a device holds, in its local order; a
+        THD device's tokens are one chunk, striped (its first token's position) or not."""
         n = self.size
+        if self.thd:
+            return [(rank * self.stripe if self.stripe else rank * (S // n), S // n)]
         if self.load_balanced:
             C = S // (2 * n)
             return [(rank * C, C), ((2 * n - 1 - rank) * C, C)]
@@ -138,14 +144,21 @@ class CPRun:
 
 def check_divisible(cp: CPRun, Sq: int, Skv: int, dropout: bool) -> None:
     """The sequence lengths a cp split needs (raised at partitioning time)."""
-    units = cp.size * (2 if cp.load_balanced else 1)
+    units = cp.size * (2 if cp.load_balanced and not cp.thd else 1)
+    how = ", load-balanced: 2 chunks each" if cp.load_balanced and not cp.thd else ""
+    if cp.thd and cp.stripe:
+        units, how = cp.size * cp.stripe, f", stripes of {cp.stripe} tokens"
     for name, S in (("q", Sq), ("k/v", Skv)):
         if S % units:
             raise ValueError(
-                f"fused_attn: context parallelism over '{cp.axis}' ({cp.size} devices"
-                f"{', load-balanced: 2 chunks each' if cp.load_balanced else ''}) needs the "
-                f"{name} sequence length ({S}) to be a multiple of {units}")
-        if dropout and (S // units) % 4:
+                f"fused_attn: context parallelism over '{cp.axis}' ({cp.size} devices{how}) "
+                f"needs the {name} sequence length ({S}) to be a multiple of {units}")
+        if dropout and cp.thd and cp.stripe and cp.stripe % 4:
+            raise ValueError(
+                f"fused_attn: dropout under striped context parallelism needs a stripe_size "
+                f"that is a multiple of 4 (dropout draws 4 keys per Philox counter); got "
+                f"{cp.stripe}")
+        if dropout and not (cp.thd and cp.stripe) and (S // units) % 4:
             raise ValueError(
                 f"fused_attn: dropout under context parallelism needs chunks of a multiple of "
                 f"4 tokens (dropout draws 4 keys per Philox counter); the {name} sequence "
@@ -201,8 +214,10 @@ class _Call:
     def index_base(self, qp, kp):
         b0, h0 = self.base
         d = self.dims
-        return jnp.stack([b0, h0, jnp.int32(qp), jnp.int32(kp), jnp.int32(d.Sq),
-                          jnp.int32(d.Skv)]).astype(jnp.int32)
+        cols = [b0, h0, jnp.int32(qp), jnp.int32(kp), jnp.int32(d.Sq), jnp.int32(d.Skv)]
+        if self.cp.thd and self.cp.stripe:  # local token t is global pos + (t / st) * n st + t % st
+            cols += [jnp.int32(self.cp.stripe), jnp.int32(self.cp.size * self.cp.stripe)]
+        return jnp.stack(cols).astype(jnp.int32)
 
     def block(self, q, k, v, qp, kp, mode):
         """(ops, cfg, dims, sm) of the block (q at global row qp, k / v at global key kp)
@@ -227,7 +242,9 @@ class _Call:
                 seq[1] = jnp.broadcast_to(jnp.int32(qp + cq), (B, 1))
         ops = [q, k, v, bias, off, o[5], *seq, ib]
         sm = self.sm
-        if sm is not None:
+        if sm is not None and self.cp.thd:  # read by position in segment: whole
+            ops.append(o[11])
+        elif sm is not None:
             ops.append(self._sm_slice(qp, cq, kp, ck))
             sm = dataclasses.replace(sm, operand_shapes=self._sm_shapes(cq, ck))
         return ops, cfg, dataclasses.replace(self.dims, Sq=cq, Skv=ck), sm
@@ -258,6 +275,8 @@ class _Call:
     def sm_size(self, cq, ck):
         """The flat size of a block's score_mod operands."""
         from . import score_mod as _sm
+        if self.cp.thd:
+            return self.ops[11].shape
         return _sm.concat_operands([jnp.zeros(s, jnp.float32)
                                     for s in self._sm_shapes(cq, ck)]).shape
 
@@ -276,6 +295,8 @@ class _Call:
     def sm_place(self, dflat, qp, cq, kp, ck, acc):
         """acc (the global operands' gradient, float32 [N]) + a block's at its place."""
         from . import score_mod as _sm
+        if self.cp.thd:
+            return acc + dflat
         local = dataclasses.replace(self.sm, operand_shapes=self._sm_shapes(cq, ck))
         out = []
         for a, g in zip(_sm.split_operands(acc, self.sm), _sm.split_operands(dflat, local)):
@@ -294,12 +315,13 @@ def _block_call(cfg, dims, sm, ops, cp: CPRun, base) -> _Call:
     """The blocks take BSHD_BSHD_BSHD operands and give the lse; the ring's blocks see
     part of the keys each, so the sink joins at the merge instead."""
     from .enums import QKVLayout, SoftmaxType
-    ring = cp.strategy == CPStrategy.RING
-    bcfg = dataclasses.replace(cfg, want_lse=True, layout=QKVLayout.BSHD_BSHD_BSHD, cp=None)
-    if ring:
+    partial = cp.strategy == CPStrategy.RING or cp.thd  # blocks see part of the keys
+    layout = QKVLayout.THD_THD_THD if cp.thd else QKVLayout.BSHD_BSHD_BSHD
+    bcfg = dataclasses.replace(cfg, want_lse=True, layout=layout, cp=None)
+    if partial:
         bcfg = dataclasses.replace(bcfg, softmax_type=SoftmaxType.VANILLA_SOFTMAX)
-    return _Call(bcfg, dims, sm, ops, cp, base, sink_in_call=not ring,
-                 plain=_plain(cfg, dims, sm))
+    return _Call(bcfg, dims, sm, ops, cp, base, sink_in_call=not partial,
+                 plain=None if cp.thd else _plain(cfg, dims, sm))
 
 
 def _visible(cfg, dims, qp, cq, kp, ck):
@@ -307,8 +329,8 @@ def _visible(cfg, dims, qp, cq, kp, ck):
     told without the runtime lengths). Causal masks set the right side to 0."""
     from .enums import AttnMaskType
     mask = AttnMaskType(cfg.mask_type)
-    if mask == AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK:
-        return True  # the diagonal depends on each row's lengths
+    if mask == AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK or cfg.thd:
+        return True  # the diagonal depends on each row's lengths (THD: its segments)
     diag = dims.Skv - dims.Sq if mask.is_bottom_right() else 0
     left, right = cfg.window
     if mask.is_causal():
@@ -399,9 +421,17 @@ def _steps(k, v, cp: CPRun, rank, S: int, gather: bool, carry, step, after=None,
     device holds two k / v blocks, never the whole): step s's transfer of the next block
     is issued before its blocks are used, so XLA overlaps the two."""
     from ._partition import vary_like
-    if gather:
-        return step([(0, S)], [_gather_natural(k, cp)], [_gather_natural(v, cp)], carry)
     after = after or (lambda c: c)
+    if gather and not cp.thd:
+        return step([(0, S)], [_gather_natural(k, cp)], [_gather_natural(v, cp)], carry)
+    if gather:  # THD: the gathered blocks one by one, each its rank's (striped) tokens
+        kf = jax.lax.all_gather(k, cp.axis, axis=1, tiled=True)
+        vf = jax.lax.all_gather(v, cp.axis, axis=1, tiled=True)
+        L = k.shape[1]
+        for j in range(cp.size):
+            cut = lambda x: jax.lax.slice_in_dim(x, j * L, (j + 1) * L, axis=1)
+            carry = after(step(cp.chunks(j, S), [cut(kf)], [cut(vf)], carry))
+        return carry
     carry = jax.tree.map(lambda x: vary_like(x, *refs), carry)
 
     def one(s, kv, carry):
@@ -525,7 +555,8 @@ def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
         for i, (qc, (qp, cq)) in enumerate(zip(qs, q_chunks)):
             for kc, vc, (kp, ck) in zip(ks, vs, kv_chunks):
                 def run(mode, qc=qc, kc=kc, vc=vc, qp=qp, kp=kp):
-                    return tuple(call_fwd(*c.block(qc, kc, vc, qp, kp, mode)))
+                    o, lse, ml = call_fwd(*c.block(qc, kc, vc, qp, kp, mode))
+                    return o, (jnp.swapaxes(lse, 1, 2) if cp.thd else lse), ml
 
                 def skip(cq=cq):
                     return (jnp.zeros((B, cq, H, Dv), q.dtype), jnp.full((B, H, cq), NEG_INF, f32),
@@ -545,7 +576,7 @@ def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
                  for _, cq in q_chunks_acc)
     acc, max_logit = _steps(k, v, cp, rank, dims.Skv, not ring,
                             (acc0, jnp.full((B, H), NEG_INF, f32)), step, refs=(q, k, v))
-    sink = _sink(cfg, ops[4], dims.Hq) if ring else None
+    sink = None if c.sink_in_call else _sink(cfg, ops[4], dims.Hq)
     outs, lses = [], []
     for o, lse in acc:
         o, lse = _add_sink(o, lse, sink)
@@ -553,6 +584,8 @@ def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
         lses.append(lse)
     out = jnp.concatenate(outs, axis=1)
     lse = jnp.concatenate(lses, axis=2)
+    if cp.thd:  # THD's lse is [B, T, H]
+        lse = jnp.swapaxes(lse, 1, 2)
     return out, lse, jax.lax.pmax(max_logit, cp.axis)
 
 
@@ -569,7 +602,7 @@ def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Call
     c = _block_call(cfg, dims, sm, ops, cp, base)
     q_chunks = cp.chunks(rank, dims.Sq)
     qs, outs, douts = _split(q, q_chunks), _split(out, q_chunks), _split(dout, q_chunks)
-    lses = _split(lse, q_chunks, axis=2)
+    lses = _split(lse, q_chunks, axis=1 if cp.thd else 2)  # THD's lse is [B, T, H]
     f32 = jnp.float32
     take_offset = c.sink_in_call and offset.size
 
@@ -610,7 +643,12 @@ def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Call
     if fast:
         step = _fast_bwd_step(c, q, q_chunks, qs, outs, douts, lses, out, dout, lse, call_bwd)
         qs = [q]
-    Skv_l = dims.Skv if not ring else k.shape[1]
+    after, gathered = (send if ring else None), []
+    if cp.thd and not ring:  # each gathered block's dk / dv kept, the next starts from 0
+        def after(carry):
+            gathered.append(carry[0])
+            return (jax.tree.map(jnp.zeros_like, carry[0]),) + carry[1:]
+    Skv_l = dims.Skv if not (ring or cp.thd) else k.shape[1]
     carry = ((jnp.zeros((k.shape[0], Skv_l) + k.shape[2:], f32),
               jnp.zeros((v.shape[0], Skv_l) + v.shape[2:], f32)),
              tuple(jnp.zeros(x.shape, f32) for x in qs),
@@ -618,17 +656,22 @@ def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Call
              jnp.zeros((dims.Hq,) if offset.size else (0,), f32),
              jnp.zeros(ops[11].shape, f32) if sm is not None else None)
     (dk, dv), dqs, dbias, doffset, dsm = _steps(k, v, cp, rank, dims.Skv, not ring, carry, step,
-                                                after=send if ring else None,
-                                                refs=(q, k, v, dout))
-    if ring:
+                                                after=after, refs=(q, k, v, dout))
+    if not c.sink_in_call:
         sink = _sink(cfg, offset, dims.Hq)
         if offset.size and sink is not None:
             # d offset[h] = -sum over rows of exp(offset[h] - lse) * (dout . out)
             for i in range(len(q_chunks)):
                 Dr = jnp.einsum("bshd,bshd->bhs", douts[i].astype(f32), outs[i].astype(f32))
-                p = jnp.where(jnp.isneginf(lses[i]), 0.0, jnp.exp(sink[None, :, None] - lses[i]))
+                li = jnp.swapaxes(lses[i], 1, 2) if cp.thd else lses[i]
+                p = jnp.where(jnp.isneginf(li), 0.0, jnp.exp(sink[None, :, None] - li))
                 doffset = doffset - jnp.sum(p * Dr, axis=(0, 2))
-    else:
+    if gathered:  # THD all-gather: the blocks in rank order, summed over the axis
+        dk = jax.lax.psum_scatter(jnp.concatenate([g[0] for g in gathered], axis=1), cp.axis,
+                                  scatter_dimension=1, tiled=True)
+        dv = jax.lax.psum_scatter(jnp.concatenate([g[1] for g in gathered], axis=1), cp.axis,
+                                  scatter_dimension=1, tiled=True)
+    elif not ring:
         dk, dv = _scatter_natural(dk, cp), _scatter_natural(dv, cp)
     dq = jnp.concatenate(dqs, axis=1).astype(q.dtype)
     grads = [dq, dk.astype(k.dtype), dv.astype(v.dtype)]

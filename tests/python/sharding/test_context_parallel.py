@@ -77,16 +77,22 @@ def _alibi(s, b, h, qi, ki, slope, table):
     return s - slope * jnp.abs(qi - ki).astype(jnp.float32) + table
 
 
+def _alibi_slope(s, b, h, qi, ki, slope):
+    return s - slope * jnp.abs(qi - ki).astype(jnp.float32)
+
+
 def call(a, kw, lens=None):
     extra = {}
     if "softmax_offset" in a:
         extra["softmax_offset"] = a["softmax_offset"]
-    if "slope" in a:
+    if "table" in a:
         extra.update(score_mod=_alibi, score_mod_operands=(a["slope"], a["table"]))
+    elif "slope" in a:
+        extra.update(score_mod=_alibi_slope, score_mod_operands=(a["slope"],))
     layout = kw.get("qkv_layout", QKVLayout.BSHD_BSHD_BSHD)
-    if layout == QKVLayout.BS3HD:
+    if layout in (QKVLayout.BS3HD, QKVLayout.T3HD):
         qkv = (jnp.stack([a["q"], a["k"], a["v"]], axis=2),)
-    elif layout == QKVLayout.BSHD_BS2HD:
+    elif layout in (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD):
         qkv = (a["q"], jnp.stack([a["k"], a["v"]], axis=2))
     else:
         qkv = (a["q"], a["k"], a["v"])
@@ -98,17 +104,22 @@ def call(a, kw, lens=None):
 SEQ = ("q", "k", "v")  # the arrays whose dim 1 is the sequence
 
 
-def run(mesh_name, a, kw, strategy, balanced=False, lens=None, tol=3e-6):
+def run(mesh_name, a, kw, strategy, balanced=False, lens=None, tol=3e-6, stripe=None):
     """The cp call on the mesh vs the single-device call: forward, statistics, gradients
-    of a random projection of out. Returns the compiled texts (forward, gradient)."""
+    of a random projection of out. Returns the compiled texts (forward, gradient). THD
+    layouts balance by stripes of `stripe` tokens."""
     mesh, batch, heads = mesh_of(mesh_name)
     n = mesh.shape["cp"]
+    thd = kw.get("qkv_layout", QKVLayout.BSHD_BSHD_BSHD) in (
+        QKVLayout.THD_THD_THD, QKVLayout.THD_T2HD, QKVLayout.T3HD)
     cp_kw = dict(kw, context_parallel_axis="cp", context_parallel_strategy=strategy,
-                 context_parallel_causal_load_balanced=balanced)
-    order = (lambda x: reorder_causal_load_balancing(x, ReorderStrategy.DualChunkSwap, n, 1)
+                 context_parallel_causal_load_balanced=balanced,
+                 stripe_size=stripe if balanced else None)
+    how = (ReorderStrategy.Striped, stripe) if thd else (ReorderStrategy.DualChunkSwap, None)
+    order = (lambda x: reorder_causal_load_balancing(x, how[0], n, 1, stripe_size=how[1])
              ) if balanced else (lambda x: x)
     undo = (lambda x, d=1: inverse_reorder_causal_load_balancing(
-        x, ReorderStrategy.DualChunkSwap, n, d)) if balanced else (lambda x, d=1: x)
+        x, how[0], n, d, stripe_size=how[1])) if balanced else (lambda x, d=1: x)
     proj = normal(jax.random.key(9), call(a, kw, lens)[0].shape)
 
     def loss(diff, rest, kw_, reorder):
@@ -137,7 +148,7 @@ def run(mesh_name, a, kw, strategy, balanced=False, lens=None, tol=3e-6):
     out, aux = f(sharded)
     grads = g(*split(sharded))
     close("out", undo(out), want_out, tol)
-    close("softmax_aux", undo(aux["softmax_aux"], 2), want_aux["softmax_aux"], tol)
+    close("softmax_aux", undo(aux["softmax_aux"], 1 if thd else 2), want_aux["softmax_aux"], tol)
     close("max_logit", aux["max_logit"], want_aux["max_logit"], tol)
     assert out.sharding.spec[1] == "cp", out.sharding
     for k in grads:
@@ -244,6 +255,40 @@ def test_score_mod(strategy):
     sliced per block; their gradients summed over the ring."""
     run("cp2_tp2_dp2", inputs(jax.random.key(13), sm=True),
         dict(attn_mask_type=AttnMaskType.CAUSAL_MASK), strategy, True)
+
+
+# THD: packed sequences (3 segments per row, global descriptor), load-balanced by stripes
+
+THD_LENS = (jnp.array([[20, 30, 14], [5, 40, 0], [64, 0, 0], [7, 9, 33]], jnp.int32),) * 2
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
+@pytest.mark.parametrize("balanced", [False, True], ids=["plain", "striped"])
+@pytest.mark.parametrize("mesh_name", ["cp4_dp2", "cp2_tp2_dp2"])
+def test_thd(mesh_name, balanced, strategy):
+    run(mesh_name, inputs(jax.random.key(20), hkv=2),
+        dict(qkv_layout=QKVLayout.THD_THD_THD, attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+             max_segments_per_seq=3), strategy, balanced, lens=THD_LENS, stripe=4)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
+def test_thd_features(strategy):
+    """window, dropout, a learnable sink and a score_mod (ALiBi: q_idx / kv_idx are the
+    positions in the segment, a per-head slope operand), striped."""
+    a = inputs(jax.random.key(21), offset=True, sm=True)
+    del a["table"]  # THD score_mod operands are read by position in segment: no [T, T] table
+    run("cp4_dp2", a, dict(qkv_layout=QKVLayout.THD_THD_THD,
+                           attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK, max_segments_per_seq=3,
+                           window_size=(9, 0), dropout_probability=0.2, is_training=True,
+                           softmax_type=SoftmaxType.LEARNABLE_SOFTMAX),
+        strategy, True, lens=THD_LENS, stripe=4)
+
+
+@pytest.mark.parametrize("layout", [QKVLayout.T3HD, QKVLayout.THD_T2HD], ids=lambda l: l.name)
+def test_thd_packed_layouts(layout):
+    run("cp8", inputs(jax.random.key(22)),
+        dict(qkv_layout=layout, attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+             max_segments_per_seq=3), CPStrategy.RING, True, lens=THD_LENS, stripe=2)
 
 
 def test_everything_at_once():
