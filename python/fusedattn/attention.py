@@ -148,7 +148,7 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
 def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
     n = N_OPS if sm is None else N_OPS + 1
     ops, dout = args[:n], args[n + 1]
-    if ops[10].shape[-1:] == (6,):
+    if _is_block(ops[10]):
         return _block_bwd_reference(ops, *args[n:n + 3], cfg=cfg, dims=dims, sm=sm)
 
     def out_of(q, k, v, bias, offset, *smo):
@@ -159,22 +159,29 @@ def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
     return vjp(dout)
 
 
+def _is_block(index_base) -> bool:
+    """index_base with positions (6 or 8 columns): a block of a bigger call."""
+    return index_base.shape[-1:] in ((6,), (8,))
+
+
 def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=None):
     """A block of a context-parallel call (index_base with positions): its share of the
-    whole call's gradients, given the call's out and lse, as the engine's backward gives
-    it. With the block's own (out_b, lse_b) from the reference, the share is the gradient
-    of sum_i w_i (out_b,i . dout_i) - w_i D_i, w_i = exp(lse_b,i - lse_i), D_i = dout_i .
-    out_i (lse, D constants): exactly P o (Z dP - D) on the block's logits."""
+    whole call's gradients, given the call's out and lse ([B, Hq, Sq]; THD: [B, Sq, Hq]),
+    as the engine's backward gives it. With the block's own (out_b, lse_b) from the
+    reference, the share is the gradient of sum_i w_i (out_b,i . dout_i) - w_i D_i, w_i =
+    exp(lse_b,i - lse_i), D_i = dout_i . out_i (lse, D constants): exactly P o (Z dP - D)
+    on the block's logits."""
     f32 = jnp.float32
-    D = jnp.einsum("bshd,bshd->bhs", dout.astype(f32), out.astype(f32))
+    heads_last = (lambda x: x) if cfg.thd else (lambda x: jnp.swapaxes(x, 1, 2))  # [B, Sq, Hq]
+    lse = heads_last(lse)
+    D = jnp.einsum("bshd,bshd->bsh", dout.astype(f32), out.astype(f32))
     safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
 
     def share(q, k, v, bias, offset, *smo):
         ob, lb, _ = _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
                                sm=sm)
-        w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(lb - safe))
-        wt = jnp.swapaxes(w, 1, 2)[..., None]
-        return jnp.sum(ob.astype(f32) * wt * dout.astype(f32)) - jnp.sum(w * D)
+        w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(heads_last(lb) - safe))
+        return jnp.sum(ob.astype(f32) * w[..., None] * dout.astype(f32)) - jnp.sum(w * D)
 
     diff = (*ops[:5], *ops[N_OPS:])
     return jax.grad(share, argnums=tuple(range(len(diff))))(*diff)
@@ -243,9 +250,9 @@ def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]
 def _cuda_fused_ok(ops, cfg: Config, sm) -> bool:
     """The CUDA kernels cannot offset their batch / head indices: a shard that needs its
     global indices (dropout, score_mod) runs XLA's reference on the GPU, and so does a
-    block of a bigger call (index_base with 6 columns: positions), whatever the call."""
+    block of a bigger call (index_base with 6 or 8 columns: positions), whatever the call."""
     index_base = ops[10]
-    if index_base.size and index_base.shape[-1] == 6:
+    if _is_block(index_base):
         return False
     return not (index_base.size and (cfg.dropout_on or sm is not None))
 

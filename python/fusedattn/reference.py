@@ -38,21 +38,27 @@ call. Semantics (shared with csrc/fusedattn/attention/mask.h, cpu/score_ops.h an
   entry 0 and q head 0 are entry batch_base and head head_base of the whole. Dropout's
   counter and score_mod's batch / head indices are the global ones; every array (and
   score_mod's operands) is the shard's own. (0, 0) without it.
-* index_base (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent), BSHD layouts
-  only: the shard is also a block of the bigger call along the sequence (context
-  parallelism): query i and key j are query q_pos + i and key kv_pos + j of a call of
-  q_extent queries and kv_extent keys. Everything is in those global positions, so the
-  block computes the whole call's scores there: the one segment is the whole call's
-  (lengths: the descriptor's, which are the global ones, under the padding masks, else
-  the extents; clamped to the extents), global query g keeps the global keys the rule
-  above keeps for it (diag and window with the global lengths; none when g is past the
-  segment, which makes it padding), cut to the block's keys; dropout's counter takes the
-  global query and key (kv_pos must be a multiple of 4 under dropout); score_mod's
-  q_idx / kv_idx are global, while its operands are the block's own slices, read at the
-  local positions. out, lse and max_logit are those of the block's kept keys alone (a
-  query that keeps none of them: output 0 and lse -inf, or the extra logit for a query
-  of the segment), so blocks over the keys merge by their lse (an extra logit enters
-  every block's lse).
+* index_base (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent[, stripe,
+  stride]), any layout: the shard is also a block of the bigger call along the sequence
+  (context parallelism). Its tokens are some of the whole call's, by one map per side:
+  local query t is token q_pos + (t // stripe) * stride + t % stripe of the whole call's
+  q_extent queries, local key t the same from kv_pos of its kv_extent keys (6 elements:
+  stripe = stride = 1, contiguous; stripes of cp devices: stride = cp * stripe; 1 <=
+  stripe, stride a multiple of stripe, every local token inside the extent). Everything
+  is in those global tokens, so the block computes the whole call's scores there: the
+  sequences are the whole call's (its descriptor is the global one: BSHD, one segment
+  whose lengths are the descriptor's under the padding masks, else the extents; THD, the
+  segments of the global packed row of q_extent / kv_extent tokens by the rule above),
+  global query g keeps the global keys the rule above keeps for it in the segment that
+  holds it (none when no segment holds g, which makes it padding), cut to the block's
+  keys; dropout's counter takes the global query and key (the engine asks kv_pos, and a
+  striped block's stripe, to be multiples of 4 under dropout); score_mod's q_idx / kv_idx
+  are the global positions (BSHD: global tokens; THD: positions in the segment), while its
+  operands are the block's own slices, read at the local positions (BSHD; THD blocks take
+  operands without a sequence dim). out, lse and max_logit are those of the block's kept
+  keys alone (a query that keeps none of them: output 0 and lse -inf, or the extra logit
+  for a query of a segment), so blocks over the keys merge by their lse (an extra logit
+  enters every block's lse).
 """
 
 from __future__ import annotations
@@ -97,31 +103,49 @@ def dropout_threshold(p: float) -> int:
 
 
 def index_base_vector(index_base):
-    """index_base (ints or an int32 array of 2 or 6 elements, maybe traced; a [1, 2] or
-    [1, 6] array too) as an int32 vector [2] or [6]."""
+    """index_base (ints or an int32 array of 2, 6 or 8 elements, maybe traced; a [1, n]
+    array too) as an int32 vector [2], [6] or [8]."""
     base = jnp.asarray(index_base, jnp.int32)
-    if base.size not in (2, 6):
+    if base.size not in (2, 6, 8):
         raise ValueError(f"index_base: got shape {base.shape}; expected 2 elements (batch_base, "
-                         "head_base) or 6 (batch_base, head_base, q_pos, kv_pos, q_extent, "
-                         "kv_extent)")
+                         "head_base), 6 (batch_base, head_base, q_pos, kv_pos, q_extent, "
+                         "kv_extent) or 8 (.., stripe, stride)")
     return base.reshape(-1)
+
+
+def block_tokens(n: int, pos, stripe=1, stride=1):
+    """int32 [n]: the whole call's token of each of a block's n local tokens t (mask.h's
+    global_token): pos + (t // stripe) * stride + t % stripe (values maybe traced)."""
+    t = jnp.arange(n, dtype=jnp.int32)
+    return pos + (t // stripe) * stride + t % stripe
+
+
+def block_positions(block, Sq: int, Skv: int):
+    """(global query tokens int32 [Sq], global key tokens int32 [Skv]) of a block:
+    block = index_base[2:], int32 [4] (q_pos, kv_pos, q_extent, kv_extent) or [6] (..,
+    stripe, stride)."""
+    stripe, stride = (block[4], block[5]) if block.shape[0] == 6 else (1, 1)
+    return (block_tokens(Sq, block[0], stripe, stride),
+            block_tokens(Skv, block[1], stripe, stride))
 
 
 def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int, index_base=None):
     """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p; index_base
-    (batch_base, head_base) shifts the batch and head of the counter, and with 6 elements
-    (.., q_pos, kv_pos, q_extent, kv_extent) q_pos and kv_pos shift its query and key
-    (None: no shift)."""
+    (batch_base, head_base) shifts the batch and head of the counter, and with 6 or 8
+    elements (.., q_pos, kv_pos, q_extent, kv_extent[, stripe, stride]) its query and key
+    are the block's global tokens (None: no shift)."""
     seed = jnp.asarray(seed, jnp.uint32)
     b = jnp.arange(B, dtype=jnp.uint32)[:, None, None, None]
     h = jnp.arange(H, dtype=jnp.uint32)[None, :, None, None]
     i = jnp.arange(Sq, dtype=jnp.uint32)[None, None, :, None]
     j = jnp.arange(Skv, dtype=jnp.uint32)[None, None, None, :]
     if index_base is not None:
-        base = index_base_vector(index_base).astype(jnp.uint32)
-        b, h = b + base[0], h + base[1]
-        if base.shape[0] == 6:
-            i, j = i + base[2], j + base[3]
+        base = index_base_vector(index_base)
+        b, h = b + base[0].astype(jnp.uint32), h + base[1].astype(jnp.uint32)
+        if base.shape[0] > 2:
+            gi, gj = block_positions(base[2:], Sq, Skv)
+            i = gi.astype(jnp.uint32)[None, None, :, None]
+            j = gj.astype(jnp.uint32)[None, None, None, :]
     words = philox4x32_10(j >> 2, i, h, b, seed[0], seed[1])
     word = jnp.select([(j & 3) == t for t in range(3)], words[:3], words[3])
     return word >= jnp.uint32(dropout_threshold(p))
@@ -149,17 +173,22 @@ def _segments(lens, offsets, S, M, thd, padding):
     return begin, jnp.maximum(end - begin, 0)
 
 
-def _token_segment(begin, length, S):
-    """Segment index of each token [B, S] (-1: padding); segments never overlap."""
-    t = jnp.arange(S)[None, :, None]
-    inside = (t >= begin[:, None, :]) & (t < (begin + length)[:, None, :])  # [B, S, M]
+def _token_segment(begin, length, tokens):
+    """Segment index [B, n] of each of the tokens int [n] (-1: padding); segments never
+    overlap."""
+    t = tokens[None, :, None]
+    inside = (t >= begin[:, None, :]) & (t < (begin + length)[:, None, :])  # [B, n, M]
     M = begin.shape[1]
     last = M - 1 - jnp.argmax(inside[..., ::-1], axis=-1)
     return jnp.where(inside.any(-1), last, -1)
 
 
-def _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets, kv_offsets, thd):
-    """Segments (begin, length) [B, M] of queries and keys and each token's segment [B, S]."""
+def _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets, kv_offsets, thd,
+                    block=None):
+    """Segments (begin, length) [B, M] of queries and keys, each token's segment [B, Sq]
+    and [B, Skv], and the tokens' positions in the row int32 [Sq] and [Skv]: the call's
+    own, or with block (index_base[2:]) the whole call's segments and the block's global
+    tokens."""
     padding = AttnMaskType(mask_type).is_padding()
     if padding:
         q_lens = jnp.asarray(q_seqlens, jnp.int32).reshape(B, -1)
@@ -167,9 +196,15 @@ def _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets, kv_
     else:
         q_lens = kv_lens = jnp.zeros((B, 1), jnp.int32)  # unread
     M = q_lens.shape[1]
-    qb, ql = _segments(q_lens, q_offsets, Sq, M, thd, padding)
-    kb, kl = _segments(kv_lens, kv_offsets, Skv, M, thd, padding)
-    return qb, ql, kb, kl, _token_segment(qb, ql, Sq), _token_segment(kb, kl, Skv)
+    if block is None:
+        q_ext, kv_ext = Sq, Skv
+        gi, gj = jnp.arange(Sq, dtype=jnp.int32), jnp.arange(Skv, dtype=jnp.int32)
+    else:
+        q_ext, kv_ext = block[2], block[3]
+        gi, gj = block_positions(block, Sq, Skv)
+    qb, ql = _segments(q_lens, q_offsets, q_ext, M, thd, padding)
+    kb, kl = _segments(kv_lens, kv_offsets, kv_ext, M, thd, padding)
+    return qb, ql, kb, kl, _token_segment(qb, ql, gi), _token_segment(kb, kl, gj), gi, gj
 
 
 def _take(x, seg):
@@ -177,15 +212,11 @@ def _take(x, seg):
     return jnp.take_along_axis(x, jnp.maximum(seg, 0), axis=1)
 
 
-def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
-                 kv_offsets=None, thd=False, window_size=None):
-    """(keep bool [B, Sq, Skv], real bool [B, Sq]): keep[b, i, j] when query i keeps key j;
-    real[b, i] when query i belongs to a segment (not padding)."""
-    mask_type = AttnMaskType(mask_type)
-    qb, ql, kb, kl, qs, ks = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
-                                             q_offsets, kv_offsets, thd)
-    li = jnp.arange(Sq)[None] - _take(qb, qs)  # local positions
-    lj = jnp.arange(Skv)[None] - _take(kb, ks)
+def _keep(mask_type, tables, window_size):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]) from _segment_tables' tables."""
+    qb, ql, kb, kl, qs, ks, gi, gj = tables
+    li = gi[None] - _take(qb, qs)  # positions in the segment
+    lj = gj[None] - _take(kb, ks)
     diag = _take(kl - ql, qs) if mask_type.is_bottom_right() else jnp.zeros_like(qs)
     left, right = (-1, -1) if window_size is None else window_size
     if mask_type.is_causal():
@@ -199,50 +230,48 @@ def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offse
     return keep, qs >= 0
 
 
-def block_mask(mask_type, B, Sq, Skv, positions, q_seqlens=None, kv_seqlens=None,
-               window_size=None):
-    """(keep bool [B, Sq, Skv], real bool [B, Sq]) of a block of a bigger BSHD call
-    (module docstring; mask.h's block_keys). positions: (q_pos, kv_pos, q_extent,
-    kv_extent), int32 [4] maybe traced: query i and key j are the whole call's q_pos + i
-    and kv_pos + j; q_seqlens / kv_seqlens [B] or [B, 1] are the whole call's lengths."""
+def segment_mask(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
+                 kv_offsets=None, thd=False, window_size=None):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]): keep[b, i, j] when query i keeps key j;
+    real[b, i] when query i belongs to a segment (not padding)."""
     mask_type = AttnMaskType(mask_type)
-    pos = jnp.asarray(positions, jnp.int32)
-    q_pos, kv_pos, q_ext, kv_ext = pos[0], pos[1], pos[2], pos[3]
-    if mask_type.is_padding():
-        q_len = jnp.clip(jnp.asarray(q_seqlens, jnp.int32).reshape(B, -1)[:, 0], 0, q_ext)
-        kv_len = jnp.clip(jnp.asarray(kv_seqlens, jnp.int32).reshape(B, -1)[:, 0], 0, kv_ext)
-    else:
-        q_len, kv_len = jnp.full((B,), q_ext), jnp.full((B,), kv_ext)
-    gi = (q_pos + jnp.arange(Sq, dtype=jnp.int32))[None, :, None]  # global positions
-    gj = (kv_pos + jnp.arange(Skv, dtype=jnp.int32))[None, None, :]
-    q_len, kv_len = q_len[:, None, None], kv_len[:, None, None]
-    real = gi < q_len  # [B, Sq, 1]
-    keep = real & (gj < kv_len)
-    diag = kv_len - q_len if mask_type.is_bottom_right() else 0
-    left, right = (-1, -1) if window_size is None else window_size
-    if mask_type.is_causal():
-        right = 0
-    if left >= 0:
-        keep &= gj >= gi + diag - left
-    if right >= 0:
-        keep &= gj <= gi + diag + right
-    return keep, real[..., 0]
+    tables = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
+                             kv_offsets, thd)
+    return _keep(mask_type, tables, window_size)
+
+
+def block_mask(mask_type, B, Sq, Skv, positions, q_seqlens=None, kv_seqlens=None,
+               window_size=None, q_offsets=None, kv_offsets=None, thd=False):
+    """(keep bool [B, Sq, Skv], real bool [B, Sq]) of a block of a bigger call (module
+    docstring; mask.h's block_keys). positions: (q_pos, kv_pos, q_extent, kv_extent[,
+    stripe, stride]), int32 [4] or [6] maybe traced: query t and key t are the whole
+    call's tokens q_pos + (t // stripe) * stride + t % stripe and the same from kv_pos;
+    q_seqlens / kv_seqlens [B] or [B, M] and (thd) q_offsets / kv_offsets [B, M + 1] are
+    the whole call's descriptor."""
+    mask_type = AttnMaskType(mask_type)
+    tables = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
+                             kv_offsets, thd, jnp.asarray(positions, jnp.int32))
+    return _keep(mask_type, tables, window_size)
 
 
 def sequence_positions(mask_type, B, Sq, Skv, q_seqlens=None, kv_seqlens=None, q_offsets=None,
-                       kv_offsets=None, thd=False):
+                       kv_offsets=None, thd=False, block=None):
     """(q_pos int32 [B, Sq], kv_pos int32 [B, Sq, Skv]): the positions score_mod sees,
     counted from the first query and key token of query i's sequence (a THD segment
-    is a sequence of its own; in BSHD layouts they are i and j). Only kept keys
-    matter; the others are clipped into [0, Skv)."""
+    is a sequence of its own; in BSHD layouts they are i and j). block (index_base[2:],
+    THD): the positions of the block's global tokens in the whole call's segments. Only
+    kept keys matter; the others are clipped into [0, Skv) (a block: [0, kv_extent))."""
     if not thd:
         return (jnp.broadcast_to(jnp.arange(Sq, dtype=jnp.int32), (B, Sq)),
                 jnp.broadcast_to(jnp.arange(Skv, dtype=jnp.int32), (B, Sq, Skv)))
-    qb, _, kb, _, qs, _ = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
-                                          q_offsets, kv_offsets, thd)
-    q_pos = jnp.clip(jnp.arange(Sq)[None] - _take(qb, qs), 0, Sq - 1)
-    kv_pos = jnp.arange(Skv)[None, None] - _take(kb, qs)[:, :, None]
-    return q_pos.astype(jnp.int32), jnp.clip(kv_pos, 0, Skv - 1).astype(jnp.int32)
+    if block is not None:
+        block = jnp.asarray(block, jnp.int32)
+    qb, _, kb, _, qs, _, gi, gj = _segment_tables(mask_type, B, Sq, Skv, q_seqlens, kv_seqlens,
+                                                  q_offsets, kv_offsets, thd, block)
+    q_ext, kv_ext = (Sq, Skv) if block is None else (block[2], block[3])
+    q_pos = jnp.clip(gi[None] - _take(qb, qs), 0, q_ext - 1)
+    kv_pos = gj[None, None] - _take(kb, qs)[:, :, None]
+    return q_pos.astype(jnp.int32), jnp.clip(kv_pos, 0, kv_ext - 1).astype(jnp.int32)
 
 
 def attention_mask(mask_type: AttnMaskType, batch: int, seqlen_q: int, seqlen_kv: int,
@@ -275,11 +304,13 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     and the positions of sequence_positions() giving the scores the masks and softmax
     then see (fused_attn's score_mod, applied over the grid). index_base: None, or
     (batch_base, head_base) (ints or int32 [2], maybe traced) of a shard, or (batch_base,
-    head_base, q_pos, kv_pos, q_extent, kv_extent) (int32 [6]) of a block of a bigger
-    BSHD call (module docstring): the mask is block_mask()'s, dropout draws the global
-    mask, and score_mod is called as score_mod(s, q_pos, kv_pos, index_base=index_base)
-    (q_pos, kv_pos the block's own, local) so that it can give fn the global batch, head
-    and (6 elements) q / kv indices (score_mod.apply_reference's index_base).
+    head_base, q_pos, kv_pos, q_extent, kv_extent[, stripe, stride]) (int32 [6] or [8]) of
+    a block of a bigger call, BSHD or THD (module docstring): the mask is block_mask()'s
+    (the descriptor is the whole call's), dropout draws the global mask, and score_mod is
+    called as score_mod(s, q_pos, kv_pos, index_base=index_base) (q_pos, kv_pos: BSHD, the
+    block's own local ones; THD, sequence_positions(block=) of its global tokens) so that
+    it can give fn the global batch, head and q / kv indices (score_mod.apply_reference's
+    index_base).
 
     Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
@@ -289,10 +320,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     block = None
     if index_base is not None:
         index_base = index_base_vector(index_base)
-        if index_base.shape[0] == 6:
-            if thd:
-                raise ValueError("index_base: 6 elements (a block's q_pos, kv_pos, q_extent, "
-                                 "kv_extent) take BSHD layouts only; got thd=True")
+        if index_base.shape[0] > 2:
             block = index_base[2:]
     scale = D ** -0.5 if scaling_factor is None else scaling_factor
     group = Hq // Hkv
@@ -307,7 +335,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
         s = s * scale
     if score_mod is not None:
         pos = sequence_positions(attn_mask_type, B, Sq, Skv, q_seqlens, kv_seqlens, q_offsets,
-                                 kv_offsets, thd)
+                                 kv_offsets, thd, block)
         s = (score_mod(s, *pos) if index_base is None
              else score_mod(s, *pos, index_base=index_base))
     if block is None:
@@ -315,7 +343,7 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                                   kv_offsets, thd, window_size)
     else:
         keep, real = block_mask(attn_mask_type, B, Sq, Skv, block, q_seqlens, kv_seqlens,
-                                window_size)
+                                window_size, q_offsets, kv_offsets, thd)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
     neg_inf = jnp.float32(-jnp.inf)
     m_keys = nan_max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)

@@ -31,6 +31,8 @@ from jax.extend.core import Literal as _Literal
 import jax.numpy as jnp
 import numpy as np
 
+from .reference import block_positions
+
 __all__ = ["Op", "Program", "ScoreMod", "lower", "make_score_mod"]
 
 VERSION = 1
@@ -405,24 +407,34 @@ def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None, index_
     the q_idx and kv_idx fn sees, and where the operands are read; None (or plain
     aranges) in BSHD layouts, where they are the grid's own indices. index_base: None, or
     (batch_base, head_base) of a shard (int32 [2], maybe traced), added to the batch_idx
-    and head_idx fn sees, or (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent)
-    of a block of a bigger call (int32 [6]), which also adds q_pos and kv_pos to the q_idx
-    and kv_idx fn sees; the operands are the shard's own, read at the local index."""
+    and head_idx fn sees, or (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent[,
+    stripe, stride]) of a block of a bigger call (int32 [6] or [8]): in BSHD layouts
+    (q_pos None) fn then sees the block's global tokens (reference.block_positions) as
+    q_idx and kv_idx, in THD ones the given positions (sequence_positions(block=)). The
+    operands are the shard's own, read at the local index (a THD block's have no
+    sequence dim)."""
     B, H, Sq, Skv = s.shape
     idx = [jnp.arange(n, dtype=jnp.int32) for n in (B, H, Sq, Skv)]
     b_glob, h_glob = idx[0], idx[1]
-    q0 = kv0 = jnp.int32(0)  # a block's global query and key 0
+    block = None
     if index_base is not None:
         base = jnp.asarray(index_base).astype(jnp.int32).reshape(-1)
         b_glob, h_glob = idx[0] + base[0], idx[1] + base[1]
-        if base.shape[0] == 6:
-            q0, kv0 = base[2], base[3]
+        if base.shape[0] > 2:
+            block = base[2:]
     if q_pos is None:
+        q_idx, kv_idx = (idx[2], idx[3]) if block is None else block_positions(block, Sq, Skv)
         full = [jnp.broadcast_to(a, (B, H, Sq, Skv)) for a in arrays4]
         f = sm_fn
         for axis in range(4):  # innermost first: vmap over kv, then q, head, batch
             f = jax.vmap(f, in_axes=_axes(3 - axis, len(full)))
-        return f(s, b_glob, h_glob, idx[2] + q0, idx[3] + kv0, *full)
+        return f(s, b_glob, h_glob, q_idx, kv_idx, *full)
+    if block is not None and any(a.shape[2] > 1 or a.shape[3] > 1 for a in arrays4):
+        raise ValueError(
+            "score_mod_operands: a THD block (index_base with positions) takes operands "
+            "without a query or key dim ([1|B, 1|Hq, 1, 1]); got shapes "
+            f"{[tuple(a.shape) for a in arrays4]}: THD operands are read at the position in "
+            "the segment")
     # Positions of a THD segment: every grid element has its own (q_idx, kv_idx), and
     # the operands are gathered there.
     grid = (B, H, Sq, Skv)
@@ -436,8 +448,7 @@ def apply_reference(sm_fn: Callable, s, arrays4, q_pos=None, kv_pos=None, index_
     flat = lambda x: x.reshape(-1)
     bg = jnp.broadcast_to(b_glob[:, None, None, None], grid)
     hg = jnp.broadcast_to(h_glob[None, :, None, None], grid)
-    out = jax.vmap(sm_fn)(flat(s), flat(bg), flat(hg), flat(qi + q0), flat(ki + kv0),
-                          *map(flat, full))
+    out = jax.vmap(sm_fn)(flat(s), flat(bg), flat(hg), flat(qi), flat(ki), *map(flat, full))
     return out.reshape(grid)
 
 

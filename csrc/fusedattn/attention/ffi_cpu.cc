@@ -30,10 +30,10 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_ERROR(check_index_base(p, t));
   FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
   ScoreModCall smc;
   if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
+  FA_RETURN_IF_ERROR(check_index_base(p, t, program ? &smc.sm : nullptr));
 
   cpu::FwdArgs a;
   a.q = t.q;
@@ -86,12 +86,12 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_ERROR(check_index_base(p, t));
   FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
                                         dsoftmax_offset, &t));
   ScoreModCall smc;
   if (program)
     FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, dsm_operands, &smc));
+  FA_RETURN_IF_ERROR(check_index_base(p, t, program ? &smc.sm : nullptr));
 
   cpu::BwdArgs a;
   a.q = t.q;

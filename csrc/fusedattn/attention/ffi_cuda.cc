@@ -180,13 +180,15 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
 // cuDNN and the Hopper forward count dropout's Philox counter and score_mod's batch and
 // head inputs from 0: they cannot take a shard's index_base (Python sends such calls
 // elsewhere). Without dropout and score_mod nothing reads the indices, so a base is
-// ignored; positions (6 columns) change the mask too, so they are refused whatever the
-// call. Decided by the buffer's shape: its values stay on the device.
+// ignored; positions (6 or 8 columns) change the mask too, so they are refused whatever
+// the call. Decided by the buffer's shape: its values stay on the device.
 Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs& sm) {
-  if (t.index_base && t.index_cols == 6)
+  if (t.index_base && t.index_cols > 2)
     return Status::Unimplemented(
-        "index_base: got 6 columns (a block's q_pos, kv_pos, q_extent, kv_extent); the CUDA "
-        "backends take no positions (Python runs XLA's reference for such blocks on the GPU)");
+        "index_base: got " + std::to_string(t.index_cols) + " columns (a block's q_pos, "
+        "kv_pos, q_extent, kv_extent" + (t.index_cols == 8 ? ", stripe, stride" : "") +
+        "); the CUDA backends take no positions (Python runs XLA's reference for such "
+        "blocks on the GPU)");
   if (!t.index_base || (!has_dropout(p) && !sm.call)) return Status::Ok();
   return Status::Unimplemented(
       std::string("index_base: the CUDA backends take no index_base with ") +

@@ -181,11 +181,13 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   if (!is_empty(index_base)) {
     const Dims id = index_base.dimensions();
     if (id.size() == nlead && same_dims(id.first(nlead - 1), vlead)) index_cols = id[nlead - 1];
-    if (index_base.element_type() != ffi::DataType::S32 || (index_cols != 2 && index_cols != 6))
+    if (index_base.element_type() != ffi::DataType::S32 ||
+        (index_cols != 2 && index_cols != 6 && index_cols != 8))
       return shape_error("index_base", index_base,
                          "int32 " + (vlead.size() ? dims_str(vlead) + " + " : std::string()) +
                              "[2] (batch_base, head_base) or [6] (batch_base, head_base, q_pos, "
-                             "kv_pos, q_extent, kv_extent), or an empty array");
+                             "kv_pos, q_extent, kv_extent) or [8] (.., stripe, stride), or an "
+                             "empty array");
   }
 
   *t = AttnTensors{};
@@ -235,8 +237,20 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   return Status::Ok();
 }
 
-Status check_index_base(const AttnParams& p, const AttnTensors& t) {
-  return validate_index_base(p, t.index_base, t.index_cols);
+Status check_index_base(const AttnParams& p, const AttnTensors& t, const ScoreMod* sm) {
+  FA_RETURN_IF_NOT_OK(validate_index_base(p, t.index_base, t.index_cols));
+  if (!sm || !t.index_base || t.index_cols == 2 || !is_thd(p.layout)) return Status::Ok();
+  // THD operands are tables indexed by the position in the segment, which a block's
+  // local tokens do not bound.
+  for (int32_t k = 0; k < sm->n_operands; ++k)
+    if (sm->shape[k][2] != 1 || sm->shape[k][3] != 1)
+      return Status::Invalid(
+          "score_mod_operands: operand " + std::to_string(k) + " has shape [" +
+          std::to_string(sm->shape[k][0]) + ", " + std::to_string(sm->shape[k][1]) + ", " +
+          std::to_string(sm->shape[k][2]) + ", " + std::to_string(sm->shape[k][3]) +
+          "]; a THD block (index_base with positions) takes operands without a query or key "
+          "dim ([1|B, 1|Hq, 1, 1]): THD operands are read at the position in the segment");
+  return Status::Ok();
 }
 
 namespace {

@@ -14,14 +14,18 @@
 //                   global index of this call's batch entry 0 and q head 0 when the call
 //                   is one device's shard of a bigger one. Dropout's Philox counter and
 //                   the score_mod program's batch / head inputs use the global index.
-//                   Or [V, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent),
-//                   BSHD layouts only: the call is also a block of a bigger one along the
-//                   sequence (context parallelism): local query i is global query q_pos + i,
-//                   local key j global key kv_pos + j, of a call of q_extent queries and
-//                   kv_extent keys. The mask (mask.h: block_keys; the descriptor's seqlens
-//                   are the global call's), dropout's counter (kv_pos % 4 == 0) and the
-//                   score_mod program's q / kv inputs use global positions; arrays (bias,
-//                   score_mod operands) are the block's own. The CUDA handlers refuse it.
+//                   Or [V, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent)
+//                   or [V, 8] (.., stripe, stride): the call is also a block of a bigger
+//                   one along the sequence (context parallelism), any layout: local query
+//                   t is global token q_pos + (t / stripe) * stride + t % stripe of a row
+//                   of q_extent queries, local key t the same from kv_pos of kv_extent keys
+//                   (6 columns: stripe = stride = 1, contiguous). The sequence descriptor
+//                   is the whole call's (THD: offsets into the global packed row). The mask
+//                   (mask.h: block_keys), dropout's counter (kv_pos % 4 == 0, and a striped
+//                   block's stripe) and the score_mod program's q / kv inputs use global
+//                   positions; arrays (bias, score_mod operands) are the block's own, and a
+//                   THD block's score_mod operands have no sequence dim (check_index_base).
+//                   The CUDA handlers refuse positions.
 // "Empty" is any zero-size array (Python passes shape (0,); vmap may add dims).
 // Forward results: out [L, Sq, Hq, Dv], lse f32 [L, Hq, Sq] (THD: [L, Sq, Hq]),
 // max_logit f32 [L, Hq]. Backward: the 11 operands, then out, dout, lse ->
@@ -98,7 +102,7 @@ struct AttnTensors {
   const int32_t* q_offsets = nullptr;     // [B, M + 1]
   const int32_t* kv_offsets = nullptr;    // [B, M + 1]
   const int32_t* index_base = nullptr;    // [V, index_cols]; null: (0, 0)
-  int64_t index_cols = 0;                 // 2 (batch_base, head_base), or 6 with positions
+  int64_t index_cols = 0;                 // 2 (batch_base, head_base), or 6 / 8 with positions
   // Forward results (backward: out and lse are inputs).
   void* out = nullptr;
   ViewStrides so;
@@ -136,8 +140,9 @@ struct AttnOperands {
 Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
                        AttnTensors* t);
 
-// index_base's values, read on the host (CPU handlers): validate_index_base (validate.h).
-Status check_index_base(const AttnParams& p, const AttnTensors& t);
+// index_base's values, read on the host (CPU handlers): validate_index_base (validate.h);
+// and a THD block's score_mod (sm, null: none) reads no operand along the sequence.
+Status check_index_base(const AttnParams& p, const AttnTensors& t, const ScoreMod* sm);
 
 // The forward results: out, lse, max_logit.
 Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,

@@ -23,12 +23,16 @@
 // kernel out of bounds. Tokens of no segment are padding. fused_attn(...,
 // check_descriptors=True) reports such descriptors instead (python/fusedattn/sequence.py).
 //
-// A block of a bigger BSHD call (context parallelism: index_base's positions,
-// ffi_decode.h) keeps what the whole call keeps there: local query i is global query
-// q_pos + i, local key j global key kv_pos + j, and the one segment is the global call's
-// (its lengths the descriptor's, global, under padding masks, else the global extents;
-// clamped to the extents). A row keeps its global row's keys that lie in the block
-// (block_keys); a global row past the segment is padding.
+// A block of a bigger call (context parallelism: index_base's positions, ffi_decode.h)
+// keeps what the whole call keeps there. Its local tokens are some of the whole call's,
+// on each side (q from q_pos, kv from kv_pos) by one stripe map: local token t is global
+// token  pos + (t / stripe) * stride + t % stripe  (global_token; contiguous blocks have
+// stripe == stride, e.g. 1). The sequence descriptor is the whole call's: BSHD, one
+// segment (the descriptor's lengths under padding masks, else the extents); THD, the
+// segments of the global packed row by the rule above with S = q_extent / kv_extent.
+// Global query g keeps segment_keys of its position in the segment that holds it (none:
+// padding), as global keys; the block keeps those that are its local keys, which (the map
+// being increasing) are one range of local keys, found by first_local (block_keys).
 #pragma once
 
 #include <stdint.h>
@@ -89,26 +93,38 @@ FA_HOST_DEVICE FA_INLINE KeyRange segment_keys(const MaskRule& r, int64_t li, in
   return {lo, hi};
 }
 
-// Where a block of a bigger BSHD call sits in it: local query i is global query q_pos + i,
-// local key j global key kv_pos + j, of a call of q_extent queries and kv_extent keys.
-struct BlockPos {
-  int64_t q_pos, kv_pos, q_extent, kv_extent;
+// One side of a block of a bigger call: local token t is global token
+// pos + (t / stripe) * stride + t % stripe (1 <= stripe, stride a multiple of stripe).
+struct StripeMap {
+  int64_t pos, stripe, stride;
 };
 
-// Local keys [lo, hi) of local query i of a block that holds the keys [kv_pos, kv_pos +
-// kv_local) of a global segment of q_len queries and kv_len keys (global lengths, within
-// the extents): global query q_pos + i's segment_keys cut to the block, counted from
-// kv_pos. lo == hi == 0 when none is kept, and for a global query past the segment
-// (padding: q_pos + i >= q_len).
-FA_HOST_DEVICE FA_INLINE KeyRange block_keys(const MaskRule& r, const BlockPos& b, int64_t i,
-                                             int64_t kv_local, int64_t q_len, int64_t kv_len) {
-  const int64_t g = b.q_pos + i;
-  if (g >= q_len) return {0, 0};
-  const KeyRange k = segment_keys(r, g, q_len, kv_len);
-  const int64_t lo = k.lo - b.kv_pos > 0 ? k.lo - b.kv_pos : 0;
-  const int64_t hi = k.hi - b.kv_pos < kv_local ? k.hi - b.kv_pos : kv_local;
-  if (hi <= lo) return {0, 0};
-  return {lo, hi};
+FA_HOST_DEVICE FA_INLINE int64_t global_token(const StripeMap& m, int64_t t) {
+  if (m.stripe == m.stride) return m.pos + t;  // contiguous
+  return m.pos + (t / m.stripe) * m.stride + t % m.stripe;
+}
+
+// The first of n local tokens whose global token is >= g, n when none: global_token's
+// inverse (it is increasing), O(1).
+FA_HOST_DEVICE FA_INLINE int64_t first_local(const StripeMap& m, int64_t g, int64_t n) {
+  const int64_t y = g - m.pos;
+  if (y <= 0) return 0;
+  const int64_t r = y % m.stride;  // in stripe y / stride: its tokens, or past its end
+  const int64_t t = (y / m.stride) * m.stripe + (r < m.stripe ? r : m.stripe);
+  return t < n ? t : n;
+}
+
+// Where a block sits in the whole call of q_extent queries and kv_extent keys.
+struct BlockPos {
+  StripeMap q, kv;
+  int64_t q_extent, kv_extent;
+};
+
+// One row of index_base [.., cols], cols 6 (batch_base, head_base, q_pos, kv_pos,
+// q_extent, kv_extent: contiguous) or 8 (.., stripe, stride).
+FA_HOST_DEVICE FA_INLINE BlockPos block_pos(const int32_t* x, int64_t cols) {
+  const int64_t stripe = cols == 8 ? x[6] : 1, stride = cols == 8 ? x[7] : 1;
+  return {{x[2], stripe, stride}, {x[3], stripe, stride}, x[4], x[5]};
 }
 
 // The sequence descriptors of a call (null: every row is one full sequence).
@@ -117,9 +133,10 @@ struct SeqArgs {
   const int32_t* kv_lens = nullptr;
   const int32_t* q_offsets = nullptr;   // [B, M + 1]; read by THD layouts only
   const int32_t* kv_offsets = nullptr;
-  // index_base [slices, 6] (batch_base, head_base, q_pos, kv_pos, q_extent, kv_extent)
-  // of a block of a bigger BSHD call (ffi_decode.h); null: the call is no block.
+  // index_base [slices, block_cols] (block_cols 6 or 8: block_pos) of a block of a bigger
+  // call (ffi_decode.h); null: the call is no block.
   const int32_t* block = nullptr;
+  int64_t block_cols = 0;
 };
 
 // Everything a kernel needs to find the kept keys of any query row of a call.
@@ -181,15 +198,22 @@ FA_HOST_DEVICE FA_INLINE void segment_side(const int32_t* offsets, const int32_t
   *len = end > lo ? end - lo : 0;
 }
 
+// Segment s of row b of a call of Sq queries and Skv keys, the walk having visited
+// segments 0 .. s - 1 of row b before.
+FA_HOST_DEVICE FA_INLINE Segment next_segment_in(const AttnMask& m, int64_t b, int64_t s,
+                                                 int64_t Sq, int64_t Skv, SegmentWalk* w) {
+  Segment g;
+  segment_side(m.seq.q_offsets, m.seq.q_lens, b, s, m.segments, Sq, m.thd, m.padding,
+               &w->q_floor, &g.q_begin, &g.q_len);
+  segment_side(m.seq.kv_offsets, m.seq.kv_lens, b, s, m.segments, Skv, m.thd, m.padding,
+               &w->kv_floor, &g.kv_begin, &g.kv_len);
+  return g;
+}
+
 // Segment s of row b, the walk having visited segments 0 .. s - 1 of row b before.
 FA_HOST_DEVICE FA_INLINE Segment next_segment(const AttnMask& m, int64_t b, int64_t s,
                                               SegmentWalk* w) {
-  Segment g;
-  segment_side(m.seq.q_offsets, m.seq.q_lens, b, s, m.segments, m.seqlen_q, m.thd, m.padding,
-               &w->q_floor, &g.q_begin, &g.q_len);
-  segment_side(m.seq.kv_offsets, m.seq.kv_lens, b, s, m.segments, m.seqlen_kv, m.thd,
-               m.padding, &w->kv_floor, &g.kv_begin, &g.kv_len);
-  return g;
+  return next_segment_in(m, b, s, m.seqlen_q, m.seqlen_kv, w);
 }
 
 // Segment s of row b alone: O(s), it walks the segments before it. Kernels that visit
@@ -208,19 +232,29 @@ FA_HOST_DEVICE FA_INLINE KeyRange row_keys(const AttnMask& m, const Segment& g, 
   return {g.kv_begin + k.lo, g.kv_begin + k.hi};
 }
 
-// Row b of a block (m.seq.block set): where the block sits, and the global segment's
-// lengths *q_len, *kv_len (the descriptor's under padding masks, else the extents,
-// clamped to the extents).
-FA_HOST_DEVICE FA_INLINE BlockPos block_of(const AttnMask& m, int64_t b, int64_t* q_len,
-                                           int64_t* kv_len) {
-  const int32_t* x = m.seq.block + 6 * (b / m.slice_batch);
-  const BlockPos pos{x[2], x[3], x[4], x[5]};
-  *q_len = pos.q_extent;
-  *kv_len = pos.kv_extent;
-  if (m.padding && m.seq.q_lens) *q_len = clamp_extent(m.seq.q_lens[b * m.segments], pos.q_extent);
-  if (m.padding && m.seq.kv_lens)
-    *kv_len = clamp_extent(m.seq.kv_lens[b * m.segments], pos.kv_extent);
-  return pos;
+// Where row b of a block (m.seq.block set) sits in the whole call.
+FA_HOST_DEVICE FA_INLINE BlockPos block_of(const AttnMask& m, int64_t b) {
+  return block_pos(m.seq.block + m.seq.block_cols * (b / m.slice_batch), m.seq.block_cols);
+}
+
+// Segment s of row b of the whole call a block belongs to, in global tokens (a walk as
+// next_segment's).
+FA_HOST_DEVICE FA_INLINE Segment block_segment(const AttnMask& m, const BlockPos& pos,
+                                               int64_t b, int64_t s, SegmentWalk* w) {
+  return next_segment_in(m, b, s, pos.q_extent, pos.kv_extent, w);
+}
+
+// Local keys [lo, hi) of a block's query whose global token gq lies in global segment g:
+// gq's kept global keys (row_keys' rule) that are the block's, among its kv_local keys.
+// lo == hi == 0 when none.
+FA_HOST_DEVICE FA_INLINE KeyRange block_keys(const MaskRule& r, const BlockPos& pos,
+                                             const Segment& g, int64_t gq, int64_t kv_local) {
+  const KeyRange k = segment_keys(r, gq - g.q_begin, g.q_len, g.kv_len);
+  if (k.hi <= k.lo) return {0, 0};
+  const int64_t lo = first_local(pos.kv, g.kv_begin + k.lo, kv_local);
+  const int64_t hi = first_local(pos.kv, g.kv_begin + k.hi, kv_local);
+  if (hi <= lo) return {0, 0};
+  return {lo, hi};
 }
 
 // The segment that owns query i of row b (segments never overlap); false when i is

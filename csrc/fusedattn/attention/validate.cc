@@ -1,5 +1,6 @@
 #include "fusedattn/attention/validate.h"
 
+#include "fusedattn/attention/mask.h"
 #include "fusedattn/core/messages.h"
 
 #include <cmath>
@@ -164,11 +165,6 @@ Status validate(const AttnParams& p) {
 
 Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64_t cols) {
   if (!index_base) return Status::Ok();
-  if (cols == 6 && is_thd(p.layout))
-    return (Msg() << "index_base: got 6 columns (a block's q_pos, kv_pos, q_extent, kv_extent) "
-                  << "with qkv_layout=" << layout_name(p.layout) << "; blocks of a bigger call "
-                  << "take BSHD layouts only (BS3HD, BSHD_BS2HD, BSHD_BSHD_BSHD)")
-        .invalid();
   for (int64_t s = 0; s < p.num_slices; ++s) {
     const int32_t* r = index_base + cols * s;
     const std::string where = p.num_slices > 1 ? " in vmap slice " + std::to_string(s) : "";
@@ -176,19 +172,44 @@ Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64
       return (Msg() << "index_base: got (batch_base " << r[0] << ", head_base " << r[1] << ")"
                     << where << "; both must be >= 0")
           .invalid();
-    if (cols != 6) continue;
-    const int64_t q_pos = r[2], kv_pos = r[3], q_ext = r[4], kv_ext = r[5];
-    if (q_pos < 0 || kv_pos < 0 || q_pos + p.seqlen_q > q_ext || kv_pos + p.seqlen_kv > kv_ext)
-      return (Msg() << "index_base: got (q_pos " << q_pos << ", kv_pos " << kv_pos
-                    << ", q_extent " << q_ext << ", kv_extent " << kv_ext << ")" << where
-                    << " for a block of " << p.seqlen_q << " queries and " << p.seqlen_kv
-                    << " keys; allowed: q_pos, kv_pos >= 0, q_pos + " << p.seqlen_q
-                    << " <= q_extent and kv_pos + " << p.seqlen_kv << " <= kv_extent")
+    if (cols == 2) continue;
+    const BlockPos b = block_pos(r, cols);
+    const int64_t stripe = b.q.stripe, stride = b.q.stride;
+    if (stripe < 1 || stride < stripe || stride % stripe != 0)
+      return (Msg() << "index_base: got (stripe " << stripe << ", stride " << stride << ")"
+                    << where << "; allowed: stripe >= 1 and stride a multiple of stripe (local "
+                    << "token t is global token pos + (t / stripe) * stride + t % stripe)")
           .invalid();
+    const int64_t q_pos = b.q.pos, kv_pos = b.kv.pos, q_ext = b.q_extent, kv_ext = b.kv_extent;
+    // The last local tokens' global tokens (the map is increasing).
+    const int64_t q_last = global_token(b.q, p.seqlen_q - 1);
+    const int64_t kv_last = global_token(b.kv, p.seqlen_kv - 1);
+    if (q_pos < 0 || kv_pos < 0 || q_last >= q_ext || kv_last >= kv_ext) {
+      if (cols == 6)
+        return (Msg() << "index_base: got (q_pos " << q_pos << ", kv_pos " << kv_pos
+                      << ", q_extent " << q_ext << ", kv_extent " << kv_ext << ")" << where
+                      << " for a block of " << p.seqlen_q << " queries and " << p.seqlen_kv
+                      << " keys; allowed: q_pos, kv_pos >= 0, q_pos + " << p.seqlen_q
+                      << " <= q_extent and kv_pos + " << p.seqlen_kv << " <= kv_extent")
+            .invalid();
+      return (Msg() << "index_base: got (q_pos " << q_pos << ", kv_pos " << kv_pos
+                    << ", q_extent " << q_ext << ", kv_extent " << kv_ext << ", stripe "
+                    << stripe << ", stride " << stride << ")" << where << " for a block of "
+                    << p.seqlen_q << " queries and " << p.seqlen_kv << " keys, whose last "
+                    << "query is global token " << q_last << " and last key global token "
+                    << kv_last << "; allowed: q_pos, kv_pos >= 0, " << q_last
+                    << " < q_extent and " << kv_last << " < kv_extent")
+          .invalid();
+    }
     if (has_dropout(p) && kv_pos % 4 != 0)
       return (Msg() << "index_base: got kv_pos " << kv_pos << where << " with dropout; "
                     << "dropout's Philox counter groups 4 keys, so a block's kv_pos must be a "
                     << "multiple of 4")
+          .invalid();
+    if (has_dropout(p) && stripe < stride && stripe % 4 != 0)
+      return (Msg() << "index_base: got stripe " << stripe << " (stride " << stride << ")"
+                    << where << " with dropout; dropout's Philox counter groups 4 keys, so a "
+                    << "striped block's stripe must be a multiple of 4")
           .invalid();
   }
   return Status::Ok();

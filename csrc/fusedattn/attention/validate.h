@@ -9,10 +9,12 @@ namespace fusedattn {
 
 Status validate(const AttnParams& p);
 
-// The values of index_base [p.num_slices, cols] int32 (cols 2 or 6; ffi_decode.h), read
-// on the host, for a call p that passed validate(): (batch_base, head_base) >= 0; with 6
-// columns (a block of a bigger call: q_pos, kv_pos, q_extent, kv_extent) a BSHD layout,
-// positions >= 0, the block inside the extents, and kv_pos a multiple of 4 under dropout.
+// The values of index_base [p.num_slices, cols] int32 (cols 2, 6 or 8; ffi_decode.h),
+// read on the host, for a call p that passed validate(): (batch_base, head_base) >= 0;
+// with 6 or 8 columns (a block of a bigger call, mask.h: q_pos, kv_pos, q_extent,
+// kv_extent[, stripe, stride]) stripe >= 1, stride a multiple of stripe, positions >= 0,
+// every local token's global token inside the extents, and under dropout kv_pos and (a
+// striped block, stripe < stride) stripe multiples of 4.
 Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64_t cols);
 
 }  // namespace fusedattn

@@ -9,9 +9,10 @@
 //   word    = output[key % 4],  kept when word >= dropout_threshold(p).
 // `batch` is the index within one vmap slice (params.h), so vmap(f)(x)[n]
 // equals f(x[n]); a sharded call adds its index_base (attention/ffi_decode.h) to
-// batch and head, and a block of a bigger call along the sequence its q_pos and kv_pos
-// to query and key (kv_pos % 4 == 0: its key groups are the whole call's), so each
-// shard draws what the whole call draws there.
+// batch and head, and a block of a bigger call along the sequence takes its tokens'
+// global query and key (attention/mask.h: global_token; kv_pos and a striped block's
+// stripe are multiples of 4, so its key groups are the whole call's), so each shard draws
+// what the whole call draws there.
 // python/fusedattn/reference.py implements the same rule.
 // Plain C++ that nvcc compiles for the device too (FA_HOST_DEVICE).
 #pragma once

@@ -11,11 +11,15 @@ block of a bigger one along the sequence (context parallelism): the blocks of a 
 along q and k/v, merged over k/v by their lse, give the whole call's out, and the blocks'
 backward given the whole call's out and lse sum to its dq, dk, dv (and score_mod operand
 gradients) - under causal, bottom-right, padding and window masks, dropout and a score_mod
-of q_idx / kv_idx with operands sliced per block.
+of q_idx / kv_idx with operands sliced per block. With 8 (.., stripe, stride) the blocks
+are striped (each device's tokens dealt in stripes), in THD layouts too (the descriptor the
+whole call's): the same over every (q device, kv device) pair.
 
 Shapes: q [B, S, Hq, D], k, v [B, S, Hkv, D], table [B, Hq, 1, 1] f32; blocks: q [B, Sq, H,
 D], k, v [B, Skv, H, D], score_mod operands slope [1, H, 1, 1], q_row [1, 1, Sq, 1], kv_col
-[1, 1, 1, Skv] (sliced to the block's rows and keys)."""
+[1, 1, 1, Skv] (sliced to the block's rows and keys). Striped: q, k, v [B, T, H, D] of
+packed rows, a device's [B, T / cp, H, D], lse [B, H, T] (the engine's THD lse [B, T, H]),
+the ALiBi slope [1, H, 1, 1]."""
 
 import dataclasses
 
@@ -411,22 +415,6 @@ def test_bad_block_positions_are_ffi_errors(key, case, base, message):
         jax.block_until_ready(ffi_fwd(cfg, dims, sm, ops))
 
 
-def test_thd_blocks_are_refused(key):
-    q, k, v, _, _ = block_inputs(key)
-    sd = SequenceDescriptor.from_seqlens((jnp.array(Q_LENS, jnp.int32),
-                                          jnp.array(KV_LENS, jnp.int32)))
-    call = prepare((q, k, v), None, sd, None, attn_bias_type=AttnBiasType.NO_BIAS,
-                   attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
-                   qkv_layout=QKVLayout.THD_THD_THD, softmax_type=SoftmaxType.VANILLA_SOFTMAX,
-                   scaling_factor=None, dropout_probability=0.0, is_training=False,
-                   max_segments_per_seq=1, window_size=None, softmax_offset=None)
-    ops = with_base(call.operands, jnp.array([0, 0, 0, 0, BSQ, BSKV], jnp.int32))
-    with pytest.raises(Exception, match="index_base: got 6 columns .*THD_THD_THD.*BSHD"):
-        jax.block_until_ready(ffi_fwd(call.cfg, call.dims, None, ops))
-    with pytest.raises(ValueError, match="index_base: 6 elements .* BSHD layouts only"):
-        attn_mod._reference(*ops, cfg=call.cfg, dims=call.dims)
-
-
 def test_gpu_runs_the_reference_for_blocks(key):
     # The CUDA backends take no positions: _cuda_fused_ok sends every block to XLA's
     # reference, while a plain shard's (batch_base, head_base) alone is fine there.
@@ -435,3 +423,235 @@ def test_gpu_runs_the_reference_for_blocks(key):
     assert not attn_mod._cuda_fused_ok(ops, cfg, None)
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0, positions=False)
     assert attn_mod._cuda_fused_ok(ops, cfg, None)
+    cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
+    ops = with_base(ops, jnp.array([0, 0, 0, 0, BSQ, BSKV, 8, 16], jnp.int32))
+    assert not attn_mod._cuda_fused_ok(ops, cfg, None)
+
+
+# ---------------------------------------------------------------------------
+# Striped blocks (index_base [8]: .., stripe, stride) of THD (and BSHD) calls: context
+# parallelism deals each packed row's T tokens to CP devices in stripes of ST tokens
+# (device r: the stripes of index r mod CP, in order; local token t is global token
+# r ST + (t // ST) CP ST + t % ST). Every (q device, kv device) pair is a block call with
+# the whole call's descriptor; merged over the kv devices they give fused_attn on the
+# whole row, forward and dq / dk / dv.
+
+TB, TT, TH, TD = 2, 96, 2, 16
+T_Q_LENS = [[25, 40, 20], [41, 0, 55]]  # 3 segments a row, padding between and after
+T_KV_LENS = [[28, 36, 26], [38, 0, 55]]
+T_OFFS = [[0, 30, 70, TT], [0, 41, 41, TT]]
+
+
+def alibi_thd(s, b, h, qi, ki, slope):
+    """ALiBi: q_idx / kv_idx (positions in the segment) and an operand without a sequence
+    dim (a THD block takes no other)."""
+    return s - slope * jnp.abs(ki - qi).astype(jnp.float32)
+
+
+# name: (layout, mask, window, dropout, score_mod, cp, stripe)
+THD = QKVLayout.THD_THD_THD
+STRIPE_CASES = {
+    "thd_causal": (THD, AttnMaskType.PADDING_CAUSAL_MASK, None, 0.0, None, 2, 4),
+    "thd_causal_cp4": (THD, AttnMaskType.PADDING_CAUSAL_MASK, None, 0.0, None, 4, 8),
+    "thd_window": (THD, AttnMaskType.PADDING_MASK, (10, 3), 0.0, None, 2, 8),
+    "thd_bottom_right_window": (THD, AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK, (12, 0),
+                                0.0, None, 4, 4),
+    "thd_dropout": (THD, AttnMaskType.PADDING_CAUSAL_MASK, None, 0.2, None, 2, 4),
+    "thd_score_mod": (THD, AttnMaskType.PADDING_CAUSAL_MASK, None, 0.0, alibi_thd, 4, 4),
+    "thd_score_mod_dropout_window": (THD, AttnMaskType.PADDING_MASK, (16, 16), 0.2, alibi_thd,
+                                     2, 8),
+    "bshd_causal": (QKVLayout.BSHD_BSHD_BSHD, AttnMaskType.CAUSAL_MASK, None, 0.0, None, 4, 4),
+}
+
+
+def stripe_inputs(key):
+    kq, kk, kv, kd, ks = jax.random.split(key, 5)
+    slope = jax.random.uniform(ks, (1, TH, 1, 1), minval=0.05, maxval=0.2)
+    return (normal(kq, (TB, TT, TH, TD)), normal(kk, (TB, TT, TH, TD)),
+            normal(kv, (TB, TT, TH, TD)), normal(kd, (TB, TT, TH, TD)), (slope,))
+
+
+def stripe_descriptor(layout):
+    if layout != THD:
+        return None
+    lens = (jnp.array(T_Q_LENS, jnp.int32), jnp.array(T_KV_LENS, jnp.int32))
+    return SequenceDescriptor.from_seqlens_and_offsets(lens, jnp.array(T_OFFS, jnp.int32))
+
+
+def tokens_of(case, r):
+    """The global tokens device r holds, in order (numpy int [n])."""
+    cp, st = STRIPE_CASES[case][5:]
+    return np.array([g for g in range(TT) if (g // st) % cp == r])
+
+
+def heads_first(layout, lse):
+    """lse [B, H, S] from the layout's ([B, S, H] under THD)."""
+    return jnp.swapaxes(lse, 1, 2) if layout == THD else lse
+
+
+def stripe_whole_call(case, q, k, v, dout, operands):
+    """fused_attn on the whole rows: out, lse [B, H, T] and the gradients of sum(out *
+    dout) by q, k, v and the score_mod operand."""
+    layout, mask, window, p, fn, _, _ = STRIPE_CASES[case]
+
+    def f(q, k, v, *ops):
+        return fusedattn.fused_attn(
+            (q, k, v), None, stripe_descriptor(layout), SEED if p else None, attn_mask_type=mask,
+            qkv_layout=layout, max_segments_per_seq=3 if layout == THD else 1,
+            window_size=window, dropout_probability=p, is_training=True, return_aux=True,
+            score_mod=fn, score_mod_operands=ops)
+
+    args = (q, k, v, *(operands if fn else ()))
+    (out, aux), vjp = jax.vjp(f, *args)
+    grads = vjp((dout, jax.tree_util.tree_map(jnp.zeros_like, aux)))
+    return out, heads_first(layout, aux["softmax_aux"][..., 0]), grads
+
+
+def stripe_ops(case, q, k, v, operands, rq, rk, cols=8, fn=None):
+    """cfg, dims, ScoreMod and the FFI operands of the block of q device rq (q, its
+    tokens) and kv device rk (k, v): index_base [8] (cols 6: the same blocks read as
+    contiguous ones), the whole call's descriptor; fn: another score_mod than the case's."""
+    layout, mask, window, p, case_fn, cp, st = STRIPE_CASES[case]
+    fn = fn or case_fn
+    call = prepare((q, k, v), None, stripe_descriptor(layout), SEED if p else None,
+                   attn_bias_type=AttnBiasType.NO_BIAS, attn_mask_type=mask, qkv_layout=layout,
+                   softmax_type=SoftmaxType.VANILLA_SOFTMAX, scaling_factor=None,
+                   dropout_probability=p, is_training=True,
+                   max_segments_per_seq=3 if layout == THD else 1, window_size=window,
+                   softmax_offset=None)
+    base = [0, 0, rq * st, rk * st, TT, TT, st, cp * st][:cols]
+    ops = with_base(call.operands, jnp.array(base, jnp.int32))
+    sm = None
+    if fn is not None:
+        d = call.dims
+        sm, arrays4 = sm_mod.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
+        ops = (*ops, sm_mod.concat_operands(arrays4))
+    return call.cfg, call.dims, sm, ops
+
+
+def striped_blocks(case, q, k, v, dout, operands, out, lse, cols=8):
+    """Every block's forward merged over the kv devices -> (out, lse [B, H, T]), and the
+    blocks' backward given the whole call's out / lse summed -> dq, dk, dv (, dslope)."""
+    layout, cp = STRIPE_CASES[case][0], STRIPE_CASES[case][5]
+    m_out, m_lse = jnp.zeros_like(out), jnp.zeros_like(lse)
+    dq, dk, dv = jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    dops = [jnp.zeros_like(o) for o in operands]
+    for rq in range(cp):
+        qt = tokens_of(case, rq)
+        parts = []
+        for rk in range(cp):
+            kt = tokens_of(case, rk)
+            cfg, dims, sm, ops = stripe_ops(case, q[:, qt], k[:, kt], v[:, kt], operands, rq,
+                                            rk, cols)
+            o, l = block_fwd(cfg, dims, sm, ops)
+            parts.append((o, heads_first(layout, l)))
+            g = block_bwd(cfg, dims, sm, ops, out[:, qt], dout[:, qt],
+                          heads_first(layout, lse[:, :, qt]))
+            dq, dk, dv = dq.at[:, qt].add(g[0]), dk.at[:, kt].add(g[1]), dv.at[:, kt].add(g[2])
+            if sm is not None:
+                dops = [a + b for a, b in zip(dops, g[3])]
+        o, l = merge(parts)
+        m_out, m_lse = m_out.at[:, qt].set(o), m_lse.at[:, :, qt].set(l)
+    return m_out, m_lse, (dq, dk, dv, *(dops if operands else ()))
+
+
+@pytest.mark.parametrize("case", STRIPE_CASES)
+def test_striped_blocks_merge_to_the_whole_call(key, case):
+    fn = STRIPE_CASES[case][4]
+    q, k, v, dout, operands = stripe_inputs(key)
+    operands = operands if fn else ()
+    out, lse, grads = stripe_whole_call(case, q, k, v, dout, operands)
+    m_out, m_lse, m_grads = striped_blocks(case, q, k, v, dout, operands, out, lse)
+    np.testing.assert_allclose(m_out, out, rtol=1e-5, atol=1e-5, err_msg="out")
+    np.testing.assert_allclose(m_lse, lse, rtol=1e-5, atol=1e-5, err_msg="lse")
+    for name, got, want in zip(("dq", "dk", "dv", "dslope"), m_grads, grads):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["thd_causal", "thd_window", "thd_score_mod", "bshd_causal"])
+def test_striped_blocks_read_as_contiguous_differ(key, case):
+    # The merge test is not vacuous: the same blocks with 6 columns (no stripes) give
+    # another out.
+    fn = STRIPE_CASES[case][4]
+    q, k, v, dout, operands = stripe_inputs(key)
+    operands = operands if fn else ()
+    out, lse, _ = stripe_whole_call(case, q, k, v, dout, operands)
+    m_out = striped_blocks(case, q, k, v, dout, operands, out, lse, cols=6)[0]
+    assert np.max(np.abs(np.asarray(m_out - out))) > 1e-3
+
+
+def one_striped_block(case, key, rq=1, rk=0):
+    q, k, v, dout, operands = stripe_inputs(key)
+    operands = operands if STRIPE_CASES[case][4] else ()
+    qt, kt = tokens_of(case, rq), tokens_of(case, rk)
+    return (q, k, v, dout, operands, qt, kt,
+            stripe_ops(case, q[:, qt], k[:, kt], v[:, kt], operands, rq, rk))
+
+
+@pytest.mark.parametrize("case", STRIPE_CASES)
+def test_striped_block_reference_matches_the_engine(key, case):
+    q, k, v, dout, operands, qt, kt, (cfg, dims, sm, ops) = one_striped_block(case, key)
+    dout = dout[:, qt]
+
+    def engine(q, k, v):
+        return attn_mod._attention(cfg, dims, sm, q, k, v, *ops[3:])[:2]
+
+    def reference(q, k, v):
+        return attn_mod._reference(q, k, v, *ops[3:], cfg=cfg, dims=dims, sm=sm)[:2]
+
+    results = []
+    for f in (engine, reference):
+        (out, lse), vjp = jax.jit(lambda *a: jax.vjp(f, *a))(*ops[:3])
+        results.append((out, lse, *vjp((dout, jnp.zeros_like(lse)))))
+    assert np.isfinite(np.asarray(results[0][1])).any()  # the block keeps something
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("case", STRIPE_CASES)
+def test_striped_block_backward_reference_takes_the_whole_calls_stats(key, case):
+    """attention._block_bwd_reference (the GPU's backward of a block) on a striped block,
+    THD's lse [B, T, H] included, gives the engine's share given the whole call's out and
+    lse."""
+    q, k, v, dout, operands, qt, kt, (cfg, dims, sm, ops) = one_striped_block(case, key)
+    layout = STRIPE_CASES[case][0]
+    out, lse, _ = stripe_whole_call(case, q, k, v, dout, operands)
+    args = (out[:, qt], dout[:, qt], heads_first(layout, lse[:, :, qt]))
+    cfg = dataclasses.replace(cfg, want_lse=True)
+    want = block_bwd(cfg, dims, sm, ops, *args)
+    got = jax.jit(lambda *a: attn_mod._block_bwd_reference(ops, *a, cfg=cfg, dims=dims,
+                                                           sm=sm))(*args)
+    got = tuple(got[:3]) + ((sm_mod.split_operands(got[5], sm),) if sm is not None else ())
+    assert np.max(np.abs(np.asarray(want[0]))) > 1e-3  # the block has a share
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=name)
+    if sm is not None:
+        for g, w in zip(got[3], want[3]):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg="d operands")
+
+
+def test_thd_block_score_mod_operands_take_no_sequence_dim(key):
+    # THD operands are read at the position in the segment, which a block's local slice
+    # does not hold: the FFI and the reference refuse a query / key dim there.
+    q, k, v, _, _, qt, kt, _ = one_striped_block("thd_causal", key)
+    row = jnp.zeros((1, 1, len(qt), 1), jnp.float32)
+    cfg, dims, sm, ops = stripe_ops("thd_causal", q[:, qt], k[:, kt], v[:, kt], (row,), 1, 0,
+                                    fn=lambda s, b, h, qi, ki, r: s + r)
+    with pytest.raises(Exception, match="score_mod_operands: operand 0 has shape \\[1, 1, "
+                       f"{len(qt)}, 1\\]; a THD block"):
+        jax.block_until_ready(ffi_fwd(cfg, dims, sm, ops))
+    with pytest.raises(ValueError, match="score_mod_operands: a THD block"):
+        attn_mod._reference(*ops, cfg=cfg, dims=dims, sm=sm)
+
+
+@pytest.mark.parametrize("base, message", [
+    ([0, 0, 4, 0, TT, TT, 4, 6], "got \\(stripe 4, stride 6\\); allowed: stripe >= 1"),
+    ([0, 0, 4, 0, TT, TT, 0, 8], "got \\(stripe 0, stride 8\\)"),
+    ([0, 0, 52, 0, TT, TT, 4, 8], "whose last query is global token 143 .*143 < q_extent"),
+    ([0, 0, 2, 0, TT, TT, 2, 4], "got stripe 2 \\(stride 4\\) with dropout"),
+])
+def test_bad_stripes_are_ffi_errors(key, base, message):
+    q, k, v, _, _, qt, kt, (cfg, dims, sm, ops) = one_striped_block("thd_dropout", key)
+    ops = with_base(ops, jnp.array(base, jnp.int32))
+    with pytest.raises(Exception, match="index_base: .*" + message):
+        jax.block_until_ready(ffi_fwd(cfg, dims, sm, ops))

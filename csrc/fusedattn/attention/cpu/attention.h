@@ -10,8 +10,8 @@
 //   softmax_offset [slices, Hq] f32 (LEARNABLE_SOFTMAX only), seed [slices, 2] u32
 //     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (attention/mask.h)
 //   index_base [slices, 2] int32 (batch_base, head_base) >= 0, or [slices, 6] (batch_base,
-//     head_base, q_pos, kv_pos, q_extent, kv_extent) of a block of a bigger BSHD call
-//     (mask.h); may be null: (0, 0)
+//     head_base, q_pos, kv_pos, q_extent, kv_extent) or [slices, 8] (.., stripe, stride)
+//     of a block of a bigger call (mask.h); may be null: (0, 0)
 // Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias.
 #pragma once
 
@@ -55,19 +55,22 @@ struct Extras {
   // The global index of batch entry 0 (within the slice) and q head 0, for a call that is
   // one device's shard of a bigger one: dropout's Philox counter and score_mod's batch and
   // head inputs count from there, so a shard computes what the whole call does there.
-  // With 6 columns also the block's positions: the mask (seq_args), dropout's query and
-  // key counters and score_mod's q / kv inputs are global too.
+  // With 6 or 8 columns also the block's positions (mask.h: block_pos): the mask
+  // (seq_args), dropout's query and key counters and score_mod's q / kv inputs are the
+  // whole call's too.
   const int32_t* index_base = nullptr;
-  int64_t index_cols = 2;  // index_base's columns: 2, or 6 with positions
+  int64_t index_cols = 2;  // index_base's columns: 2, or 6 / 8 with positions
   // score_mod (null: none) and its array operands [slices, score_mod->total_size()] f32.
   const ScoreMod* score_mod = nullptr;
   const float* score_mod_operands = nullptr;
 };
 
-// x.seq, with the block of a 6-column index_base (the mask's global positions).
+inline bool is_block(const Extras& x) { return x.index_base && x.index_cols > 2; }
+
+// x.seq, with the block of an index_base with positions (the mask's global positions).
 inline SeqArgs seq_args(const Extras& x) {
   SeqArgs seq = x.seq;
-  seq.block = x.index_base && x.index_cols == 6 ? x.index_base : nullptr;
+  if (is_block(x)) seq.block = x.index_base, seq.block_cols = x.index_cols;
   return seq;
 }
 

@@ -21,14 +21,20 @@ RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile
   r.tile_hi.assign(B * r.n_qt, 0);
   const AttnMask mask = attn_mask(p, seq);
   parallel_for(B, [&](int64_t b, int) {
-    if (mask.seq.block) {  // one global segment, of which the block holds a part
-      int64_t q_len, kv_len;
-      const BlockPos pos = block_of(mask, b, &q_len, &kv_len);
-      for (int64_t i = 0; i < Sq; ++i) {
-        const KeyRange k = block_keys(mask.rule, pos, i, p.seqlen_kv, q_len, kv_len);
-        r.lo[r.row(b, i)] = int32_t(k.lo);
-        r.hi[r.row(b, i)] = int32_t(k.hi);
-        r.real[r.row(b, i)] = pos.q_pos + i < q_len;
+    if (mask.seq.block) {  // the whole call's segments, of which the block holds tokens
+      const BlockPos pos = block_of(mask, b);
+      SegmentWalk walk;
+      for (int64_t s = 0; s < mask.segments; ++s) {
+        const Segment g = block_segment(mask, pos, b, s, &walk);
+        const int64_t end = first_local(pos.q, g.q_begin + g.q_len, Sq);
+        for (int64_t i = first_local(pos.q, g.q_begin, Sq); i < end; ++i) {
+          const KeyRange k = block_keys(mask.rule, pos, g, global_token(pos.q, i), p.seqlen_kv);
+          r.lo[r.row(b, i)] = int32_t(k.lo);
+          r.hi[r.row(b, i)] = int32_t(k.hi);
+          r.real[r.row(b, i)] = 1;
+          r.q_base[r.row(b, i)] = int32_t(g.q_begin);
+          r.kv_base[r.row(b, i)] = int32_t(g.kv_begin);
+        }
       }
     } else {
       SegmentWalk walk;  // segments in order; mask.h keeps them disjoint

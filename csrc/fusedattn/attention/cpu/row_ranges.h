@@ -18,8 +18,8 @@ struct RowRanges {
   std::vector<int32_t> lo, hi;            // [B, Sq]; lo == hi: nothing kept
   std::vector<uint8_t> real;              // [B, Sq]: 1 for a query of a sequence, 0 for padding
   // [B, Sq]: the first query and key token of the row's sequence (0 but in THD
-  // layouts), which score_mod's q_idx and kv_idx count from (a block adds its
-  // positions, score_ops.h).
+  // layouts), which score_mod's q_idx and kv_idx count from; in a block, global tokens
+  // of the whole call (score_ops.h maps the block's tokens there).
   std::vector<int32_t> q_base, kv_base;
   std::vector<int32_t> tile_lo, tile_hi;  // [B, n_qt]: union over the tile's rows (empty: lo >= hi)
 

@@ -52,21 +52,28 @@ inline void add_bias(const T* brow, float mul, float* sr, int64_t c_lo, int64_t 
   for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * to_float(brow[c]);
 }
 
-// The global index of vmap slice `slice`'s batch entry 0, q head 0, query 0 and key 0
-// (Extras::index_base; all 0 without it, positions 0 with 2 columns).
+// The global index of vmap slice `slice`'s batch entry 0 and q head 0, and where its
+// tokens are in the whole call (Extras::index_base; 0 and the identity without it or
+// with 2 columns).
 struct IndexBase {
-  int64_t b = 0, h = 0, q = 0, kv = 0;
+  int64_t b = 0, h = 0;
+  bool block = false;
+  BlockPos pos{{0, 1, 1}, {0, 1, 1}, 0, 0};
 };
 inline IndexBase index_base(const Extras& x, int64_t slice) {
   if (!x.index_base) return {};
   const int32_t* r = x.index_base + x.index_cols * slice;
-  if (x.index_cols == 6) return {r[0], r[1], r[2], r[3]};
-  return {r[0], r[1], 0, 0};
+  IndexBase g;
+  g.b = r[0], g.h = r[1];
+  if (is_block(x)) g.block = true, g.pos = block_pos(r, x.index_cols);
+  return g;
 }
 
 // Dropout of one (batch entry, head): z(i, j) = 1 / (1 - p) when key j of
 // query i is kept, else 0; the rule is philox.h's, on the global batch, head, query and
-// key index (index_base added; a block's kv_pos is a multiple of 4, check_index_base).
+// key index (index_base added; in a block the global query and key tokens, of which
+// 4 local keys from a multiple of 4 are 4 global ones from a multiple of 4:
+// check_index_base).
 class Dropout {
  public:
   Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) {
@@ -78,8 +85,8 @@ class Dropout {
     seed_[1] = x.seed[2 * (b / bs) + 1];
     b_ = b % bs + base.b;
     h_ = h + base.h;
-    q_ = base.q;
-    kv_group_ = base.kv / 4;
+    q_ = base.pos.q;
+    kv_ = base.pos.kv;
     threshold_ = dropout_threshold(p.dropout);
     inv_keep_ = 1.0f / (1.0f - p.dropout);
   }
@@ -90,8 +97,9 @@ class Dropout {
   void fill_row(int64_t i, int64_t k0, float* z) const {
     static_assert(kPhiloxLanes * 4 == kBk, "one Philox batch covers one tile row of keys");
     alignas(32) uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+    const uint32_t qi = uint32_t(global_token(q_, i));
     for (int l = 0; l < kPhiloxLanes; ++l)
-      c0[l] = uint32_t(kv_group_ + k0 / 4 + l), c1[l] = uint32_t(q_ + i), c2[l] = uint32_t(h_),
+      c0[l] = uint32_t(global_token(kv_, k0 + 4 * l) / 4), c1[l] = qi, c2[l] = uint32_t(h_),
       c3[l] = uint32_t(b_);
     philox_lanes(c0, c1, c2, c3, seed_[0], seed_[1]);
     for (int l = 0; l < kPhiloxLanes; ++l) {
@@ -105,7 +113,8 @@ class Dropout {
  private:
   bool on_ = false;
   uint32_t seed_[2] = {0, 0};
-  int64_t b_ = 0, h_ = 0, q_ = 0, kv_group_ = 0;
+  int64_t b_ = 0, h_ = 0;
+  StripeMap q_{0, 1, 1}, kv_{0, 1, 1};  // local -> global tokens
   uint32_t threshold_ = 0;
   float inv_keep_ = 1.0f;
 };
@@ -117,9 +126,12 @@ class Dropout {
 // batch and head are global (index_base added); the operands are this shard's own
 // slices (Python slices them), so they are read at the local batch and head.
 // q and kv are positions in the row's sequence (ranges' q_base / kv_base: a THD
-// segment counts from its first token), and so are the operands' indices; a block of
-// a bigger call (index_base's positions) gives the program global q and kv (q_pos and
-// kv_pos added) and reads its own operand slices at the local ones, as for batch / head.
+// segment counts from its first token), and so are the operands' indices. A block of a
+// bigger call (index_base's positions) gives the program the whole call's positions
+// (its tokens mapped by the stripe map, counted from the global segment's first token);
+// a BSHD block reads its own operand slices at the local positions, as for batch /
+// head, a THD block at the positions in the segment (it has operands without a
+// sequence dim only: check_index_base).
 class ScoreModRows {
  public:
   ScoreModRows(const AttnParams& p, const Extras& x, const RowRanges& ranges, int64_t b,
@@ -140,8 +152,9 @@ class ScoreModRows {
     for (int r = 0; r < n_in; ++r) in_[r] = in_store_.data() + r * kMaxLanes;
     const IndexBase g = index_base(x, slice_);
     for (int64_t c = 0; c < kMaxLanes; ++c) in_[1][c] = float(b_ + g.b), in_[2][c] = float(h_ + g.h);
-    q_pos_ = g.q;
-    kv_pos_ = g.kv;
+    q_map_ = g.pos.q;
+    kv_map_ = g.pos.kv;
+    local_operands_ = g.block && !is_thd(p.layout);
   }
   bool on() const { return sm_ != nullptr; }
   int64_t slice() const { return slice_; }
@@ -162,13 +175,11 @@ class ScoreModRows {
     if (lo >= hi) return;
     fill(i, k0, s_raw, ds, lo, hi);
     if (dop) {
-      int64_t qi, kv0;
-      positions(i, &qi, &kv0);
       for (int32_t k = 0; k < sm_->n_operands; ++k) {
         const float* g = eval_score_mod(sm_->grad[k], in_, scratch_.data(), lo, hi);
         float* d = dop + sm_->offset(k);
         for (int64_t c = lo; c < hi; ++c)
-          if (ds[c] != 0.0f) d[operand_index(k, qi, kv0 + k0 + c)] += g[c];
+          if (ds[c] != 0.0f) d[operand_index(k, i, k0 + c)] += g[c];
       }
     }
     const float* o = eval_score_mod(sm_->bwd, in_, scratch_.data(), lo, hi);
@@ -176,31 +187,33 @@ class ScoreModRows {
   }
 
  private:
+  // The operand element of query row i and key j (local tokens) of operand k.
   int64_t operand_index(int32_t k, int64_t i, int64_t j) const {
     const int64_t* s = sm_->shape[k];
     const int64_t bb = s[0] == 1 ? 0 : b_, hh = s[1] == 1 ? 0 : h_;
-    const int64_t ii = s[2] == 1 ? 0 : i, jj = s[3] == 1 ? 0 : j;
+    const int64_t ii = s[2] == 1 ? 0 : (local_operands_ ? i : q_index(i));
+    const int64_t jj = s[3] == 1 ? 0 : (local_operands_ ? j : kv_index(i, j));
     return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
   }
-  // Row i's position in its sequence, and the position of key 0 there.
-  void positions(int64_t i, int64_t* qi, int64_t* kv0) const {
-    const int64_t row = ranges_->row(b_fold_, i);
-    *qi = i - ranges_->q_base[row];
-    *kv0 = -int64_t{ranges_->kv_base[row]};
+  // The q and kv inputs of query row i and key j: positions in the row's sequence.
+  int64_t q_index(int64_t i) const {
+    return global_token(q_map_, i) - ranges_->q_base[ranges_->row(b_fold_, i)];
+  }
+  int64_t kv_index(int64_t i, int64_t j) const {
+    return global_token(kv_map_, j) - ranges_->kv_base[ranges_->row(b_fold_, i)];
   }
   void fill(int64_t i, int64_t k0, const float* score, const float* ds, int64_t lo, int64_t hi) {
     const int n_ops = sm_->n_operands;
-    int64_t qi, kv0;
-    positions(i, &qi, &kv0);
+    const float qi = float(q_index(i));
     for (int64_t c = lo; c < hi; ++c) {
       in_[0][c] = score[c];
-      in_[3][c] = float(q_pos_ + qi);
-      in_[4][c] = float(kv_pos_ + kv0 + k0 + c);
+      in_[3][c] = qi;
+      in_[4][c] = float(kv_index(i, k0 + c));
     }
     for (int32_t k = 0; k < n_ops; ++k) {
       const float* op = base_ + sm_->offset(k);
       for (int64_t c = lo; c < hi; ++c)
-        in_[kScoreModIndexInputs + k][c] = op[operand_index(k, qi, kv0 + k0 + c)];
+        in_[kScoreModIndexInputs + k][c] = op[operand_index(k, i, k0 + c)];
     }
     if (ds)
       for (int64_t c = lo; c < hi; ++c) in_[kScoreModIndexInputs + n_ops][c] = ds[c];
@@ -210,7 +223,8 @@ class ScoreModRows {
   const RowRanges* ranges_;
   int64_t b_fold_;  // the folded batch entry (rows of ranges_)
   int64_t b_ = 0, h_ = 0, slice_ = 0;  // local: the operands' indices
-  int64_t q_pos_ = 0, kv_pos_ = 0;      // a block's global query and key 0
+  StripeMap q_map_{0, 1, 1}, kv_map_{0, 1, 1};  // local -> global tokens (a block's)
+  bool local_operands_ = false;                 // a BSHD block: operands at local tokens
   const float* base_ = nullptr;
   std::vector<float> in_store_, scratch_;
   float* in_[kScoreModIndexInputs + kMaxScoreModOperands + 1] = {};
