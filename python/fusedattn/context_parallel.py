@@ -249,6 +249,20 @@ class _Call:
             sm = dataclasses.replace(sm, operand_shapes=self._sm_shapes(cq, ck))
         return ops, cfg, dataclasses.replace(self.dims, Sq=cq, Skv=ck), sm
 
+    def real_rows(self, qp, cq):
+        """bool [B, cq]: the chunk's queries that are in a sequence (not padding: they take
+        the sink), or None when every query is (no padding mask, BSHD)."""
+        from . import reference
+        from .enums import AttnMaskType
+        mask = AttnMaskType(self.cfg.mask_type)
+        if not (self.cp.thd or mask.is_padding()):
+            return None
+        o = self.ops
+        block = self.index_base(qp, 0)[2:]
+        tables = reference._segment_tables(mask, o[0].shape[0], cq, 1, o[6], o[7], o[8], o[9],
+                                           self.cp.thd, block=block)
+        return tables[4] >= 0
+
     def dispatch(self, qp, cq, kp, ck, run, skip, *refs):
         """run(mode) for this block (a traced choice among the plain modes, or "pos" under
         a cond that skips a block the mask empties); skip() gives empty results."""
@@ -374,12 +388,15 @@ def _sink(cfg, offset, H):
     return jnp.reshape(offset, (-1,)).astype(jnp.float32)
 
 
-def _add_sink(o, lse, sink):
-    """The sink joins the denominator once: lse' = logaddexp(lse, sink), out rescaled."""
+def _add_sink(o, lse, sink, real=None):
+    """The sink joins the denominator once: lse' = logaddexp(lse, sink), out rescaled;
+    padding queries (real False [B, S]) keep lse -inf, as the engine gives them."""
     if sink is None:
         return o, lse
     s = sink[None, :, None]
     new = jnp.logaddexp(lse, s)
+    if real is not None:
+        new = jnp.where(real[:, None, :], new, lse)
     w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(lse - jnp.where(jnp.isposinf(new), 0, new)))
     w = jnp.where(jnp.isposinf(new) & ~jnp.isposinf(lse), 0.0, w)
     return o * jnp.swapaxes(w, 1, 2)[..., None], new
@@ -578,8 +595,10 @@ def forward(ops, cfg, dims, sm, training, cp: CPRun, base, call_fwd: Callable):
                             (acc0, jnp.full((B, H), NEG_INF, f32)), step, refs=(q, k, v))
     sink = None if c.sink_in_call else _sink(cfg, ops[4], dims.Hq)
     outs, lses = [], []
-    for o, lse in acc:
-        o, lse = _add_sink(o, lse, sink)
+    # (the fast path keeps one acc of every row; it serves no padding mask)
+    chunks = q_chunks if len(acc) == len(q_chunks) else [(q_chunks[0][0], q.shape[1])]
+    for (o, lse), (qp, cq) in zip(acc, chunks):
+        o, lse = _add_sink(o, lse, sink, None if sink is None else c.real_rows(qp, cq))
         outs.append(o.astype(q.dtype))
         lses.append(lse)
     out = jnp.concatenate(outs, axis=1)

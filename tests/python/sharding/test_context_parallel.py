@@ -241,6 +241,15 @@ def test_sinks(softmax, strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
+def test_sink_with_padding(strategy):
+    """Padding queries keep lse -inf (no sink), real ones with no kept key get the sink."""
+    lens = (jnp.array([S, 3, 0, 37], jnp.int32), jnp.array([S, 50, 9, 0], jnp.int32))
+    run("cp4_dp2", inputs(jax.random.key(11), offset=True),
+        dict(attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+             softmax_type=SoftmaxType.LEARNABLE_SOFTMAX), strategy, True, lens=lens)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 @pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
 def test_dropout(strategy, balanced):
     """The dropout mask of the unsharded call: Philox counters at global positions."""
