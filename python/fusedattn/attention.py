@@ -487,75 +487,18 @@ def _localize(cfg: Config, dims: Dims, sm, plan, ops):
     return ops, local, sm, taken, n_lead
 
 
-def _cp_run(cfg: Config, plan) -> context_parallel.CPRun | None:
-    """The context parallelism of this device's call: on a mesh, the plan's cp axis;
-    inside shard_map, the manual cp axis; None without one (a plain call)."""
-    if cfg.cp is None:
-        return None
-    if plan is not None and plan.of("c"):
-        size = plan.size("c")
-    else:  # inside shard_map, the axis manual (bound) or not there
-        try:
-            size = jax.lax.axis_size(cfg.cp.axis)
-        except (NameError, KeyError, ValueError):
-            return None
-    if size <= 1:
-        return None
-    return context_parallel.CPRun(cfg.cp.axis, size, cfg.cp.strategy, cfg.cp.load_balanced,
-                                  cfg.cp.stripe, cfg.thd)
-
-
-def _cp_dims(cfg: Config, dims: Dims, sm, plan, cp, ops) -> Dims:
-    """The global sequence lengths of a cp call: on a mesh the partitioner's dims; inside
-    shard_map the call was traced on the shards, so cp times theirs."""
-    if plan is not None and plan.of("c"):
-        return dims
-    if ops[3].size or (sm is not None and any(s[2] > 1 or s[3] > 1
-                                              for s in sm.operand_shapes)):
-        raise NotImplementedError(
-            "fused_attn: inside shard_map, context parallelism takes no bias and no score_mod "
-            "operand with a sequence dim (they would be per-shard there); call fused_attn "
-            "under jit on the mesh instead, where they stay whole")
-    return dataclasses.replace(dims, Sq=dims.Sq * cp.size, Skv=dims.Skv * cp.size)
-
-
-def _index_base2(ops):
-    """(batch_base, head_base) of one slice's operands (0, 0 when none is given)."""
-    ib = ops[10]
-    if ib.size:
-        return ib[0], ib[1]
-    return jnp.int32(0), jnp.int32(0)
-
-
-def _cp_operands(cfg: Config, ops):
-    """q, k, v of any BSHD layout as three arrays (context parallelism's blocks)."""
-    q, k, v = unpack(*ops[:3], cfg.layout)
-    return [q, k, v] + list(ops[3:])
-
-
-def _cp_grads(cfg: Config, grads):
-    """dq, dk, dv back into the call's layout."""
-    dq, dk, dv = grads[:3]
-    if cfg.layout in QKV_PACKED:
-        return (jnp.stack([dq, dk, dv], axis=2), jnp.zeros((0,), dq.dtype),
-                jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
-    if cfg.layout in KV_PACKED:
-        return (dq, jnp.stack([dk, dv], axis=2), jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
-    return tuple(grads)
-
-
 def _fwd_impl(static, plan, *ops):
     cfg, dims, sm, training, _ = static
     ops, local, lsm, _, n_lead = _localize(cfg, dims, sm, plan, ops)
-    cp = _cp_run(cfg, plan)
+    cp = context_parallel.run_of(cfg, plan)
     if cp is not None:
-        local = _cp_dims(cfg, local, lsm, plan, cp, ops)
+        local = context_parallel.global_dims(cfg, local, lsm, plan, cp, ops)
         context_parallel.check_divisible(cp, local.Sq, local.Skv, cfg.dropout_on)
         call = lambda o, c, d, s: _forward(o, c, d, s, training)
 
         def fwd(*o):
-            return context_parallel.forward(_cp_operands(cfg, o), cfg, local, lsm, training,
-                                            cp, _index_base2(o), call)
+            return context_parallel.forward(context_parallel.split_qkv(cfg, o), cfg, local, lsm,
+                                            training, cp, context_parallel.shard_base(o), call)
     else:
         fwd = lambda *o: _forward(o, cfg, local, lsm, training)
     return _partition.per_slice(fwd, n_lead)(*ops)
@@ -566,15 +509,15 @@ def _bwd_impl(static, plan, *args):
     n = N_OPS + (sm is not None)
     ops, rest = args[:n], args[n:]
     lops, local, lsm, taken, n_lead = _localize(cfg, dims, sm, plan, ops)
-    cp = _cp_run(cfg, plan)
+    cp = context_parallel.run_of(cfg, plan)
     if cp is not None:
-        local = _cp_dims(cfg, local, lsm, plan, cp, lops)
+        local = context_parallel.global_dims(cfg, local, lsm, plan, cp, lops)
 
         def bwd(*a):
             o = a[:n]
-            g = context_parallel.backward(_cp_operands(cfg, o), *a[n:], cfg, local, lsm, cp,
-                                          _index_base2(o), _backward)
-            return _cp_grads(cfg, g)
+            g = context_parallel.backward(context_parallel.split_qkv(cfg, o), *a[n:], cfg, local,
+                                          lsm, cp, context_parallel.shard_base(o), _backward)
+            return context_parallel.join_grads(cfg, g)
     else:
         bwd = lambda *a: _backward(a, cfg, local, lsm)
     grads = list(_partition.per_slice(bwd, n_lead)(*lops, *rest))
@@ -610,20 +553,10 @@ def _names(static):
     return _OPERAND_NAMES + sm_names + tail
 
 
-def _cp_forced(static, mesh) -> dict:
-    """Context parallelism shards q's and k / v's sequence over its axis."""
-    cp = static[0].cp
-    if cp is None or cp.axis not in mesh.shape or mesh.shape[cp.axis] <= 1:
-        return {}
-    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
-    if types.get(cp.axis) == jax.sharding.AxisType.Manual:
-        return {}  # inside shard_map: the body runs the algorithm on its shards
-    return {"c": (cp.axis,), "ckv": (cp.axis,)}
-
-
-_FWD = _partition.Partitioned("fused_attn", _fwd_impl, _attn_roles, _names, forced=_cp_forced)
+_FWD = _partition.Partitioned("fused_attn", _fwd_impl, _attn_roles, _names,
+                              forced=context_parallel.forced_axes)
 _BWD = _partition.Partitioned("fused_attn_bwd", _bwd_impl, _attn_roles, _names,
-                              forced=_cp_forced)
+                              forced=context_parallel.forced_axes)
 
 
 _warned: set[str] = set()
@@ -774,7 +707,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         check_descriptor(*call.operands[6:10], seqlen_q=d.Sq, seqlen_kv=d.Skv,
                          thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
                          q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs)
-    cp = _cp_config(context_parallel_strategy, context_parallel_axis,
+    cp = context_parallel.config(context_parallel_strategy, context_parallel_axis,
                     context_parallel_causal_load_balanced, stripe_size, call.cfg)
     if cp is not None:
         call = dataclasses.replace(call, cfg=dataclasses.replace(call.cfg, cp=cp))
@@ -796,40 +729,6 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
     out, lse, max_logit = _attention(call.cfg, call.dims, sm, *ops)
     return _results(out, lse, max_logit, return_max_logit, return_aux)
-
-
-def _cp_config(strategy, axis, load_balanced, stripe_size, cfg: Config):
-    """The static context-parallel arguments (checked) or None."""
-    where = "fused_attn"
-    balanced = static_bool(load_balanced, "context_parallel_causal_load_balanced", where)
-    try:
-        strategy = (context_parallel.CPStrategy[strategy.upper()] if isinstance(strategy, str)
-                    else context_parallel.CPStrategy(strategy))
-    except (KeyError, ValueError, TypeError):
-        raise ValueError(f"{where}: context_parallel_strategy must be a CPStrategy (DEFAULT, "
-                         f"ALL_GATHER, RING) or its name; got {strategy!r}") from None
-    if stripe_size is not None:
-        stripe_size = static_int(stripe_size, "stripe_size", where, "a positive Python int")
-        if stripe_size < 1 or not cfg.thd:
-            raise ValueError(f"{where}: stripe_size={stripe_size}: striped load balancing "
-                             "takes THD layouts and a stripe_size >= 1 (BSHD layouts balance "
-                             "by dual chunks: leave it None)")
-    if axis is None:
-        return None
-    if not isinstance(axis, str) or not axis:
-        raise ArgumentTypeError(f"{where}: context_parallel_axis must be a mesh axis name (a "
-                                f"str) or None; got {axis!r}")
-    if cfg.thd and balanced and stripe_size is None:
-        raise ValueError(f"{where}: load-balanced context parallelism of a THD layout is "
-                         "striped: give stripe_size (the inputs in reorder_causal_load_"
-                         "balancing(..., ReorderStrategy.Striped, cp, stripe_size=...) order)")
-    if cfg.thd and cfg.bias_type != AttnBiasType.NO_BIAS:
-        raise NotImplementedError(f"{where}: a bias with a THD layout is not served under "
-                                  "context parallelism")
-    if strategy == context_parallel.CPStrategy.DEFAULT:
-        strategy = context_parallel.CPStrategy.ALL_GATHER
-    return context_parallel.CPConfig(axis, strategy, balanced,
-                                     stripe_size if cfg.thd and balanced else None)
 
 
 def _results(out, lse, max_logit, return_max_logit, return_aux):

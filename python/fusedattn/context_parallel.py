@@ -33,6 +33,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from . import reference
+from . import score_mod as _sm
+from ._args import ArgumentTypeError, static_bool, static_int
+from ._partition import vary_like
+from ._prepare import KV_PACKED, QKV_PACKED, unpack
+from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+
 __all__ = ["CPStrategy", "ReorderStrategy", "reorder_causal_load_balancing",
            "inverse_reorder_causal_load_balancing"]
 
@@ -186,7 +193,6 @@ NEG_INF = -jnp.inf
 
 def _plain(cfg, dims, sm):
     """"none" / "causal" when the call's blocks can be plain calls, else None."""
-    from .enums import AttnMaskType
     if cfg.dropout_on or sm is not None or tuple(cfg.window) != (-1, -1):
         return None
     mask = AttnMaskType(cfg.mask_type)
@@ -222,7 +228,6 @@ class _Call:
     def block(self, q, k, v, qp, kp, mode):
         """(ops, cfg, dims, sm) of the block (q at global row qp, k / v at global key kp)
         in mode (above)."""
-        from .enums import AttnMaskType
         o = self.ops
         cq, ck = q.shape[1], k.shape[1]
         bias = o[3]
@@ -230,8 +235,10 @@ class _Call:
             bias = jax.lax.dynamic_slice_in_dim(bias, qp, cq, axis=2)
             bias = jax.lax.dynamic_slice_in_dim(bias, kp, ck, axis=3)
         off = o[4] if self.sink_in_call else jnp.reshape(o[4], (-1,))[:0]
-        seq, ib, cfg = list(o[6:10]), self.index_base(qp, kp), self.cfg
-        if mode != "pos":
+        seq, cfg = list(o[6:10]), self.cfg
+        if mode == "pos":
+            ib = self.index_base(qp, kp)
+        else:
             ib = o[10][:0]
             mask = {"none": AttnMaskType.NO_MASK, "causal": AttnMaskType.CAUSAL_MASK,
                     "upto": AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK}[mode]
@@ -252,8 +259,6 @@ class _Call:
     def real_rows(self, qp, cq):
         """bool [B, cq]: the chunk's queries that are in a sequence (not padding: they take
         the sink), or None when every query is (no padding mask, BSHD)."""
-        from . import reference
-        from .enums import AttnMaskType
         mask = AttnMaskType(self.cfg.mask_type)
         if not (self.cp.thd or mask.is_padding()):
             return None
@@ -277,7 +282,6 @@ class _Call:
         below = kp + ck - 1 <= qp
         diag = jnp.logical_and(qp == kp, cq == ck)
         idx = jnp.where(empty, 0, jnp.where(below, 1, jnp.where(diag, 2, 3)))
-        from ._partition import vary_like
         return jax.lax.switch(idx, [lambda: vary_like(tuple(skip()), *refs),
                                     lambda: run("none"), lambda: run("causal"),
                                     lambda: run("pos")])
@@ -288,14 +292,12 @@ class _Call:
 
     def sm_size(self, cq, ck):
         """The flat size of a block's score_mod operands."""
-        from . import score_mod as _sm
         if self.cp.thd:
             return self.ops[11].shape
         return _sm.concat_operands([jnp.zeros(s, jnp.float32)
                                     for s in self._sm_shapes(cq, ck)]).shape
 
     def _sm_slice(self, qp, cq, kp, ck):
-        from . import score_mod as _sm
         arrays = _sm.split_operands(self.ops[11], self.sm)
         cut = []
         for a in arrays:
@@ -308,7 +310,6 @@ class _Call:
 
     def sm_place(self, dflat, qp, cq, kp, ck, acc):
         """acc (the global operands' gradient, float32 [N]) + a block's at its place."""
-        from . import score_mod as _sm
         if self.cp.thd:
             return acc + dflat
         local = dataclasses.replace(self.sm, operand_shapes=self._sm_shapes(cq, ck))
@@ -328,7 +329,6 @@ class _Call:
 def _block_call(cfg, dims, sm, ops, cp: CPRun, base) -> _Call:
     """The blocks take BSHD_BSHD_BSHD operands and give the lse; the ring's blocks see
     part of the keys each, so the sink joins at the merge instead."""
-    from .enums import QKVLayout, SoftmaxType
     partial = cp.strategy == CPStrategy.RING or cp.thd  # blocks see part of the keys
     layout = QKVLayout.THD_THD_THD if cp.thd else QKVLayout.BSHD_BSHD_BSHD
     bcfg = dataclasses.replace(cfg, want_lse=True, layout=layout, cp=None)
@@ -341,7 +341,6 @@ def _block_call(cfg, dims, sm, ops, cp: CPRun, base) -> _Call:
 def _visible(cfg, dims, qp, cq, kp, ck):
     """Whether the mask keeps any key of the block (traced bool; True when it cannot be
     told without the runtime lengths). Causal masks set the right side to 0."""
-    from .enums import AttnMaskType
     mask = AttnMaskType(cfg.mask_type)
     if mask == AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK or cfg.thd:
         return True  # the diagonal depends on each row's lengths (THD: its segments)
@@ -360,7 +359,6 @@ def _visible(cfg, dims, qp, cq, kp, ck):
 def _cond(pred, run, skip, *refs):
     """run() where the block keeps a key, else skip() (typed varying like refs, as run's
     results are inside shard_map)."""
-    from ._partition import vary_like
     if pred is True:
         return run()
     return jax.lax.cond(pred, run, lambda: vary_like(tuple(skip()), *refs))
@@ -379,7 +377,6 @@ def _merge(acc, part):
 
 def _sink(cfg, offset, H):
     """The per-head extra logit [H] of the call's softmax type, or None."""
-    from .enums import SoftmaxType
     st = SoftmaxType(cfg.softmax_type)
     if st == SoftmaxType.VANILLA_SOFTMAX:
         return None
@@ -437,7 +434,6 @@ def _steps(k, v, cp: CPRun, rank, S: int, gather: bool, carry, step, after=None,
     one step, the whole sequence. Ring: cp steps in a loop (its buffers reused, so a
     device holds two k / v blocks, never the whole): step s's transfer of the next block
     is issued before its blocks are used, so XLA overlaps the two."""
-    from ._partition import vary_like
     after = after or (lambda c: c)
     if gather and not cp.thd:
         return step([(0, S)], [_gather_natural(k, cp)], [_gather_natural(v, cp)], carry)
@@ -480,7 +476,6 @@ def _fast_case(q_chunks, kv_chunks):
 
 
 def _fast_fwd_step(c: _Call, q, qs, q_chunks, call_fwd):
-    from ._partition import vary_like
     balanced = len(q_chunks) == 2
 
     def call(qx, kx, vx, mode):
@@ -516,7 +511,6 @@ def _fast_fwd_step(c: _Call, q, qs, q_chunks, call_fwd):
 
 
 def _fast_bwd_step(c: _Call, q, q_chunks, qs, outs, douts, lses, out, dout, lse, call_bwd):
-    from ._partition import vary_like
     balanced = len(q_chunks) == 2
     f32 = jnp.float32
 
@@ -699,4 +693,110 @@ def backward(ops, out, dout, lse, cfg, dims, sm, cp: CPRun, base, call_bwd: Call
     grads.append(jax.lax.psum(doffset, cp.axis) if offset.size else doffset)
     if sm is not None:
         grads.append(jax.lax.psum(dsm, cp.axis))
+    return tuple(grads)
+
+
+# ---------------------------------------------------------------------------
+# attention.py's glue: the static arguments, the plan's cp axis, the operands' layout
+
+
+def config(strategy, axis, load_balanced, stripe_size, cfg: Config):
+    """The static context-parallel arguments (checked) or None."""
+    where = "fused_attn"
+    balanced = static_bool(load_balanced, "context_parallel_causal_load_balanced", where)
+    try:
+        strategy = (CPStrategy[strategy.upper()] if isinstance(strategy, str)
+                    else CPStrategy(strategy))
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"{where}: context_parallel_strategy must be a CPStrategy (DEFAULT, "
+                         f"ALL_GATHER, RING) or its name; got {strategy!r}") from None
+    if stripe_size is not None:
+        stripe_size = static_int(stripe_size, "stripe_size", where, "a positive Python int")
+        if stripe_size < 1 or not cfg.thd:
+            raise ValueError(f"{where}: stripe_size={stripe_size}: striped load balancing "
+                             "takes THD layouts and a stripe_size >= 1 (BSHD layouts balance "
+                             "by dual chunks: leave it None)")
+    if axis is None:
+        return None
+    if not isinstance(axis, str) or not axis:
+        raise ArgumentTypeError(f"{where}: context_parallel_axis must be a mesh axis name (a "
+                                f"str) or None; got {axis!r}")
+    if cfg.thd and balanced and stripe_size is None:
+        raise ValueError(f"{where}: load-balanced context parallelism of a THD layout is "
+                         "striped: give stripe_size (the inputs in reorder_causal_load_"
+                         "balancing(..., ReorderStrategy.Striped, cp, stripe_size=...) order)")
+    if cfg.thd and cfg.bias_type != AttnBiasType.NO_BIAS:
+        raise NotImplementedError(f"{where}: a bias with a THD layout is not served under "
+                                  "context parallelism")
+    if strategy == CPStrategy.DEFAULT:
+        strategy = CPStrategy.ALL_GATHER
+    return CPConfig(axis, strategy, balanced,
+                                     stripe_size if cfg.thd and balanced else None)
+
+
+def forced_axes(static, mesh) -> dict:
+    """Context parallelism shards q's and k / v's sequence over its axis."""
+    cp = static[0].cp
+    if cp is None or cp.axis not in mesh.shape or mesh.shape[cp.axis] <= 1:
+        return {}
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
+    if types.get(cp.axis) == jax.sharding.AxisType.Manual:
+        return {}  # inside shard_map: the body runs the algorithm on its shards
+    return {"c": (cp.axis,), "ckv": (cp.axis,)}
+
+
+def run_of(cfg: Config, plan) -> CPRun | None:
+    """The context parallelism of this device's call: on a mesh, the plan's cp axis;
+    inside shard_map, the manual cp axis; None without one (a plain call)."""
+    if cfg.cp is None:
+        return None
+    if plan is not None and plan.of("c"):
+        size = plan.size("c")
+    else:  # inside shard_map, the axis manual (bound) or not there
+        try:
+            size = jax.lax.axis_size(cfg.cp.axis)
+        except (NameError, KeyError, ValueError):
+            return None
+    if size <= 1:
+        return None
+    return CPRun(cfg.cp.axis, size, cfg.cp.strategy, cfg.cp.load_balanced,
+                                  cfg.cp.stripe, cfg.thd)
+
+
+def global_dims(cfg: Config, dims: Dims, sm, plan, cp, ops) -> Dims:
+    """The global sequence lengths of a cp call: on a mesh the partitioner's dims; inside
+    shard_map the call was traced on the shards, so cp times theirs."""
+    if plan is not None and plan.of("c"):
+        return dims
+    if ops[3].size or (sm is not None and any(s[2] > 1 or s[3] > 1
+                                              for s in sm.operand_shapes)):
+        raise NotImplementedError(
+            "fused_attn: inside shard_map, context parallelism takes no bias and no score_mod "
+            "operand with a sequence dim (they would be per-shard there); call fused_attn "
+            "under jit on the mesh instead, where they stay whole")
+    return dataclasses.replace(dims, Sq=dims.Sq * cp.size, Skv=dims.Skv * cp.size)
+
+
+def shard_base(ops):
+    """(batch_base, head_base) of one slice's operands (0, 0 when none is given)."""
+    ib = ops[10]
+    if ib.size:
+        return ib[0], ib[1]
+    return jnp.int32(0), jnp.int32(0)
+
+
+def split_qkv(cfg: Config, ops):
+    """q, k, v of any BSHD layout as three arrays (context parallelism's blocks)."""
+    q, k, v = unpack(*ops[:3], cfg.layout)
+    return [q, k, v] + list(ops[3:])
+
+
+def join_grads(cfg: Config, grads):
+    """dq, dk, dv back into the call's layout."""
+    dq, dk, dv = grads[:3]
+    if cfg.layout in QKV_PACKED:
+        return (jnp.stack([dq, dk, dv], axis=2), jnp.zeros((0,), dq.dtype),
+                jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
+    if cfg.layout in KV_PACKED:
+        return (dq, jnp.stack([dk, dv], axis=2), jnp.zeros((0,), dq.dtype)) + tuple(grads[3:])
     return tuple(grads)
