@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lib, _partition, context_parallel, small_seq
+from . import _autodiff, _lib, _partition, context_parallel, small_seq
 from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, enum, prepare, unpack, window
@@ -320,8 +320,29 @@ def _per_platform(args, cfg: Config, dims: Dims, sm, kernel, cuda, reference):
                                       default=bind(reference))
 
 
+def _is_f64(ops) -> bool:
+    return ops[0].dtype == jnp.float64
+
+
+def _cast_floats(xs, dtype):
+    return tuple(x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in xs)
+
+
+def _f64(ops, cfg: Config, dims: Dims, sm, reference, float32_call):
+    """A float64 call: float64 math on the CPU (the reference: the engine computes in
+    float32), the float32 path on the GPU (rounded in, widened back out)."""
+    def gpu(*o, cfg, dims, sm):
+        want = jax.eval_shape(functools.partial(reference, cfg=cfg, dims=dims, sm=sm), *o)
+        got = float32_call(_cast_floats(o, jnp.float32))
+        return tuple(g.astype(w.dtype) for g, w in zip(got, want))
+    return _per_platform(ops, cfg, dims, sm, reference, gpu, reference)
+
+
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
     """One device's forward (the partitioned primitive's per-device body)."""
+    if _is_f64(ops):
+        return _f64(ops, cfg, dims, sm, _reference,
+                    lambda o: _forward(o, cfg, dims, sm, training))
     gpu = _reference
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
         gpu = _chunked(functools.partial(_ffi_fwd, cuda=True), _cudnn_chunk(ops, dims, sm),
@@ -333,6 +354,8 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     """One device's backward: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset
     [Hq] (summed over the batch) and, with a score_mod, d of its operands."""
     ops = args[:N_OPS]
+    if _is_f64(ops):
+        return _f64(args, cfg, dims, sm, _bwd_reference, lambda a: _backward(a, cfg, dims, sm))
     gpu = _bwd_reference
     if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops, cfg, dims, True, sm):
         # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod
@@ -343,32 +366,41 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _attention(cfg: Config, dims: Dims, sm, *ops):
+def _fused_fwd(static, training: bool, *ops):
     """ops: q, k, v, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs, index_base
-    (the N_OPS), and with a score_mod sm (else None) its concatenated operands."""
-    return _FWD((cfg, dims, sm, False, "fwd"), *ops)
+    (the N_OPS), and with a score_mod sm (else None) its concatenated operands ->
+    (out, lse, max_logit). Training keeps the log-sum-exp for the backward."""
+    cfg, dims, sm = static
+    if training:
+        cfg = dataclasses.replace(cfg, want_lse=True)
+        if _has_gpu() and jax.default_backend() != "cpu":
+            _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
+    return _FWD((cfg, dims, sm, training, "fwd"), *ops)
 
 
-def _attention_fwd(cfg: Config, dims: Dims, sm, *ops):
-    cfg = dataclasses.replace(cfg, want_lse=True)
-    if _has_gpu() and jax.default_backend() != "cpu":
-        _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
-    out, lse, max_logit = _FWD((cfg, dims, sm, True, "fwd"), *ops)
-    return (out, lse, max_logit), (ops, out, lse)
+def _fused_bwd(static, *args):
+    """ops, out, dout, lse, max_logit -> the gradients of q, k, v, bias, softmax_offset
+    and (with a score_mod) its operands; lse and max_logit carry none."""
+    cfg, dims, sm = static
+    ops, (out, dout, lse, _) = args[:-4], args[-4:]
+    cfg = dataclasses.replace(cfg, want_lse=True)  # the decision the training forward made
+    return _BWD((cfg, dims, sm, "bwd"), *ops, out, dout.astype(out.dtype), lse)
 
 
-def _attention_bwd(cfg: Config, dims: Dims, sm, residuals, cotangents):
-    ops, out, lse = residuals
-    dout = cotangents[0].astype(out.dtype)  # lse and max_logit carry no gradient
-    cfg = dataclasses.replace(cfg, want_lse=True)  # the decision _attention_fwd made
-    grads = _BWD((cfg, dims, sm, "bwd"), *ops, out, dout, lse)
-    # seed, sequence lengths, offsets and index_base take none; a score_mod's operands
-    # come last.
-    return (*grads[:5], *(None,) * (N_OPS - 5), *grads[5:])
+def _reference_out(static, *ops):
+    cfg, dims, sm = static
+    return _reference(*ops, cfg=cfg, dims=dims, sm=sm)[0]
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+def _differentiable_ops(static, n_ops: int) -> tuple:
+    """q, k, v, bias, softmax_offset, and a score_mod's operands."""
+    return (0, 1, 2, 3, 4) + ((N_OPS,) if n_ops > N_OPS else ())
+
+
+# grad: the fused forward and backward; jvp and higher orders: the reference's
+# derivatives around them (_autodiff.py).
+_attention = _autodiff.Differentiable("fusedattn_attention", _fused_fwd, _fused_bwd,
+                                      _reference_out, _differentiable_ops)
 
 
 # ---------------------------------------------------------------------------
@@ -623,7 +655,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                stripe_size=None):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
-    qkv, by qkv_layout (float32, bfloat16 or float16, all the same):
+    qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
+    jax_enable_x64 too: float64 math on the CPU (the reference: the engine computes in
+    float32), the float32 kernels on the GPU):
       BSHD_BSHD_BSHD, THD_THD_THD: (q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv])
       BSHD_BS2HD, THD_T2HD: (q [B, Sq, Hq, D], kv [B, Skv, 2, Hkv, D])
       BS3HD, T3HD: qkv [B, S, 3, H, D] (or a 1-tuple of it)
@@ -684,6 +718,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     segment) sends the call to the small-seq backend (fused_attn_small_seq) when it serves
     it and no statistics are asked for; get_backend reports "small_seq".
 
+    Transformations: jit, vmap, grad / vjp (the fused forward and backward), jvp, jacfwd,
+    linearize (the fused forward; the tangent by the reference's JVP, which materializes
+    the scores), higher orders (hessian, grad of grad: the reference's derivatives of the
+    fused backward), checkpoint, shard_map and sharded jit (_autodiff.py).
+
     Returns out [B, Sq, Hq, Dv] in q's dtype, or (out, aux) when return_max_logit or
     return_aux is set: aux["max_logit"] f32 [Hq] (max over batch, queries and kept keys
     of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
@@ -727,7 +766,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
     _warn_if_fallback(call, sm)
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
-    out, lse, max_logit = _attention(call.cfg, call.dims, sm, *ops)
+    out, lse, max_logit = _attention((call.cfg, call.dims, sm), False, *ops)
     return _results(out, lse, max_logit, return_max_logit, return_aux)
 
 
