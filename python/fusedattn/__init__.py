@@ -4,7 +4,7 @@ from . import _lib
 from .context_parallel import (CPStrategy, ReorderStrategy, inverse_reorder_causal_load_balancing,
                                reorder_causal_load_balancing)
 from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
-from .dot_product import dot_product_attention
+from .dot_product import dot_product_attention, install, installed, is_installed, uninstall
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
 from .reference import attention_reference
 from .sequence import SequenceDescriptor
@@ -19,7 +19,7 @@ __all__ = [
     "AttnBiasType", "AttnMaskType", "BackendInfo", "CPStrategy", "QKVLayout", "ReorderStrategy", "SequenceDescriptor",
     "SmallSeqDescriptor", "SoftmaxFusionType", "SoftmaxType", "attention_reference",
     "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
-    "inverse_reorder_causal_load_balancing", "reorder_causal_load_balancing",
+    "install", "installed", "inverse_reorder_causal_load_balancing", "is_installed", "reorder_causal_load_balancing",
     "is_fused_attn_kernel_available", "is_softmax_kernel_available", "num_threads",
-    "set_num_threads", "softmax", "softmax_fallback",
+    "set_num_threads", "softmax", "softmax_fallback", "uninstall",
 ]

@@ -77,7 +77,7 @@ class Config:
             heads_kv=heads_kv, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
             window_left=self.window[0], window_right=self.window[1], max_segments=max_segments,
             bias_batch=bias_batch, bias_heads=bias_heads, num_slices=1,
-            dtype=_lib.DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
+            dtype=_lib.DTYPE_CODES.get(_engine_dtype(dtype), -1), layout=int(self.layout),
             mask_type=int(self.mask_type), bias_type=int(self.bias_type),
             softmax_type=int(self.softmax_type), is_training=int(self.is_training),
             scale=self.scale, dropout=self.dropout)
@@ -194,12 +194,19 @@ def split_qkv(qkv, layout: QKVLayout):
     return q, k, v, Dims(B, Sq, k.shape[1], Hq, k.shape[2], D, v.shape[3])
 
 
+def _engine_dtype(dtype) -> str:
+    """The dtype the engine's checks and kernels see: float64 runs as float32 on the GPU
+    (and as float64 math on the CPU, attention._forward), with float32's limits."""
+    name = jnp.dtype(dtype).name
+    return "float32" if name == "float64" else name
+
+
 def _check_dtypes(*xs):
     dtypes = {jnp.dtype(x.dtype).name for x in xs}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _lib.DTYPE_CODES:
+    if len(dtypes) != 1 or _engine_dtype(next(iter(dtypes))) not in _lib.DTYPE_CODES:
         got = ", ".join(str(x.dtype) for x in xs)
         raise ValueError(f"fused_attn: dtype: got {got}; q, k and v must share one dtype among "
-                         "float32, bfloat16 and float16")
+                         "float32, bfloat16, float16 and float64")
 
 
 def unpack(q_op, k_op, v_op, layout: QKVLayout):

@@ -5,17 +5,29 @@ How jax's arguments map onto fused_attn:
 * is_causal -> CAUSAL_MASK (top-left, as jax's tril); query_seq_lengths /
   key_value_seq_lengths -> the PADDING masks with a SequenceDescriptor.
 * local_window_size (left, right) >= 0 -> window_size (top-left, like jax's).
-* mask (boolean) and bias -> one POST_SCALE_BIAS: masked-out logits get jax's large
-  negative number (-0.7 * float32 max), exactly as jax replaces them. Negative window
-  sizes (which jax reads literally) go the same way.
+* mask (boolean) and bias -> one POST_SCALE_BIAS: masked-out logits get a large
+  negative number, -0.7 times the largest finite value of q's dtype (float32: jax's own
+  number; float16: -45850, no overflow to -inf), which the softmax turns into exactly 0
+  as jax's does. Negative window sizes (which jax reads literally) go the same way.
+  A dense mask costs what a bias costs; is_causal, local_window_size and the sequence
+  lengths are much faster (the kernels skip the tiles they empty).
 * A query row whose every key is masked: jax gives the plain average of all values (its
   masked logits are all the same finite number), zero for rows past query_seq_lengths.
   fusedattn gives 0 for such rows, so they are rebuilt here from the softmax statistics.
 Difference that remains: the bias is rounded to the query's dtype (jax adds it to the
 float32 logits), as in every fused kernel.
+
+install() makes jax.nn.dot_product_attention itself run this function, for every
+implementation hint a caller passes (None, "xla", "cudnn": model libraries such as Keras
+pass "xla"), so any code calling jax.nn gets fusedattn's engine; uninstall() or the
+installed() context manager restore jax's. fusedattn keeps jax's own function from
+import time: dot_product_attention(implementation="xla" | "cudnn") calls it, never
+itself.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +38,22 @@ from .attention import fused_attn
 from .enums import AttnBiasType, AttnMaskType
 from .sequence import SequenceDescriptor
 
-__all__ = ["dot_product_attention"]
+__all__ = ["dot_product_attention", "install", "installed", "uninstall"]
+
+# jax's own function, kept at import: what implementation="xla" / "cudnn" calls, and what
+# uninstall() puts back.
+_JAX_DOT_PRODUCT_ATTENTION = getattr(jax.nn.dot_product_attention, "_fusedattn_jax_original",
+                                     jax.nn.dot_product_attention)  # (a reloaded module)
 
 # jax's stand-in for -inf in masked logits (jax._src.nn.functions._get_large_negative of
 # float32, the dtype of its logits for every input dtype up to float32).
 _LARGE_NEGATIVE = float(np.float32(-0.7 * np.finfo(np.float32).max))
+
+
+def _large_negative(dtype) -> float:
+    """The masked logit in dtype's bias: jax's number where dtype holds it, else -0.7
+    times dtype's largest finite value (float16: -45850.0, never -inf)."""
+    return max(_LARGE_NEGATIVE, float(-0.7 * np.finfo(dtype).max))
 
 
 def _ensure_4d(t):
@@ -74,7 +97,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     (in key's dtype) too.
     """
     if implementation in ("xla", "cudnn"):
-        return jax.nn.dot_product_attention(
+        return _JAX_DOT_PRODUCT_ATTENTION(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
             local_window_size=local_window_size, implementation=implementation,
@@ -128,7 +151,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if mask is not None:
         mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
         base = jnp.zeros((), q.dtype) if bias is None else bias
-        bias = jnp.where(mask, base, jnp.asarray(_LARGE_NEGATIVE, jnp.float32).astype(q.dtype))
+        bias = jnp.where(mask, base, jnp.asarray(_large_negative(q.dtype), q.dtype))
     if bias is not None:
         bshape = jnp.broadcast_shapes(bias.shape, (1, 1, T, S))
         bias = jnp.broadcast_to(bias, bshape).astype(q.dtype)
@@ -151,7 +174,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     # Rows whose every key is masked: jax's softmax over equal logits averages all values;
     # rows past query_seq_lengths are zero in jax too.
-    dead = lse <= 0.5 * _LARGE_NEGATIVE  # -inf, or every kept logit at the large negative
+    # -inf, or every kept logit at the large negative
+    dead = lse <= 0.5 * _large_negative(q.dtype)
     if q_lens is not None:
         dead &= jnp.arange(T)[None, :, None] < q_lens[:, None, None]
     if bias is not None or kv_lens is not None or local_window_size is not None:
@@ -163,6 +187,50 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         return out
     # jax's residual: logsumexp of the masked logits, which is its large negative for rows
     # that keep nothing (rows past query_seq_lengths included).
-    gone = lse <= 0.5 * _LARGE_NEGATIVE
+    gone = lse <= 0.5 * _large_negative(q.dtype)
     residual = jnp.where(gone, _LARGE_NEGATIVE, lse).astype(k.dtype)
     return out, jnp.reshape(residual, output_shape[:-1])
+
+
+def _installed_dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
+                                     is_causal=False, query_seq_lengths=None,
+                                     key_value_seq_lengths=None, local_window_size=None,
+                                     implementation=None, return_residual=False):
+    """jax.nn.dot_product_attention after fusedattn.install(): fusedattn's engine for
+    every implementation hint (None, "xla", "cudnn"); other hints raise as jax's do."""
+    if implementation not in (None, "xla", "cudnn"):
+        raise ValueError(f"Unsupported implementation option: {implementation}")
+    return dot_product_attention(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size, return_residual=return_residual)
+
+
+_installed_dot_product_attention._fusedattn_jax_original = _JAX_DOT_PRODUCT_ATTENTION
+
+
+def install() -> None:
+    """Make jax.nn.dot_product_attention run fusedattn's engine, whatever implementation
+    hint its caller passes (Keras passes "xla", most code None). Idempotent."""
+    jax.nn.dot_product_attention = _installed_dot_product_attention
+
+
+def uninstall() -> None:
+    """Put jax's own jax.nn.dot_product_attention back."""
+    jax.nn.dot_product_attention = _JAX_DOT_PRODUCT_ATTENTION
+
+
+def is_installed() -> bool:
+    return jax.nn.dot_product_attention is _installed_dot_product_attention
+
+
+@contextlib.contextmanager
+def installed():
+    """`with fusedattn.installed(): ...`: install() inside the block, and whatever
+    jax.nn.dot_product_attention was before it afterwards."""
+    before = jax.nn.dot_product_attention
+    install()
+    try:
+        yield
+    finally:
+        jax.nn.dot_product_attention = before

@@ -312,7 +312,8 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     it can give fn the global batch, head and q / kv indices (score_mod.apply_reference's
     index_base).
 
-    Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32);
+    Returns (out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] f32, max_logit [B, Hq] f32;
+    float64 inputs: lse, max_logit and the math in float64);
     max_logit is per batch entry here, fused_attn reduces it over the batch.
     """
     B, Sq, Hq, D = q.shape
@@ -324,11 +325,13 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
             block = index_base[2:]
     scale = D ** -0.5 if scaling_factor is None else scaling_factor
     group = Hq // Hkv
-    qf = q.astype(jnp.float32).reshape(B, Sq, Hkv, group, D)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(jnp.float32), precision="highest")
+    # float32 math; float64 inputs (under jax_enable_x64) in float64
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    qf = q.astype(acc).reshape(B, Sq, Hkv, group, D)
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(acc), precision="highest")
     s = s.reshape(B, Hq, Sq, Skv)
     if bias is not None:
-        bias = jnp.broadcast_to(bias.astype(jnp.float32), (B, Hq, Sq, Skv))
+        bias = jnp.broadcast_to(bias.astype(acc), (B, Hq, Sq, Skv))
         s = (s + bias) * scale if AttnBiasType(attn_bias_type) == AttnBiasType.PRE_SCALE_BIAS \
             else s * scale + bias
     else:
@@ -345,15 +348,15 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
         keep, real = block_mask(attn_mask_type, B, Sq, Skv, block, q_seqlens, kv_seqlens,
                                 window_size, q_offsets, kv_offsets, thd)
     keep = keep[:, None]  # [B, 1, Sq, Skv]
-    neg_inf = jnp.float32(-jnp.inf)
+    neg_inf = acc(-jnp.inf)
     m_keys = nan_max(jnp.where(keep, s, neg_inf), axis=-1, keepdims=True)
     softmax_type = SoftmaxType(softmax_type)
     if softmax_type == SoftmaxType.VANILLA_SOFTMAX:
         sink = None
         m = m_keys
     else:
-        sink = (jnp.zeros((Hq,), jnp.float32) if softmax_type == SoftmaxType.OFF_BY_ONE_SOFTMAX
-                else jnp.asarray(softmax_offset, jnp.float32).reshape(Hq))
+        sink = (jnp.zeros((Hq,), acc) if softmax_type == SoftmaxType.OFF_BY_ONE_SOFTMAX
+                else jnp.asarray(softmax_offset, acc).reshape(Hq))
         sink = sink[None, :, None, None]
         m = jnp.maximum(m_keys, jax.lax.stop_gradient(sink))
     # m -inf: nothing kept. A NaN m passes, so that the whole row is NaN; a +inf m
@@ -371,9 +374,9 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     probs = jnp.where(keep, p / l_safe, 0.0)  # masked keys stay 0 in a NaN row
     if dropout_probability > 0.0:
         keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv, index_base)
-        probs = jnp.where(keep_drop, probs / (1.0 - jnp.float32(dropout_probability)), 0.0)
+        probs = jnp.where(keep_drop, probs / (1.0 - acc(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
-                     v.astype(jnp.float32), precision="highest").reshape(B, Sq, Hq, -1)
+                     v.astype(acc), precision="highest").reshape(B, Sq, Hq, -1)
     # A row that keeps no key (padding, or all its mass on the sink) is 0 whatever v
     # holds: the einsum's 0 * inf would make it NaN.
     empty = ~keep[:, 0].any(axis=-1)  # [B, Sq]

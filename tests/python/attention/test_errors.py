@@ -121,12 +121,12 @@ def test_sequence_of_the_maximum_length_traces():
     assert trace(qkv, attn_mask_type=AttnMaskType.CAUSAL_MASK).shape == (1, MAX_S, 1, 16)
 
 
-@pytest.mark.parametrize("dqk, dv, what, got", [(257, 257, "head dim of q and k", 257),
-                                                (64, 257, "head dim of v", 257),
-                                                (512, 64, "head dim of q and k", 512)])
-def test_head_dim_above_256(dqk, dv, what, got):
+@pytest.mark.parametrize("dqk, dv, what, got", [(513, 513, "head dim of q and k", 513),
+                                                (64, 513, "head dim of v", 513),
+                                                (1024, 64, "head dim of q and k", 1024)])
+def test_head_dim_above_512(dqk, dv, what, got):
     qkv = (sds((B, S, H, dqk)), sds((B, S, H, dqk)), sds((B, S, H, dv)))
-    with raises(ValueError, what, f"got {got}", "256"):
+    with raises(ValueError, what, f"got {got}", "512"):
         trace(qkv)
 
 
@@ -369,7 +369,7 @@ TypeOrValue = (TypeError, ValueError)
 BAD_CALLS = [
     # (id, qkv, bias, sequence_descriptor, seed, kwargs, exception, substrings)
     ("head dim 0", (sds((B, S, H, 0)),) * 3, None, None, None, {}, ValueError,
-     ["head dim of q and k", "got 0", "1..256"]),
+     ["head dim of q and k", "got 0", "1..512"]),
     ("q list", ([[1.0]], _Q, _Q), None, None, None, {}, TypeError, ["q must be an array", "list"]),
     ("q None", (None, _Q, _Q), None, None, None, {}, TypeError, ["q must be an array"]),
     ("qkv None", None, None, None, None, {}, TypeError, ["qkv must be a tuple (q, k, v)"]),
