@@ -53,7 +53,7 @@ _LARGE_NEGATIVE = float(np.float32(-0.7 * np.finfo(np.float32).max))
 def _large_negative(dtype) -> float:
     """The masked logit in dtype's bias: jax's number where dtype holds it, else -0.7
     times dtype's largest finite value (float16: -45850.0, never -inf)."""
-    return max(_LARGE_NEGATIVE, float(-0.7 * np.finfo(dtype).max))
+    return max(_LARGE_NEGATIVE, float(-0.7 * jnp.finfo(dtype).max))
 
 
 def _ensure_4d(t):
