@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _autodiff, _lib, _partition, context_parallel, small_seq
+from . import _autodiff, _lib, _nan_rows, _partition, context_parallel, small_seq
 from . import score_mod as _sm
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, enum, prepare, unpack, window
@@ -363,6 +363,8 @@ def _backward(args, cfg: Config, dims: Dims, sm):
         batched = _batch_args(args[:N_OPS + (sm is not None)], dims, len(args))
         gpu = _chunked(functools.partial(_ffi_bwd, cuda=True), _cudnn_chunk(ops, dims, sm),
                        batched, sums=(4, 5) if 3 in batched else (3, 4, 5))
+        if not cfg.thd:  # NaN rows: the reference's gradients (_nan_rows.py)
+            gpu = _nan_rows.nan_exact(gpu)
     return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 
 

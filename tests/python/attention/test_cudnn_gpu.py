@@ -344,12 +344,9 @@ def test_bad_inputs_still_rejected_on_the_gpu():
                                     "score_mod_plus"])
 def test_nan_propagates(request, key, source, dtype, layout):
     from test_nan import check_case
-    if layout == "bshd" and source != "offset":
-        # H100, 2026-11-25: out, lse and max_logit are right; cuDNN's backward also writes NaN
-        # into dk / dv of the keys a NaN row masks (the reference keeps those finite).
-        request.applymarker(pytest.mark.xfail(strict=False, reason="issue 20 (open): cuDNN's "
-                                              "backward spreads a NaN row to masked keys' dk/dv"))
-    elif source.startswith("score_mod"):
+    # (cuDNN's backward spreads a NaN row to the keys it masks: _nan_rows.py gives the
+    # reference's gradients instead.)
+    if source.startswith("score_mod"):
         # cuDNN's backward program is ds * f' without the CPU program's zero-derivative guard
         # (score_mod.ScoreMod.gpu_bwd: the guard doubled its time), so a NaN set by the fn
         # reaches the raw score's gradient there.
