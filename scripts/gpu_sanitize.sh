@@ -24,7 +24,7 @@ status=0
 run() {  # run TOOL NAME PYTEST-ARGS...
   local tool=$1 name=$2
   shift 2
-  "$CS" --tool "$tool" --error-exitcode 97 \
+  "$CS" --tool "$tool" --error-exitcode 97 ${CS_OPTS:-} \
     --log-file "$OUT/cs-$tool-$name.log" \
     "$PY" -m pytest -q -p no:cacheprovider "$@" > "$OUT/cs-$tool-$name.pytest.log" 2>&1
   local rc=$? errors
@@ -38,7 +38,10 @@ run() {  # run TOOL NAME PYTEST-ARGS...
 A=tests/python/attention
 pids=()
 bg() { run "$@" & pids+=($!); }  # each run in the background
-bg memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink"
+# cuDNN's graphs: blocking launches, and XLA without CUDA graphs (command buffers), the
+# settings under which compute-sanitizer is tried again after its SIGSEGV (see above)
+CS_OPTS="--force-blocking-launches" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
+  bg memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink"
 bg memcheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout or nan"
 bg memcheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks or broken_promises_among or nan"
 bg memcheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest or nan or fully_masked"

@@ -5,7 +5,8 @@
 # NaN-in/NaN-out cases, and the backends that served the cases (all compared with
 # reference.py). A crash (segfault, abort) kills pytest before the summary is written:
 # the exit status says so. Usage: dev/fuzz/run.sh [N] [extra pytest args]
-# PYTHON (default .venv/bin/python) and FUSEDATTN_LIBRARY (another build) are honoured.
+# PYTHON (default .venv/bin/python) and FUSEDATTN_LIBRARY (another build) are honoured;
+# FUSEDATTN_FUZZ_DEVICE=gpu runs the cases on the GPU (cuDNN, Hopper, fallback; no dropout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 N="${1:-200}"
