@@ -142,8 +142,8 @@ class MultiHeadAttention(nn.Module):
 
     def _proj(self, name, x, shape, axes):
         """x [B, S, E] -> [B, S, *shape] by the kernel name [E, *shape]."""
-        init = nn.with_logical_partitioning(self.kernel_init, ("embed",) + axes)
-        kernel = self.param(name, _flat_init(init), (x.shape[-1],) + shape, self.param_dtype)
+        init = nn.with_logical_partitioning(_flat_init(self.kernel_init), ("embed",) + axes)
+        kernel = self.param(name, init, (x.shape[-1],) + shape, self.param_dtype)
         dt = self.dtype or x.dtype
         y = jnp.tensordot(x.astype(dt), kernel.astype(dt), axes=1)
         if self.use_bias:
@@ -210,8 +210,9 @@ class MultiHeadAttention(nn.Module):
                 attn_mask_type=mask_override)
         out = nn.with_logical_constraint(out, act)
         e_out = self.out_features or E
-        init = nn.with_logical_partitioning(self.kernel_init, ("heads", "kv", "embed"))
-        w = self.param("out", _flat_init(init, fan_in_dims=2), (hq, d, e_out), self.param_dtype)
+        init = nn.with_logical_partitioning(_flat_init(self.kernel_init, fan_in_dims=2),
+                                            ("heads", "kv", "embed"))
+        w = self.param("out", init, (hq, d, e_out), self.param_dtype)
         dt = out.dtype
         y = jnp.einsum("bshd,hde->bse", out, w.astype(dt))
         if self.use_bias:
@@ -234,9 +235,6 @@ def _flat_init(init, fan_in_dims: int = 1):
 
     def wrapped(key, shape, dtype=jnp.float32):
         flat = (math.prod(shape[:fan_in_dims]), math.prod(shape[fan_in_dims:]))
-        value = init(key, flat, dtype)
-        if isinstance(value, nn.meta.AxisMetadata):
-            return nn.meta.replace_boxed(value, jnp.reshape(value.unbox(), shape))
-        return jnp.reshape(value, shape)
+        return jnp.reshape(init(key, flat, dtype), shape)
 
     return wrapped
