@@ -71,6 +71,16 @@ def heads(m, where: str) -> tuple[int, int, int]:
     return hq, hkv, positive_int(m.head_dim, "head_dim", where)
 
 
+def head_dim_of(features: int, heads_: int, head_dim, where: str) -> int:
+    """head_dim, or features // heads when None (features must divide then)."""
+    if head_dim is not None:
+        return positive_int(head_dim, "head_dim", where)
+    if features % heads_:
+        raise ValueError(f"{where}: head_dim=None needs the features ({features}) to be a "
+                         f"multiple of num_attention_heads ({heads_}); pass head_dim")
+    return features // heads_
+
+
 def needs_offset(m, where: str) -> bool:
     """Whether the module owns a LEARNABLE_SOFTMAX offset parameter [Hq]."""
     return as_enum(SoftmaxType, m.softmax_type, "softmax_type", where) == \

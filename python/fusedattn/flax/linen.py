@@ -158,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         where = type(self).__name__
         B, S, E = inputs.shape
         hq = _common.positive_int(self.num_attention_heads, "num_attention_heads", where)
-        d = E // hq if self.head_dim is None else self.head_dim
+        d = _common.head_dim_of(E, hq, self.head_dim, where)
         hkv = hq if self.num_gqa_groups is None else self.num_gqa_groups
         _common.heads(_Heads(hq, hkv, d), where)
         act = ("batch", "length", "heads", "kv")

@@ -150,7 +150,7 @@ class MultiHeadAttention(nnx.Module):
         where = type(self).__name__
         hq = _common.positive_int(num_attention_heads, "num_attention_heads", where)
         e = _common.positive_int(in_features, "in_features", where)
-        d = e // hq if head_dim is None else head_dim
+        d = _common.head_dim_of(e, hq, head_dim, where)
         hkv = hq if num_gqa_groups is None else num_gqa_groups
         self.attention = DotProductAttention(
             d, hq, hkv, attention_dropout=attention_dropout, attn_mask_type=attn_mask_type,

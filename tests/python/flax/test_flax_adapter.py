@@ -38,8 +38,7 @@ def masks(kind):
     return both if kind == "causal_padding_bool" else both.astype(jnp.float32)
 
 
-@pytest.mark.parametrize("mask_kind", [None, "causal", "causal_padding_bool",
-                                       "causal_padding_float"])
+@pytest.mark.parametrize("mask_kind", [None, "causal_padding_bool", "causal_padding_float"])
 def test_linen_multi_head_dot_product_attention(mask_kind, key):
     kx, kd = jax.random.split(key)
     x, dy = normal(kx, (B, S, E)), normal(kd, (B, S, E))
