@@ -171,3 +171,22 @@ def test_bad_arguments_name_the_argument(api, key):
         apply, init = build(api, head_dim=8, num_attention_heads=4, qkv_layout="BSHD_BS2HD")
         kv = jnp.stack([q, q], 2)
         apply(init(q, kv, q), q, kv, q, deterministic=True)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_record_max_logit_is_the_per_head_max_of_the_kept_logits(api, key):
+    kq, kk, kv = jax.random.split(key, 3)
+    B, S, H, D = 2, 16, 4, 8
+    q, k, v = (normal(x, (B, S, H, D)) for x in (kq, kk, kv))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * D ** -0.5
+    want = jnp.max(jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -jnp.inf), axis=(0, 2, 3))
+    if api == "linen":
+        m = fl.DotProductAttention(head_dim=D, num_attention_heads=H, record_max_logit=True)
+        out, state = m.apply({}, q, k, v, deterministic=True, mutable=["intermediates"])
+        got = state["intermediates"]["max_logit"][0]
+    else:
+        m = fn.DotProductAttention(D, H, record_max_logit=True)
+        out = m(q, k, v, deterministic=True)
+        got = m.max_logit[...]
+    ref.assert_close("out", out, ref.attention(q, k, v, causal=True))
+    ref.assert_close("max_logit", got, want)

@@ -131,3 +131,25 @@ def test_decoding_with_the_cache_equals_the_full_forward(api, config, key):
         with pytest.raises(ValueError, match="do not fit a KV cache"):
             model(jnp.concatenate([x, x[:, :1]], 1), decode=True)
     ref.assert_close("decoded", np.concatenate(outs, axis=1), full)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_dropout_follows_the_rng_and_deterministic_turns_it_off(api, key):
+    x = normal(key, (2, 16, E))
+    if api == "linen":
+        m = fl.MultiHeadAttention(num_attention_heads=H, attention_dropout=0.5, dropout_rate=0.1)
+        p = m.init(jax.random.PRNGKey(1), x, deterministic=True)
+        run = lambda seed: m.apply(p, x, deterministic=False,
+                                   rngs={"dropout": jax.random.PRNGKey(seed)})
+        exact = m.apply(p, x, deterministic=True)
+        plain = fl.MultiHeadAttention(num_attention_heads=H).apply(p, x)
+    else:
+        m = fn.MultiHeadAttention(H, E, attention_dropout=0.5, dropout_rate=0.1, rngs=nnx.Rngs(1))
+        run = lambda seed: m(x, deterministic=False, rngs=nnx.Rngs(dropout=seed))
+        exact = m(x, deterministic=True)
+        plain = fn.MultiHeadAttention(H, E, rngs=nnx.Rngs(1))(x)
+    ref.assert_close("deterministic = no dropout", exact, plain)
+    a, b, c = run(2), run(2), run(3)
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
+    assert np.abs(np.asarray(a) - np.asarray(exact)).max() > 1e-3
