@@ -243,7 +243,6 @@ def main(argv=None) -> int:
                                    f" --xla_force_host_platform_device_count={args.cpu_devices}")
     _import_jax()
     import fusedattn
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
     defaults = GPU_DEFAULTS if jax.default_backend() == "gpu" else CPU_DEFAULTS
     for name, value in defaults.items():

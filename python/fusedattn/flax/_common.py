@@ -100,10 +100,11 @@ def _operands(layout, query, key, value, where: str) -> tuple:
     packed qkv), BSHD_BS2HD / THD_T2HD query and key (the packed kv)."""
     n = _PACKED.get(layout, 3)
     given = (query, key, value)
-    for i, arg in enumerate(("query", "key", "value")):
+    names = ("query", "key", "value")
+    for i, arg in enumerate(names):
         if i < n and given[i] is None:
             raise ValueError(f"{where}: {arg} is None; qkv_layout {layout.name} needs "
-                             f"{('query',) if n == 1 else ('query', 'key') if n == 2 else ('query', 'key', 'value')}")
+                             f"{', '.join(names[:n])}")
         if i >= n and given[i] is not None:
             raise ValueError(f"{where}: {arg} must be None under qkv_layout {layout.name} (the "
                              f"{'qkv' if n == 1 else 'kv'} tensor is packed into "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

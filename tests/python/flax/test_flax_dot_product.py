@@ -52,7 +52,8 @@ def offset_of(api, params):
 def test_forward_and_grads_match_plain_attention(api, heads, groups, mask, key):
     kq, kk, kv, kd = jax.random.split(key, 4)
     B, S, D = 2, 24, 16
-    q, k, v = normal(kq, (B, S, heads, D)), normal(kk, (B, S, groups, D)), normal(kv, (B, S, groups, D))
+    q = normal(kq, (B, S, heads, D))
+    k, v = normal(kk, (B, S, groups, D)), normal(kv, (B, S, groups, D))
     dout = normal(kd, (B, S, heads, D))
     apply, init = build(api, head_dim=D, num_attention_heads=heads, num_gqa_groups=groups,
                         attn_mask_type=mask)

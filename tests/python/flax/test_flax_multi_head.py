@@ -51,8 +51,9 @@ def make(api, groups, fused, rope, softmax, decode=False):
     return (lambda p, x, **c: nnx.merge(graphdef, p, rest)(x, **c)), state, kernels
 
 
-@pytest.mark.parametrize("api,config", [("linen", "fused"), ("linen", "separate_mqa_rope_sink"),
-                                        ("nnx", "fused_gqa_rope"), ("nnx", "separate_mqa_rope_sink")])
+@pytest.mark.parametrize("api,config", [
+    ("linen", "fused"), ("linen", "separate_mqa_rope_sink"), ("nnx", "fused_gqa_rope"),
+    ("nnx", "separate_mqa_rope_sink")])
 def test_matches_the_plain_block(api, config, key):
     groups, fused, rope, softmax = CONFIGS[config]
     kx, kd, ks = jax.random.split(key, 3)
@@ -94,9 +95,9 @@ def test_rotary_matches_complex_rotation(key):
         _common.rotary(x[..., :5], jnp.arange(10))
 
 
-@pytest.mark.parametrize("api,config", [("linen", "fused_gqa_rope"),
-                                        ("linen", "separate_mqa_rope_sink"),
-                                        ("nnx", "fused_gqa_rope"), ("nnx", "separate_mqa_rope_sink")])
+@pytest.mark.parametrize("api,config", [
+    ("linen", "fused_gqa_rope"), ("linen", "separate_mqa_rope_sink"), ("nnx", "fused_gqa_rope"),
+    ("nnx", "separate_mqa_rope_sink")])
 def test_decoding_with_the_cache_equals_the_full_forward(api, config, key):
     groups, fused, rope, softmax = CONFIGS[config]
     B, L = 2, 16

@@ -1,4 +1,4 @@
-"""fusedattn.flax.linen.MultiHeadAttention on a dp x cp x tp mesh of the 8 virtual CPU
+"""fusedattn.flax MultiHeadAttention (linen and nnx) on a dp x cp x tp mesh of the 8 virtual CPU
 devices, sharded by its logical axis names (batch -> dp, length -> cp with context
 parallelism in the attention, heads -> tp): jit with those shardings equals the
 single-device result (forward and gradients), and the parameters land sharded."""
@@ -61,3 +61,29 @@ def test_mesh_equals_one_device(strategy, key):
     ref.assert_close("out", out, want)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want_g)):
         ref.assert_close(jax.tree_util.keystr(path), a, b, rel=2e-5)
+
+
+def test_nnx_mesh_equals_one_device(key):
+    """nnx: the parameters' axis names -> nnx.get_partition_spec under the same rules."""
+    from flax import nnx
+    from fusedattn.flax import nnx as fn
+
+    kx, kd = jax.random.split(key)
+    x, dy = normal(kx, (4, 32, 32)), normal(kd, (4, 32, 32))
+    model = fn.MultiHeadAttention(4, 32, num_gqa_groups=2, enable_rotary_pos_emb=True,
+                                  context_parallel_axis="cp", rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    run = lambda st, x: nnx.merge(graphdef, st)(x)
+    dx = lambda st, x: jax.grad(lambda x: jnp.sum(run(st, x) * dy))(x)
+    want, want_dx = jax.jit(run)(state, x), jax.jit(dx)(state, x)
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 2, 2), ("dp", "cp", "tp"))
+    with nn.logical_axis_rules(RULES):
+        specs = nnx.get_partition_spec(state)
+    st = jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    xs = jax.device_put(x, NamedSharding(mesh, P("dp", "cp", None)))
+    assert st["kernels"]["kv"][...].sharding.spec == P(None, None, "tp", None)
+    out = jax.jit(run)(st, xs)
+    assert out.sharding.spec[:2] == ("dp", "cp")
+    ref.assert_close("out", out, want)
+    ref.assert_close("dx", jax.jit(dx)(st, xs), want_dx, rel=2e-5)
