@@ -1,5 +1,6 @@
-"""python -m fusedattn demo: train a small character-level GPT built from fusedattn.flax
-modules on the documentation that ships with Python (pydoc_data.topics).
+"""python -m fusedattn demo: a character-level GPT of fusedattn.flax modules on Python's docs.
+
+The text is the documentation that ships with Python (pydoc_data.topics).
 
 The model is flax.linen: token embedding, blocks of fusedattn.flax.linen.MultiHeadAttention
 (causal, rotary position embeddings, the per-head max logit recorded) and an MLP, tied
@@ -133,8 +134,10 @@ def max_logits(intermediates, layers: int):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m fusedattn demo",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m fusedattn demo", description=__doc__.split("\n")[0],
+        epilog="Unset sizes take the CPU defaults " + _fmt(CPU_DEFAULTS) + ", on a GPU " +
+        _fmt(GPU_DEFAULTS) + ".")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None, help="context length in characters")
@@ -159,6 +162,10 @@ def parse_args(argv):
     ap.add_argument("--cpu-devices", type=int, default=None,
                     help="virtual CPU devices (sets XLA_FLAGS before jax starts)")
     return ap.parse_args(argv)
+
+
+def _fmt(d: dict) -> str:
+    return "(" + ", ".join(f"{k} {v}" for k, v in d.items()) + ")"
 
 
 def make_mesh(spec: str):
