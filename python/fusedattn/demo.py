@@ -62,42 +62,45 @@ def build_model_classes():
         """MultiHeadAttention's math and parameter names ('qkv' [E, 3, H, D], 'out'
         [H, D, E]) with jax.nn.dot_product_attention inside: the timing baseline."""
         num_attention_heads: int
+        dtype: object = None
 
         @nn.compact
         def __call__(self, x, positions):
             E, H = x.shape[-1], self.num_attention_heads
+            dt = self.dtype or x.dtype
             init = nn.initializers.lecun_normal()
             w = self.param("qkv", lambda k, s: init(k, (E, 3 * E)).reshape(s), (E, 3, H, E // H))
-            qkv = jnp.einsum("bse,ethd->bsthd", x, w)
+            qkv = jnp.einsum("bse,ethd->bsthd", x.astype(dt), w.astype(dt))
             q = _common.rotary(qkv[:, :, 0], positions)
             k = _common.rotary(qkv[:, :, 1], positions)
             o = jax.nn.dot_product_attention(q, k, qkv[:, :, 2], is_causal=True)
             w_out = self.param("out", lambda k, s: init(k, (E, E)).reshape(s), (H, E // H, E))
-            return jnp.einsum("bshd,hde->bse", o, w_out)
+            return jnp.einsum("bshd,hde->bse", o, w_out.astype(dt))
 
     class Block(nn.Module):
         heads: int
         attention: str = "fusedattn"   # or "jax"
         decode: bool = False
         cp: tuple = ()                 # context-parallel keywords, as (name, value) pairs
+        dtype: object = None           # the compute dtype (parameters stay float32)
 
         @nn.compact
         def __call__(self, x, positions):
-            h = nn.LayerNorm(name="ln1")(x)
+            h = nn.LayerNorm(dtype=self.dtype, name="ln1")(x)
             if self.attention == "jax":
-                h = JaxAttention(self.heads, name="attn")(h, positions)
+                h = JaxAttention(self.heads, self.dtype, name="attn")(h, positions)
             else:
                 h = fl.MultiHeadAttention(num_attention_heads=self.heads, attn_mask_type="causal",
                                           enable_rotary_pos_emb=True, record_max_logit=True,
-                                          decode=self.decode, name="attn", **dict(self.cp))(
-                    h, positions=positions)
+                                          decode=self.decode, dtype=self.dtype, name="attn",
+                                          **dict(self.cp))(h, positions=positions)
             x = x + h
             E = x.shape[-1]
             init = nn.initializers.lecun_normal()
             h = nn.Dense(4 * E, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
-                         name="up")(nn.LayerNorm(name="ln2")(x))
+                         dtype=self.dtype, name="up")(nn.LayerNorm(dtype=self.dtype, name="ln2")(x))
             h = nn.Dense(E, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
-                         name="down")(nn.gelu(h))
+                         dtype=self.dtype, name="down")(nn.gelu(h))
             return nn.with_logical_constraint(x + h, ("batch", "length", "embed"))
 
     class GPT(nn.Module):
@@ -110,19 +113,21 @@ def build_model_classes():
         attention: str = "fusedattn"
         decode: bool = False
         cp: tuple = ()
+        dtype: object = None
 
         @nn.compact
         def __call__(self, tokens, positions=None):
-            embed = nn.Embed(self.vocab, self.d_model, name="embed", embedding_init=
-                             nn.with_logical_partitioning(nn.initializers.normal(0.02),
-                                                          ("vocab", "embed")))
+            init = nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed"))
+            embed = nn.Embed(self.vocab, self.d_model, dtype=self.dtype, embedding_init=init,
+                             name="embed")
             x = nn.with_logical_constraint(embed(tokens), ("batch", "length", "embed"))
             if positions is None and not self.decode:
                 positions = jnp.arange(tokens.shape[1])
             for i in range(self.layers):
-                x = Block(self.heads, self.attention, self.decode, self.cp, name=f"block_{i}")(
-                    x, positions)
-            return embed.attend(nn.LayerNorm(name="ln_f")(x)).astype(jnp.float32)
+                x = Block(self.heads, self.attention, self.decode, self.cp, self.dtype,
+                          name=f"block_{i}")(x, positions)
+            return embed.attend(nn.LayerNorm(dtype=self.dtype, name="ln_f")(x)).astype(
+                jnp.float32)
 
     return GPT
 
@@ -145,6 +150,9 @@ def parse_args(argv):
     ap.add_argument("--d-model", type=int, default=None)
     ap.add_argument("--heads", type=int, default=None)
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                    help="compute dtype (parameters stay float32); default float32 on the CPU, "
+                         "bfloat16 on a GPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50, help="steps between kept log lines")
     ap.add_argument("--compare-steps", type=int, default=10,
@@ -282,10 +290,13 @@ def main(argv=None) -> int:
         (lambda x: x))
 
     GPT = build_model_classes()
-    cfg = dict(vocab=V, layers=args.layers, d_model=args.d_model, heads=args.heads)
+    if args.dtype is None:
+        args.dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+    dtype = jnp.dtype(args.dtype)
+    cfg = dict(vocab=V, layers=args.layers, d_model=args.d_model, heads=args.heads, dtype=dtype)
     model = GPT(**cfg, cp=cp)
     head_dim = args.d_model // args.heads
-    qkv = jax.ShapeDtypeStruct((B, T, args.heads, head_dim), jnp.float32)
+    qkv = jax.ShapeDtypeStruct((B, T, args.heads, head_dim), dtype)
     backend = fusedattn.get_backend((qkv,) * 3, attn_mask_type=fusedattn.AttnMaskType.CAUSAL_MASK)
     print(f"jax {jax.__version__} | backend {jax.default_backend()} | {len(jax.devices())} devices"
           f" | fusedattn {fusedattn.__version__}: attention {qkv.shape} causal -> {backend.name}"
@@ -297,7 +308,7 @@ def main(argv=None) -> int:
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"data: pydoc_data.topics, {len(data):,} characters, vocab {V} (uniform guess "
           f"{math.log(V):.2f} nats) | model: {args.layers} layers, d_model {args.d_model}, "
-          f"{args.heads} heads, RoPE, {n_params:,} params | batch {B} x {T} chars, "
+          f"{args.heads} heads, RoPE, {n_params:,} params, {dtype.name} | batch {B} x {T} chars, "
           f"{args.steps} steps, lr {args.lr}")
     warmup = max(1, args.steps // 20)
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, warmup + 1),
