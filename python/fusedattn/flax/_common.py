@@ -280,7 +280,9 @@ def flax_attention(query, key, value, bias=None, mask=None, *, dropout_rng=None,
     if mask is not None:
         mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
         base = jnp.zeros((), dt) if bias is None else bias
-        bias = jnp.where(mask, base, jnp.asarray(_LARGE_NEGATIVE, jnp.float32).astype(dt))
+        # jax's masked logit, or -0.7 x the dtype's max where it cannot hold that (float16).
+        masked = max(_LARGE_NEGATIVE, float(-0.7 * jnp.finfo(dt).max))
+        bias = jnp.where(mask, base, jnp.asarray(masked, dt))
     if bias is not None:
         bias = jnp.broadcast_to(bias, jnp.broadcast_shapes(bias.shape, (1, 1, T, S)))
     window = None
