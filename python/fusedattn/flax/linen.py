@@ -111,7 +111,10 @@ class MultiHeadAttention(nn.Module):
     attention_dropout: on the attention probabilities; dropout_rate: on the output.
     decode: a KV cache in the 'cache' collection (as flax's own decode=True): init with
       the full-length input creates it; then each call appends its tokens (one or more)
-      and attends to everything cached, causally. Apply with mutable=['cache'].
+      and attends to everything cached, causally (the bottom-right padding-causal mask: no
+      dense mask is built). Apply with mutable=['cache']. The index is traced, so a call
+      past the last slot is not caught (as in Flax's own cache); one longer than the cache
+      is an error.
     The other attributes go to DotProductAttention.
     """
 

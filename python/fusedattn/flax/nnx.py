@@ -130,7 +130,7 @@ class MultiHeadAttention(nnx.Module):
     deterministic=False, rngs=None, decode=None) -> [B, S, out_features or E].
     Decoding: init_cache(input_shape [B, L, E], dtype) makes the cache of L tokens; calls
     with decode=True (or decode=True in the constructor) append their tokens and attend
-    to everything cached, causally."""
+    to everything cached, causally (past the last slot is not caught: the index is traced)."""
 
     def __init__(self, num_attention_heads: int, in_features: int, head_dim: int | None = None,
                  num_gqa_groups: int | None = None, *, out_features: int | None = None,
