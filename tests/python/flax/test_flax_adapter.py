@@ -112,3 +112,22 @@ def test_adapter_dropout_statistics(key):
     ref.assert_close("deterministic", same, v)
     with pytest.raises(ValueError, match="dropout_rng"):
         fl.attention_fn(q, k, v, dropout_rate=p, deterministic=False)
+
+
+def test_linen_decode_with_flax_cache_through_the_adapter(key):
+    """Flax's own decode=True cache (its [B, 1, 1, L] key mask each step) with the adapter
+    equals Flax's full causal forward."""
+    x = normal(key, (B, 8, E))
+    m = nn.MultiHeadDotProductAttention(num_heads=H, attention_fn=fl.attention_fn, decode=True,
+                                        deterministic=True)
+    variables = m.init(jax.random.PRNGKey(1), x)
+    full = nn.MultiHeadDotProductAttention(num_heads=H, deterministic=True).apply(
+        {"params": variables["params"]}, x, mask=nn.make_causal_mask(jnp.ones((B, 8))))
+    step = jax.jit(lambda c, t: m.apply({"params": variables["params"], "cache": c}, t,
+                                        mutable=["cache"]))
+    cache, outs = variables["cache"], []
+    for i in range(8):
+        y, upd = step(cache, x[:, i:i + 1])
+        cache = upd["cache"]
+        outs.append(y)
+    ref.assert_close("decoded", jnp.concatenate(outs, 1), full)
