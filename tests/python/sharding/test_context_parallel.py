@@ -410,25 +410,3 @@ def test_errors():
     with pytest.raises(ValueError, match="must divide into 2 \\* cp_size"):
         reorder_causal_load_balancing(q, ReorderStrategy.DualChunkSwap, 5, 1)
 
-
-def test_sharded_training_example(capsys):
-    """python -m fusedattn demo --mesh dp=2,tp=2,cp=2: the transformer trained over a
-    dp x tp x cp mesh (context parallelism in every attention layer) follows the
-    one-device run's loss curve step by step."""
-    from fusedattn import demo
-
-    def losses(extra):
-        demo.SHARDED = None
-        try:
-            assert demo.main(["--steps", "4", "--log-every", "1", "--min-acc", "-1",
-                              "--batch", "8"] + extra) == 0
-        finally:
-            demo.SHARDED = None
-        out = capsys.readouterr().out
-        return [float(m) for m in re.findall(r"\| loss ([0-9.]+) \|", out)], out
-
-    plain, _ = losses([])
-    sharded, out = losses(["--mesh", "dp=2,tp=2,cp=2"])
-    assert "mesh {'dp': 2, 'cp': 2, 'tp': 2}" in out and "ms/step" in out
-    assert len(plain) == len(sharded) == 4
-    np.testing.assert_allclose(sharded, plain, rtol=1e-4)

@@ -1,0 +1,43 @@
+"""attention_fn: fusedattn behind Flax's dot_product_attention hook, the same function for
+flax.linen.MultiHeadDotProductAttention(attention_fn=...) and
+flax.nnx.MultiHeadAttention(attention_fn=...).
+
+Speed: a causal model should say so (make_attention_fn(is_causal=True), or nnx's
+is_causal=True) instead of passing a dense causal mask: the causal mask type skips the key
+tiles above the diagonal, a dense mask is read as a bias over every tile (several times
+slower at long sequences). Flax's make_causal_mask gives the dense form.
+"""
+
+from __future__ import annotations
+
+from . import _common
+
+__all__ = ["attention_fn", "make_attention_fn"]
+
+
+def make_attention_fn(*, is_causal: bool = False, local_window_size=None):
+    """An attention_fn for Flax's attention modules, always causal with is_causal=True
+    (and with nnx's is_causal=True per call) and sliding-window with local_window_size
+    (jax.nn.dot_product_attention's (left, right)); a mask Flax passes is applied as well.
+
+    The hook: (query [batch..., Sq, Hq, D], key / value [batch..., Skv, Hkv, D], bias,
+    mask (bool or float, nonzero keeps), broadcast_dropout, dropout_rng, dropout_rate,
+    deterministic, dtype, precision, module, is_causal) -> [batch..., Sq, Hq, D].
+    precision and module are accepted and unused (the engine has its own precision: float32
+    accumulation; attention weights are never formed, so there is nothing to sow).
+    Dropout draws fused_attn's seed from dropout_rng and drops each probability on its own
+    (broadcast_dropout is not honoured: the same rate, another pattern)."""
+    default_causal = bool(is_causal)
+
+    def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                     dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
+                     precision=None, module=None, is_causal=False):
+        return _common.flax_attention(
+            query, key, value, bias, mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
+            deterministic=deterministic, dtype=dtype, is_causal=default_causal or is_causal,
+            local_window_size=local_window_size)
+
+    return attention_fn
+
+
+attention_fn = make_attention_fn()
