@@ -8,7 +8,7 @@ if ls .whl/fusedattn-*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/fusedattn-*.whl || exit 1
   # The Python sources of this tree win over the wheel's (a wheel built before a
   # Python-only change still carries the right library).
-  cp python/fusedattn/*.py "$SITE/fusedattn/" && cp python/fusedattn/bench/*.py "$SITE/fusedattn/bench/"
+  (cd python && find fusedattn -name '*.py' -exec cp --parents {} "$SITE/" \;)
 else
   "$PY" -m pip install -q --no-build-isolation --no-deps --target "$SITE" . || exit 1
 fi
