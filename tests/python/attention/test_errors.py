@@ -90,15 +90,15 @@ def test_unsupported_dtype(dtype):
         trace(shapes(dtype=dtype))
 
 
-def test_float64_is_unsupported():
-    # Without x64, eval_shape would turn float64 into float32: enable it for this call,
-    # and pass plain numpy arrays too (no tracing at all).
+def test_float64_is_accepted():
+    # Under x64: float64 in, float64 out (float64 math on the CPU). Without it, NumPy float64
+    # arrays become float32, as everywhere in jax.
     with jax.enable_x64(True):
-        with raises(ValueError, "dtype", "float64"):
-            trace(shapes(dtype=jnp.float64))
+        assert trace(shapes(dtype=jnp.float64)).dtype == jnp.float64
     x = np.ones((B, S, H, D), np.float64)
-    with raises(ValueError, "dtype", "float64"):
-        fusedattn.fused_attn((x, x, x), None, None, None)
+    assert fusedattn.fused_attn((x, x, x), None, None, None).dtype == jnp.float32
+    with raises(ValueError, "dtype", "complex64"):
+        trace(shapes(dtype=jnp.complex64))
 
 
 def test_mixed_dtypes():
