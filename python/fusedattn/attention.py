@@ -18,6 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from . import _autodiff, _lib, _nan_rows, _partition, context_parallel, small_seq
 from . import score_mod as _sm
@@ -377,7 +378,16 @@ def _fused_fwd(static, training: bool, *ops):
         cfg = dataclasses.replace(cfg, want_lse=True)
         if _has_gpu() and jax.default_backend() != "cpu":
             _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
-    return _FWD((cfg, dims, sm, training, "fwd"), *ops)
+    return _named(cfg, *_FWD((cfg, dims, sm, training, "fwd"), *ops))
+
+
+def _named(cfg: Config, out, lse, max_logit):
+    """out and lse tagged with context_checkpoint_name (a remat policy naming it saves them,
+    and with them the backward's residuals: the forward is not run again)."""
+    if cfg.checkpoint_name is None:
+        return out, lse, max_logit
+    return (checkpoint_name(out, cfg.checkpoint_name), checkpoint_name(lse, cfg.checkpoint_name),
+            max_logit)
 
 
 def _fused_bwd(static, *args):
@@ -654,7 +664,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                context_parallel_strategy=context_parallel.CPStrategy.DEFAULT,
                context_parallel_axis=None,
                context_parallel_causal_load_balanced=False,
-               stripe_size=None):
+               stripe_size=None,
+               context_checkpoint_name="context"):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
@@ -672,7 +683,14 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       typed PRNG key; its kind is checked always); read only when is_training and
       dropout_probability > 0.
     dropout_probability (a static float in [0, 1)), is_training (a static bool) and
-    max_segments_per_seq (a static int) are not traced.
+    max_segments_per_seq (a static int) are not traced. The descriptor is resolved to
+    max_segments_per_seq at call time (segment ids found, TransformerEngine's -1-padded
+    lengths / offsets compacted: sequence.py's docstring); with a BSHD layout a value
+    above 1 warns and is taken as 1, as in TransformerEngine.
+    context_checkpoint_name: the name out and the softmax statistics are tagged with
+      (jax.ad_checkpoint.checkpoint_name; TransformerEngine's keyword and default), so
+      jax.checkpoint(..., policy=jax.checkpoint_policies.save_only_these_names("context"))
+      keeps them and the backward does not run the forward again; None: no tag.
     Bad arguments raise at trace time, naming the argument: ValueError, or for the wrong
     kind of argument (a list for an array, a str or float for an int, a traced value for a
     static one) fusedattn._args.ArgumentTypeError, a TypeError that is also a ValueError.
@@ -742,12 +760,14 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    softmax_type=softmax_type, scaling_factor=scaling_factor,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                   softmax_offset=softmax_offset)
+                   softmax_offset=softmax_offset, context_checkpoint_name=context_checkpoint_name)
+    sequence_descriptor = call.sequence_descriptor  # resolved to the call's max_segments_per_seq
     if check_descriptors and sequence_descriptor is not None:
         d = call.dims
         check_descriptor(*call.operands[6:10], seqlen_q=d.Sq, seqlen_kv=d.Skv,
                          thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
-                         q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs)
+                         q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs,
+                         runs_of=sequence_descriptor.runs_of)
     cp = context_parallel.config(context_parallel_strategy, context_parallel_axis,
                     context_parallel_causal_load_balanced, stripe_size, call.cfg)
     if cp is not None:
@@ -895,7 +915,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
                                   bool(is_training), bool(return_max_logit))
     if not return_max_logit:
-        served, reason = _small_seq_route(call.params, qkv, sequence_descriptor, platform)
+        served, reason = _small_seq_route(call.params, qkv, call.sequence_descriptor,
+                                          platform)
         if served:
             return BackendInfo("small_seq", True, reason)
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
