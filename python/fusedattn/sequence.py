@@ -197,9 +197,9 @@ class SequenceDescriptor:
     def from_seqlens_and_offsets(cls, seqlens, seq_offsets=None, *, offsets=None,
                                  max_segment_seqlen_q=None,
                                  max_segment_seqlen_kv=None) -> "SequenceDescriptor":
-        """seqlens int [B, W] and seq_offsets int [B, W + 1] (token where each segment
+        """seqlens int [B, M] and seq_offsets int [B, M + 1] (token where each segment
         starts; the last column is where the row's last segment ends), each for both q and
-        kv or a pair (for q, for kv). TransformerEngine's arrays (W the sequence length,
+        kv or a pair (for q, for kv). TransformerEngine's arrays (M the sequence length,
         padded with -1; q and kv of different widths in cross attention) are compacted to
         the call's max_segments_per_seq. offsets= is the older name of seq_offsets."""
         ctor = "from_seqlens_and_offsets"
@@ -209,8 +209,8 @@ class SequenceDescriptor:
         q, kv = _pair(seqlens, "seqlens", ctor)
         qo, kvo = _pair(offsets if seq_offsets is None else seq_offsets, "seq_offsets", ctor)
         q, kv = _int_array(q, "q_seqlens", ctor), _int_array(kv, "kv_seqlens", ctor)
-        qo = _int_array(qo, "q_offsets", ctor, "[B, W + 1]", (2,))
-        kvo = _int_array(kvo, "kv_offsets", ctor, "[B, W + 1]", (2,))
+        qo = _int_array(qo, "q_offsets", ctor, "[B, M + 1]", (2,))
+        kvo = _int_array(kvo, "kv_offsets", ctor, "[B, M + 1]", (2,))
         if q.shape[0] != kv.shape[0]:
             raise ValueError(f"SequenceDescriptor.{ctor}: q_seqlens {q.shape} and kv_seqlens "
                              f"{kv.shape} must have the same batch size")
@@ -218,7 +218,7 @@ class SequenceDescriptor:
             want = lens.shape[:-1] + (lens.shape[-1] + 1,)
             if offs.shape != want:
                 raise ValueError(f"SequenceDescriptor.{ctor}: {name}_offsets must have shape "
-                                 f"[B, W + 1] = {list(want)} ({name}_seqlens is [B, W]); got "
+                                 f"[B, M + 1] = {list(want)} ({name}_seqlens is [B, M]); got "
                                  f"{list(offs.shape)}")
         return cls(q, kv, qo, kvo).with_max_segment_seqlens(max_segment_seqlen_q,
                                                             max_segment_seqlen_kv)
