@@ -290,7 +290,7 @@ def _warn_dropped(sd: SequenceDescriptor, M: int) -> None:
                           f"{what} hold up to {most} segments in a row, more than "
                           f"max_segments_per_seq={M}: the segments past it are dropped (their "
                           f"tokens are padding); pass max_segments_per_seq={most} to keep "
-                          "them", UserWarning, stacklevel=4)
+                          "them", UserWarning, stacklevel=5)
 
 
 def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDescriptor:

@@ -662,7 +662,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                score_mod_bprop=None,
                check_descriptors=False,
                context_parallel_strategy=context_parallel.CPStrategy.DEFAULT,
-               context_parallel_axis=None,
+               context_parallel_axis="",
                context_parallel_causal_load_balanced=False,
                stripe_size=None,
                context_checkpoint_name="context"):
@@ -726,7 +726,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       jit, use err, out = checkify.checkify(jax.jit(f))(...); err.throw().
     Context parallelism (context_parallel.py; under jit on a mesh, or inside shard_map
     with the axis manual): context_parallel_axis names the mesh axis that shards the
-    sequence of q and k / v (None: none); context_parallel_strategy ALL_GATHER (DEFAULT)
+    sequence of q and k / v ("" (TransformerEngine's default) or None: none); context_parallel_strategy ALL_GATHER (DEFAULT)
     or RING (CPStrategy or its name); context_parallel_causal_load_balanced: the inputs
     come in reorder_causal_load_balancing's dual-chunk order (and the output, aux and
     gradients leave in it). Every feature keeps the unsharded call's result (masks,
@@ -768,6 +768,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                          thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
                          q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs,
                          runs_of=sequence_descriptor.runs_of)
+    if isinstance(context_parallel_axis, str) and not context_parallel_axis:
+        context_parallel_axis = None  # TransformerEngine's default "": no axis
     cp = context_parallel.config(context_parallel_strategy, context_parallel_axis,
                     context_parallel_causal_load_balanced, stripe_size, call.cfg)
     if cp is not None:
