@@ -333,6 +333,7 @@ def test_te_keyword_names_and_defaults():
                  "attn_mask_type", "qkv_layout", "scaling_factor", "dropout_probability",
                  "is_training"):
         assert name in params, name
+    assert fusedattn.AttnSoftmaxType is fusedattn.SoftmaxType
     sd_params = inspect.signature(SequenceDescriptor.from_seqlens_and_offsets).parameters
     assert "seq_offsets" in sd_params and "offsets" in sd_params
     ids_params = inspect.signature(SequenceDescriptor.from_segment_ids_and_pos).parameters
