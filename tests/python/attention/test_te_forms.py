@@ -345,3 +345,29 @@ def test_empty_context_parallel_axis_is_no_context_parallelism(key):
     plain = fusedattn.fused_attn((q, k, v), None, None, None)
     _close(fusedattn.fused_attn((q, k, v), None, None, None, context_parallel_axis=""), plain)
     _close(fusedattn.fused_attn((q, k, v), None, None, None, context_parallel_axis=None), plain)
+
+
+@pytest.mark.parametrize("strategy", [fusedattn.CPStrategy.ALL_GATHER, fusedattn.CPStrategy.RING],
+                         ids=lambda s: s.name)
+def test_segment_ids_under_context_parallelism(key, strategy):
+    # The descriptor of segment ids stays global (natural order) and is resolved once with
+    # the call's max_segments_per_seq; q, k, v are striped over a cp mesh of 2 devices.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    S, cp, stripe = 32, 2, 4
+    ids, pos = te_segments(2, S, N_SEG, seed=11)
+    q, k, v, w = _inputs(key, 2, S, S)
+    mesh = Mesh(np.array(jax.devices("cpu")[:cp]), ("cp",))
+    order = lambda x: fusedattn.reorder_causal_load_balancing(
+        x, fusedattn.ReorderStrategy.Striped, cp, 1, stripe_size=stripe)
+    undo = lambda x: fusedattn.inverse_reorder_causal_load_balancing(
+        x, fusedattn.ReorderStrategy.Striped, cp, 1, stripe_size=stripe)
+    sd = SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
+    cp_fn = _te_call(sd, AttnMaskType.PADDING_CAUSAL_MASK, N_SEG + 1,
+                     context_parallel_axis="cp", context_parallel_strategy=strategy,
+                     context_parallel_causal_load_balanced=True, stripe_size=stripe)
+    put = lambda x: jax.device_put(order(x), NamedSharding(mesh, P(None, "cp")))
+    got = _value_and_grads(lambda q, k, v: undo(cp_fn(q, k, v)), put(q), put(k), put(v), w)
+    got = (got[0], tuple(undo(g) for g in got[1]))
+    want = _value_and_grads(lambda q, k, v: dense_oracle(q, k, v, ids, ids, pos, pos, True),
+                            q, k, v, w)
+    _close(got, want)
