@@ -423,8 +423,14 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
     raise_for_status(*_lib.validate(params))
-    sd = (None if sequence_descriptor is None
-          else resolve_descriptor(sequence_descriptor, dims, M))
+    if sequence_descriptor is None:
+        sd = None
+    elif build:
+        sd = resolve_descriptor(sequence_descriptor, dims, M)
+    else:  # only checking (get_backend): the descriptor may be ShapeDtypeStructs
+        if not sequence_descriptor.has_segment_ids:
+            _check_descriptor_kinds(sequence_descriptor)
+        sd = jax.eval_shape(lambda s: resolve_descriptor(s, dims, M), sequence_descriptor)
     if cfg.dropout_on and seed is None:
         raise ValueError(f"fused_attn: dropout_probability={cfg.dropout} with is_training=True "
                          "needs a seed (an int or a PRNG key)")
