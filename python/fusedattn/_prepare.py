@@ -53,7 +53,8 @@ class Config:
     want_max_logit: bool = False
     # context parallelism (context_parallel.CPConfig) or None
     cp: Any = None
-    # the name out and lse are tagged with (jax.ad_checkpoint.checkpoint_name), None: none
+    # the name out, lse and max_logit are tagged with (jax.ad_checkpoint.checkpoint_name),
+    # None: none
     checkpoint_name: str | None = "context"
 
     @property

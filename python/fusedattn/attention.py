@@ -18,7 +18,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 from . import _autodiff, _lib, _nan_rows, _partition, context_parallel, small_seq
 from . import score_mod as _sm
@@ -378,16 +377,7 @@ def _fused_fwd(static, training: bool, *ops):
         cfg = dataclasses.replace(cfg, want_lse=True)
         if _has_gpu() and jax.default_backend() != "cpu":
             _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
-    return _named(cfg, *_FWD((cfg, dims, sm, training, "fwd"), *ops))
-
-
-def _named(cfg: Config, out, lse, max_logit):
-    """out and lse tagged with context_checkpoint_name (a remat policy naming it saves them,
-    and with them the backward's residuals: the forward is not run again)."""
-    if cfg.checkpoint_name is None:
-        return out, lse, max_logit
-    return (checkpoint_name(out, cfg.checkpoint_name), checkpoint_name(lse, cfg.checkpoint_name),
-            max_logit)
+    return _FWD((cfg, dims, sm, training, "fwd"), *ops)
 
 
 def _fused_bwd(static, *args):
@@ -411,8 +401,11 @@ def _differentiable_ops(static, n_ops: int) -> tuple:
 
 # grad: the fused forward and backward; jvp and higher orders: the reference's
 # derivatives around them (_autodiff.py).
+# context_checkpoint_name tags out, lse and max_logit (the backward's residuals): a remat
+# policy naming it saves them, so the forward does not run again.
 _attention = _autodiff.Differentiable("fusedattn_attention", _fused_fwd, _fused_bwd,
-                                      _reference_out, _differentiable_ops)
+                                      _reference_out, _differentiable_ops,
+                                      checkpoint_name=lambda static: static[0].checkpoint_name)
 
 
 # ---------------------------------------------------------------------------
