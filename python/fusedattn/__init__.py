@@ -11,12 +11,14 @@ from .sequence import SequenceDescriptor
 from .small_seq import SmallSeqDescriptor, fused_attn_small_seq
 from .softmax import is_softmax_kernel_available, softmax, softmax_fallback
 
+AttnSoftmaxType = SoftmaxType  # TransformerEngine's name of the same enum
+
 __version__ = _lib.version()
 set_num_threads = _lib.set_num_threads
 num_threads = _lib.num_threads
 
 __all__ = [
-    "AttnBiasType", "AttnMaskType", "BackendInfo", "CPStrategy", "QKVLayout", "ReorderStrategy", "SequenceDescriptor",
+    "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "BackendInfo", "CPStrategy", "QKVLayout", "ReorderStrategy", "SequenceDescriptor",
     "SmallSeqDescriptor", "SoftmaxFusionType", "SoftmaxType", "attention_reference",
     "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
     "install", "installed", "inverse_reorder_causal_load_balancing", "is_installed", "reorder_causal_load_balancing",

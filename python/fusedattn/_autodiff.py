@@ -29,6 +29,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -44,8 +45,11 @@ class Differentiable:
     `self(static, training, *ops) -> (out, *stats)`. diff(static, n_ops) gives the
     positions of the differentiable operands (floating arrays), in bwd's order."""
 
-    def __init__(self, name: str, fwd, bwd, ref, diff):
+    def __init__(self, name: str, fwd, bwd, ref, diff, checkpoint_name=None):
         self.fwd, self.bwd, self.ref, self.diff = fwd, bwd, ref, diff
+        # checkpoint_name(static) -> str | None: the name the forward's results (the
+        # backward's residuals) carry, so a remat policy naming it keeps them.
+        self.checkpoint_name = checkpoint_name
         self.call = jax.custom_jvp(self._primal, nondiff_argnums=(0, 1))
         self.call.defjvp(self._jvp)
         self.backward = jax.custom_jvp(self._bwd_primal, nondiff_argnums=(0, 1))
@@ -70,6 +74,9 @@ class Differentiable:
 
     def _jvp(self, static, training, primals, tangents):
         results = self.call(static, True, *primals)  # differentiable at an outer level too
+        label = self.checkpoint_name(static) if self.checkpoint_name else None
+        if label is not None:
+            results = tuple(checkpoint_name(x, label) for x in results)
         out = results[0]
         lin = [ad.instantiate_zeros(tangents[i]) for i in self.diff(static, len(primals))]
         t_out = self.tangent_p.bind(*primals, out, *results[1:], *lin, static=static,

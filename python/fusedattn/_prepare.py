@@ -14,6 +14,7 @@ The kinds are checked by _args.py's helpers, which every op module shares.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import jax
@@ -24,7 +25,7 @@ from . import _lib
 from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
                     static_bool, static_float, static_int)
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
-from .sequence import SequenceDescriptor, packed_offsets
+from .sequence import SequenceDescriptor, compact, packed_offsets
 
 THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
@@ -52,6 +53,9 @@ class Config:
     want_max_logit: bool = False
     # context parallelism (context_parallel.CPConfig) or None
     cp: Any = None
+    # the name out, lse and max_logit are tagged with (jax.ad_checkpoint.checkpoint_name),
+    # None: none
+    checkpoint_name: str | None = "context"
 
     @property
     def thd(self) -> bool:
@@ -257,8 +261,8 @@ def seed_words(seed) -> jax.Array:
     return jnp.stack([seed.astype(jnp.uint32), jnp.broadcast_to(hi, ())])
 
 
-def _descriptor_arrays(sd: SequenceDescriptor, dims: Dims, M: int, layout: QKVLayout):
-    """The descriptor's int32 lens [B, M] and offsets [B, M + 1], checked against the call."""
+def _check_descriptor_kinds(sd: SequenceDescriptor) -> None:
+    """A descriptor built directly: its lengths and offsets are integer arrays."""
     for name in ("q_seqlens", "kv_seqlens", "q_offsets", "kv_offsets"):
         x = getattr(sd, name)
         if x is None and name.endswith("offsets"):
@@ -272,28 +276,66 @@ def _descriptor_arrays(sd: SequenceDescriptor, dims: Dims, M: int, layout: QKVLa
         if len(x.shape) not in ((1, 2) if name.endswith("seqlens") else (2,)):
             raise ValueError(f"fused_attn: sequence_descriptor.{name} must be an integer array "
                              f"{form}; got shape {tuple(x.shape)}")
-    out = []
-    for name in ("q_seqlens", "kv_seqlens"):
-        lens = getattr(sd, name)
-        shape = tuple(lens.shape)
-        if len(shape) == 1:
-            shape = shape + (1,)
+
+
+def _warn_dropped(sd: SequenceDescriptor, M: int) -> None:
+    """Warns when concrete lengths or ids hold more segments a row than the call's M."""
+    for side in ("q", "kv"):
+        runs = getattr(sd, f"{side}_runs")
+        if runs is None or is_traced(runs) or not runs.size:
+            continue
+        most = int(np.max(np.asarray(runs)))
+        if most > M:
+            what = "segment ids" if sd.runs_of == "segment ids" else "_seqlens"
+            warnings.warn(f"fused_attn: sequence_descriptor {side}{' ' * (what[0] != '_')}"
+                          f"{what} hold up to {most} segments in a row, more than "
+                          f"max_segments_per_seq={M}: the segments past it are dropped (their "
+                          f"tokens are padding); pass max_segments_per_seq={most} to keep "
+                          "them", UserWarning, stacklevel=5)
+
+
+def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDescriptor:
+    """The descriptor at the call's M (sequence.py's docstring): int32 lengths [B, M],
+    offsets [B, M + 1] (None: packed from the lengths) and, where segments were counted
+    (segment ids, compacted lengths), runs [B]. Checked against the call's shapes."""
+    if sd.has_segment_ids:
+        for side, ids, S in (("q", sd.q_segment_ids, dims.Sq), ("kv", sd.kv_segment_ids,
+                                                                  dims.Skv)):
+            if tuple(ids.shape) != (dims.B, S):
+                raise ValueError(f"fused_attn: sequence_descriptor {side} segment_ids must have "
+                                 f"shape [B, S{side}] = [{dims.B}, {S}] (one id per {side} "
+                                 f"token); got {tuple(ids.shape)}")
+        out = sd.resolve_segment_ids(M)
+        _warn_dropped(out, M)
+        return out
+    _check_descriptor_kinds(sd)
+    fields, compacted = {}, False
+    for side, S in (("q", dims.Sq), ("kv", dims.Skv)):
+        lens, offs = getattr(sd, f"{side}_seqlens"), getattr(sd, f"{side}_offsets")
+        shape = tuple(lens.shape) + ((1,) if len(lens.shape) == 1 else ())
         if shape[0] != dims.B:
-            raise ValueError(f"fused_attn: sequence_descriptor.{name} must have shape [{dims.B}] "
-                             f"or [{dims.B}, M] (the batch); got {tuple(lens.shape)}")
-        if shape[1] != M:
-            what = ("max_segments_per_seq must be 1 for it" if layout not in THD_LAYOUTS
-                    else f"pass max_segments_per_seq={shape[1]}")
-            raise ValueError(f"fused_attn: sequence_descriptor.{name} holds {shape[1]} segments "
-                             f"per row but max_segments_per_seq={M} with qkv_layout="
-                             f"{layout.name}; {what}")
-        out.append(lens)
-    for name in ("q_offsets", "kv_offsets"):
-        offs = getattr(sd, name)
-        if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
-            raise ValueError(f"fused_attn: sequence_descriptor.{name} must have shape [B, M + 1] "
-                             f"= [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
-        out.append(offs)
+            raise ValueError(f"fused_attn: sequence_descriptor.{side}_seqlens must have shape "
+                             f"[{dims.B}] or [{dims.B}, W] (the batch); got {tuple(lens.shape)}")
+        W = shape[1]
+        lens = jnp.asarray(lens, jnp.int32).reshape(dims.B, W)
+        runs = None
+        if W == M:
+            if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
+                raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
+                                 f"[B, M + 1] = [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
+            offs = None if offs is None else jnp.asarray(offs, jnp.int32)
+        else:  # TransformerEngine's -1-padded arrays: compacted to M
+            if offs is not None and tuple(offs.shape) != (dims.B, W + 1):
+                raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
+                                 f"[B, W + 1] = [{dims.B}, {W + 1}] ({side}_seqlens is [B, W] = "
+                                 f"[{dims.B}, {W}]); got {tuple(offs.shape)}")
+            lens, runs = compact(lens, M, 0)
+            offs = (packed_offsets(lens) if offs is None or sd.offsets_packed
+                    else compact(offs, M + 1, S)[0])
+            compacted = True
+        fields.update({f"{side}_seqlens": lens, f"{side}_offsets": offs, f"{side}_runs": runs})
+    out = dataclasses.replace(sd, **fields, runs_of="seqlens" if compacted else sd.runs_of)
+    _warn_dropped(out, M)
     return out
 
 
@@ -304,12 +346,16 @@ class Call:
     params: _lib.AttnParams
     operands: tuple | None  # the N_OPS FFI operands (None when only checking)
     traced_scale: Any = None  # a traced scaling_factor, folded into the operands (cfg.scale 1.0)
+    # the call's descriptor resolved to its max_segments_per_seq (None: none given)
+    sequence_descriptor: SequenceDescriptor | None = None
 
 
 def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
             softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
-            window_size, softmax_offset, build=True) -> Call:
-    """Checks a call; with build, also makes the N_OPS FFI operands. Raises on bad input."""
+            window_size, softmax_offset, context_checkpoint_name="context", build=True) -> Call:
+    """Checks a call; with build, also makes the N_OPS FFI operands. Raises on bad input.
+    max_segments_per_seq > 1 with a BSHD layout warns and is taken as 1 (one sequence a
+    row), as TransformerEngine takes it."""
     layout = enum(QKVLayout, qkv_layout, "qkv_layout")
     mask_type = enum(AttnMaskType, attn_mask_type, "attn_mask_type")
     bias_type = enum(AttnBiasType, attn_bias_type, "attn_bias_type")
@@ -359,34 +405,48 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
                                 f"None; got {type(sequence_descriptor).__name__}")
     M = static_int(max_segments_per_seq, "max_segments_per_seq", "fused_attn",
                    "a Python int >= 1 (1 for BSHD layouts)")
+    if M > 1 and layout not in THD_LAYOUTS:
+        warnings.warn(f"fused_attn: max_segments_per_seq={M} with qkv_layout={layout.name} (a "
+                      "BSHD layout: one sequence per row) is taken as 1, as TransformerEngine "
+                      "does; pass 1, or a THD layout for packed sequences", UserWarning,
+                      stacklevel=3)
+        M = 1
+    if context_checkpoint_name is not None and (not isinstance(context_checkpoint_name, str)
+                                                or not context_checkpoint_name):
+        raise ArgumentTypeError(f"fused_attn: context_checkpoint_name must be a non-empty str "
+                                f"or None; got {got(context_checkpoint_name)}")
     scale, traced_scale = scale_arg(scaling_factor, "scaling_factor", "fused_attn", dims.D)
     dropout = static_float(dropout_probability, "dropout_probability", "fused_attn",
                            "a static Python float in [0, 1)")
     training = static_bool(is_training, "is_training", "fused_attn")
     cfg = Config(layout, mask_type, bias_type, softmax, scale, dropout, training,
-                 window(window_size))
+                 window(window_size), checkpoint_name=context_checkpoint_name)
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
     raise_for_status(*_lib.validate(params))
-    seqs = (None if sequence_descriptor is None
-            else _descriptor_arrays(sequence_descriptor, dims, M, layout))
+    if sequence_descriptor is None:
+        sd = None
+    elif build:
+        sd = resolve_descriptor(sequence_descriptor, dims, M)
+    else:  # only checking (get_backend): the descriptor may be ShapeDtypeStructs
+        if not sequence_descriptor.has_segment_ids:
+            _check_descriptor_kinds(sequence_descriptor)
+        sd = jax.eval_shape(lambda s: resolve_descriptor(s, dims, M), sequence_descriptor)
     if cfg.dropout_on and seed is None:
         raise ValueError(f"fused_attn: dropout_probability={cfg.dropout} with is_training=True "
                          "needs a seed (an int or a PRNG key)")
     if not build:
-        return Call(cfg, dims, params, None, traced_scale)
+        return Call(cfg, dims, params, None, traced_scale, sd)
     if traced_scale is not None:
         q_op, bias = _fold_traced_scale(q_op, bias, traced_scale, layout, bias_type)
 
     empty = lambda dt: jnp.zeros((0,), dt)
-    if seqs is None:  # one full sequence per row
+    if sd is None:  # one full sequence per row
         q_lens = jnp.full((dims.B, 1), dims.Sq, jnp.int32)
         kv_lens = jnp.full((dims.B, 1), dims.Skv, jnp.int32)
         q_offs = kv_offs = None
     else:
-        q_lens, kv_lens, q_offs, kv_offs = seqs
-        q_lens = jnp.asarray(q_lens, jnp.int32).reshape(dims.B, M)
-        kv_lens = jnp.asarray(kv_lens, jnp.int32).reshape(dims.B, M)
+        q_lens, kv_lens, q_offs, kv_offs = sd.q_seqlens, sd.kv_seqlens, sd.q_offsets, sd.kv_offsets
     q_offs = packed_offsets(q_lens) if q_offs is None else jnp.asarray(q_offs, jnp.int32)
     kv_offs = packed_offsets(kv_lens) if kv_offs is None else jnp.asarray(kv_offs, jnp.int32)
     operands = (
@@ -399,7 +459,7 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),
         q_lens, kv_lens, q_offs, kv_offs,
         empty(jnp.int32))  # index_base: (0, 0), an unsharded call
-    return Call(cfg, dims, params, operands, traced_scale)
+    return Call(cfg, dims, params, operands, traced_scale, sd)
 
 
 def _fold_traced_scale(q_op, bias, scale, layout: QKVLayout, bias_type: AttnBiasType):

@@ -401,8 +401,11 @@ def _differentiable_ops(static, n_ops: int) -> tuple:
 
 # grad: the fused forward and backward; jvp and higher orders: the reference's
 # derivatives around them (_autodiff.py).
+# context_checkpoint_name tags out, lse and max_logit (the backward's residuals): a remat
+# policy naming it saves them, so the forward does not run again.
 _attention = _autodiff.Differentiable("fusedattn_attention", _fused_fwd, _fused_bwd,
-                                      _reference_out, _differentiable_ops)
+                                      _reference_out, _differentiable_ops,
+                                      checkpoint_name=lambda static: static[0].checkpoint_name)
 
 
 # ---------------------------------------------------------------------------
@@ -652,9 +655,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                score_mod_bprop=None,
                check_descriptors=False,
                context_parallel_strategy=context_parallel.CPStrategy.DEFAULT,
-               context_parallel_axis=None,
+               context_parallel_axis="",
                context_parallel_causal_load_balanced=False,
-               stripe_size=None):
+               stripe_size=None,
+               context_checkpoint_name="context"):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
@@ -672,7 +676,14 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       typed PRNG key; its kind is checked always); read only when is_training and
       dropout_probability > 0.
     dropout_probability (a static float in [0, 1)), is_training (a static bool) and
-    max_segments_per_seq (a static int) are not traced.
+    max_segments_per_seq (a static int) are not traced. The descriptor is resolved to
+    max_segments_per_seq at call time (segment ids found, TransformerEngine's -1-padded
+    lengths / offsets compacted: sequence.py's docstring); with a BSHD layout a value
+    above 1 warns and is taken as 1, as in TransformerEngine.
+    context_checkpoint_name: the name out and the softmax statistics are tagged with
+      (jax.ad_checkpoint.checkpoint_name; TransformerEngine's keyword and default), so
+      jax.checkpoint(..., policy=jax.checkpoint_policies.save_only_these_names("context"))
+      keeps them and the backward does not run the forward again; None: no tag.
     Bad arguments raise at trace time, naming the argument: ValueError, or for the wrong
     kind of argument (a list for an array, a str or float for an int, a traced value for a
     static one) fusedattn._args.ArgumentTypeError, a TypeError that is also a ValueError.
@@ -708,7 +719,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       jit, use err, out = checkify.checkify(jax.jit(f))(...); err.throw().
     Context parallelism (context_parallel.py; under jit on a mesh, or inside shard_map
     with the axis manual): context_parallel_axis names the mesh axis that shards the
-    sequence of q and k / v (None: none); context_parallel_strategy ALL_GATHER (DEFAULT)
+    sequence of q and k / v ("" (TransformerEngine's default) or None: none); context_parallel_strategy ALL_GATHER (DEFAULT)
     or RING (CPStrategy or its name); context_parallel_causal_load_balanced: the inputs
     come in reorder_causal_load_balancing's dual-chunk order (and the output, aux and
     gradients leave in it). Every feature keeps the unsharded call's result (masks,
@@ -742,12 +753,16 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    softmax_type=softmax_type, scaling_factor=scaling_factor,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                   softmax_offset=softmax_offset)
+                   softmax_offset=softmax_offset, context_checkpoint_name=context_checkpoint_name)
+    sequence_descriptor = call.sequence_descriptor  # resolved to the call's max_segments_per_seq
     if check_descriptors and sequence_descriptor is not None:
         d = call.dims
         check_descriptor(*call.operands[6:10], seqlen_q=d.Sq, seqlen_kv=d.Skv,
                          thd=call.cfg.thd, padding=call.cfg.mask_type.is_padding(),
-                         q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs)
+                         q_runs=sequence_descriptor.q_runs, kv_runs=sequence_descriptor.kv_runs,
+                         runs_of=sequence_descriptor.runs_of)
+    if isinstance(context_parallel_axis, str) and not context_parallel_axis:
+        context_parallel_axis = None  # TransformerEngine's default "": no axis
     cp = context_parallel.config(context_parallel_strategy, context_parallel_axis,
                     context_parallel_causal_load_balanced, stripe_size, call.cfg)
     if cp is not None:
@@ -895,7 +910,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
                                   bool(is_training), bool(return_max_logit))
     if not return_max_logit:
-        served, reason = _small_seq_route(call.params, qkv, sequence_descriptor, platform)
+        served, reason = _small_seq_route(call.params, qkv, call.sequence_descriptor,
+                                          platform)
         if served:
             return BackendInfo("small_seq", True, reason)
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))

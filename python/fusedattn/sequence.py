@@ -5,9 +5,27 @@ layouts): segment s has q_seqlens[b, s] query tokens starting at token q_offsets
 of the row, and kv_seqlens[b, s] key/value tokens starting at kv_offsets[b, s]. The
 query tokens of segment s attend only to the key tokens of segment s; tokens outside
 every segment are padding (output 0). BSHD layouts read only the lengths: their one
-segment starts at token 0. Lengths, offsets and segment ids are integer arrays: the
-constructors, and fused_attn for a descriptor built directly, reject float (or bool) ones
-rather than truncate them.
+segment starts at token 0. Lengths and offsets are integer arrays: the constructors, and
+fused_attn for a descriptor built directly, reject float (or bool) ones rather than
+truncate them. Segment ids are labels, compared for equality only: integer, bool or
+float arrays (TransformerEngine's tests pass float ones), 0 = padding.
+
+M is the call's (fused_attn(..., max_segments_per_seq=M)); a descriptor is resolved to
+it at call time, as TransformerEngine resolves its descriptors:
+  - built from segment ids (from_segment_ids_and_pos): the ids and positions are kept,
+    and the runs are found at call time; runs past M are dropped (their tokens become
+    padding). A max_segments_per_seq given to the constructor resolves it at once too
+    (q_seqlens etc. then hold that resolution), but the call's M decides.
+  - lengths [B, W] and offsets [B, W + 1] of a width W other than M (TransformerEngine
+    pads them with -1 to the sequence length, and q and kv may have different widths in
+    cross attention) are compacted to M, each array on its own: its non-negative entries
+    first, in order, then the fill (lengths 0, offsets the buffer's extent, so that the
+    fill segments are empty), the entries past M dropped. Lengths built by from_seqlens
+    (offsets packed from them) get their offsets packed again from the compacted lengths.
+    Arrays of width M are used as they are (a trailing -1 is an empty segment either way).
+  A descriptor whose rows hold more than M segments loses those past M; when the arrays
+  are concrete at trace time fused_attn warns, and check_descriptors=True makes it an
+  error.
 
 Invalid descriptors have one meaning on every backend (csrc/fusedattn/attention/mask.h,
 reference.py): offsets and lengths are clamped to the tensors' extents, a THD segment
@@ -72,11 +90,36 @@ def packed_offsets(seqlens: jax.Array) -> jax.Array:
     return jnp.concatenate([zero, jnp.cumsum(jnp.maximum(seqlens, 0), axis=-1)], axis=-1)
 
 
+def _ids_array(x, name, ctor):
+    """Segment ids [B, S]: labels (integer, bool or float; compared for equality only)."""
+    x = _as_array(x, name, ctor, "[B, S]")
+    if not (jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating)
+            or x.dtype == jnp.bool_):
+        raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: {name} must be an integer, bool or "
+                                f"float array [B, S]; got shape {x.shape} dtype {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an array [B, S]; got "
+                         f"shape {x.shape} dtype {x.dtype}")
+    return x
+
+
+def _segments_arg(max_segments_per_seq, ctor):
+    if max_segments_per_seq is None:
+        return None
+    M = static_int(max_segments_per_seq, "max_segments_per_seq", f"SequenceDescriptor.{ctor}",
+                   "a Python int >= 1 or None")
+    if M < 1:
+        raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; got {M}")
+    return M
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SequenceDescriptor:
     """Segment lengths int32 [B, M] (or [B]: one segment per row) and token offsets
-    int32 [B, M + 1] (None: segments packed back to back from token 0).
+    int32 [B, M + 1] (None: segments packed back to back from token 0), or the segment
+    ids and positions [B, S] they are found from at call time (the module docstring says
+    how a descriptor is resolved to the call's max_segments_per_seq).
 
     max_segment_seqlen_q, max_segment_seqlen_kv (static, optional): the caller's promise
     that no segment has more query / key tokens. With max_segment_seqlen_kv <= 64 (and
@@ -84,18 +127,28 @@ class SequenceDescriptor:
     a segment that breaks the promise is still computed exactly, only slower.
     """
 
-    q_seqlens: jax.Array
-    kv_seqlens: jax.Array
+    q_seqlens: jax.Array | None = None
+    kv_seqlens: jax.Array | None = None
     q_offsets: jax.Array | None = None
     kv_offsets: jax.Array | None = None
-    # int32 [B]: the runs from_segment_ids_and_pos found per row, before dropping those
-    # past max_segments_per_seq (None: not built from segment ids); read by the checks.
+    # int32 [B]: the segments found per row before dropping those past max_segments_per_seq
+    # (segment-id runs, or non-negative lengths when compacted; None: not counted); read by
+    # the checks.
     q_runs: jax.Array | None = None
     kv_runs: jax.Array | None = None
+    # [B, Sq] / [B, Skv]: kept by from_segment_ids_and_pos, resolved at call time.
+    q_segment_ids: jax.Array | None = None
+    kv_segment_ids: jax.Array | None = None
+    q_segment_pos: jax.Array | None = None
+    kv_segment_pos: jax.Array | None = None
     max_segment_seqlen_q: int | None = dataclasses.field(default=None,
                                                          metadata=dict(static=True))
     max_segment_seqlen_kv: int | None = dataclasses.field(default=None,
                                                           metadata=dict(static=True))
+    # from_seqlens: the offsets were packed from the lengths (compaction packs them again).
+    offsets_packed: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # What q_runs / kv_runs count: "segment ids" (runs) or "seqlens" (non-negative entries).
+    runs_of: str = dataclasses.field(default="segment ids", metadata=dict(static=True))
 
     def with_max_segment_seqlens(self, max_segment_seqlen_q: int | None = None,
                                  max_segment_seqlen_kv: int | None = None
@@ -112,85 +165,133 @@ class SequenceDescriptor:
         return dataclasses.replace(self, **maxima)
 
     @property
-    def max_segments_per_seq(self) -> int:
+    def has_segment_ids(self) -> bool:
+        return self.q_segment_ids is not None
+
+    @property
+    def max_segments_per_seq(self) -> int | None:
+        """The segments per row of the lengths (None: segment ids not resolved yet)."""
+        if self.q_seqlens is None:
+            return None
         return 1 if self.q_seqlens.ndim == 1 else int(self.q_seqlens.shape[-1])
 
     @classmethod
     def from_seqlens(cls, seqlens, *, max_segment_seqlen_q=None,
                      max_segment_seqlen_kv=None) -> "SequenceDescriptor":
-        """seqlens: int [B] or [B, M] for both q and kv, or a pair (q_seqlens, kv_seqlens).
+        """seqlens: int [B] or [B, W] for both q and kv, or a pair (q_seqlens, kv_seqlens)
+        (of different widths W if need be; -1 entries are padding, compacted at call time).
 
         Segments are packed back to back from token 0 of each row (offsets = cumulative
         lengths)."""
         q, kv = _pair(seqlens, "seqlens", "from_seqlens")
         q = _int_array(q, "q_seqlens", "from_seqlens")
         kv = _int_array(kv, "kv_seqlens", "from_seqlens")
-        if q.shape != kv.shape:
+        if q.shape[0] != kv.shape[0]:
             raise ValueError(f"SequenceDescriptor.from_seqlens: q_seqlens {q.shape} and "
-                             f"kv_seqlens {kv.shape} must have the same batch size and segments")
-        return cls(q, kv, packed_offsets(q), packed_offsets(kv)).with_max_segment_seqlens(
-            max_segment_seqlen_q, max_segment_seqlen_kv)
+                             f"kv_seqlens {kv.shape} must have the same batch size")
+        return cls(q, kv, packed_offsets(q), packed_offsets(kv),
+                   offsets_packed=True).with_max_segment_seqlens(max_segment_seqlen_q,
+                                                                 max_segment_seqlen_kv)
 
     @classmethod
-    def from_seqlens_and_offsets(cls, seqlens, offsets, *, max_segment_seqlen_q=None,
+    def from_seqlens_and_offsets(cls, seqlens, seq_offsets=None, *, offsets=None,
+                                 max_segment_seqlen_q=None,
                                  max_segment_seqlen_kv=None) -> "SequenceDescriptor":
-        """seqlens int [B, M] and offsets int [B, M + 1] (token where each segment starts;
-        the last column is where the row's last segment ends), each for both q and kv or
-        a pair (for q, for kv)."""
+        """seqlens int [B, M] and seq_offsets int [B, M + 1] (token where each segment
+        starts; the last column is where the row's last segment ends), each for both q and
+        kv or a pair (for q, for kv). TransformerEngine's arrays (M the sequence length,
+        padded with -1; q and kv of different widths in cross attention) are compacted to
+        the call's max_segments_per_seq. offsets= is the older name of seq_offsets."""
         ctor = "from_seqlens_and_offsets"
+        if (seq_offsets is None) == (offsets is None):
+            raise ValueError(f"SequenceDescriptor.{ctor}: give seq_offsets (or its older name "
+                             "offsets=), exactly one of them")
         q, kv = _pair(seqlens, "seqlens", ctor)
-        qo, kvo = _pair(offsets, "offsets", ctor)
+        qo, kvo = _pair(offsets if seq_offsets is None else seq_offsets, "seq_offsets", ctor)
         q, kv = _int_array(q, "q_seqlens", ctor), _int_array(kv, "kv_seqlens", ctor)
         qo = _int_array(qo, "q_offsets", ctor, "[B, M + 1]", (2,))
         kvo = _int_array(kvo, "kv_offsets", ctor, "[B, M + 1]", (2,))
-        if q.shape != kv.shape:
+        if q.shape[0] != kv.shape[0]:
             raise ValueError(f"SequenceDescriptor.{ctor}: q_seqlens {q.shape} and kv_seqlens "
-                             f"{kv.shape} must have the same shape [B, M]")
+                             f"{kv.shape} must have the same batch size")
         for name, lens, offs in (("q", q, qo), ("kv", kv, kvo)):
             want = lens.shape[:-1] + (lens.shape[-1] + 1,)
             if offs.shape != want:
                 raise ValueError(f"SequenceDescriptor.{ctor}: {name}_offsets must have shape "
-                                 f"[B, M + 1] = {list(want)}; got {list(offs.shape)}")
+                                 f"[B, M + 1] = {list(want)} ({name}_seqlens is [B, M]); got "
+                                 f"{list(offs.shape)}")
         return cls(q, kv, qo, kvo).with_max_segment_seqlens(max_segment_seqlen_q,
                                                             max_segment_seqlen_kv)
 
     @classmethod
     def from_segment_ids_and_pos(cls, segment_ids, segment_pos=None, *,
-                                 max_segments_per_seq=None) -> "SequenceDescriptor":
-        """segment_ids int [B, S] (0 = padding), for both q and kv or a pair (q_ids, kv_ids);
+                                 max_segments_per_seq=None, is_thd=None,
+                                 is_segment_ids_reordered=False) -> "SequenceDescriptor":
+        """segment_ids [B, S] (0 = padding), for both q and kv or a pair (q_ids, kv_ids);
         segment_pos int [B, S] (optional, likewise): each token's position in its segment.
 
         A segment is a run of equal non-zero ids; where segment_pos is given, a token whose
         position does not continue the previous token's starts a new segment too. The q
-        and kv segments of a row are matched by their order in the row. Runs past
-        max_segments_per_seq (default: S) are dropped (their tokens become padding)."""
+        and kv segments of a row are matched by their order in the row. BSHD layouts take
+        the first run of each row (its tokens counted from token 0).
+
+        The ids are kept and resolved at call time with the call's max_segments_per_seq
+        (runs past it are dropped: their tokens become padding). max_segments_per_seq given
+        here resolves the descriptor at once too (q_seqlens etc. hold it), for readers of
+        the lengths; the call's value still decides.
+        is_thd (TransformerEngine 2.12's argument): accepted; the call's qkv_layout decides.
+        is_segment_ids_reordered: ids in the load-balanced order of context parallelism are
+        not taken (fusedattn's descriptors are global, in the sequence's natural order)."""
         ctor = "from_segment_ids_and_pos"
+        if is_thd is not None and not isinstance(is_thd, bool):
+            raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: is_thd must be a bool or None; "
+                                    f"got {got(is_thd)}")
+        if not isinstance(is_segment_ids_reordered, bool):
+            raise ArgumentTypeError(f"SequenceDescriptor.{ctor}: is_segment_ids_reordered must "
+                                    f"be a bool; got {got(is_segment_ids_reordered)}")
+        if is_segment_ids_reordered:
+            raise ValueError(f"SequenceDescriptor.{ctor}: is_segment_ids_reordered=True is not "
+                             "taken: pass the segment ids and positions in the natural order "
+                             "(fusedattn's descriptors stay global under context parallelism; "
+                             "only q, k and v are reordered)")
         q_ids, kv_ids = _pair(segment_ids, "segment_ids", ctor)
         q_pos, kv_pos = _pair(segment_pos, "segment_pos", ctor)
-        q_ids = _as_array(q_ids, "q segment_ids", ctor, "[B, S]")
-        kv_ids = _as_array(kv_ids, "kv segment_ids", ctor, "[B, S]")
-        for name, ids in (("q segment_ids", q_ids), ("kv segment_ids", kv_ids)):
-            _check_int_dtype(ids, name, ctor, "[B, S]")
-            if ids.ndim != 2:
-                raise ValueError(f"SequenceDescriptor.{ctor}: {name} must be an integer array "
-                                 f"[B, S]; got shape {ids.shape} dtype {ids.dtype}")
+        q_ids = _ids_array(q_ids, "q segment_ids", ctor)
+        kv_ids = _ids_array(kv_ids, "kv segment_ids", ctor)
         if q_ids.shape[0] != kv_ids.shape[0]:
             raise ValueError(f"SequenceDescriptor.{ctor}: q and kv segment_ids have different "
                              f"batch sizes: {q_ids.shape[0]} and {kv_ids.shape[0]}")
-        if max_segments_per_seq is None:
-            M = max(q_ids.shape[1], kv_ids.shape[1])
-        else:
-            M = static_int(max_segments_per_seq, "max_segments_per_seq", f"SequenceDescriptor."
-                           f"{ctor}", "a Python int >= 1 or None")
-            if M < 1:
-                raise ValueError(f"SequenceDescriptor.{ctor}: max_segments_per_seq must be >= 1; "
-                                 f"got {M}")
-        q_lens, q_offs, q_runs = _runs(q_ids, q_pos, M, ctor)
-        kv_lens, kv_offs, kv_runs = _runs(kv_ids, kv_pos, M, ctor)
-        return cls(q_lens, kv_lens, q_offs, kv_offs, q_runs, kv_runs)
+        q_pos, kv_pos = (None if pos is None else _pos_array(pos, ids.shape, ctor)
+                         for pos, ids in ((q_pos, q_ids), (kv_pos, kv_ids)))
+        sd = cls(q_segment_ids=q_ids, kv_segment_ids=kv_ids, q_segment_pos=q_pos,
+                 kv_segment_pos=kv_pos)
+        M = _segments_arg(max_segments_per_seq, ctor)
+        return sd if M is None else sd.resolve_segment_ids(M)
+
+    def resolve_segment_ids(self, max_segments_per_seq: int) -> "SequenceDescriptor":
+        """This descriptor with lengths [B, M], offsets [B, M + 1] and runs [B] found from
+        its segment ids (M = max_segments_per_seq)."""
+        M = _segments_arg(max_segments_per_seq, "resolve_segment_ids")
+        if not self.has_segment_ids:
+            raise ValueError("SequenceDescriptor.resolve_segment_ids: this descriptor holds no "
+                             "segment ids (build it by from_segment_ids_and_pos)")
+        q_lens, q_offs, q_runs = _runs(self.q_segment_ids, self.q_segment_pos, M)
+        kv_lens, kv_offs, kv_runs = _runs(self.kv_segment_ids, self.kv_segment_pos, M)
+        return dataclasses.replace(self, q_seqlens=q_lens, kv_seqlens=kv_lens, q_offsets=q_offs,
+                                   kv_offsets=kv_offs, q_runs=q_runs, kv_runs=kv_runs,
+                                   offsets_packed=False, runs_of="segment ids")
 
 
-def _runs(ids, pos, M, ctor):
+def _pos_array(pos, shape, ctor):
+    pos = _as_array(pos, "segment_pos", ctor, "[B, S]")
+    if pos.shape != shape or not jnp.issubdtype(pos.dtype, jnp.integer):
+        raise ValueError(f"SequenceDescriptor.{ctor}: segment_pos must be an integer array "
+                         f"of the shape of segment_ids {shape}; got shape {pos.shape} "
+                         f"dtype {pos.dtype}")
+    return pos
+
+
+def _runs(ids, pos, M):
     """Runs of equal non-zero ids in each row of ids [B, S] -> lengths [B, M], offsets
     [B, M + 1] (empty segments start where the row's last run ends), runs per row [B]."""
     B, S = ids.shape
@@ -198,11 +299,6 @@ def _runs(ids, pos, M, ctor):
     prev = jnp.pad(ids, ((0, 0), (1, 0)))[:, :-1]
     start = real & (ids != prev)
     if pos is not None:
-        pos = _as_array(pos, "segment_pos", ctor, "[B, S]")
-        if pos.shape != ids.shape or not jnp.issubdtype(pos.dtype, jnp.integer):
-            raise ValueError(f"SequenceDescriptor.{ctor}: segment_pos must be an integer array "
-                             f"of the shape of segment_ids {ids.shape}; got shape {pos.shape} "
-                             f"dtype {pos.dtype}")
         prev_pos = jnp.pad(pos, ((0, 0), (1, 0)), constant_values=-2)[:, :-1]
         start |= real & (pos != prev_pos + 1)
     seg = jnp.cumsum(start, axis=1) - 1  # run index of each token (-1 before the first run)
@@ -218,6 +314,22 @@ def _runs(ids, pos, M, ctor):
     return lens, jnp.concatenate([offsets, row_end], axis=1).astype(jnp.int32), runs
 
 
+def compact(x, width: int, fill):
+    """x int32 [B, W] -> (its non-negative entries first, in order, then fill, cut or
+    padded to int32 [B, width]; the non-negative entries per row, int32 [B])."""
+    x = jnp.asarray(x, jnp.int32)
+    B, W = x.shape
+    if W < width:
+        x = jnp.concatenate([x, jnp.full((B, width - W), -1, jnp.int32)], axis=1)
+    valid = x >= 0
+    order = jnp.argsort(jnp.logical_not(valid).astype(jnp.int32), axis=1, stable=True)
+    kept = jnp.take_along_axis(x, order, axis=1)[:, :width]
+    count = jnp.sum(valid, axis=1).astype(jnp.int32)
+    col = jnp.arange(width, dtype=jnp.int32)[None, :]
+    fill = jnp.broadcast_to(jnp.asarray(fill, jnp.int32), (B,))[:, None]
+    return jnp.where(col < count[:, None], kept, fill), count
+
+
 def _first(bad):
     """(any, row, segment) of the first True of bad [B, N] (row-major)."""
     flat = jnp.argmax(bad.reshape(-1))
@@ -226,15 +338,17 @@ def _first(bad):
 
 def check_descriptor(q_lens, kv_lens, q_offsets, kv_offsets, *, seqlen_q: int, seqlen_kv: int,
                      thd: bool, padding: bool, q_runs=None, kv_runs=None,
-                     caller: str = "fused_attn"):
+                     runs_of: str = "segment ids", caller: str = "fused_attn"):
     """checkify checks that a call's descriptor is valid, so that no clamping changes it.
 
     q_lens / kv_lens int32 [B, M], q_offsets / kv_offsets int32 [B, M + 1]; q_runs /
-    kv_runs int32 [B] or None (SequenceDescriptor.q_runs). Checked per side, in this
+    kv_runs int32 [B] or None (SequenceDescriptor.q_runs; runs_of says what they count:
+    "segment ids" runs or "seqlens" non-negative entries). Checked per side, in this
     order: (THD) offsets inside [0, S], offsets in order (non-decreasing), (padding masks)
     lengths >= 0, a segment past the end of the buffer (THD: offset + length > S; BSHD:
     length > S), (THD) a segment running into the next one (offset + length >
-    offsets[s + 1], an overlap), and more segment runs than max_segments_per_seq.
+    offsets[s + 1], an overlap), and more segments (id runs, or non-negative lengths of a
+    compacted descriptor) than max_segments_per_seq.
 
     Eagerly a failed check raises at once; under jit, wrap the function with
     jax.experimental.checkify.checkify and call err.throw() (a bare jit refuses to stage
@@ -274,6 +388,11 @@ def check_descriptor(q_lens, kv_lens, q_offsets, kv_offsets, *, seqlen_q: int, s
         if runs is not None:
             runs = jnp.asarray(runs, jnp.int32).reshape(-1, 1)
             bad, b, _ = _first(runs > M)
-            checkify.check(~bad, where + " segment ids of row {b} hold {v} runs, more than "
-                           f"max_segments_per_seq={M} (the runs past it would be dropped)",
-                           b=b, v=runs[b, 0])
+            if runs_of == "seqlens":
+                checkify.check(~bad, where + "_seqlens of row {b} hold {v} segments (non-negative "
+                               f"entries), more than max_segments_per_seq={M} (those past it "
+                               "would be dropped)", b=b, v=runs[b, 0])
+            else:
+                checkify.check(~bad, where + " segment ids of row {b} hold {v} runs, more than "
+                               f"max_segments_per_seq={M} (the runs past it would be dropped)",
+                               b=b, v=runs[b, 0])

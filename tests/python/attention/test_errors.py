@@ -261,18 +261,21 @@ def test_thd_layouts_need_a_padding_mask(layout):
         trace(qkv, qkv_layout=layout, attn_mask_type=AttnMaskType.CAUSAL_MASK)
 
 
-def test_segments_need_a_thd_layout():
-    with raises(ValueError, "max_segments_per_seq=2 needs a THD layout", "BSHD_BSHD_BSHD"):
+def test_segments_with_a_bshd_layout_warn():
+    # As TransformerEngine: a BSHD layout takes max_segments_per_seq > 1 as 1, with a warning.
+    with pytest.warns(UserWarning, match="max_segments_per_seq=2 with qkv_layout=BSHD_BSHD_BSHD"):
         trace(shapes(), max_segments_per_seq=2)
 
 
-def test_descriptor_segments_must_match_max_segments():
+def test_descriptor_segments_past_max_segments_warn():
+    # Concrete lengths of more segments than the call's max_segments_per_seq are compacted
+    # to it (tests/python/attention/test_te_forms.py); the dropped ones are named.
     sd = fusedattn.SequenceDescriptor.from_seqlens(jnp.full((B, 4), 3, jnp.int32))
-    with raises(ValueError, "holds 4 segments per row", "pass max_segments_per_seq=4"):
-        trace(shapes(), sd=sd, qkv_layout=QKVLayout.THD_THD_THD,
-              attn_mask_type=AttnMaskType.PADDING_MASK)
-    with raises(ValueError, "holds 4 segments per row", "max_segments_per_seq must be 1"):
-        trace(shapes(), sd=sd, attn_mask_type=AttnMaskType.PADDING_MASK)
+    q = jax.random.normal(jax.random.PRNGKey(1), (B, S, H, D))
+    with pytest.warns(UserWarning, match="hold up to 4 segments in a row, more than "
+                      "max_segments_per_seq=1"):
+        fusedattn.fused_attn((q, q, q), None, sd, None, qkv_layout=QKVLayout.THD_THD_THD,
+                             attn_mask_type=AttnMaskType.PADDING_MASK)
 
 
 def test_descriptor_offsets_shape():
@@ -288,7 +291,7 @@ def test_descriptor_constructors_check_their_arguments():
     with raises(ValueError, "kv_offsets must have shape [B, M + 1] = [2, 3]"):
         SD.from_seqlens_and_offsets(jnp.ones((2, 2), jnp.int32),
                                     (jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 2), jnp.int32)))
-    with raises(ValueError, "segment_ids must be an integer array [B, S]"):
+    with raises(ValueError, "segment_ids must be an array [B, S]"):
         SD.from_segment_ids_and_pos(jnp.ones((2, 3, 4), jnp.int32))
     with raises(ValueError, "segment_pos must be an integer array of the shape of segment_ids"):
         SD.from_segment_ids_and_pos(jnp.ones((2, 8), jnp.int32), jnp.ones((2, 7), jnp.int32))
@@ -562,8 +565,11 @@ SD_BAD = [
      ValueError, ["max_segment_seqlen_kv", ">= 1"]),
     ("offsets float", lambda: _SD.from_seqlens_and_offsets(_LENS[:, None], jnp.zeros((B, 2))),
      TypeError, ["q_offsets must be an integer array [B, M + 1]", "float32"]),
-    ("segment_ids float", lambda: _SD.from_segment_ids_and_pos(jnp.ones((B, S))), TypeError,
-     ["segment_ids must be an integer array [B, S]", "float32"]),
+    ("segment_ids complex", lambda: _SD.from_segment_ids_and_pos(jnp.ones((B, S), jnp.complex64)),
+     TypeError, ["segment_ids must be an integer, bool or float array [B, S]", "complex64"]),
+    ("segment_ids reordered", lambda: _SD.from_segment_ids_and_pos(
+        jnp.ones((B, S), jnp.int32), is_segment_ids_reordered=True), ValueError,
+     ["is_segment_ids_reordered=True", "natural order"]),
     ("segment_pos float", lambda: _SD.from_segment_ids_and_pos(
         jnp.ones((B, S), jnp.int32), jnp.ones((B, S))), ValueError, ["segment_pos", "float32"]),
     ("max_segments float", lambda: _SD.from_segment_ids_and_pos(

@@ -447,9 +447,7 @@ def _mutations(spec: Spec):
                                                     pack(s, *inputs(jax.random.PRNGKey(0),
                                                                     s)[:3]))), ["dtype"]),
     }
-    if s.layout not in THD:
-        m["segments_bshd"] = (lambda: _call(s, max_segments_per_seq=2), ["max_segments_per_seq"])
-    else:
+    if s.layout in THD:
         m["thd_no_padding"] = (lambda: _call(s, attn_mask_type=AttnMaskType.CAUSAL_MASK),
                                ["attn_mask_type", "qkv_layout"])
     if s.mask.is_padding():
@@ -492,8 +490,8 @@ def _pending_mutations(spec: Spec):
         "window_2**64": (lambda: _call(s, window_size=(2 ** 64, 0)), ["window_size"]),
         "seed_string": (lambda: _call(s, dropout_probability=0.5, is_training=True,
                                       seed="abc"), ["seed"]),
-        "segment_ids_float": (lambda: SequenceDescriptor.from_segment_ids_and_pos(
-            jnp.ones((s.B, s.Sq), jnp.float32)), ["segment_ids"]),
+        "segment_ids_complex": (lambda: SequenceDescriptor.from_segment_ids_and_pos(
+            jnp.ones((s.B, s.Sq), jnp.complex64)), ["segment_ids"]),
     }
     return m
 
