@@ -72,7 +72,7 @@ echo "setup: building and installing fusedattn ($what; CMake via scikit-build-co
 t0=$(date +%s)
 # -v shows the build's progress; the filter drops only pip's own bookkeeping lines.
 if ! .venv/bin/python -m pip install --no-build-isolation --no-deps -v . 2>&1 |
-     grep -v -e '^Using pip' -e '^Looking in links' -e 'Running command' -e 'Stored in directory'; then
+     grep --line-buffered -v -e '^Using pip' -e '^Looking in links' -e 'Running command' -e 'Stored in directory'; then
   echo "setup: building fusedattn failed (its output is above)"
   exit 1
 fi
