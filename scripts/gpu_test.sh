@@ -2,7 +2,9 @@
 # GPU machine: installs fusedattn and runs the whole pytest suite there (the `gpu`-marked
 # tests run, the rest run on the CPU device of that machine) and the demo on the GPU.
 # The machine has no network: build the wheel here first and carry it in .whl/:
-#   python -m pip wheel . --no-deps -w .whl        (then run this script there with .whl carried)
+#   python -m pip wheel . --no-deps -w .whl -C cmake.define.FUSEDATTN_CUDA=ON
+# (the flag: this machine has no GPU, so without it only the CPU engine is built; then run
+# this script there with .whl carried)
 # Without a carried wheel it builds in place (needs jaxlib, scikit-build-core, cmake there).
 # Logs go to $OUT (or ./gpu-logs).
 set -uo pipefail

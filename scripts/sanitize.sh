@@ -17,7 +17,9 @@ mkdir -p build
 
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-(cd build/asan && ctest --output-on-failure -j "$(nproc)")
+# Only failures (with their output) and the summary: not a line per passing test.
+(cd build/asan && ctest --output-on-failure -j "$(nproc)" 2>&1 |
+   grep --line-buffered -v -e '^ *Start ' -e ' Passed ')
 
 [ "${FUSEDATTN_SANITIZE_PYTEST:-1}" = 0 ] && exit 0
 # Python is not instrumented: the sanitizer runtimes go first in the process (LD_PRELOAD), the

@@ -1,19 +1,50 @@
 #!/usr/bin/env bash
-# Every test on this machine: installs the package (scripts/setup.sh), builds and runs
-# the GoogleTest suite (ctest), then the pytest suite, then the sanitizer job
-# (scripts/sanitize.sh: ctest and a pytest selection under ASan + UBSan; a report fails it;
-# FUSEDATTN_SANITIZE=0 skips it). Extra arguments go to pytest.
+# Every test on this machine, in this order:
+#   1. scripts/setup.sh: .venv with the package (nothing is rebuilt when .venv already holds
+#      this source, e.g. after scripts/demo.sh; CPU engine only on a machine without a GPU);
+#   2. the CUDA compile check: every CUDA file compiled and linked into the library in
+#      build/cuda-check (FUSEDATTN_CUDA=ON; the log is build/cuda-check.log, shown on failure),
+#      so a CUDA build break fails here without a GPU; FUSEDATTN_CUDA_CHECK=0 skips it;
+#   3. the GoogleTest suite (build/cpptests, reused between runs; ctest prints only failures
+#      and its summary);
+#   4. the pytest suite (extra arguments go to pytest; skips are listed with their reasons);
+#   5. the sanitizer job (scripts/sanitize.sh: ctest and a pytest selection under ASan + UBSan;
+#      a report fails it; FUSEDATTN_SANITIZE=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+step() { echo; echo "== test: $* ($(date +%H:%M:%S))"; }
+
+step "setup"
 scripts/setup.sh
 mkdir -p build
+
+if [ "${FUSEDATTN_CUDA_CHECK:-1}" != 0 ]; then
+  step "CUDA compile check: every CUDA file, in build/cuda-check (log: build/cuda-check.log)"
+  t0=$(date +%s)
+  {
+    # The cudnn-frontend headers (a CPU-only setup does not install them); nothing else of it.
+    .venv/bin/python -m pip install -q --no-deps "nvidia-cudnn-frontend>=1.14" &&
+    cmake -S . -B build/cuda-check -DFUSEDATTN_CUDA=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" &&
+    cmake --build build/cuda-check -j "$(nproc)" --target fusedattn
+  } > build/cuda-check.log 2>&1 || { cat build/cuda-check.log; echo "test: the CUDA build failed (above)"; exit 1; }
+  echo "CUDA library built with every kernel in $(( $(date +%s) - t0 )) s"
+fi
+
+step "C++ tests (build/cpptests, log: build/cpptests.log)"
 {
   cmake -S . -B build/cpptests -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_CUDA=OFF \
     -DPython_EXECUTABLE="$PWD/.venv/bin/python" &&
   cmake --build build/cpptests -j "$(nproc)" --target fusedattn_cpp_tests
 } > build/cpptests.log 2>&1 || { cat build/cpptests.log; exit 1; }
-(cd build/cpptests && ctest --output-on-failure)
-.venv/bin/python -m pytest tests/python -q "$@"
+# One line per test would be hundreds of passing lines: only failures (with their output) and
+# the summary are printed.
+(cd build/cpptests && ctest --output-on-failure -j "$(nproc)" 2>&1 |
+   grep --line-buffered -v -e '^ *Start ' -e ' Passed ')
+
+step "Python tests"
+.venv/bin/python -m pytest tests/python -q -rs "$@"
+
 if [ "${FUSEDATTN_SANITIZE:-1}" != 0 ]; then
+  step "sanitizer job (scripts/sanitize.sh)"
   PYTHON="$PWD/.venv/bin/python" scripts/sanitize.sh
 fi

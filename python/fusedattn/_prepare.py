@@ -339,6 +339,37 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
     return out
 
 
+def warn_past_sequence(sd: SequenceDescriptor, dims: Dims, layout: QKVLayout) -> None:
+    """Warns (once per message) when a descriptor known at trace time (concrete arrays, not
+    traced) holds a length longer than its sequence, or, in THD layouts, a segment that ends
+    past its row: every backend clamps it to the buffer (README: sequences), which is rarely
+    what the caller meant. Traced descriptors are not looked at (their values are unknown)."""
+    for side, extent, what in (("q", dims.Sq, "query"), ("kv", dims.Skv, "key/value")):
+        lens, offs = getattr(sd, f"{side}_seqlens"), getattr(sd, f"{side}_offsets")
+        if is_traced(lens) or is_traced(offs):
+            continue
+        lens = np.asarray(lens, np.int64).reshape(dims.B, -1)
+        name = f"sequence_descriptor.{side}_seqlens"
+        if lens.size and lens.max() > extent:
+            b, m = np.unravel_index(np.argmax(lens), lens.shape)
+            warnings.warn(f"fused_attn: {name}[{b}, {m}] = {lens[b, m]} is longer than the "
+                          f"{what} sequence ({extent} tokens); it is clamped to {extent}",
+                          UserWarning, stacklevel=4)
+            continue
+        if layout not in THD_LAYOUTS:
+            continue
+        starts = (np.concatenate([np.zeros((dims.B, 1), np.int64),
+                                  np.cumsum(np.maximum(lens, 0), axis=1)[:, :-1]], axis=1)
+                  if offs is None else np.asarray(offs, np.int64)[:, :lens.shape[1]])
+        ends = np.where(lens > 0, starts + lens, 0)
+        if ends.size and ends.max() > extent:
+            b, m = np.unravel_index(np.argmax(ends), ends.shape)
+            where = "the lengths before it" if offs is None else f"{side}_offsets[{b}, {m}]"
+            warnings.warn(f"fused_attn: {name}[{b}, {m}] = {lens[b, m]} from token {starts[b, m]} "
+                          f"({where}) ends at {ends[b, m]}, past the row's {extent} {what} tokens;"
+                          f" the segment is clamped to the row", UserWarning, stacklevel=4)
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     cfg: Config
@@ -437,6 +468,8 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
                          "needs a seed (an int or a PRNG key)")
     if not build:
         return Call(cfg, dims, params, None, traced_scale, sd)
+    if sd is not None:
+        warn_past_sequence(sd, dims, layout)
     if traced_scale is not None:
         q_op, bias = _fold_traced_scale(q_op, bias, traced_scale, layout, bias_type)
 

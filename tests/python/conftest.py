@@ -55,13 +55,30 @@ def _has_gpu() -> bool:
         return False
 
 
+_GPU_REASON = "marked gpu and jax sees no GPU here (scripts/gpu_test.sh runs them on a GPU machine)"
+
+
 def pytest_collection_modifyitems(config, items):
+    """Without a GPU the gpu-marked tests are deselected, not skipped one by one: the run's
+    last lines say how many and why (pytest_terminal_summary), instead of a skip per test."""
     if _has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a GPU; jax sees none")
-    for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+        config._fusedattn_gpu_deselected = len(gpu)
+
+
+def pytest_report_header(config):
+    return "gpu-marked tests: " + ("run (jax sees a GPU)" if _has_gpu() else
+                                   "deselected: " + _GPU_REASON)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = getattr(config, "_fusedattn_gpu_deselected", 0)
+    if n:
+        terminalreporter.write_line(f"{n} gpu tests deselected: {_GPU_REASON}")
 
 
 @pytest.fixture(autouse=True)

@@ -17,14 +17,13 @@ what the kernels allocate internally, not just XLA's buffers.
 --clock process times CPU seconds per call instead of wall time (common.cpu_time_fn): for
 comparing two builds on a shared, loaded machine; its GFLOP/s are work rates, not speeds.
 
-Prints a table and writes JSON (--json).
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor
 
+from . import report
 from .common import cpu_time_fn, run_info, time_fn
 
 
@@ -208,14 +208,19 @@ def main(argv=None) -> int:
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="process: CPU seconds per call, min of the repeats (common.cpu_time_fn); "
                         "steady on a loaded machine, for before/after comparisons")
-    p.add_argument("--json", help="write the rows to this JSON file")
+    report.add_output_args(p)
     args = p.parse_args(argv)
 
     info = run_info()
     print(" ".join(f"{k}={v}" for k, v in info.items()))
     print("speedup x<anchor> = anchor time / ours; FLOPs count kept (query, key) pairs")
     rows = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, rows=rows), f, indent=1)
+    report.finish("attention", args, dict(info=info, rows=rows), rows,
+                  {"fusedattn vs jax xla": "speedup_vs_xla"}, row_label)
     return 0
+
+
+def row_label(r) -> str:
+    win = f" w{r['window']}" if r["window"] >= 0 else ""
+    return (f"{r['case']} {r['dtype']} S{r['S']}{' causal' if r['causal'] else ''}{win} "
+            f"{r['mode']}")

@@ -1,4 +1,4 @@
-"""python -m fusedattn bench attention (on a GPU): the grid of shared/BENCH.md.
+"""python -m fusedattn bench attention (on a GPU): the GPU grid of docs/BENCH.md.
 
 fused_attn (cuDNN graphs driven from C++) beside jax.nn.dot_product_attention with
 implementation="cudnn" (XLA's own cuDNN fusion) and "xla", in the same run, bf16:
@@ -8,14 +8,13 @@ ragged sequences (jax's anchor: the same sequences padded, with seq lengths) and
 sliding window of 256. TFLOP/s count the kept (query, key) pairs: 4*B*H*D per pair
 (full: Sq*Skv, causal: S*(S+1)/2 ~ half), forward+backward 3.5x forward.
 ratio = the jax cudnn anchor's time / ours (>= 1: we are faster).
-Prints a table, writes JSON (--json) and a PNG (--plot).
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py), and
+--plot PATH a PNG of the TFLOP/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor
 
+from . import report
 from .common import copy_bandwidth, matmul_flops, run_info, time_fn
 
 
@@ -143,6 +143,8 @@ def run(args):
                 row[f"{name}_tflops"] = flops / sec / 1e12
             if "jax_cudnn_ms" in row and "fusedattn_ms" in row:
                 row["ratio"] = row["jax_cudnn_ms"] / row["fusedattn_ms"]
+            if "jax_xla_ms" in row and "fusedattn_ms" in row:
+                row["ratio_xla"] = row["jax_xla_ms"] / row["fusedattn_ms"]
             rows.append(row)
             print(_fmt(row), flush=True)
     return rows
@@ -188,8 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--xla-max-seq", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json")
-    p.add_argument("--plot")
+    p.add_argument("--plot", help="also write a PNG of the TFLOP/s here")
+    report.add_output_args(p)
     args = p.parse_args(argv)
     info = run_info()
     info["copy_tbps"] = copy_bandwidth() / 1e12
@@ -197,15 +199,19 @@ def main(argv=None) -> int:
     print(" ".join(f"{k}={v}" for k, v in info.items()))
     print(_HEADER)
     rows = run(args)
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    if ratios:
-        info["ratio_geomean"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        info["ratio_min"] = min(ratios)
-        print(f"ratio vs jax cudnn: geomean {info['ratio_geomean']:.3f}, min {info['ratio_min']:.3f} "
-              f"over {len(ratios)} points")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, rows=rows), f, indent=1)
     if args.plot:
         _plot(rows, args.plot)
+        print(f"plot (TFLOP/s): {args.plot}")
+    summary = report.summarize(rows, RATIOS)
+    if "fusedattn vs jax cudnn" in summary:  # bench/RESULTS.md's figures
+        info["ratio_geomean"] = summary["fusedattn vs jax cudnn"]["geomean"]
+        info["ratio_min"] = summary["fusedattn vs jax cudnn"]["min"]
+    report.finish("attention", args, dict(info=info, rows=rows), rows, RATIOS, _label)
     return 0
+
+
+RATIOS = {"fusedattn vs jax cudnn": "ratio", "fusedattn vs jax xla": "ratio_xla"}
+
+
+def _label(r) -> str:
+    return f"{r['kind']} D{r['D']} S{r['S']}{' causal' if r['causal'] else ''} {r['mode']}"

@@ -1,6 +1,6 @@
 """What every benchmark shares: the timing method, peak memory, device ceilings, run info.
 
-Method (shared/BENCH.md): random inputs, warm-up (compile, graph build) first, then N
+Method (docs/BENCH.md): random inputs, warm-up (compile, graph build) first, then N
 back-to-back calls of the jitted function blocked once at the end (N so the total is
 >= 50 ms), repeated; the median is reported. A single blocked call per timing would
 add host overhead and under-report fast kernels.

@@ -25,16 +25,14 @@ send hides under the shortest sending step's compute (the last step sends nothin
 comm: every sending step lasts max(compute, send).
 The log-sum-exp merge is not in the simulated times: it is timed on its own (one
 elementwise jit over a rank's S/cp query rows, once per step) and shown beside them.
-Prints a table for fwd and one for fwd+bwd, writes JSON (--out).
+Prints a table for fwd and one for fwd+bwd and a summary line (speedup over one S x S call,
+efficiency); writes JSON (--out / --json) and a PNG (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +40,7 @@ import jax.numpy as jnp
 import fusedattn
 from fusedattn import AttnMaskType
 
+from . import report
 from .common import matmul_flops, run_info, time_fn
 
 NVLINK_GBPS = 450.0  # H100 SXM NVLink 4: 450 GB/s per direction (900 GB/s both ways)
@@ -243,17 +242,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="S 4096, cp 2")
     p.add_argument("--smoke", action="store_true", help="CPU smoke: S 512, cp 2 4, H 2, D 64")
-    p.add_argument("--out", "--json", dest="out", help="JSON path (default bench/runs/<date>/"
-                   "bench-cp_ring.json; --smoke: bench/out/bench-cp_ring-smoke.json)")
+    report.add_output_args(p, "--out")
     args = p.parse_args(argv)
     if args.quick:
         args.seqlens, args.cp = [4096], [2]
     if args.smoke:
         args.seqlens, args.cp, args.heads, args.head_dim, args.repeats = [512], [2, 4], 2, 64, 2
     args.kv_heads = args.kv_heads or args.heads
-    out = args.out or (os.path.join("bench", "out", "bench-cp_ring-smoke.json") if args.smoke else
-                       os.path.join("bench", "runs", datetime.date.today().isoformat(),
-                                    "bench-cp_ring.json"))
     info = run_info()
     if info["backend"] == "gpu":
         info["matmul_tflops"] = matmul_flops() / 1e12
@@ -268,8 +263,9 @@ def main(argv=None) -> int:
         for r in rows:
             if r["mode"] == mode:
                 print(_fmt(r))
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(dict(info=info, calls=calls, rows=rows), f, indent=1)
-    print(f"\n{len(calls)} distinct calls timed; JSON: {out}")
+    print(f"\n{len(calls)} distinct calls timed")
+    report.finish("cp_ring", args, dict(info=info, calls=calls, rows=rows), rows,
+                  {"ring (simulated) vs one S x S call": "speedup",
+                   "ring vs ideal (efficiency)": "efficiency"},
+                  lambda r: f"S{r['S']} cp{r['cp']} {r['variant']} {r['mode']}")
     return 0

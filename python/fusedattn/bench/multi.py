@@ -9,12 +9,12 @@ it times, forward and forward+backward (the gradient of sum(out * proj)):
 and prints the time, the speedup over one device and the scaling efficiency
 (speedup / devices), with each sharded output's largest difference from the one-device
 output (bf16; the cp rows reorder back first). On one device only the anchor runs.
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,7 @@ import fusedattn
 from fusedattn.context_parallel import (ReorderStrategy, inverse_reorder_causal_load_balancing,
                                         reorder_causal_load_balancing)
 
+from . import report
 from .common import run_info, time_fn
 
 CONFIGS = [(8, 4096), (2, 16384), (1, 32768)]  # (B, S): B * S tokens per call
@@ -46,9 +47,10 @@ def _fn(kw, proj, grad: bool):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fusedattn bench multi")
+    ap = argparse.ArgumentParser(prog="python -m fusedattn bench multi", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json", default=None)
+    report.add_output_args(ap)
     ap.add_argument("--quick", action="store_true", help="one small configuration")
     args = ap.parse_args(argv)
     devs = jax.devices()
@@ -101,7 +103,9 @@ def main(argv=None) -> int:
                              fwd_speedup=sf, fwdbwd_speedup=sg, max_abs_diff=diff))
             print(f"{B:>3} {S:>6} {name:<8} {tf:8.3f} {sf:6.2f} {sf / nd:5.2f} "
                   f"{tg:8.3f} {sg:6.2f} {sg / nd:5.2f} {diff:9.2e}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(run=run_info(), rows=rows), fh, indent=1)
+    sharded = [r for r in rows if r["devices"] > 1]
+    report.finish("multi", args, dict(run=run_info(), rows=rows), sharded,
+                  {f"{n} devices vs 1 (fwd)": "fwd_speedup",
+                   f"{n} devices vs 1 (fwd+bwd)": "fwdbwd_speedup"},
+                  lambda r: f"B{r['B']} S{r['S']} {r['mode']}")
     return 0

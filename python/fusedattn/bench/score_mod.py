@@ -1,17 +1,17 @@
 """python -m fusedattn bench score_mod: flex attention (score_mod) beside plain attention.
 
-shared/BENCH.md's flex grid: softcap (tanh(s / 50) * 50) and ALiBi (per-head slopes) at
+docs/BENCH.md's flex grid: softcap (tanh(s / 50) * 50) and ALiBi (per-head slopes) at
 head dim 128, causal, forward and forward+backward, beside fused_attn without score_mod
 (the same mask) and beside XLA running the same fn on materialized scores (the
 reference path). The GPU grid is S 4096 and 16384 (B * S = 16384 tokens, H = 16, bf16);
 the CPU grid is smaller (B = 1, H = 4, S 512 and 1024, float32). ratio_plain = plain time /
 score_mod time (goal on the GPU: >= 0.85); vs_xla = XLA time / ours (goal: >= 3).
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType, _lib
 
+from . import report
 from .common import run_info, time_fn
 
 
@@ -120,12 +121,14 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--xla-max-seq", type=int, default=4096)
-    p.add_argument("--json")
+    report.add_output_args(p)
     args = p.parse_args(argv)
     info = run_info()
     print(" ".join(f"{k}={v}" for k, v in info.items()))
     rows = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, rows=rows), f, indent=1)
+    report.finish("score_mod", args, dict(info=info, rows=rows), rows,
+                  {"softcap vs plain fused_attn": "softcap_vs_plain",
+                   "alibi vs plain fused_attn": "alibi_vs_plain",
+                   "softcap vs xla": "softcap_vs_xla", "alibi vs xla": "alibi_vs_xla"},
+                  lambda r: f"S{r['S']} B{r['B']} {r['mode']}")
     return 0

@@ -1,6 +1,6 @@
 """python -m fusedattn bench small_seq: small-sequence cross attention, bytes-based.
 
-Grid (shared/BENCH.md): B = 30720 segments, one query each, Skv in {2, 4, 8, 16} keys,
+Grid (docs/BENCH.md): B = 30720 segments, one query each, Skv in {2, 4, 8, 16} keys,
 H = 8, D in {128, 256, 512}, bf16, forward and forward+backward; a small grid on the CPU.
 Beside fusedattn.fused_attn_small_seq (THD with cu_seqlens, and BSHD) it times, in the
 same run on the same device, jax.nn.dot_product_attention with implementation="xla" and
@@ -11,13 +11,12 @@ Bytes (every tensor read once, written once): forward q, k, v read + out written
 backward q, k, v, out, dout read + dq, dk, dv written; "fwd+bwd" counts both. GB/s (TB/s in
 the JSON) = bytes / median time; "of copy" = that over the device copy bandwidth measured in this
 run (bf16 x + 1, bytes read + written). Timing: time_pipelined below (common.py's method).
-Prints a table and writes JSON (--json).
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import fusedattn
 from fusedattn import AttnMaskType, QKVLayout, SmallSeqDescriptor
 
+from . import report
 from .common import run_info
 
 IMPLS = ("small_seq_thd", "small_seq_bshd", "xla", "cudnn", "fused_attn")
@@ -150,8 +150,10 @@ def run_grid(args):
                     row[f"{name}_us"] = sec * 1e6
                     row[f"{name}_tbps"] = nbytes / sec / 1e12
                     row[f"{name}_of_copy"] = nbytes / sec / copy
-                if "small_seq_thd_us" in row and "xla_us" in row:
-                    row["thd_vs_xla"] = row["xla_us"] / row["small_seq_thd_us"]
+                if "small_seq_thd_us" in row:
+                    for anchor in ("xla", "cudnn", "fused_attn"):
+                        if f"{anchor}_us" in row:
+                            row[f"thd_vs_{anchor}"] = row[f"{anchor}_us"] / row["small_seq_thd_us"]
                 rows.append(row)
                 print(fmt_row(row, args.impls), flush=True)
     return rows, copy, general_backend
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
                    ["small_seq_thd", "small_seq_bshd", "xla", "fused_attn"], choices=IMPLS)
     p.add_argument("--repeats", type=int, default=7 if gpu else 5)
     p.add_argument("--copy-bytes", type=int, default=(1 << 30) if gpu else (1 << 28))
-    p.add_argument("--json", help="write the rows to this JSON file")
+    report.add_output_args(p)
     args = p.parse_args(argv)
 
     info = run_info()
@@ -206,8 +208,9 @@ def main(argv=None) -> int:
     for mode, frac in worst.items():
         print(f"small_seq_thd {mode}: lowest fraction of copy bandwidth over the grid "
               f"{100 * frac:.1f}% (goal >= 90%)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, copy_bandwidth=copy, fused_attn_backend=general,
-                           rows=rows), f, indent=1)
+    report.finish("small_seq", args, dict(info=info, copy_bandwidth=copy,
+                                          fused_attn_backend=general, rows=rows), rows,
+                  {"small_seq vs jax xla": "thd_vs_xla", "small_seq vs jax cudnn": "thd_vs_cudnn",
+                   "small_seq vs fused_attn": "thd_vs_fused_attn"},
+                  lambda r: f"D{r['D']} Skv{r['Skv']} {r['mode']}")
     return 0

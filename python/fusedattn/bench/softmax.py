@@ -3,7 +3,7 @@ semantics (fusedattn.softmax_fallback: where, max, exp, sum, divide, compiled by
 forward and backward, scaled / masked / causal, with the device copy bandwidth measured in
 the same run as the ceiling.
 
-Bytes (shared/BENCH.md): forward = read logits (+ the bool mask, [B, 1, Sq, Skv], once) +
+Bytes (docs/BENCH.md): forward = read logits (+ the bool mask, [B, 1, Sq, Skv], once) +
 write y; backward = read y and dy + write dx. Causal rows count in full although our
 kernel reads only the kept half (it still writes every element): its TB/s is effective.
 Reported: ms, TB/s, fraction of the measured copy bandwidth, speedup = XLA time / ours,
@@ -12,7 +12,8 @@ Causal rows also time XLA's *masked* softmax fed the causal mask as a [1, 1, S, 
 array (the way an unfused model often runs causal attention): "vs mask" = its time / ours.
 
 GPU grid: BENCH.md's [16, 16, 2048, 2048] and [4, 16, 4096, 4096] bf16. CPU grid (when jax
-has no GPU): smaller shapes that run on a 2-core machine. Prints a table; --json writes it.
+has no GPU): smaller shapes that run on a 2-core machine. Prints a table and a summary line;
+writes JSON and a PNG of the ratios (report.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import fusedattn
 from fusedattn import SoftmaxFusionType
 
+from . import report
 from .common import copy_bandwidth, run_info, time_fn
 
 sm = importlib.import_module("fusedattn.softmax")  # the module (fusedattn.softmax is the function)
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", help="write the rows to this JSON file")
+    report.add_output_args(p)
     args = p.parse_args(argv)
 
     gpu = jax.default_backend() != "cpu"
@@ -144,7 +145,8 @@ def main(argv=None) -> int:
           f"scale {SCALE}; speedup = XLA time / ours")
     print(_HEADER)
     rows = run(shapes, dtypes, args.kinds, args.modes, args.repeats, copy_bw)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, copy_bandwidth_tbs=copy_bw / 1e12, rows=rows), f, indent=1)
+    report.finish("softmax", args, dict(info=info, copy_bandwidth_tbs=copy_bw / 1e12, rows=rows),
+                  rows, {"fusedattn vs xla softmax": "speedup",
+                         "causal vs xla masked softmax": "speedup_vs_mask"},
+                  lambda r: f"{r['dtype']} {'x'.join(map(str, r['shape']))} {r['kind']} {r['mode']}")
     return 0

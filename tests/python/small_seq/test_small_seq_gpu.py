@@ -3,7 +3,7 @@ forward output, saved P and statistics, and the backward's dq, dk, dv against th
 reference computed on the GPU in float32, every element, with the kernels' outputs
 poisoned with NaN before they run. Covers every kv length and chunk size, every head dim
 and dtype, THD (ragged, empty, padded slots and tails) and BSHD, masks, GQA/MQA, broken
-promises, vmap, and the 30720-segment shapes of shared/BENCH.md."""
+promises, vmap, and the 30720-segment shapes of docs/BENCH.md."""
 
 import jax
 import jax.numpy as jnp
