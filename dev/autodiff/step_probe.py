@@ -19,7 +19,7 @@ def run(B, S, H, D, label):
     q, k, v, do = (jax.random.normal(kk, (B, S, H, D), jnp.bfloat16) for kk in ks)
     def ours(ml):
         def f(q, k, v):
-            r = fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type="causal",
+            r = fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=fusedattn.AttnMaskType.CAUSAL_MASK,
                                      return_max_logit=ml)
             out = r[0] if ml else r
             return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
