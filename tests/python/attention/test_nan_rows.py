@@ -67,3 +67,21 @@ def test_nan_exact_equals_the_engine(key, layout, source, mask):
         assert i > 2 or not w.size or not np.isnan(w).all(), f"grad {i}: all NaN (tests nothing)"
         np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(w), rtol=1e-5, atol=1e-5,
                                    err_msg=f"grad {i}")
+
+
+@pytest.mark.parametrize("mask", list(AttnMaskType))
+@pytest.mark.parametrize("window", [None, (5, 2), (0, 0), (3, -1), (-1, 4)])
+@pytest.mark.parametrize("sq, skv", [(9, 14), (14, 9)])
+def test_row_keys_is_the_mask(mask, window, sq, skv):
+    # The key interval of each row (mask.h's rule) against the reference's dense mask.
+    from fusedattn._nan_rows import row_keys
+    from fusedattn._prepare import Config, window as window_of
+    from fusedattn.reference import segment_mask
+    cfg = Config(QKVLayout.BSHD_BSHD_BSHD, mask, AttnBiasType.NO_BIAS,
+                 SoftmaxType.VANILLA_SOFTMAX, 1.0, 0.0, False, window_of(window))
+    ql, kl = jnp.array([[sq], [4], [0]], jnp.int32), jnp.array([[skv], [0], [6]], jnp.int32)
+    lo, hi = row_keys(cfg, 3, sq, skv, ql, kl)
+    keep, _ = segment_mask(mask, 3, sq, skv, ql, kl, None, None, False, cfg.window)
+    j = np.arange(skv)
+    got = (np.asarray(lo)[..., None] <= j) & (j < np.asarray(hi)[..., None])
+    np.testing.assert_array_equal(got, np.asarray(keep))
