@@ -363,7 +363,7 @@ def _backward(args, cfg: Config, dims: Dims, sm):
         batched = _batch_args(args[:N_OPS + (sm is not None)], dims, len(args))
         gpu = _chunked(functools.partial(_ffi_bwd, cuda=True), _cudnn_chunk(ops, dims, sm),
                        batched, sums=(4, 5) if 3 in batched else (3, 4, 5))
-        if not cfg.thd:  # NaN rows: the reference's gradients (_nan_rows.py)
+        if not cfg.thd and _nan_rows.enabled():  # NaN rows: the reference's gradients
             gpu = _nan_rows.nan_exact(gpu)
     return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 

@@ -342,10 +342,11 @@ def test_bad_inputs_still_rejected_on_the_gpu():
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("source", ["q", "k", "v", "bias", "offset", "score_mod",
                                     "score_mod_plus"])
-def test_nan_propagates(request, key, source, dtype, layout):
+def test_nan_propagates(request, monkeypatch, key, source, dtype, layout):
+    monkeypatch.setenv("FUSEDATTN_NAN_EXACT_BWD", "1")  # the reference's NaN gradients
     from test_nan import check_case
-    # (cuDNN's backward spreads a NaN row to the keys it masks: _nan_rows.py gives the
-    # reference's gradients instead.)
+    # (cuDNN's backward spreads a NaN row to the keys it masks: _nan_rows.py, on here, gives
+    # the reference's gradients instead.)
     if source.startswith("score_mod"):
         # cuDNN's backward program is ds * f' without the CPU program's zero-derivative guard
         # (score_mod.ScoreMod.gpu_bwd: the guard doubled its time), so a NaN set by the fn
