@@ -914,6 +914,10 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                                           platform)
         if served:
             return BackendInfo("small_seq", True, reason)
+    if (jax.tree.leaves(qkv)[0].dtype == jnp.float64
+            and _platform_code(platform) != _lib.PLATFORM_CUDA):
+        return BackendInfo("xla_reference", False, "float64: the CPU engine computes in "
+                           "float32, so a float64 call runs the reference in float64")
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
 
 
@@ -940,7 +944,7 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
             raise
         except ValueError:  # past int64: no kernel serves it
             return False
-    if q_dtype != kv_dtype:
+    if q_dtype != kv_dtype or q_dtype == jnp.float64:  # float64: no kernel computes in it
         return False
     try:
         win = window(window_size, "window_size", where)

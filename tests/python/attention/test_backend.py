@@ -59,7 +59,7 @@ def test_gpu_platform_gets_the_xla_reference(platform):
 
 @pytest.mark.parametrize("kwargs, why", [
     (dict(qkv=shapes(hq=3, hkv=2)), "multiple"),
-    (dict(qkv=shapes(d=300)), "head dim of q and k"),
+    (dict(qkv=shapes(d=600)), "head dim of q and k"),
     (dict(qkv=shapes(dtype=jnp.int32)), "dtype"),
     (dict(attn_mask_type=AttnMaskType.PADDING_MASK), "sequence_descriptor"),
     (dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS), "attn_bias_type=POST_SCALE_BIAS"),
@@ -67,7 +67,7 @@ def test_gpu_platform_gets_the_xla_reference(platform):
     (dict(dropout_probability=0.2, is_training=True, seed=None), "seed"),
     (dict(window_size=(-4, 0)), "window_size"),
     (dict(qkv_layout=QKVLayout.THD_THD_THD), "qkv_layout=THD_THD_THD"),
-    (dict(max_segments_per_seq=3), "max_segments_per_seq"),
+    (dict(max_segments_per_seq=0), "max_segments_per_seq"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_bad_calls_get_none_with_the_reason(kwargs, why, platform):
@@ -168,7 +168,7 @@ def test_every_feature_gets_cpu_flash():
     dict(kv_dtype=jnp.float16),
     dict(q_dtype=jnp.float64, kv_dtype=jnp.float64),
     dict(q_num_heads=3, kv_num_heads=2),
-    dict(head_dim_qk=512),
+    dict(head_dim_qk=600),
     dict(q_max_seqlen=2 ** 20 + 1),
     dict(window_size=(-16, 0)),
     dict(qkv_layout=QKVLayout.BS3HD),  # q and kv lengths and heads differ: cannot be packed
@@ -268,3 +268,9 @@ def test_fallback_serves_every_feature(key, name, monkeypatch):
         q, k, v).as_text()
     assert "fusedattn_attn_fwd" not in lowered, "the fallback must not call the engine"
     assert r is not None
+
+
+def test_float64_names_the_reference_on_the_cpu():
+    with jax.enable_x64(True):
+        info = fusedattn.get_backend(shapes(dtype=jnp.float64), platform="cpu")
+    assert (info.name, info.fused) == ("xla_reference", False) and "float64" in info.reason

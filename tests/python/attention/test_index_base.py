@@ -2,7 +2,7 @@
 [b0, b0 + nb), q heads [h0, h0 + nh) with their kv heads) run with index_base (b0, h0)
 computes what the whole call computes there. Dropout's keep mask and score_mod's
 batch_idx / head_idx follow the global index; score_mod's array operands are the shard's
-own slices. Forward and gradients through the custom_vjp (attention._attention), the
+own slices. Forward and gradients through the differentiable core (attention._attention), the
 reference (reference.attention_reference, attention._reference) with index_base, and vmap
 (index_base [V, 2]).
 
@@ -69,7 +69,8 @@ def run(q, k, v, dout, p, fn=None, operands=(), index_base=None):
     """out and the gradients of sum(out * dout) by q, k, v and the operands (CPU engine)."""
     def loss(q, k, v, *operands):
         call, sm, ops = build(q, k, v, p, fn, operands)
-        out = attn_mod._attention(call.cfg, call.dims, sm, *with_base(ops, index_base))[0]
+        out = attn_mod._attention((call.cfg, call.dims, sm), False,
+                                  *with_base(ops, index_base))[0]
         return jnp.sum(out * dout), out
     args = (q, k, v, *operands)
     (_, out), grads = jax.jit(jax.value_and_grad(loss, tuple(range(len(args))), has_aux=True))(
@@ -161,7 +162,7 @@ def test_vmap_slices_take_their_own_base(key, feature):
 
     def one(q, k, v, base, table):
         call, sm, ops = build(q, k, v, p, fn, (table,) if fn else ())
-        return attn_mod._attention(call.cfg, call.dims, sm, *with_base(ops, base))[0]
+        return attn_mod._attention((call.cfg, call.dims, sm), False, *with_base(ops, base))[0]
     got = jax.jit(jax.vmap(one))(qs, ks, vs, bases, tables)
     np.testing.assert_allclose(got.reshape(B, S, nh, D), out[:, :, h0:h0 + nh], rtol=1e-6,
                                atol=1e-6)
@@ -258,7 +259,7 @@ def block_ops(case, q, k, v, operands, q0, kv0, positions=True):
 
 
 def block_fwd(cfg, dims, sm, ops):
-    return jax.jit(lambda *o: attn_mod._attention(cfg, dims, sm, *o)[:2])(*ops)
+    return jax.jit(lambda *o: attn_mod._attention((cfg, dims, sm), False, *o)[:2])(*ops)
 
 
 def block_bwd(cfg, dims, sm, ops, out, dout, lse):
@@ -362,7 +363,7 @@ def test_block_reference_matches_the_engine(key, case):
     dout = dout[:, q0:q1]
 
     def engine(q, k, v):
-        return attn_mod._attention(cfg, dims, sm, q, k, v, *ops[3:])[:2]
+        return attn_mod._attention((cfg, dims, sm), False, q, k, v, *ops[3:])[:2]
 
     def reference(q, k, v):
         return attn_mod._reference(q, k, v, *ops[3:], cfg=cfg, dims=dims, sm=sm)[:2]
@@ -385,7 +386,7 @@ def test_vmap_blocks_take_their_own_positions(key):
 
     def one(q, base):
         cfg, dims, sm, ops = block_ops("causal", q, k, v, (), 0, 0)
-        return attn_mod._attention(cfg, dims, sm, *with_base(ops, base))[:2]
+        return attn_mod._attention((cfg, dims, sm), False, *with_base(ops, base))[:2]
     got_out, got_lse = jax.jit(jax.vmap(one))(qs, bases)
     np.testing.assert_allclose(got_out.swapaxes(0, 1).reshape(out.shape), out, rtol=1e-5,
                                atol=1e-5)
@@ -594,7 +595,7 @@ def test_striped_block_reference_matches_the_engine(key, case):
     dout = dout[:, qt]
 
     def engine(q, k, v):
-        return attn_mod._attention(cfg, dims, sm, q, k, v, *ops[3:])[:2]
+        return attn_mod._attention((cfg, dims, sm), False, q, k, v, *ops[3:])[:2]
 
     def reference(q, k, v):
         return attn_mod._reference(q, k, v, *ops[3:], cfg=cfg, dims=dims, sm=sm)[:2]
