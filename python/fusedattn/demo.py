@@ -35,7 +35,7 @@ jax = jnp = nn = optax = None
 RULES = (("batch", "dp"), ("length", "cp"), ("heads", "tp"), ("mlp", "tp"), ("embed", None),
          ("kv", None), ("qkv", None), ("vocab", None))
 CPU_DEFAULTS = dict(steps=300, batch=32, seq=64, layers=2, d_model=64, heads=4, lr=3e-3)
-GPU_DEFAULTS = dict(steps=1500, batch=64, seq=256, layers=6, d_model=384, heads=6, lr=1e-3)
+GPU_DEFAULTS = dict(steps=400, batch=64, seq=256, layers=6, d_model=384, heads=6, lr=1e-3)
 
 
 def load_text() -> str:
