@@ -115,13 +115,14 @@ def _load() -> ctypes.CDLL:
     intp = ctypes.POINTER(ctypes.c_int)
     lib.fa_select_backend.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
-        ctypes.c_int64, ctypes.c_int, intp, intp, intp, ctypes.c_char_p, ctypes.c_int]
+        ctypes.c_int64, ctypes.c_int, ctypes.c_int, intp, intp, intp, ctypes.c_char_p,
+        ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
     lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        i32p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
+        ctypes.c_int, i32p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_int, i32p, ctypes.c_int64,
                                    ctypes.c_char_p, ctypes.c_int]
@@ -193,7 +194,8 @@ def validate(params: AttnParams) -> tuple[int, str]:
 
 class BackendChoice(typing.NamedTuple):
     """select_backend()'s answer: name serves the call (whose FFI handler runs it: "cpu_flash",
-    "cudnn" for the CUDA handler, "xla_reference" or "none"); forward and backward are the
+    "cudnn" or "cuda_flash" for the CUDA handler, "xla_reference" or "none"); forward and
+    backward are the
     kernels that run (e.g. "hopper" and "cudnn"); status is validate()'s code."""
     name: str
     forward: str
@@ -202,16 +204,23 @@ class BackendChoice(typing.NamedTuple):
     reason: str
 
 
+# BackendRequest's flags (attention/backend.h): the call's index_base must be honoured
+# (a block's positions, or a shard's base with dropout or a score_mod); cuDNN's graph
+# check rejected the call.
+REQUEST_INDEX_BASE = 1
+REQUEST_CUDNN_REJECTED = 2
+
+
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,
-                   want_max_logit: bool = False) -> BackendChoice:
+                   want_max_logit: bool = False, flags: int = 0) -> BackendChoice:
     """The engine's select_backend(); a CUDA query reads the capabilities of CUDA device
     `device` (and the cuDNN the process can load). score_mod: the packed program
-    attribute of a flex-attention call (or None)."""
+    attribute of a flex-attention call (or None); flags: REQUEST_* bits."""
     forward, backward, status = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
     buf = ctypes.create_string_buffer(1024)
     ptr, n = _int32_array(score_mod)
     backend = lib.fa_select_backend(ctypes.byref(params), platform, device, ptr, n,
-                                    int(want_max_logit), ctypes.byref(forward),
+                                    int(want_max_logit), int(flags), ctypes.byref(forward),
                                     ctypes.byref(backward), ctypes.byref(status), buf, len(buf))
     name = lambda code: lib.fa_backend_name(code).decode()
     return BackendChoice(name(backend), name(forward.value), name(backward.value), status.value,
@@ -219,9 +228,9 @@ def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod
 
 
 def select_backend(params: AttnParams, platform: int, device: int = 0, score_mod=None,
-                   want_max_logit: bool = False) -> tuple[str, int, str]:
+                   want_max_logit: bool = False, flags: int = 0) -> tuple[str, int, str]:
     """(backend name, validate status code, reason) of backend_choice()."""
-    c = backend_choice(params, platform, device, score_mod, want_max_logit)
+    c = backend_choice(params, platform, device, score_mod, want_max_logit, flags)
     return c.name, c.status, c.reason
 
 
@@ -276,16 +285,19 @@ def small_seq_eligible(params: SmallSeqParams, platform: int) -> tuple[bool, str
 
 
 def cuda_attn_workspace_bytes(params: AttnParams, device: int, want_lse: bool,
-                              want_max_logit: bool, backward: bool, score_mod=None) -> int:
-    """Bytes of the CUDA attention handler's workspace result (builds the graph if needed)."""
+                              want_max_logit: bool, backward: bool, score_mod=None,
+                              flags: int = 0) -> int:
+    """Bytes of the CUDA attention handler's workspace result (builds the graph if needed;
+    flags: the call's REQUEST_* bits)."""
     n = ctypes.c_int64(0)
     buf = ctypes.create_string_buffer(2048)
     ptr, count = _int32_array(score_mod)
     code = lib.fa_cuda_attn_workspace_bytes(ctypes.byref(params), device, int(want_lse),
-                                            int(want_max_logit), int(backward), ptr, count,
+                                            int(want_max_logit), int(backward), int(flags),
+                                            ptr, count,
                                             ctypes.byref(n), buf, len(buf))
     if code != STATUS_OK:
-        raise RuntimeError(f"fusedattn: cuDNN workspace query failed: {buf.value.decode()}")
+        raise RuntimeError(f"fusedattn: CUDA workspace query failed: {buf.value.decode()}")
     return int(n.value)
 
 

@@ -72,7 +72,7 @@ class Config:
                     is_training=np.int32(self.is_training), scale=np.float32(self.scale),
                     dropout=np.float32(self.dropout), window_left=np.int64(self.window[0]),
                     window_right=np.int64(self.window[1]), want_lse=np.int32(self.want_lse),
-                    want_max_logit=np.int32(self.want_max_logit))
+                    want_max_logit=np.int32(self.want_max_logit), backend_flags=np.int32(0))
 
     def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
                head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _lib.AttnParams:

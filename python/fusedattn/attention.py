@@ -70,32 +70,35 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
     return f"fusedattn_attn_{direction}{'' if sm is None else '_sm'}{'_cuda' if cuda else ''}"
 
 
-def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool):
+def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
     attrs = cfg.ffi_attrs()
+    attrs["backend_flags"] = np.int32(flags)
     if sm is not None:
         attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
     return attrs
 
 
-def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None):
+def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None, flags: int = 0):
     """The CUDA handler's workspace result, sized by the C++ side for this call
-    (score_mod: the packed program attribute of a flex-attention call)."""
+    (score_mod: the packed program attribute of a flex-attention call; flags: the
+    decision's REQUEST_* bits)."""
     n = _lib.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
-                                       cfg.want_max_logit, backward, score_mod)
+                                       cfg.want_max_logit, backward, score_mod, flags)
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
 
-def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
+def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags: int = 0):
     """The forward handler: ops -> out, lse, max_logit. The CUDA handler returns one more
-    result, its workspace. vmap: the handler folds the leading dims into the batch."""
+    result, its workspace, and takes the decision's flags (_gpu_choice). vmap: the handler
+    folds the leading dims into the batch."""
     results = _fwd_results(ops, cfg, dims)
     if cuda:
-        results += (_workspace(ops[:N_OPS], cfg, dims, False, _sm_key(sm)),)
+        results += (_workspace(ops[:N_OPS], cfg, dims, False, _sm_key(sm), flags),)
     call = jax.ffi.ffi_call(_target("fwd", sm, cuda), results, vmap_method="broadcast_all")
-    return _partition.vary_like(tuple(call(*ops, **_attrs(cfg, sm, cuda))[:3]), *ops)
+    return _partition.vary_like(tuple(call(*ops, **_attrs(cfg, sm, cuda, flags))[:3]), *ops)
 
 
-def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
+def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags: int = 0):
     """The backward handler: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset and,
     with a score_mod, d of its operands (the CUDA handler has none: XLA's reference vjp
     gives it, and XLA drops it when nothing uses it). The CUDA handler returns one more
@@ -106,9 +109,9 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False):
     if sm is not None and not cuda:
         results += (jax.ShapeDtypeStruct(ops[N_OPS].shape, jnp.float32),)
     if cuda:
-        results += (_workspace(ops[:N_OPS], cfg, dims, True, _sm_key(sm)),)
+        results += (_workspace(ops[:N_OPS], cfg, dims, True, _sm_key(sm), flags),)
     call = jax.ffi.ffi_call(_target("bwd", sm, cuda), results, vmap_method="broadcast_all")
-    grads = _partition.vary_like(tuple(call(*args, **_attrs(cfg, sm, cuda))), *args)
+    grads = _partition.vary_like(tuple(call(*args, **_attrs(cfg, sm, cuda, flags))), *args)
     dq, dk, dv, dbias, doffset = grads[:5]
     grads_out = (dq, dk, dv, dbias, _offset_grad(doffset))
     if sm is None:
@@ -214,47 +217,56 @@ def _fields(params: _lib.AttnParams) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
-                training: bool, score_mod: tuple | None = None) -> tuple[str, str]:
-    """("cudnn" | "xla_reference" | "none", reason) for a call on the GPU. training: the
-    forward saves the lse for a backward, and both graphs must be served, so that the
-    backward sees the dropout mask its forward drew. score_mod: the packed program of a
-    flex-attention call (its graphs are asked for)."""
+                training: bool, score_mod: tuple | None = None,
+                flags: int = 0) -> tuple[str, str, int]:
+    """("cudnn" | "cuda_flash" | "xla_reference" | "none", reason, flags) for a call on the
+    GPU. training: the forward saves the lse for a backward, and both graphs must be
+    served, so that the backward sees the dropout mask its forward drew. score_mod: the
+    packed program of a flex-attention call (its graphs are asked for). flags: the
+    request's REQUEST_* bits (_index_flag); the answer's flags add REQUEST_CUDNN_REJECTED
+    when cuDNN's graph check rejected the call, and the CUDA handler, given them, makes
+    the same decision."""
     params = _lib.AttnParams(*fields)
     name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
-                                          want_max_logit)
+                                          want_max_logit, flags)
     if name != "cudnn":
-        return name, reason
+        return name, reason, flags
     checks = [("forward", False)] + ([("backward", True)] if training else [])
     for what, backward in checks:
         code, msg = _lib.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
                                      score_mod)
         if code != _lib.STATUS_OK:
-            return "xla_reference", (f"xla_reference: cuDNN rejected the {what} graph of this "
-                                     f"call ({msg}), so XLA computes the plain-JAX reference")
-    return name, reason
+            flags |= _lib.REQUEST_CUDNN_REJECTED
+            name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
+                                                  want_max_logit, flags)
+            return name, f"{reason} [cuDNN rejected the {what} graph: {msg}]", flags
+    return name, reason, flags
 
 
-def _gpu_uses_cudnn(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> bool:
+def _gpu_fused(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> tuple[str, int]:
+    """(the GPU's backend name, the flags its CUDA handler takes) for these operands; ("",
+    0) without a GPU (the cuda branch is never lowered)."""
     if not _has_gpu():
-        return False  # the cuda branch is never lowered
-    return _choice(ops, cfg, dims, training, sm)[0] == "cudnn"
+        return "", 0
+    name, _, flags = _choice(ops, cfg, dims, training, sm)
+    return name, flags
 
 
-def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str]:
+def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str, int]:
     """_gpu_choice for these operands (the N_OPS; a score_mod's program joins the key)."""
-    key = () if sm is None else (_sm_key(sm),)
     return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
-                       training, *key)
+                       training, None if sm is None else _sm_key(sm), _index_flag(ops, cfg, sm))
 
 
-def _cuda_fused_ok(ops, cfg: Config, sm) -> bool:
-    """The CUDA kernels cannot offset their batch / head indices: a shard that needs its
-    global indices (dropout, score_mod) runs XLA's reference on the GPU, and so does a
-    block of a bigger call (index_base with 6 or 8 columns: positions), whatever the call."""
+def _index_flag(ops, cfg: Config, sm) -> int:
+    """REQUEST_INDEX_BASE when a kernel must honour the call's index_base: a block of a
+    bigger call (6 or 8 columns: positions, whatever the call), or a shard's batch / head
+    base that dropout or a score_mod reads. cuDNN and the Hopper forward cannot (they
+    count from 0): such calls run the CUDA flash kernels."""
     index_base = ops[10]
-    if _is_block(index_base):
-        return False
-    return not (index_base.size and (cfg.dropout_on or sm is not None))
+    if _is_block(index_base) or (index_base.size and (cfg.dropout_on or sm is not None)):
+        return _lib.REQUEST_INDEX_BASE
+    return 0
 
 
 # cuDNN's backward indexes its tensors in 32 bits: on the H100 (cuDNN 9.19, 2026-11-25) a
@@ -344,9 +356,12 @@ def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
         return _f64(ops, cfg, dims, sm, _reference,
                     lambda o: _forward(o, cfg, dims, sm, training))
     gpu = _reference
-    if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops[:N_OPS], cfg, dims, training, sm):
-        gpu = _chunked(functools.partial(_ffi_fwd, cuda=True), _cudnn_chunk(ops, dims, sm),
-                       _batch_args(ops, dims, len(ops)))
+    name, flags = _gpu_fused(ops[:N_OPS], cfg, dims, training, sm)
+    if name == "cudnn":
+        gpu = _chunked(functools.partial(_ffi_fwd, cuda=True, flags=flags),
+                       _cudnn_chunk(ops, dims, sm), _batch_args(ops, dims, len(ops)))
+    elif name == "cuda_flash":
+        gpu = functools.partial(_ffi_fwd, cuda=True, flags=flags)
     return _per_platform(ops, cfg, dims, sm, _ffi_fwd, gpu, _reference)
 
 
@@ -357,14 +372,18 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     if _is_f64(ops):
         return _f64(args, cfg, dims, sm, _bwd_reference, lambda a: _backward(a, cfg, dims, sm))
     gpu = _bwd_reference
-    if _cuda_fused_ok(ops, cfg, sm) and _gpu_uses_cudnn(ops, cfg, dims, True, sm):
+    name, flags = _gpu_fused(ops[:N_OPS], cfg, dims, True, sm)
+    if name == "cudnn":
         # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod
         # operand grads sum
         batched = _batch_args(args[:N_OPS + (sm is not None)], dims, len(args))
-        gpu = _chunked(functools.partial(_ffi_bwd, cuda=True), _cudnn_chunk(ops, dims, sm),
-                       batched, sums=(4, 5) if 3 in batched else (3, 4, 5))
+        gpu = _chunked(functools.partial(_ffi_bwd, cuda=True, flags=flags),
+                       _cudnn_chunk(ops, dims, sm), batched,
+                       sums=(4, 5) if 3 in batched else (3, 4, 5))
         if not cfg.thd and _nan_rows.enabled():  # NaN rows: the reference's gradients
             gpu = _nan_rows.nan_exact(gpu)
+    elif name == "cuda_flash":  # the CPU engine's NaN rules already
+        gpu = functools.partial(_ffi_bwd, cuda=True, flags=flags)
     return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 
 
@@ -376,7 +395,7 @@ def _fused_fwd(static, training: bool, *ops):
     if training:
         cfg = dataclasses.replace(cfg, want_lse=True)
         if _has_gpu() and jax.default_backend() != "cpu":
-            _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm))
+            _warn_once(*_choice(ops[:N_OPS], cfg, dims, True, sm)[:2])
     return _FWD((cfg, dims, sm, training, "fwd"), *ops)
 
 
@@ -617,7 +636,7 @@ def _warn_if_fallback(call, sm) -> None:
         name, _, reason = _lib.select_backend(call.params, _lib.PLATFORM_CUDA)
         _warn_once(name, reason)
         return
-    _warn_once(*_choice(call.operands, call.cfg, call.dims, False, sm))
+    _warn_once(*_choice(call.operands, call.cfg, call.dims, False, sm)[:2])
 
 
 _SMALL_SEQ_LAYOUTS = (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
@@ -813,9 +832,10 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
     key = _sm_key(sm)
     choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit)
     if choice.name != "cudnn":
-        return BackendInfo(choice.name, False, choice.reason)
+        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
     if _has_gpu():  # the graphs themselves are asked
-        name, reason = _gpu_choice(_fields(call.params), False, want_max_logit, training, key)
+        name, reason, _ = _gpu_choice(_fields(call.params), False, want_max_logit, training,
+                                      key)
         if name != "cudnn":
             return BackendInfo(name, name in _FUSED_BACKENDS, reason)
         return BackendInfo(name, True, choice.reason, choice.forward, choice.backward)
@@ -825,7 +845,8 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
-    """Which backend runs a call: name is "cpu_flash", "cudnn", "small_seq",
+    """Which backend runs a call: name is "cpu_flash", "cudnn", "cuda_flash" (fusedattn's
+    generic CUDA flash kernels: every GPU call cuDNN declines), "small_seq",
     "xla_reference" or "none".
 
     fused is True when one of fusedattn's own kernels serves the call; reason says
@@ -847,7 +868,7 @@ class BackendInfo:
                 object.__setattr__(self, field, self.name)
 
 
-_FUSED_BACKENDS = {"cpu_flash", "cudnn", "small_seq"}
+_FUSED_BACKENDS = {"cpu_flash", "cudnn", "cuda_flash", "small_seq"}
 
 
 def _platform_code(platform: str | None) -> int:
@@ -865,7 +886,7 @@ def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool 
     choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
     if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
-        name, reason = _gpu_choice(_fields(params), False, want_max_logit, training)
+        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training)
         if name != choice.name:
             return BackendInfo(name, name in _FUSED_BACKENDS, reason)
     return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "fusedattn/attention/cuda/flash_rules.h"
 #include "fusedattn/attention/validate.h"
 
 namespace fusedattn {
@@ -133,6 +134,33 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   return "";
 }
 
+std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                     const PlatformInfo& info) {
+  std::ostringstream os;
+  if (!info.cuda_built) return "this build of fusedattn has no CUDA kernels";
+  if (info.sm == 0) return "no CUDA device could be queried (" + info.device_error + ")";
+  if (info.sm < 80) {
+    os << "they need compute capability 8.0 or newer; the device has " << info.sm / 10 << "."
+       << info.sm % 10;
+    return os.str();
+  }
+  if (req.score_mod.kind != ScoreModKind::kNone) return "they run no score_mod yet";
+  if (p.seqlen_q >= (int64_t{1} << 31) || p.seqlen_kv >= (int64_t{1} << 31))
+    return "their kept-key table holds int32 token indices";
+  const int64_t blocks = std::max(p.batch * p.heads_q * ((p.seqlen_q + 31) / 32),
+                                  p.batch * p.heads_kv * ((p.seqlen_kv + 15) / 16));
+  if (blocks >= (int64_t{1} << 31) - 1) return "more than 2^31 - 1 blocks";
+  const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
+  const size_t need = cuda::flash::smem_need(p.head_dim_qk, p.head_dim_v, elem);
+  if (int64_t(need) > info.smem_optin) {
+    os << "they need " << need << " bytes of shared memory per block for head dims "
+       << p.head_dim_qk << " / " << p.head_dim_v << " in " << dtype_name(p.dtype)
+       << "; the device offers " << info.smem_optin;
+    return os.str();
+  }
+  return "";
+}
+
 BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info,
                              const BackendRequest& req, const BackendOptions& opts) {
   BackendChoice choice;
@@ -147,18 +175,26 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       choice.reason = "cpu_flash: the tiled online-softmax CPU engine serves every valid call";
       return choice;
     case FA_PLATFORM_CUDA: {
-      const std::string why_not = cudnn_unsupported_reason(p, info);
+      const bool sm_call = req.score_mod.kind != ScoreModKind::kNone;
+      std::string why_not = cudnn_unsupported_reason(p, info);
+      if (why_not.empty() && req.index_base)
+        why_not = "it counts dropout's and score_mod's batch / head indices from 0 and takes no "
+                  "block positions, and this shard's index_base needs them";
+      if (why_not.empty() && sm_call && p.bias_type != FA_NO_BIAS)
+        why_not = "it would apply the bias after the score_mod";
+      if (why_not.empty() && req.cudnn_rejected) why_not = "its graph support check rejected the call";
       if (!why_not.empty()) {
-        choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
-        choice.reason = "xla_reference: cuDNN cannot serve this call (" + why_not +
-                        "), so XLA computes the plain-JAX reference (materialized scores)";
-        return choice;
-      }
-      if (req.score_mod.kind != ScoreModKind::kNone && p.bias_type != FA_NO_BIAS) {
-        choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
-        choice.reason = "xla_reference: score_mod with a bias is not fused on the GPU (cuDNN "
-                        "would apply the bias after the score_mod), so XLA computes the plain-JAX "
-                        "reference (materialized scores)";
+        const std::string flash_no = flash_unsupported_reason(p, req, info);
+        if (flash_no.empty()) {
+          choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDA_FLASH;
+          choice.reason = "cuda_flash: fusedattn's CUDA flash kernels, O(S) memory (cuDNN "
+                          "cannot serve this call: " + why_not + ")";
+        } else {
+          choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
+          choice.reason = "xla_reference: cuDNN cannot serve this call (" + why_not +
+                          ") nor can the CUDA flash kernels (" + flash_no +
+                          "), so XLA computes the plain-JAX reference (materialized scores)";
+        }
         return choice;
       }
       choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDNN;

@@ -5,7 +5,9 @@
 //
 // The kernels: the CPU engine (attention/cpu), cuDNN SDPA graphs (attention/cudnn), the
 // Hopper flash forward (attention/hopper: softcap / ALiBi score_mod, head dim 128, sm_90;
-// its backward is cuDNN's), and, where none serves a GPU call, XLA's plain-JAX reference.
+// its backward is cuDNN's), the generic CUDA flash kernels (attention/cuda: every call
+// cuDNN declines, forward and backward, O(S) memory), and, where none serves a GPU call
+// (a score_mod cuDNN cannot run), XLA's plain-JAX reference.
 #pragma once
 
 #include <string>
@@ -38,7 +40,16 @@ ScoreModForm recognize_score_mod(const ScoreMod* sm);
 struct BackendRequest {
   ScoreModForm score_mod;
   bool want_max_logit = false;  // the forward returns max_logit
+  // The call is a shard whose index_base a kernel must honour: a block's positions (6 or
+  // 8 columns), or a batch / head base with dropout or a score_mod. cuDNN and the Hopper
+  // forward count from 0 and take no positions.
+  bool index_base = false;
+  // cuDNN's own support check (the graph build) rejected the call's graphs.
+  bool cudnn_rejected = false;
 };
+
+// BackendRequest's flags as one int (the C API's `flags`).
+constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2;
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):
@@ -55,6 +66,7 @@ struct PlatformInfo {
   bool cuda_built = false;     // this library has its CUDA kernels
   int64_t cudnn_version = 0;   // loaded cuDNN (e.g. 91900); 0: none could be loaded
   int32_t sm = 0;              // compute capability * 10 (90 for an H100); 0: no device
+  int64_t smem_optin = 0;      // shared memory a block may opt into (bytes)
   std::string device_error;    // why the device could not be queried
   std::string cudnn_error;     // why no cuDNN could be loaded
 };
@@ -72,5 +84,9 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 // buffers' alignment, which XLA's buffers and head dim 128 always meet).
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
+
+// Why the generic CUDA flash kernels cannot serve p (empty when they can).
+std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                     const PlatformInfo& info);
 
 }  // namespace fusedattn

@@ -42,10 +42,11 @@ int fa_validate(const FaAttnParams* p, char* msg, int msg_len) {
 // that run inside (e.g. hopper and cudnn), *status validate()'s code, reason the
 // explanation. `device` is the CUDA device whose capabilities decide a CUDA platform
 // query. score_mod: the packed program attribute (score_mod.h) of a flex-attention call,
-// or null; want_max_logit: the forward returns max_logit.
+// or null; want_max_logit: the forward returns max_logit; flags: BackendRequest's
+// (backend.h: kRequestIndexBase, kRequestCudnnRejected).
 int fa_select_backend(const FaAttnParams* p, int platform, int device, const int32_t* score_mod,
-                      int64_t score_mod_len, int want_max_logit, int* forward, int* backward,
-                      int* status, char* reason, int reason_len) {
+                      int64_t score_mod_len, int want_max_logit, int flags, int* forward,
+                      int* backward, int* status, char* reason, int reason_len) {
   fusedattn::PlatformInfo info;
 #ifdef FUSEDATTN_WITH_CUDA
   if (platform == FA_PLATFORM_CUDA) {
@@ -58,6 +59,8 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
 #endif
   fusedattn::BackendRequest req;
   req.want_max_logit = want_max_logit != 0;
+  req.index_base = (flags & fusedattn::kRequestIndexBase) != 0;
+  req.cudnn_rejected = (flags & fusedattn::kRequestCudnnRejected) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;
@@ -107,19 +110,21 @@ int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max
 }
 
 // Bytes of the uint8 workspace result of the CUDA attention forward (backward) of p
-// (score_mod as fa_cudnn_check). Returns an FaStatus; the message (if any) goes to msg.
+// (score_mod as fa_cudnn_check; flags as fa_select_backend's). Returns an FaStatus; the
+// message (if any) goes to msg.
 int fa_cuda_attn_workspace_bytes(const FaAttnParams* p, int device, int want_lse,
-                                 int want_max_logit, int backward, const int32_t* score_mod,
-                                 int64_t score_mod_len, int64_t* bytes, char* msg, int msg_len) {
+                                 int want_max_logit, int backward, int flags,
+                                 const int32_t* score_mod, int64_t score_mod_len, int64_t* bytes,
+                                 char* msg, int msg_len) {
 #ifdef FUSEDATTN_WITH_CUDA
   const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
   const fusedattn::Status s = fusedattn::ffi_glue::attn_workspace_bytes(
-      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, bytes,
+      *p, device, want_lse != 0, want_max_logit != 0, backward != 0, flags, bytes,
       score_mod ? &spec : nullptr);
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else
-  (void)score_mod, (void)score_mod_len;
+  (void)score_mod, (void)score_mod_len, (void)flags;
   copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
   return FA_UNIMPLEMENTED;
 #endif

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/cuda/flash.h"
 #include "fusedattn/attention/cudnn/fixup.h"
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/attention/cudnn/sdpa_config.h"
@@ -68,16 +69,62 @@ T* offset(T* p, int64_t elements, int64_t elem_bytes) {
   return p ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + elements * elem_bytes) : nullptr;
 }
 
-// select_backend()'s choice for this call; Python routes a call here only when the CUDA
-// handler serves it (backend cudnn), so anything else is a caller error.
-Status choose(const AttnParams& p, int device, const BackendRequest& req, BackendChoice* c) {
+// select_backend()'s choice for this call, with the flags of the decision Python made
+// (AttnAttrs::backend_flags); Python routes a call here only when the CUDA handler serves
+// it (backend cudnn or cuda_flash), so anything else is a caller error.
+Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags,
+              BackendChoice* c) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  req.index_base = (flags & kRequestIndexBase) != 0;
+  req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (!c->status.ok()) return c->status;
-  if (c->backend != FA_BACKEND_CUDNN)
-    return Status::Unimplemented("the CUDA attention handler serves cuDNN calls only; " +
-                                 c->reason);
+  if (c->backend != FA_BACKEND_CUDNN && c->backend != FA_BACKEND_CUDA_FLASH)
+    return Status::Unimplemented("the CUDA attention handler serves cuDNN and CUDA flash "
+                                 "calls only; " + c->reason);
+  return Status::Ok();
+}
+
+// The CUDA flash kernels' arguments from the decoded tensors.
+cuda::flash::Args flash_args(const AttnTensors& t) {
+  cuda::flash::Args a;
+  auto view = [](const ViewStrides& v) { return cuda::flash::View{v.b, v.s, v.h}; };
+  a.q = t.q, a.k = t.k, a.v = t.v;
+  a.sq = view(t.sq), a.sk = view(t.sk), a.sv = view(t.sv);
+  a.bias = t.bias;
+  a.bias_slice = t.bias_slice, a.bias_b = t.bias_b, a.bias_h = t.bias_h, a.bias_s = t.bias_s;
+  a.softmax_offset = t.softmax_offset;
+  a.seed = t.seed;
+  a.seq = {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets};
+  if (t.index_base && t.index_cols > 2) a.seq.block = t.index_base, a.seq.block_cols = t.index_cols;
+  a.index_base = t.index_base;
+  a.index_cols = t.index_cols;
+  a.out = t.out, a.so = view(t.so);
+  a.lse = t.lse, a.slse = view(t.slse);
+  a.max_logit = t.max_logit;
+  a.dout = t.dout, a.sdo = view(t.sdo);
+  a.dq = t.dq, a.dk = t.dk, a.dv = t.dv;
+  a.sdq = view(t.sdq), a.sdk = view(t.sdk), a.sdv = view(t.sdv);
+  a.dbias = t.dbias;
+  a.dsoftmax_offset = t.dsoftmax_offset;
+  a.f32_tf32 = backend_options().f32_tf32;
+  return a;
+}
+
+// Bytes of the flash kernels' workspace result (with the slack to align its start).
+size_t flash_workspace(const AttnParams& p, bool backward) {
+  return cuda::flash::workspace_bytes(p, backward) + 255;
+}
+
+// The flash kernels' workspace, aligned to 256 bytes.
+Status flash_workspace_at(const AttnParams& p, bool backward, ffi::AnyBuffer* workspace, void** at) {
+  const size_t need = flash_workspace(p, backward);
+  if (workspace->size_bytes() < need)
+    return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                            " bytes, the CUDA flash kernels need " + std::to_string(need));
+  const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+  *at = reinterpret_cast<void*>((u + 255) / 256 * 256);
   return Status::Ok();
 }
 
@@ -242,14 +289,19 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
   const bool want_max = attrs.want_max_logit != 0;
   BackendRequest req;
   req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
   req.want_max_logit = want_max;
   BackendChoice choice;
-  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
+  if (choice.forward == FA_BACKEND_CUDA_FLASH) {
+    void* ws = nullptr;
+    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, workspace, &ws));
+    return cuda::flash::forward(p, flash_args(t), ws, stream);
+  }
+  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
     return hopper_fwd(p, t, sm, req.score_mod, device, stream);
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
@@ -329,13 +381,18 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   AttnParams p;
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
-  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
   BackendRequest req;
   req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
   BackendChoice choice;
-  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
+  if (choice.backward == FA_BACKEND_CUDA_FLASH) {
+    void* ws = nullptr;
+    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, workspace, &ws));
+    return cuda::flash::backward(p, flash_args(t), ws, stream);
+  }
+  FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
                                         "select_backend chose ") + backend_name(choice.backward));
@@ -485,14 +542,19 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 }  // namespace
 
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
-                            bool backward, int64_t* bytes, const cudnn::ScoreModSpec* sm) {
+                            bool backward, int32_t backend_flags, int64_t* bytes,
+                            const cudnn::ScoreModSpec* sm) {
   // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none), so the
   // score_mod's form does not matter here, only that there is one (select_backend sends a
   // score_mod with a bias to the reference).
   BackendRequest req;
   if (sm) req.score_mod.kind = ScoreModKind::kOther;
   BackendChoice choice;
-  FA_RETURN_IF_NOT_OK(choose(p, device, req, &choice));
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice));
+  if (choice.backend == FA_BACKEND_CUDA_FLASH) {
+    *bytes = static_cast<int64_t>(flash_workspace(p, backward));
+    return Status::Ok();
+  }
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;

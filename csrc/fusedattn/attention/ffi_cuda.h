@@ -10,10 +10,11 @@
 
 namespace fusedattn::ffi_glue {
 
-// Bytes of workspace the forward (backward) of p needs on `device`; the flags are the
-// forward's want_lse / want_max_logit attributes, sm the score_mod (null: none).
+// Bytes of workspace the forward (backward) of p needs on `device`; want_lse /
+// want_max_logit are the forward's attributes, backend_flags the call's BackendRequest
+// flags (backend.h), sm the score_mod (null: none).
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
-                            bool backward, int64_t* bytes,
+                            bool backward, int32_t backend_flags, int64_t* bytes,
                             const cudnn::ScoreModSpec* sm = nullptr);
 
 }  // namespace fusedattn::ffi_glue

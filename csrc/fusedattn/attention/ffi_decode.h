@@ -58,6 +58,9 @@ struct AttnAttrs {
   // (returned, or saved for the backward) and max_logit. The CPU engine makes both always.
   int32_t want_lse;
   int32_t want_max_logit;
+  // BackendRequest's flags (backend.h: kRequestIndexBase, kRequestCudnnRejected) of the
+  // decision Python made with select_backend(), so the CUDA handler makes the same one.
+  int32_t backend_flags;
 };
 
 // Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
@@ -74,10 +77,11 @@ struct AttnScoreModAttrs {
   int64_t window_right;
   int32_t want_lse;
   int32_t want_max_logit;
+  int32_t backend_flags;
   ffi::Span<const int32_t> score_mod;
   AttnAttrs base() const {
     return {layout, mask_type, bias_type, softmax_type, is_training, scale, dropout,
-            window_left, window_right, want_lse, want_max_logit};
+            window_left, window_right, want_lse, want_max_logit, backend_flags};
   }
 };
 
@@ -213,7 +217,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
     ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
     ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
-    ::xla::ffi::StructMember<int32_t>("want_max_logit"));
+    ::xla::ffi::StructMember<int32_t>("want_max_logit"),
+    ::xla::ffi::StructMember<int32_t>("backend_flags"));
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     fusedattn::ffi_glue::AttnScoreModAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
@@ -223,4 +228,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
     ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
     ::xla::ffi::StructMember<int32_t>("want_max_logit"),
+    ::xla::ffi::StructMember<int32_t>("backend_flags"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int32_t>>("score_mod"));

@@ -1,12 +1,17 @@
 // BackendOptions: the attention engine's tuning knobs, read from the environment once.
 //
-// None of them changes a result; each picks among kernels or cuDNN plans that compute
+// None of them but FUSEDATTN_F32_MATMUL changes a result; each picks among kernels or cuDNN plans that compute
 // the same attention, for comparisons and plan experiments (bench/, dev/cudnn/cudnn_plans.sh).
 //
 //   FUSEDATTN_HOPPER_FWD=0          hopper_fwd = false: the calls the Hopper flash forward
 //                                   would take (softcap / ALiBi score_mod, head dim 128,
 //                                   sm_90) run cuDNN's forward graph instead. Any other
 //                                   value, or unset: the Hopper forward takes them.
+//   FUSEDATTN_F32_MATMUL=tf32       f32_tf32 = true: the CUDA flash kernels multiply float32
+//                                   inputs in plain TF32 (10-bit mantissas, ~1e-3 relative
+//                                   error, XLA's default precision) instead of 3xTF32 (about
+//                                   float32's accuracy, ~3x the tensor-core work). The one
+//                                   knob here that changes results, within that error.
 //   FUSEDATTN_CUDNN_HEUR=A|B|FALLBACK
 //                                   cudnn_heur: the cuDNN heuristics mode whose list of
 //                                   plans is built (A when unset or anything else).
@@ -32,6 +37,7 @@ enum class CudnnHeur : int32_t { kA = 0, kB = 1, kFallback = 2 };
 
 struct BackendOptions {
   bool hopper_fwd = true;
+  bool f32_tf32 = false;
   CudnnHeur cudnn_heur = CudnnHeur::kA;
   std::optional<int64_t> cudnn_plan;
   std::optional<int64_t> cudnn_engine;

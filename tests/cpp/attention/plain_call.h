@@ -37,6 +37,7 @@ inline PlatformInfo h100() {
   info.cuda_built = true;
   info.cudnn_version = 91900;
   info.sm = 90;
+  info.smem_optin = 232448;  // 227 KB
   return info;
 }
 

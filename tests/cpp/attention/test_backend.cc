@@ -87,7 +87,8 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheReferenceOnCuda) {
                                            BackendOptions{});
     expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,
                    FA_BACKEND_XLA_REFERENCE);
-    EXPECT_TRUE(has(c.reason, "score_mod with a bias")) << c.reason;
+    EXPECT_TRUE(has(c.reason, "bias after the score_mod")) << c.reason;
+    EXPECT_TRUE(has(c.reason, "no score_mod yet")) << c.reason;
     expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
                    FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
   }
@@ -95,6 +96,66 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheReferenceOnCuda) {
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+}
+
+// Every call cuDNN declines runs the CUDA flash kernels, forward and backward.
+TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
+  std::vector<std::pair<std::string, AttnParams>> cases;
+  AttnParams p = hopper_params();
+  p.dtype = FA_FLOAT32;
+  cases.push_back({"float32", p});
+  p = hopper_params();
+  p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 8;
+  cases.push_back({"PRE_SCALE_BIAS", p});
+  p = hopper_params();
+  p.head_dim_qk = p.head_dim_v = 100;
+  cases.push_back({"multiples of 8", p});
+  p = hopper_params();
+  p.layout = FA_THD_THD_THD, p.max_segments = 3;
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
+  cases.push_back({"THD", p});
+  p = hopper_params();
+  p.seqlen_q = 600, p.mask_type = FA_CAUSAL_BOTTOM_RIGHT_MASK;
+  cases.push_back({"Sq <= Skv", p});
+  for (const auto& [why, call] : cases) {
+    const BackendChoice c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{},
+                                           BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    EXPECT_TRUE(has(c.reason, "cuda_flash")) << c.reason;
+    EXPECT_TRUE(has(c.reason, why)) << why << ": " << c.reason;
+  }
+}
+
+TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
+  BackendRequest req;
+  req.index_base = true;
+  BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "index_base")) << c.reason;
+  req = BackendRequest{};
+  req.cudnn_rejected = true;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "rejected")) << c.reason;
+}
+
+TEST(SelectBackend, CudaFlashNeedsSm80AndTheSharedMemory) {
+  AttnParams p = hopper_params();
+  p.dtype = FA_FLOAT32;
+  PlatformInfo turing = h100();
+  turing.sm = 75;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, turing, BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_TRUE(has(c.reason, "8.0 or newer")) << c.reason;
+  // float32 at head dim 512 needs ~170 KB: an H100 has it, a 100 KB device does not.
+  p.head_dim_qk = p.head_dim_v = 512;
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  PlatformInfo small = h100();
+  small.smem_optin = 101376;
+  c = select_backend(p, FA_PLATFORM_CUDA, small, BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_TRUE(has(c.reason, "shared memory")) << c.reason;
 }
 
 TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
@@ -279,6 +340,13 @@ TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   EXPECT_FALSE(o.cudnn_engine.has_value());
   EXPECT_FALSE(o.cudnn_kernel_cfg.has_value());
   EXPECT_FALSE(o.cudnn_plan_log);
+  EXPECT_FALSE(o.f32_tf32);
+}
+
+TEST(ParseBackendOptions, Float32MatmulIsTf32OnlyWhenAsked) {
+  EXPECT_TRUE(parse({{"FUSEDATTN_F32_MATMUL", "tf32"}}).f32_tf32);
+  EXPECT_FALSE(parse({{"FUSEDATTN_F32_MATMUL", "float32"}}).f32_tf32);
+  EXPECT_FALSE(parse({{"FUSEDATTN_F32_MATMUL", "TF32 "}}).f32_tf32);
 }
 
 TEST(ParseBackendOptions, HopperForwardIsOffOnlyForZero) {

@@ -14,6 +14,7 @@ import pytest
 
 import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _lib
+from fusedattn.attention import _has_gpu
 from conftest import descriptor, qkv, reference_f32
 
 OK, INVALID, UNIMPLEMENTED = _lib.STATUS_OK, _lib.STATUS_INVALID, _lib.STATUS_UNIMPLEMENTED
@@ -112,12 +113,15 @@ def test_dtype_codes():
 
 def test_platform_and_backend_codes():
     assert _lib.select_backend(params(), _lib.PLATFORM_CPU)[:2] == ("cpu_flash", OK)
-    # params() is float32, which cuDNN does not take: XLA's reference on any GPU.
-    assert _lib.select_backend(params(), _lib.PLATFORM_CUDA)[:2] == ("xla_reference", OK)
+    # params() is float32, which cuDNN does not take: the CUDA flash kernels with a CUDA
+    # build and a GPU, XLA's reference otherwise (this build, or no device).
+    name = "cuda_flash" if _lib.built_with_cuda() and _has_gpu() else "xla_reference"
+    assert _lib.select_backend(params(), _lib.PLATFORM_CUDA)[:2] == (name, OK)
     name, status, reason = _lib.select_backend(params(), 2)
     assert (name, status) == ("none", INVALID) and "platform" in reason
-    names = [_lib.lib.fa_backend_name(i).decode() for i in range(6)]
-    assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "hopper", "unknown"]
+    names = [_lib.lib.fa_backend_name(i).decode() for i in range(7)]
+    assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "hopper", "cuda_flash",
+                     "unknown"]
 
 
 # Each field of the ctypes mirror, set to a bad value, must be reported under its own name:

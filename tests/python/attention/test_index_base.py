@@ -31,7 +31,7 @@ import pytest
 from conftest import normal
 import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
-from fusedattn import attention as attn_mod
+from fusedattn import _lib, attention as attn_mod
 from fusedattn import score_mod as sm_mod
 from fusedattn._prepare import N_OPS, prepare
 from fusedattn.reference import attention_reference
@@ -416,17 +416,18 @@ def test_bad_block_positions_are_ffi_errors(key, case, base, message):
         jax.block_until_ready(ffi_fwd(cfg, dims, sm, ops))
 
 
-def test_gpu_runs_the_reference_for_blocks(key):
-    # The CUDA backends take no positions: _cuda_fused_ok sends every block to XLA's
-    # reference, while a plain shard's (batch_base, head_base) alone is fine there.
+def test_gpu_sends_blocks_to_the_cuda_flash_kernels(key):
+    # cuDNN takes no positions: _index_flag asks select_backend for a kernel that honours
+    # them (the CUDA flash kernels) for every block, while a plain shard's (batch_base,
+    # head_base) alone needs none.
     q, k, v, _, operands = block_inputs(key)
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
-    assert not attn_mod._cuda_fused_ok(ops, cfg, None)
+    assert attn_mod._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0, positions=False)
-    assert attn_mod._cuda_fused_ok(ops, cfg, None)
+    assert attn_mod._index_flag(ops, cfg, None) == 0
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
     ops = with_base(ops, jnp.array([0, 0, 0, 0, BSQ, BSKV, 8, 16], jnp.int32))
-    assert not attn_mod._cuda_fused_ok(ops, cfg, None)
+    assert attn_mod._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,9 @@ Status platform_info(int device, PlatformInfo* out) {
     FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     info.sm = major * 10 + minor;
+    int smem = 0;
+    FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    info.smem_optin = smem;
     const Status loaded = cudnn::load_library();
     info.cudnn_version = cudnn::version();
     if (!loaded.ok()) info.cudnn_error = loaded.message;

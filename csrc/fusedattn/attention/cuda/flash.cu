@@ -1,0 +1,853 @@
+// The generic CUDA flash-attention kernels (flash.h): forward and backward on wmma
+// tensor-core fragments, the CPU engine's algorithm and rules (attention/cpu/fwd.cc,
+// bwd.cc) per tile.
+//
+// Forward: one block = one (batch, q head, query tile of BM = 16 W rows); warp w owns
+// rows 16 w .. 16 w + 15 and does their online softmax alone. Per key tile of 64: S = Q K^T
+// over 64-wide head-dim chunks (Q stays in shared memory, K chunks stream), the warp's
+// rows masked / biased / exponentiated / dropped out in shared memory, then O += P V over
+// 64-wide chunks of V into a float32 O in shared memory.
+// Backward: one block = one (batch, kv head, key tile of BN = 16 W keys); warp w owns keys
+// 16 w .. and their dK, dV rows (float32, shared memory) over every q head of the GQA
+// group and every query tile of 64 that keeps one of its keys: S^T = K Q^T and
+// dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q, and dQ += dS K into a float32
+// accumulator with atomics (a last kernel scales and converts it).
+#include "fusedattn/attention/cuda/flash.h"
+#include "fusedattn/attention/cuda/flash_rules.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "fusedattn/core/philox.h"
+#include "fusedattn/platform/cuda/check.h"
+
+namespace fusedattn::cuda::flash {
+namespace {
+
+using namespace nvcuda;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// A row of the kept-key table: keys [lo, hi) (mask.h), and the first query / key token
+// of its sequence (q_base < 0: a padding row).
+struct RowInfo {
+  int32_t lo, hi, q_base, kv_base;
+};
+struct TileRange {
+  int32_t lo, hi;  // union of a tile's rows' kept keys; lo >= hi: none
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// ---- element types -------------------------------------------------------------------
+
+template <class T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static constexpr int K = 16, PAD = 8;
+  using In = __nv_bfloat16;
+};
+template <>
+struct Mma<__half> {
+  static constexpr int K = 16, PAD = 8;
+  using In = __half;
+};
+template <>
+struct Mma<float> {
+  static constexpr int K = 8, PAD = 4;
+  using In = wmma::precision::tf32;
+};
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+__device__ __forceinline__ float nan_max(float a, float b) { return b > a || b != b ? b : a; }
+
+template <class T>
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::K, float>;
+
+// An A or B fragment; for float32 also its TF32 remainder (3xTF32 when EXACT).
+template <class T, bool EXACT, class Use, class Layout>
+struct Frag {
+  wmma::fragment<Use, 16, 16, Mma<T>::K, typename Mma<T>::In, Layout> hi, lo;
+  __device__ __forceinline__ void load(const T* p, unsigned ld) {
+    wmma::load_matrix_sync(hi, p, ld);
+    if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+      for (int i = 0; i < hi.num_elements; ++i) {
+        const float x = hi.x[i];
+        const float h = wmma::__float_to_tf32(x);
+        hi.x[i] = h;
+        if constexpr (EXACT) lo.x[i] = wmma::__float_to_tf32(x - h);
+      }
+    }
+  }
+};
+
+template <class T, bool EXACT, class LA, class LB>
+__device__ __forceinline__ void mma(FragC<T>& c, const Frag<T, EXACT, wmma::matrix_a, LA>& a,
+                                    const Frag<T, EXACT, wmma::matrix_b, LB>& b) {
+  if constexpr (std::is_same_v<T, float> && EXACT) {
+    wmma::mma_sync(c, a.lo, b.hi, c);
+    wmma::mma_sync(c, a.hi, b.lo, c);
+  }
+  wmma::mma_sync(c, a.hi, b.hi, c);
+}
+
+// dst[r][c] (ld) = src row r (row stride rs), column c, for r < R, c < C; zero where
+// r >= rows or c >= cols. The block's threads share the work.
+template <class T>
+__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int64_t rs, int R, int C,
+                                          int64_t rows, int64_t cols) {
+  for (int idx = threadIdx.x; idx < R * C; idx += blockDim.x) {
+    const int r = idx / C, c = idx % C;
+    dst[r * ld + c] = r < rows && c < cols ? src[r * rs + c] : from_f<T>(0.0f);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// ---- per-element steps (attention/cpu/score_ops.h) ------------------------------------
+
+// The inputs every kernel reads besides q, k, v: p, a and what follows from them.
+struct Call {
+  AttnParams p;
+  Args a;
+  AttnMask mask;
+  int64_t Dp, Dvp, bs;  // head dims rounded up to 16; batch entries per slice
+  float bmul;           // bias factor: scale for PRE_SCALE_BIAS, else 1
+  uint32_t threshold;   // dropout
+  float inv_keep;
+  RowInfo* rows;        // [B, Sq]
+  TileRange* tiles;     // [B, n_tiles]
+};
+
+// Dropout's keep factor of query i, key j (local tokens) of folded batch entry b, head h:
+// philox.h's rule on the global indices (index_base; a block's global tokens).
+struct Drop {
+  bool on = false;
+  uint32_t seed[2] = {0, 0};
+  int64_t b = 0, h = 0;
+  StripeMap q{0, 1, 1}, kv{0, 1, 1};
+  uint32_t threshold = 0;
+  float inv_keep = 1.0f;
+
+  __device__ Drop(const Call& c, int64_t bb, int64_t hh) {
+    on = c.p.is_training && c.p.dropout > 0.0f;
+    if (!on) return;
+    const int64_t slice = bb / c.bs;
+    seed[0] = c.a.seed[2 * slice];
+    seed[1] = c.a.seed[2 * slice + 1];
+    b = bb % c.bs;
+    h = hh;
+    if (c.a.index_base) {
+      const int32_t* r = c.a.index_base + c.a.index_cols * slice;
+      b += r[0];
+      h += r[1];
+      if (c.a.index_cols > 2) {
+        const BlockPos pos = block_pos(r, c.a.index_cols);
+        q = pos.q;
+        kv = pos.kv;
+      }
+    }
+    threshold = c.threshold;
+    inv_keep = c.inv_keep;
+  }
+  __device__ __forceinline__ float z(int64_t i, int64_t j) const {
+    const int64_t gi = global_token(q, i), gj = global_token(kv, j);
+    const Philox4 w = dropout_words(seed, b, h, gi, gj / 4);
+    return w.v[gj % 4] >= threshold ? inv_keep : 0.0f;
+  }
+};
+
+template <class T>
+__device__ __forceinline__ const T* bias_plane(const Call& c, int64_t b, int64_t h) {
+  if (!c.a.bias) return nullptr;
+  return static_cast<const T*>(c.a.bias) + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b +
+         h * c.a.bias_h;
+}
+
+__device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h) {
+  if (c.p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) return 0.0f;
+  if (c.p.softmax_type == FA_LEARNABLE_SOFTMAX)
+    return c.a.softmax_offset[(b / c.bs) * c.p.heads_q + h];
+  return -kInf;
+}
+
+// ---- the kept-key table ---------------------------------------------------------------
+
+// Segment s of each row b (one thread per row walks them in order: mask.h's rule).
+__global__ void segments_kernel(AttnMask m, int64_t B, Segment* segs) {
+  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (b >= B) return;
+  SegmentWalk w;
+  if (m.seq.block) {
+    const BlockPos pos = block_of(m, b);
+    for (int64_t s = 0; s < m.segments; ++s) segs[b * m.segments + s] = block_segment(m, pos, b, s, &w);
+  } else {
+    for (int64_t s = 0; s < m.segments; ++s) segs[b * m.segments + s] = next_segment(m, b, s, &w);
+  }
+}
+
+// The rows of each segment (the table was filled with -1: padding rows keep nothing).
+__global__ void rows_kernel(AttnMask m, int64_t B, int64_t Sq, int64_t Skv, const Segment* segs,
+                            RowInfo* rows) {
+  for (int64_t bs = blockIdx.x; bs < B * m.segments; bs += gridDim.x) {
+    const int64_t b = bs / m.segments;
+    const Segment g = segs[bs];
+    if (m.seq.block) {
+      const BlockPos pos = block_of(m, b);
+      const int64_t i0 = first_local(pos.q, g.q_begin, Sq);
+      const int64_t i1 = first_local(pos.q, g.q_begin + g.q_len, Sq);
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        const KeyRange k = block_keys(m.rule, pos, g, global_token(pos.q, i), Skv);
+        rows[b * Sq + i] = {int32_t(k.lo), int32_t(k.hi), int32_t(g.q_begin), int32_t(g.kv_begin)};
+      }
+    } else {
+      for (int64_t i = g.q_begin + threadIdx.x; i < g.q_begin + g.q_len; i += blockDim.x) {
+        const KeyRange k = row_keys(m, g, i);
+        rows[b * Sq + i] = {int32_t(k.lo), int32_t(k.hi), int32_t(g.q_begin), int32_t(g.kv_begin)};
+      }
+    }
+  }
+}
+
+__global__ void tiles_kernel(const RowInfo* rows, int64_t B, int64_t Sq, int64_t Skv, int tile,
+                             TileRange* tiles) {
+  const int64_t n_t = (Sq + tile - 1) / tile;
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= B * n_t) return;
+  const int64_t b = t / n_t, q0 = (t % n_t) * tile;
+  int32_t lo = int32_t(Skv), hi = 0;
+  for (int64_t i = q0; i < min(Sq, q0 + tile); ++i) {
+    const RowInfo r = rows[b * Sq + i];
+    if (r.lo >= r.hi) continue;
+    lo = min(lo, r.lo);
+    hi = max(hi, r.hi);
+  }
+  tiles[t] = {lo, hi};
+}
+
+// ---- forward --------------------------------------------------------------------------
+
+template <class T, int W, bool EXACT>
+__global__ void __launch_bounds__(W * 32) fwd_kernel(const Call c, float* tile_max) {
+  constexpr int BM = 16 * W, KM = Mma<T>::K;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q;
+  const int64_t n_qt = (Sq + BM - 1) / BM;
+  const int64_t task = blockIdx.x;
+  const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
+  const int64_t hk = h / (Hq / p.heads_kv), q0 = qt * BM;
+  const int64_t D = p.head_dim_qk, Dv = p.head_dim_v, Dp = c.Dp, Dvp = c.Dvp;
+  const FwdLayout L(W, Dp, Dvp, int(sizeof(T)));
+  T* sQ = reinterpret_cast<T*>(smem + L.q);
+  T* sKV = reinterpret_cast<T*>(smem + L.kv);
+  float* sS = reinterpret_cast<float*>(smem + L.s);
+  T* sP = reinterpret_cast<T*>(smem + L.pr);
+  float* sO = reinterpret_cast<float*>(smem + L.o);
+  RowInfo* sRow = reinterpret_cast<RowInfo*>(smem + L.rows);
+  float* sAlpha = reinterpret_cast<float*>(smem + L.alpha);
+  float* sWmax = reinterpret_cast<float*>(smem + L.wmax);
+  // Per-row state (fwd.cc's m, l, mx): running max with the sink, sum, max of real keys.
+  float* sM = reinterpret_cast<float*>(smem + L.state);
+  float* sL = sM + BM;
+  float* sMx = sL + BM;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const T* q = static_cast<const T*>(c.a.q) + b * c.a.sq.b + q0 * c.a.sq.s + h * c.a.sq.h;
+  const T* kp = static_cast<const T*>(c.a.k) + b * c.a.sk.b + hk * c.a.sk.h;
+  const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + hk * c.a.sv.h;
+  const T* bias = bias_plane<T>(c, b, h);
+  const Drop drop(c, b, h);
+  const float sink = sink_logit(c, b, h);
+  const int64_t rows = min(int64_t(BM), Sq - q0);
+
+  load_tile(sQ, L.ldq, q, c.a.sq.s, BM, int(Dp), rows, D);
+  for (int r = threadIdx.x; r < BM; r += blockDim.x)
+    sRow[r] = r < rows ? c.rows[b * Sq + q0 + r] : RowInfo{-1, -1, -1, -1};
+  for (int64_t idx = threadIdx.x; idx < BM * Dvp; idx += blockDim.x) sO[idx] = 0.0f;
+  const TileRange tr = c.tiles[b * n_qt + qt];
+  __syncthreads();
+  for (int r = threadIdx.x; r < BM; r += blockDim.x) {
+    const bool real = sRow[r].q_base >= 0;
+    sM[r] = real ? sink : -kInf;
+    sL[r] = real && sink != -kInf ? 1.0f : 0.0f;
+    sMx[r] = -kInf;
+  }
+  __syncthreads();
+
+  for (int64_t k0 = tr.lo / kBN * kBN; k0 < tr.hi; k0 += kBN) {
+    FragC<T> acc[kBN / 16];
+#pragma unroll
+    for (int n = 0; n < kBN / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+    for (int64_t d0 = 0; d0 < Dp; d0 += kDC) {
+      const int dc = int(min(int64_t(kDC), Dp - d0));
+      __syncthreads();
+      load_tile(sKV, L.ldc, kp + k0 * c.a.sk.s + d0, c.a.sk.s, kBN, dc, Skv - k0, D - d0);
+      __syncthreads();
+      for (int kk = 0; kk < dc; kk += KM) {
+        Frag<T, EXACT, wmma::matrix_a, wmma::row_major> fa;
+        fa.load(sQ + warp * 16 * L.ldq + d0 + kk, L.ldq);
+#pragma unroll
+        for (int n = 0; n < kBN / 16; ++n) {
+          Frag<T, EXACT, wmma::matrix_b, wmma::col_major> fb;
+          fb.load(sKV + n * 16 * L.ldc + kk, L.ldc);
+          mma(acc[n], fa, fb);
+        }
+      }
+    }
+    float* sSw = sS + warp * 16 * kBN;
+#pragma unroll
+    for (int n = 0; n < kBN / 16; ++n) wmma::store_matrix_sync(sSw + n * 16, acc[n], kBN, wmma::mem_row_major);
+    __syncwarp();
+
+    // The warp's rows: mask, bias, online softmax, dropout (fwd.cc's row loop).
+    for (int r = 0; r < 16; ++r) {
+      const int R = warp * 16 + r;
+      float m = sM[R], l = sL[R], mx = sMx[R];
+      const RowInfo ri = sRow[R];
+      const int64_t i = q0 + warp * 16 + r;
+      float s[2];
+      bool any = false;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 2 * lane + e;
+        const int64_t j = k0 + col;
+        const bool keep = j >= ri.lo && j < ri.hi;
+        float x = sSw[r * kBN + col] * p.scale;
+        if (keep && bias) x += c.bmul * to_f(bias[i * c.a.bias_s + j]);
+        s[e] = keep ? x : -kInf;
+        any |= keep;
+      }
+      const bool nan = __any_sync(0xffffffffu, s[0] != s[0] || s[1] != s[1]);
+      const bool any_kept = __any_sync(0xffffffffu, any);
+      float row_max = warp_max(fmaxf(s[0], s[1]));
+      if (nan) row_max = __int_as_float(0x7fffffff);
+      mx = nan_max(mx, row_max);
+      const float m_new = nan_max(m, row_max);
+      float pr[2] = {0.0f, 0.0f}, alpha = 1.0f;
+      if (!(m_new > -kInf)) {
+        if (m_new != m_new && any_kept) m = l = m_new;
+      } else {
+        alpha = m == m_new ? 1.0f : m == -kInf ? 0.0f : expf(m - m_new);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float d = s[e] - m_new;
+          pr[e] = d == -kInf ? 0.0f : expf(d);
+        }
+        const float sum = warp_sum(pr[0] + pr[1]);
+        l = l * alpha + sum;
+        m = m_new;
+        if (drop.on) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = k0 + 2 * lane + e;
+            if (pr[e] != 0.0f || pr[e] != pr[e]) pr[e] *= drop.z(i, j);
+          }
+        }
+      }
+      T* prow = sP + R * L.ldp;
+      prow[2 * lane] = from_f<T>(pr[0]);
+      prow[2 * lane + 1] = from_f<T>(pr[1]);
+      __syncwarp();
+      if (lane == 0) sAlpha[R] = alpha, sM[R] = m, sL[R] = l, sMx[R] = mx;
+      __syncwarp();
+    }
+    __syncwarp();
+    for (int r = 0; r < 16; ++r) {
+      const float a = sAlpha[warp * 16 + r];
+      if (a != 1.0f)
+        for (int64_t col = lane; col < Dvp; col += 32) sO[(warp * 16 + r) * Dvp + col] *= a;
+    }
+    __syncwarp();
+
+    // O += P V over chunks of Dv.
+    for (int64_t d0 = 0; d0 < Dvp; d0 += kDC) {
+      const int dc = int(min(int64_t(kDC), Dvp - d0));
+      __syncthreads();
+      load_tile(sKV, L.ldc, vp + k0 * c.a.sv.s + d0, c.a.sv.s, kBN, dc, Skv - k0, Dv - d0);
+      __syncthreads();
+      FragC<T> o[kDC / 16];
+      float* oRow = sO + warp * 16 * Dvp + d0;
+      _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) wmma::load_matrix_sync(o[n], oRow + n * 16, unsigned(Dvp), wmma::mem_row_major);
+      for (int kk = 0; kk < kBN; kk += KM) {
+        Frag<T, EXACT, wmma::matrix_a, wmma::row_major> fa;
+        fa.load(sP + warp * 16 * L.ldp + kk, L.ldp);
+        _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) {
+          Frag<T, EXACT, wmma::matrix_b, wmma::row_major> fb;
+          fb.load(sKV + kk * L.ldc + n * 16, L.ldc);
+          mma(o[n], fa, fb);
+        }
+      }
+      _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) wmma::store_matrix_sync(oRow + n * 16, o[n], unsigned(Dvp), wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+
+  // out = O / l, lse = m + log l (fwd.cc's end of task).
+  T* out = static_cast<T*>(c.a.out) + b * c.a.so.b + h * c.a.so.h;
+  float local_max = -kInf;
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = q0 + warp * 16 + r;
+    if (i >= Sq) continue;
+    const int R = warp * 16 + r;
+    const RowInfo ri = sRow[R];
+    const float m = sM[R], l = sL[R];
+    const bool any = l != 0.0f;
+    const bool zero = !any || ri.hi <= ri.lo;
+    const float inv = any ? 1.0f / l : 0.0f;
+    for (int64_t col = lane; col < Dv; col += 32)
+      out[i * c.a.so.s + col] = from_f<T>(zero ? 0.0f : sO[(warp * 16 + r) * Dvp + col] * inv);
+    if (lane == 0)
+      c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s] = any ? m + logf(l) : -kInf;
+    local_max = nan_max(local_max, sMx[R]);
+  }
+  if (tile_max) {
+    if (lane == 0) sWmax[warp] = local_max;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = -kInf;
+      for (int w = 0; w < W; ++w) t = nan_max(t, sWmax[w]);
+      tile_max[task] = t;
+    }
+  }
+}
+
+__global__ void max_logit_kernel(const float* tile_max, int64_t BH, int64_t n_t, float* out) {
+  const int64_t bh = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (bh >= BH) return;
+  float m = -kInf;
+  for (int64_t t = 0; t < n_t; ++t) m = nan_max(m, tile_max[bh * n_t + t]);
+  out[bh] = m;
+}
+
+// ---- backward -------------------------------------------------------------------------
+
+// delta [B, Hq, Sq] = rowsum(dO * O); d softmax_offset [B, Hq] -= exp(sink - lse) delta.
+template <class T>
+__global__ void delta_kernel(const Call c, float* delta) {
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Hq = p.heads_q;
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.batch * Hq * Sq) return;
+  const int64_t i = row % Sq, h = (row / Sq) % Hq, b = row / (Sq * Hq);
+  const T* o = static_cast<const T*>(c.a.out) + b * c.a.so.b + i * c.a.so.s + h * c.a.so.h;
+  const T* d = static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + i * c.a.sdo.s + h * c.a.sdo.h;
+  float sum = 0.0f;
+  for (int64_t col = lane; col < p.head_dim_v; col += 32) sum += to_f(o[col]) * to_f(d[col]);
+  sum = warp_sum(sum);
+  if (lane != 0) return;
+  delta[row] = sum;
+  if (c.a.dsoftmax_offset && p.softmax_type == FA_LEARNABLE_SOFTMAX) {
+    const float lse = c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s];
+    if (lse != -kInf) {
+      const float sink = sink_logit(c, b, h);
+      const float part = (sink == lse ? 1.0f : expf(sink - lse)) * sum;
+      atomicAdd(c.a.dsoftmax_offset + b * Hq + h, -part);
+    }
+  }
+}
+
+template <class T, int W, bool EXACT>
+__global__ void __launch_bounds__(W * 32) bwd_kernel(const Call c, const float* delta,
+                                                     float* dq_acc, float* dbias_acc) {
+  constexpr int BN = 16 * W, KM = Mma<T>::K;
+  static_assert(BN * kBMQ >= W * 16 * kDC, "the dq staging fits in the S^T buffer");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Hkv = p.heads_kv;
+  const int64_t group = Hq / Hkv, n_kt = (Skv + BN - 1) / BN, n_qt = (Sq + kBMQ - 1) / kBMQ;
+  const int64_t task = blockIdx.x;
+  const int64_t kt = task % n_kt, hk = (task / n_kt) % Hkv, b = task / (n_kt * Hkv);
+  const int64_t k0 = kt * BN;
+  const int64_t D = p.head_dim_qk, Dv = p.head_dim_v, Dp = c.Dp, Dvp = c.Dvp;
+  const BwdLayout L(W, Dp, Dvp, int(sizeof(T)));
+  T* sK = reinterpret_cast<T*>(smem + L.k);
+  T* sV = reinterpret_cast<T*>(smem + L.v);
+  T* sC = reinterpret_cast<T*>(smem + L.ch);
+  float* sSt = reinterpret_cast<float*>(smem + L.st);
+  float* sDPt = reinterpret_cast<float*>(smem + L.dpt);
+  T* sPt = reinterpret_cast<T*>(smem + L.pt);
+  T* sDSt = reinterpret_cast<T*>(smem + L.dst);
+  float* sdK = reinterpret_cast<float*>(smem + L.dk);
+  float* sdV = reinterpret_cast<float*>(smem + L.dv);
+  RowInfo* sRow = reinterpret_cast<RowInfo*>(smem + L.rows);
+  float* sLse = reinterpret_cast<float*>(smem + L.lse);
+  float* sDelta = reinterpret_cast<float*>(smem + L.delta);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t keys = min(int64_t(BN), Skv - k0);
+
+  load_tile(sK, L.ldk, static_cast<const T*>(c.a.k) + b * c.a.sk.b + k0 * c.a.sk.s + hk * c.a.sk.h,
+            c.a.sk.s, BN, int(Dp), keys, D);
+  load_tile(sV, L.ldv, static_cast<const T*>(c.a.v) + b * c.a.sv.b + k0 * c.a.sv.s + hk * c.a.sv.h,
+            c.a.sv.s, BN, int(Dvp), keys, Dv);
+  for (int64_t idx = threadIdx.x; idx < BN * Dp; idx += blockDim.x) sdK[idx] = 0.0f;
+  for (int64_t idx = threadIdx.x; idx < BN * Dvp; idx += blockDim.x) sdV[idx] = 0.0f;
+
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = hk * group + g;
+    const T* qh = static_cast<const T*>(c.a.q) + b * c.a.sq.b + h * c.a.sq.h;
+    const T* doh = static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + h * c.a.sdo.h;
+    const T* bias = bias_plane<T>(c, b, h);
+    float* dbias = nullptr;
+    if (dbias_acc)
+      dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
+    const Drop drop(c, b, h);
+    for (int64_t qt = 0; qt < n_qt; ++qt) {
+      const TileRange tr = c.tiles[b * n_qt + qt];
+      if (max(int64_t(tr.lo), k0) >= min(int64_t(tr.hi), k0 + BN)) continue;
+      const int64_t q0 = qt * kBMQ, rows = min(int64_t(kBMQ), Sq - q0);
+      __syncthreads();
+      for (int r = threadIdx.x; r < kBMQ; r += blockDim.x) {
+        const int64_t i = q0 + r;
+        sRow[r] = r < rows ? c.rows[b * Sq + i] : RowInfo{-1, -1, -1, -1};
+        sLse[r] = r < rows ? c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s] : -kInf;
+        sDelta[r] = r < rows ? delta[(b * Hq + h) * Sq + i] : 0.0f;
+      }
+
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys.
+      FragC<T> st[kBMQ / 16], dpt[kBMQ / 16];
+#pragma unroll
+      for (int n = 0; n < kBMQ / 16; ++n) wmma::fill_fragment(st[n], 0.0f), wmma::fill_fragment(dpt[n], 0.0f);
+      // acc += (16 rows of a_base) x (chunks of src's rows q0..)^T over a head dim of Dx.
+      auto rows_times = [&](FragC<T>(&acc)[kBMQ / 16], const T* a_base, int lda, const T* src,
+                            int64_t rs, int64_t Dx, int64_t Dreal) {
+        for (int64_t d0 = 0; d0 < Dx; d0 += kDC) {
+          const int dc = int(min(int64_t(kDC), Dx - d0));
+          __syncthreads();
+          load_tile(sC, L.ldc, src + q0 * rs + d0, rs, kBMQ, dc, rows, Dreal - d0);
+          __syncthreads();
+          for (int kk = 0; kk < dc; kk += KM) {
+            Frag<T, EXACT, wmma::matrix_a, wmma::row_major> fa;
+            fa.load(a_base + d0 + kk, lda);
+#pragma unroll
+            for (int n = 0; n < kBMQ / 16; ++n) {
+              Frag<T, EXACT, wmma::matrix_b, wmma::col_major> fb;
+              fb.load(sC + n * 16 * L.ldc + kk, L.ldc);
+              mma(acc[n], fa, fb);
+            }
+          }
+        }
+      };
+      rows_times(st, sK + warp * 16 * L.ldk, L.ldk, qh, c.a.sq.s, Dp, D);
+      rows_times(dpt, sV + warp * 16 * L.ldv, L.ldv, doh, c.a.sdo.s, Dvp, Dv);
+      float* stw = sSt + warp * 16 * kBMQ;
+      float* dptw = sDPt + warp * 16 * kBMQ;
+#pragma unroll
+      for (int n = 0; n < kBMQ / 16; ++n) {
+        wmma::store_matrix_sync(stw + n * 16, st[n], kBMQ, wmma::mem_row_major);
+        wmma::store_matrix_sync(dptw + n * 16, dpt[n], kBMQ, wmma::mem_row_major);
+      }
+      __syncwarp();
+
+      // P^T (dropped out) and dS^T element by element (bwd.cc's row loop).
+      for (int idx = lane; idx < 16 * kBMQ; idx += 32) {
+        const int r = idx & 15, col = idx >> 4;
+        const int64_t j = k0 + warp * 16 + r, i = q0 + col;
+        const float lse = sLse[col];
+        const bool live = lse != -kInf && lse != kInf;
+        const RowInfo ri = sRow[col];
+        const bool keep = live && j >= ri.lo && j < ri.hi;
+        float pt = 0.0f, ds = 0.0f;
+        if (keep) {
+          float s = stw[r * kBMQ + col] * p.scale;
+          float bv = 0.0f;
+          if (bias) bv = to_f(bias[i * c.a.bias_s + j]), s += c.bmul * bv;
+          const float pr = expf(s - lse);
+          const float dp = dptw[r * kBMQ + col], dl = sDelta[col];
+          if (drop.on) {
+            const float z = drop.z(i, j);
+            pt = z != 0.0f ? z * pr : 0.0f;
+            ds = pr * (z * dp - dl);
+          } else {
+            pt = pr;
+            ds = pr * (dp - dl);
+          }
+          if (bias && bv == -kInf && lse == lse) pt = ds = 0.0f;
+          if (dbias) atomicAdd(dbias + i * c.a.bias_s + j, c.bmul * ds);
+        }
+        sPt[r * L.ldp + col + warp * 16 * L.ldp] = from_f<T>(pt);
+        sDSt[r * L.ldp + col + warp * 16 * L.ldp] = from_f<T>(ds);
+      }
+      __syncwarp();
+
+      // dV += P^T dO, dK += dS^T Q (the warp's rows).
+      for (int pass = 0; pass < 2; ++pass) {
+        const int64_t Dx = pass == 0 ? Dvp : Dp, Dreal = pass == 0 ? Dv : D;
+        const T* src = pass == 0 ? doh : qh;
+        const int64_t rs = pass == 0 ? c.a.sdo.s : c.a.sq.s;
+        const T* a_base = (pass == 0 ? sPt : sDSt) + warp * 16 * L.ldp;
+        float* acc_base = (pass == 0 ? sdV : sdK) + warp * 16 * Dx;
+        for (int64_t d0 = 0; d0 < Dx; d0 += kDC) {
+          const int dc = int(min(int64_t(kDC), Dx - d0));
+          __syncthreads();
+          load_tile(sC, L.ldc, src + q0 * rs + d0, rs, kBMQ, dc, rows, Dreal - d0);
+          __syncthreads();
+          FragC<T> acc[kDC / 16];
+          _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16)
+            wmma::load_matrix_sync(acc[n], acc_base + d0 + n * 16, unsigned(Dx), wmma::mem_row_major);
+          for (int kk = 0; kk < kBMQ; kk += KM) {
+            Frag<T, EXACT, wmma::matrix_a, wmma::row_major> fa;
+            fa.load(a_base + kk, L.ldp);
+            _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) {
+              Frag<T, EXACT, wmma::matrix_b, wmma::row_major> fb;
+              fb.load(sC + kk * L.ldc + n * 16, L.ldc);
+              mma(acc[n], fa, fb);
+            }
+          }
+          _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16)
+            wmma::store_matrix_sync(acc_base + d0 + n * 16, acc[n], unsigned(Dx), wmma::mem_row_major);
+        }
+      }
+
+      // dQ += dS K: warps take 16-query blocks; float32 atomics into dq_acc.
+      float* stage = sSt + warp * 16 * kDC;  // S^T is dead by now (the passes above synced)
+      for (int qb = warp; qb < kBMQ / 16; qb += W) {
+        for (int64_t d0 = 0; d0 < Dp; d0 += kDC) {
+          const int dc = int(min(int64_t(kDC), Dp - d0));
+          FragC<T> acc[kDC / 16];
+          _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) wmma::fill_fragment(acc[n], 0.0f);
+          for (int kk = 0; kk < BN; kk += KM) {
+            Frag<T, EXACT, wmma::matrix_a, wmma::col_major> fa;
+            fa.load(sDSt + kk * L.ldp + qb * 16, L.ldp);
+            _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16) {
+              Frag<T, EXACT, wmma::matrix_b, wmma::row_major> fb;
+              fb.load(sK + kk * L.ldk + d0 + n * 16, L.ldk);
+              mma(acc[n], fa, fb);
+            }
+          }
+          _Pragma("unroll") for (int n = 0; n < kDC / 16; ++n) if (n < dc / 16)
+            wmma::store_matrix_sync(stage + n * 16, acc[n], kDC, wmma::mem_row_major);
+          __syncwarp();
+          for (int idx = lane; idx < 16 * dc; idx += 32) {
+            const int rr = idx / dc, cc = idx % dc;
+            const int64_t i = q0 + qb * 16 + rr, d = d0 + cc;
+            if (i < Sq && d < D) atomicAdd(dq_acc + ((b * Sq + i) * Hq + h) * Dp + d, stage[rr * kDC + cc]);
+          }
+          __syncwarp();
+        }
+      }
+    }
+  }
+  __syncthreads();
+  T* dk = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h;
+  T* dv = static_cast<T*>(c.a.dv) + b * c.a.sdv.b + k0 * c.a.sdv.s + hk * c.a.sdv.h;
+  for (int64_t idx = threadIdx.x; idx < keys * D; idx += blockDim.x) {
+    const int64_t r = idx / D, col = idx % D;
+    dk[r * c.a.sdk.s + col] = from_f<T>(p.scale * sdK[r * Dp + col]);
+  }
+  for (int64_t idx = threadIdx.x; idx < keys * Dv; idx += blockDim.x) {
+    const int64_t r = idx / Dv, col = idx % Dv;
+    dv[r * c.a.sdv.s + col] = from_f<T>(sdV[r * Dvp + col]);
+  }
+}
+
+template <class T>
+__global__ void dq_kernel(const Call c, const float* dq_acc) {
+  const AttnParams& p = c.p;
+  const int64_t n = p.batch * p.seqlen_q * p.heads_q * p.head_dim_qk;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = idx % p.head_dim_qk, row = idx / p.head_dim_qk;  // row = (b, i, h)
+    const int64_t h = row % p.heads_q, i = (row / p.heads_q) % p.seqlen_q;
+    const int64_t b = row / (p.heads_q * p.seqlen_q);
+    static_cast<T*>(c.a.dq)[b * c.a.sdq.b + i * c.a.sdq.s + h * c.a.sdq.h + d] =
+        from_f<T>(p.scale * dq_acc[row * c.Dp + d]);
+  }
+}
+
+template <class T>
+__global__ void convert_kernel(const float* src, T* dst, int64_t n) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x)
+    dst[idx] = from_f<T>(src[idx]);
+}
+
+// ---- host side ------------------------------------------------------------------------
+
+int fwd_warps(const AttnParams& p) { return flash::fwd_warps(p.head_dim_v); }
+int bwd_warps(const AttnParams& p) { return flash::bwd_warps(p.head_dim_qk, p.head_dim_v); }
+int64_t rounded(int64_t d) { return round16(d); }
+
+// Workspace regions, in order, 256-byte aligned.
+struct Plan {
+  size_t rows = 0, fwd_tiles = 0, bwd_tiles = 0, segs = 0, tile_max = 0, delta = 0, dq = 0,
+         dbias = 0, total = 0;
+  Plan(const AttnParams& p, bool backward) {
+    auto take = [&](size_t bytes) { const size_t r = total; total += (bytes + 255) / 256 * 256; return r; };
+    const int64_t B = p.batch, Sq = p.seqlen_q;
+    const int64_t bm = 16 * fwd_warps(p);
+    rows = take(size_t(B * Sq) * sizeof(RowInfo));
+    segs = take(size_t(B * p.max_segments) * sizeof(Segment));
+    if (!backward) {
+      fwd_tiles = take(size_t(B * ceil_div(Sq, bm)) * sizeof(TileRange));
+      tile_max = take(size_t(B * p.heads_q * ceil_div(Sq, bm)) * 4);
+    } else {
+      bwd_tiles = take(size_t(B * ceil_div(Sq, kBMQ)) * sizeof(TileRange));
+      delta = take(size_t(B * p.heads_q * Sq) * 4);
+      dq = take(size_t(B * Sq * p.heads_q * rounded(p.head_dim_qk)) * 4);
+      if (p.bias_type != FA_NO_BIAS && p.dtype != FA_FLOAT32)
+        dbias = take(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
+    }
+  }
+};
+
+Call make_call(const AttnParams& p, const Args& a, void* ws, const Plan& plan, bool backward) {
+  Call c;
+  c.p = p;
+  c.a = a;
+  c.mask = attn_mask(p, a.seq);
+  c.Dp = rounded(p.head_dim_qk);
+  c.Dvp = rounded(p.head_dim_v);
+  c.bs = slice_batch(p);
+  c.bmul = p.bias_type == FA_PRE_SCALE_BIAS ? p.scale : 1.0f;
+  c.threshold = dropout_threshold(p.dropout);
+  c.inv_keep = 1.0f / (1.0f - p.dropout);
+  char* w = static_cast<char*>(ws);
+  c.rows = reinterpret_cast<RowInfo*>(w + plan.rows);
+  c.tiles = reinterpret_cast<TileRange*>(w + (backward ? plan.bwd_tiles : plan.fwd_tiles));
+  if (p.bias_type == FA_NO_BIAS) c.a.bias = nullptr;
+  return c;
+}
+
+Status build_tables(const Call& c, const Plan& plan, void* ws, int tile, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int64_t B = p.batch, Sq = p.seqlen_q;
+  char* w = static_cast<char*>(ws);
+  Segment* segs = reinterpret_cast<Segment*>(w + plan.segs);
+  FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.rows, 0xff, size_t(B * Sq) * sizeof(RowInfo), stream));
+  segments_kernel<<<unsigned(ceil_div(B, 128)), 128, 0, stream>>>(c.mask, B, segs);
+  const int64_t n_seg = B * p.max_segments;
+  rows_kernel<<<unsigned(std::min<int64_t>(n_seg, 1 << 20)), 128, 0, stream>>>(c.mask, B, Sq, p.seqlen_kv,
+                                                                                segs, c.rows);
+  const int64_t n_t = B * ceil_div(Sq, tile);
+  tiles_kernel<<<unsigned(ceil_div(n_t, 128)), 128, 0, stream>>>(c.rows, B, Sq, p.seqlen_kv, tile, c.tiles);
+  return cuda_status(cudaGetLastError(), "the kept-key table kernels");
+}
+
+template <class K, class... R>
+Status launch(K kernel, int64_t blocks, int threads, size_t smem, cudaStream_t stream,
+              const char* what, const Call& c, R... rest) {
+  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(blocks), threads, smem, stream>>>(c, rest...);
+  return cuda_status(cudaGetLastError(), what);
+}
+
+template <class T, bool EXACT>
+Status run_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int W = fwd_warps(p);
+  const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, 16 * W);
+  const size_t smem = FwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;
+  if (W == 4) return launch(fwd_kernel<T, 4, EXACT>, blocks, 128, smem, stream, "the flash forward", c, tile_max);
+  return launch(fwd_kernel<T, 2, EXACT>, blocks, 64, smem, stream, "the flash forward", c, tile_max);
+}
+
+template <class T, bool EXACT>
+Status run_bwd(const Call& c, const float* delta, float* dq, float* dbias, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int W = bwd_warps(p);
+  const int64_t blocks = p.batch * p.heads_kv * ceil_div(p.seqlen_kv, 16 * W);
+  const size_t smem = BwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;
+  if (W == 2) return launch(bwd_kernel<T, 2, EXACT>, blocks, 64, smem, stream, "the flash backward", c, delta, dq, dbias);
+  return launch(bwd_kernel<T, 1, EXACT>, blocks, 32, smem, stream, "the flash backward", c, delta, dq, dbias);
+}
+
+template <class F>
+Status by_dtype(const AttnParams& p, bool tf32, F&& f) {
+  switch (p.dtype) {
+    case FA_BFLOAT16: return f(__nv_bfloat16{}, std::false_type{});
+    case FA_FLOAT16: return f(__half{}, std::false_type{});
+    case FA_FLOAT32:
+      if (tf32) return f(float{}, std::false_type{});
+      return f(float{}, std::true_type{});
+  }
+  return Status::Invalid("flash: unsupported dtype");
+}
+
+unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(ceil_div(n, 256), 1 << 16)); }
+
+}  // namespace
+
+size_t workspace_bytes(const AttnParams& p, bool backward) { return Plan(p, backward).total; }
+
+Status forward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream) {
+  const Plan plan(p, false);
+  const Call c = make_call(p, a, workspace, plan, false);
+  const int bm = 16 * fwd_warps(p);
+  FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
+  float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
+  FA_RETURN_IF_NOT_OK(by_dtype(p, a.f32_tf32, [&](auto t, auto exact) {
+    return run_fwd<decltype(t), decltype(exact)::value>(c, tile_max, stream);
+  }));
+  if (a.max_logit) {
+    const int64_t BH = p.batch * p.heads_q;
+    max_logit_kernel<<<unsigned(ceil_div(BH, 128)), 128, 0, stream>>>(tile_max, BH, ceil_div(p.seqlen_q, bm),
+                                                                       a.max_logit);
+    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return Status::Ok();
+}
+
+Status backward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream) {
+  const Plan plan(p, true);
+  const Call c = make_call(p, a, workspace, plan, true);
+  char* w = static_cast<char*>(workspace);
+  float* delta = reinterpret_cast<float*>(w + plan.delta);
+  float* dq = reinterpret_cast<float*>(w + plan.dq);
+  const bool want_dbias = a.dbias && c.a.bias;
+  const int64_t n_bias = p.num_slices * p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv;
+  float* dbias = !want_dbias ? nullptr
+                 : p.dtype == FA_FLOAT32 ? static_cast<float*>(a.dbias)
+                                         : reinterpret_cast<float*>(w + plan.dbias);
+  FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, kBMQ, stream));
+  const int64_t B = p.batch, Sq = p.seqlen_q, Hq = p.heads_q;
+  FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq, 0, size_t(B * Sq * Hq * c.Dp) * 4, stream));
+  if (dbias) FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dbias, 0, size_t(n_bias) * 4, stream));
+  if (a.dsoftmax_offset)
+    FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dsoftmax_offset, 0, size_t(B * Hq) * 4, stream));
+  return by_dtype(p, a.f32_tf32, [&](auto t, auto exact) -> Status {
+    using T = decltype(t);
+    const int64_t rows = B * Hq * Sq;
+    delta_kernel<T><<<unsigned(ceil_div(rows * 32, 256)), 256, 0, stream>>>(c, delta);
+    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    FA_RETURN_IF_NOT_OK((run_bwd<T, decltype(exact)::value>(c, delta, dq, dbias, stream)));
+    dq_kernel<T><<<grid_for(B * Sq * Hq * p.head_dim_qk), 256, 0, stream>>>(c, dq);
+    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    if (dbias && p.dtype != FA_FLOAT32) {
+      convert_kernel<T><<<grid_for(n_bias), 256, 0, stream>>>(dbias, static_cast<T*>(a.dbias), n_bias);
+      FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace fusedattn::cuda::flash
