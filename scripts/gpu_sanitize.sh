@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: compute-sanitizer over a representative selection of the GPU tests: memcheck
 # (out-of-bounds and misaligned accesses, bad frees, CUDA API errors) for the cuDNN path with
-# its fixup kernels, the Hopper forward, small-seq and softmax; racecheck (shared-memory
-# hazards) for our kernels that use shared memory (Hopper forward, small-seq, softmax).
+# its fixup kernels, the Hopper forward, the generic CUDA flash attention (cuda_flash),
+# small-seq and softmax; racecheck (shared-memory hazards) for our kernels that use shared
+# memory (Hopper forward, cuda_flash, small-seq, softmax).
 # XLA allocates each buffer with its own cudaMalloc here (XLA_PYTHON_CLIENT_ALLOCATOR=platform),
 # so an access past one of our buffers is seen, not hidden inside XLA's memory pool.
 # One line per run: the tool, the selection, pytest's summary and the sanitizer's error count;
@@ -50,9 +51,13 @@ if [ "${CUDNN_MEMCHECK:-0}" = 1 ]; then
     bg memcheck cudnn "$A/test_cudnn_gpu.py" -k "layouts or nan or thd_invalid or window_and_sink"
 fi
 bg memcheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout or nan"
+# cuda_flash (issue 24): ragged (THD, padding, bottom-right) rows, biases, head dims not a
+# multiple of 8 and 512, context-parallel blocks and a dropout shard ("not cpu": the GPU params)
+bg memcheck cuda_flash "$A/test_cuda_flash_gpu.py" -k "not cpu and (thd_segments or t3hd or padding_bottom_right or pre_bias_b1 or d100 or d512 or block or shard)"
 bg memcheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks or broken_promises_among or nan"
 bg memcheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest or nan or fully_masked"
 bg racecheck hopper "$A/test_hopper_fwd_gpu.py" -k "packed_layout"
+bg racecheck cuda_flash "$A/test_cuda_flash_gpu.py" -k "not cpu and (thd_segments or causal_window or d512 or d36)"
 bg racecheck small_seq tests/python/small_seq/test_small_seq_gpu.py -k "thd_masks"
 bg racecheck softmax tests/python/softmax/test_softmax_gpu.py -k "causal_square_longest"
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done

@@ -166,13 +166,14 @@ def run(key, spec: Spec, grads=True):
 GRAD_NAMES = ("dq", "dk", "dv", "dbias", "dsoftmax_offset")
 
 
-def check(key, spec: Spec, grads=True):
-    """fused_attn vs the references for one spec; returns the run's results."""
+def check(key, spec: Spec, grads=True, slack=1.0):
+    """fused_attn vs the references for one spec; returns the run's results. slack
+    multiplies the bounds of out and the gradients (assert_close's)."""
     r, argnums = run(key, spec, grads)
     out, aux = r["fused"]
     ref_out, ref_lse, ref_max = r["ref"]
     assert out.dtype == spec.dtype and out.shape == (spec.B, spec.Sq, spec.Hq, spec.dv)
-    assert_close("out", out, ref_out, r["lowp"])
+    assert_close("out", out, ref_out, r["lowp"], slack=slack)
     lse = aux["softmax_aux"][..., 0]
     if spec.layout in THD:
         assert aux["softmax_aux"].shape == (spec.B, spec.Sq, spec.Hq, 1)
@@ -196,7 +197,8 @@ def check(key, spec: Spec, grads=True):
             # sg: the gradient's share of delta = rowsum(dO * O) of the stored, rounded O
             # (conftest.stored_out_grads), an error of the flash algorithm itself.
             assert_close(name, g, rg, lg, dtype=spec.dtype,
-                         slack=2.0 if name == "dsoftmax_offset" else 1.0, stored_out=sg)
+                         slack=(2.0 if name == "dsoftmax_offset" else 1.0) * slack,
+                         stored_out=sg)
         dq = np.asarray(r["fused_g"][0], np.float32)
         assert not dq[empty].any(), "dq must be 0 at rows that keep no key"
     return r

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import fusedattn
@@ -93,3 +94,23 @@ def test_json_path_puts_the_png_beside_it(tmp_path, capsys):
                        str(path), "--no-plot", "--out-dir", str(tmp_path / "unused")]) == 0
     out = capsys.readouterr().out
     assert path.exists() and not (tmp_path / "unused").exists() and "plot:" not in out
+
+
+def _has_gpu():
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(_has_gpu(), reason="with a GPU the fallback bench runs its full GPU grid")
+def test_tiny_fallback_bench_names_each_rows_backend(tmp_path, capsys):
+    argv = ["fallback", "--kinds", "f32", "alibi", "--modes", "fwd", "--repeats", "1",
+            "--cpu-divisor", "64", "--out-dir", str(tmp_path), "--no-plot"]
+    assert cli.main(["bench"] + argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("summary: fusedattn vs the old fallback (reference.py) geomean")
+    rows = json.loads((tmp_path / "bench-fallback.json").read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["f32", "alibi"]
+    for r in rows:
+        assert r["backend"] == "cpu_flash" and r["ratio_reference"] > 0 and r["ratio_jax_xla"] > 0
