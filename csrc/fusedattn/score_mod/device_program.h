@@ -20,7 +20,9 @@
 // op by op, in float32. On the host the results are bitwise equal to eval_score_mod's
 // (tests/cpp/score_mod/test_device_program.cc): the same libm calls, and exp / tanh /
 // sigmoid are copies of platform/cpu/fast_math.h's (sm_math below, tested bitwise against
-// them). On the device:
+// them). A NaN result is NaN in both, but its sign and payload are not specified (g++
+// folds -x of a NaN differently in different inlining contexts: sigmoid(NaN) has either
+// sign). On the device:
 //   - exact (bitwise equal to the host): + - * / (nvcc's default -prec-div=true), sqrt and
 //     rsqrt (1.0f / sqrtf: -prec-sqrt=true), max, min, neg, abs, the comparisons, select,
 //     sign, floor, ceil, trunc, rem (fmodf), const;
