@@ -111,7 +111,7 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
   p.head_dim_qk = p.head_dim_v = 100;
   cases.push_back({"multiples of 8", p});
   p = hopper_params();
-  p.layout = FA_THD_THD_THD, p.max_segments = 3;
+  p.layout = FA_THD_THD_THD, p.max_segments = 3, p.mask_type = FA_PADDING_CAUSAL_MASK;
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
   cases.push_back({"THD", p});
   p = hopper_params();
@@ -272,7 +272,7 @@ TEST(SelectBackend, InvalidCallsGetNoKernel) {
 
 TEST(BackendNames, HopperHasOne) {
   EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD), "hopper");
-  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD + 1), "unknown");
+  EXPECT_STREQ(backend_name(FA_BACKEND_CUDA_FLASH + 1), "unknown");
 }
 
 // --- recognize_score_mod ----------------------------------------------------------

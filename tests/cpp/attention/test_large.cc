@@ -116,7 +116,7 @@ TEST(LargeIndex, CudnnThdRaggedOffsetsStayBelow2e31) {
   p.mask_type = FA_PADDING_MASK;
   p.max_segments = 4;
   BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100());
-  EXPECT_EQ(c.forward, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_EQ(c.forward, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "int32 ragged offsets")) << c.reason;
   p.seqlen_q = p.seqlen_kv = 349525;  // 3 * 16 * 128 * 349525 < 2^31
   c = select_backend(p, FA_PLATFORM_CUDA, h100());
@@ -133,7 +133,7 @@ TEST(LargeIndex, CudnnThdRaggedOffsetsCountEveryVmapSlice) {
   p.max_segments = 4;
   p.num_slices = 4;
   const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100());
-  EXPECT_EQ(c.forward, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_EQ(c.forward, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "int32 ragged offsets")) << c.reason;
 }
 
@@ -141,7 +141,7 @@ TEST(LargeIndex, CudnnBatchAbove65535GoesElsewhere) {
   BackendChoice c = select_backend(bshd(65535, 4, 1, 64), FA_PLATFORM_CUDA, h100());
   EXPECT_EQ(c.forward, FA_BACKEND_CUDNN) << c.reason;
   c = select_backend(bshd(65536, 4, 1, 64), FA_PLATFORM_CUDA, h100());
-  EXPECT_EQ(c.forward, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_EQ(c.forward, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "65535")) << c.reason;
   // THD: every segment is a cuDNN sequence.
   AttnParams p = bshd(2048, 64, 1, 64);
@@ -149,7 +149,7 @@ TEST(LargeIndex, CudnnBatchAbove65535GoesElsewhere) {
   p.mask_type = FA_PADDING_MASK;
   p.max_segments = 32;
   c = select_backend(p, FA_PLATFORM_CUDA, h100());
-  EXPECT_EQ(c.forward, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_EQ(c.forward, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "max_segments_per_seq")) << c.reason;
 }
 

@@ -10,7 +10,7 @@ import pytest
 
 import fusedattn
 from conftest import DTYPES, descriptor, qkv, reference_f32
-from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _lib, attention
 
 B, S, H, D = 2, 16, 2, 16
 
@@ -40,8 +40,13 @@ def test_valid_cpu_calls_get_cpu_flash(mask, dtype):
     assert "cpu_flash" in info.reason
 
 
+def _gpu_name():
+    """What a float32 GPU call gets: the CUDA flash kernels with a CUDA build and a GPU."""
+    return "cuda_flash" if _lib.built_with_cuda() and attention._has_gpu() else "xla_reference"
+
+
 def test_default_platform_is_jax_default_backend():
-    expected = {"cpu": "cpu_flash", "gpu": "xla_reference"}[jax.default_backend()]
+    expected = {"cpu": "cpu_flash", "gpu": _gpu_name()}[jax.default_backend()]
     assert fusedattn.get_backend(shapes()).name == expected
 
 
@@ -51,10 +56,10 @@ def test_get_backend_takes_arrays(key):
 
 
 @pytest.mark.parametrize("platform", ["gpu", "cuda"])
-def test_gpu_platform_gets_the_xla_reference(platform):
+def test_gpu_platform_gets_cuda_flash_or_the_reference(platform):
     info = fusedattn.get_backend(shapes(), platform=platform)
-    assert (info.name, info.fused) == ("xla_reference", False), info
-    assert "xla_reference" in info.reason
+    assert (info.name, info.fused) == (_gpu_name(), _gpu_name() == "cuda_flash"), info
+    assert _gpu_name() in info.reason
 
 
 @pytest.mark.parametrize("kwargs, why", [
@@ -97,9 +102,9 @@ def test_cpu_score_mod_runs_cpu_flash_forward_and_backward():
     assert (info.name, info.forward, info.backward) == ("cpu_flash",) * 3, info
 
 
-def test_gpu_query_without_a_gpu_names_the_reference_both_ways():
+def test_gpu_query_names_one_kernel_both_ways():
     info = fusedattn.get_backend(shapes(), platform="gpu")
-    assert (info.forward, info.backward) == ("xla_reference", "xla_reference"), info
+    assert (info.forward, info.backward) == (_gpu_name(), _gpu_name()), info
 
 
 def test_bad_call_names_no_kernel():
@@ -203,9 +208,9 @@ def test_no_fallback_warning_on_cpu(key):
 
 
 @pytest.mark.gpu
-def test_gpu_default_backend_is_the_xla_reference():
+def test_gpu_default_backend_is_cuda_flash_for_float32():
     info = fusedattn.get_backend(shapes())
-    assert (info.name, info.fused) == ("xla_reference", False)
+    assert (info.name, info.fused) == ("cuda_flash", True), info
 
 
 @pytest.mark.gpu
@@ -228,11 +233,13 @@ def test_gpu_fallback_matches_the_reference(key, mask):
 
 
 @pytest.mark.gpu
-def test_gpu_fallback_warns(key):
+def test_gpu_float32_runs_fused_without_a_warning(key):
     q, k, v = qkv(key, B, 8, 8, 2, 2, 16)
     fusedattn.attention._warned.clear()
-    with pytest.warns(RuntimeWarning, match="xla_reference"):
-        fusedattn.fused_attn((q, k, v), None, None, None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        jax.block_until_ready(fusedattn.fused_attn((q, k, v), None, None, None))
+    assert not [w for w in seen if "xla_reference" in str(w.message)], seen
 
 
 # ---------------------------------------------------------------------------

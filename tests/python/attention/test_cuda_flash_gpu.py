@@ -37,8 +37,10 @@ from fusedattn.reference import dropout_keep
 F32, BF16, FP16 = jnp.float32, jnp.bfloat16, jnp.float16
 # The backend each platform must report for every case of this file.
 EXPECTED = {"gpu": "cuda_flash", "cpu": "cpu_flash"}
-# float32 bound (conftest: 1e-5 x max(1, max |ref|)) times this: ~2e-5, room for 3xTF32.
-F32_SLACK = 2.0
+# float32 bound (conftest: 1e-5 x max(1, max |ref|)) times this: ~4e-5, room for 3xTF32
+# (each product ~2^-22 relative) summed over a GQA group's rows into dk (measured on the
+# H200, 2026-11-26: dk of pre_bias_1h_gqa 3.3e-5 at |ref| 1.53).
+F32_SLACK = 4.0
 CAUSAL = AttnMaskType.CAUSAL_MASK
 PADDING = AttnMaskType.PADDING_MASK
 PADDING_CAUSAL = AttnMaskType.PADDING_CAUSAL_MASK

@@ -286,14 +286,14 @@ def test_backend_reports_cudnn_and_why_not():
     assert (info.name, info.fused) == ("cudnn", True) and "cuDNN" in info.reason, info
     f32 = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.float32)
     info = fusedattn.get_backend((f32, f32, f32), platform="gpu")
-    assert info.name == "xla_reference" and "bfloat16 or float16" in info.reason, info
+    assert info.name == "cuda_flash" and "bfloat16 or float16" in info.reason, info
     odd = jax.ShapeDtypeStruct((2, 128, 4, 60), BF16)
     info = fusedattn.get_backend((odd, odd, odd), platform="gpu")
-    assert info.name == "xla_reference" and "multiples of 8" in info.reason, info
+    assert info.name == "cuda_flash" and "multiples of 8" in info.reason, info
     bias = jax.ShapeDtypeStruct((1, 4, 128, 128), BF16)
     info = fusedattn.get_backend((bf, bf, bf), bias, attn_bias_type=AttnBiasType.PRE_SCALE_BIAS,
                                  platform="gpu")
-    assert info.name == "xla_reference" and "PRE_SCALE_BIAS" in info.reason, info
+    assert info.name == "cuda_flash" and "PRE_SCALE_BIAS" in info.reason, info
 
 
 def test_unserved_calls_fall_back_correctly(key):

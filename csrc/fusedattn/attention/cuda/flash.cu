@@ -42,7 +42,6 @@ struct TileRange {
   int32_t lo, hi;  // union of a tile's rows' kept keys; lo >= hi: none
 };
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 // ---- element types -------------------------------------------------------------------
@@ -51,17 +50,17 @@ template <class T>
 struct Mma;
 template <>
 struct Mma<__nv_bfloat16> {
-  static constexpr int K = 16, PAD = 8;
+  static constexpr int K = 16;
   using In = __nv_bfloat16;
 };
 template <>
 struct Mma<__half> {
-  static constexpr int K = 16, PAD = 8;
+  static constexpr int K = 16;
   using In = __half;
 };
 template <>
 struct Mma<float> {
-  static constexpr int K = 8, PAD = 4;
+  static constexpr int K = 8;
   using In = wmma::precision::tf32;
 };
 
@@ -121,11 +120,6 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int64_t 
   }
 }
 
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -328,57 +322,55 @@ __global__ void __launch_bounds__(W * 32) fwd_kernel(const Call c, float* tile_m
     for (int n = 0; n < kBN / 16; ++n) wmma::store_matrix_sync(sSw + n * 16, acc[n], kBN, wmma::mem_row_major);
     __syncwarp();
 
-    // The warp's rows: mask, bias, online softmax, dropout (fwd.cc's row loop).
-    for (int r = 0; r < 16; ++r) {
+    // The warp's rows: mask, bias, online softmax, dropout (fwd.cc's row loop). Two lanes
+    // per row, 32 keys each: one shuffle joins a row's max, one its sum.
+    {
+      const int r = lane >> 1, half = lane & 1;
       const int R = warp * 16 + r;
-      float m = sM[R], l = sL[R], mx = sMx[R];
       const RowInfo ri = sRow[R];
-      const int64_t i = q0 + warp * 16 + r;
-      float s[2];
-      bool any = false;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 2 * lane + e;
-        const int64_t j = k0 + col;
+      const int64_t i = q0 + R;
+      float m = sM[R], l = sL[R], mx = sMx[R];
+      float* srow = sSw + r * kBN + half * 32;
+      T* prow = sP + R * L.ldp + half * 32;
+      const int64_t j0 = k0 + half * 32;
+      const T* brow = bias ? bias + i * c.a.bias_s : nullptr;
+      float row_max = -kInf;
+      bool nan = false, any = false;
+      for (int col = 0; col < 32; ++col) {
+        const int64_t j = j0 + col;
         const bool keep = j >= ri.lo && j < ri.hi;
-        float x = sSw[r * kBN + col] * p.scale;
-        if (keep && bias) x += c.bmul * to_f(bias[i * c.a.bias_s + j]);
-        s[e] = keep ? x : -kInf;
+        float x = srow[col] * p.scale;
+        if (keep && brow) x += c.bmul * to_f(brow[j]);
+        x = keep ? x : -kInf;
+        srow[col] = x;
+        row_max = fmaxf(row_max, x);
+        nan |= x != x;
         any |= keep;
       }
-      const bool nan = __any_sync(0xffffffffu, s[0] != s[0] || s[1] != s[1]);
-      const bool any_kept = __any_sync(0xffffffffu, any);
-      float row_max = warp_max(fmaxf(s[0], s[1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      nan = __shfl_xor_sync(0xffffffffu, int(nan), 1) || nan;
+      any = __shfl_xor_sync(0xffffffffu, int(any), 1) || any;
       if (nan) row_max = __int_as_float(0x7fffffff);
       mx = nan_max(mx, row_max);
       const float m_new = nan_max(m, row_max);
-      float pr[2] = {0.0f, 0.0f}, alpha = 1.0f;
-      if (!(m_new > -kInf)) {
-        if (m_new != m_new && any_kept) m = l = m_new;
+      const bool live = m_new > -kInf;
+      float alpha = 1.0f, sum = 0.0f;
+      if (!live) {
+        if (m_new != m_new && any) m = l = m_new;
+        for (int col = 0; col < 32; ++col) prow[col] = from_f<T>(0.0f);
       } else {
         alpha = m == m_new ? 1.0f : m == -kInf ? 0.0f : expf(m - m_new);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = s[e] - m_new;
-          pr[e] = d == -kInf ? 0.0f : expf(d);
-        }
-        const float sum = warp_sum(pr[0] + pr[1]);
-        l = l * alpha + sum;
-        m = m_new;
-        if (drop.on) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t j = k0 + 2 * lane + e;
-            if (pr[e] != 0.0f || pr[e] != pr[e]) pr[e] *= drop.z(i, j);
-          }
+        for (int col = 0; col < 32; ++col) {
+          const float d = srow[col] - m_new;
+          float pr = d == -kInf ? 0.0f : expf(d);
+          sum += pr;
+          if (drop.on && pr != 0.0f) pr *= drop.z(i, j0 + col);
+          prow[col] = from_f<T>(pr);
         }
       }
-      T* prow = sP + R * L.ldp;
-      prow[2 * lane] = from_f<T>(pr[0]);
-      prow[2 * lane + 1] = from_f<T>(pr[1]);
-      __syncwarp();
-      if (lane == 0) sAlpha[R] = alpha, sM[R] = m, sL[R] = l, sMx[R] = mx;
-      __syncwarp();
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      if (live) l = l * alpha + sum, m = m_new;
+      if (half == 0) sAlpha[R] = alpha, sM[R] = m, sL[R] = l, sMx[R] = mx;
     }
     __syncwarp();
     for (int r = 0; r < 16; ++r) {
