@@ -143,7 +143,9 @@ def test_unknown_platform_is_an_error():
 
 def test_kernel_available():
     assert available() is True
-    assert available(platform=None) is (jax.default_backend() == "cpu")
+    # float32 on a GPU: the CUDA flash kernels (with a CUDA build and a device).
+    assert available(platform=None) is (jax.default_backend() == "cpu"
+                                        or _gpu_name() == "cuda_flash")
     assert available(attn_mask_type=AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK) is True
     assert available(q_dtype=jnp.float32, kv_dtype=jnp.float32, head_dim_qk=256,
                      head_dim_v=32) is True
@@ -168,8 +170,11 @@ def test_every_feature_gets_cpu_flash():
     assert (info.name, info.fused) == ("cpu_flash", True), info
 
 
+def test_kernel_available_on_the_gpu_with_cuda_flash():
+    assert available(platform="gpu") is (_gpu_name() == "cuda_flash")
+
+
 @pytest.mark.parametrize("overrides", [
-    dict(platform="gpu"),
     dict(kv_dtype=jnp.float16),
     dict(q_dtype=jnp.float64, kv_dtype=jnp.float64),
     dict(q_num_heads=3, kv_num_heads=2),
