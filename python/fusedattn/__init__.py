@@ -3,7 +3,8 @@
 from . import _lib
 from .context_parallel import (CPStrategy, ReorderStrategy, inverse_reorder_causal_load_balancing,
                                reorder_causal_load_balancing)
-from .attention import BackendInfo, fused_attn, get_backend, is_fused_attn_kernel_available
+from .attention import fused_attn
+from .backends import BackendInfo, get_backend, is_fused_attn_kernel_available
 from .dot_product import dot_product_attention, install, installed, is_installed, uninstall
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxFusionType, SoftmaxType
 from .reference import attention_reference

@@ -3,10 +3,11 @@
 Argument checks happen at trace time and ask the C++ engine's own validate(),
 so a bad call fails with the engine's message before anything runs. The
 forward and backward run as XLA FFI custom calls: the CPU engine on the CPU,
-cuDNN graphs on NVIDIA GPUs. Which backend serves a GPU call is decided in C++
-(select_backend, then the cuDNN graph's own support check, run once at trace
-time); where cuDNN cannot serve a call, XLA computes reference.py instead, with
-a one-time warning. get_backend() says which a call gets, and why.
+cuDNN graphs or fusedattn's CUDA flash kernels on NVIDIA GPUs. Which backend
+serves a GPU call is decided in C++ (select_backend, then the cuDNN graph's own
+support check, run once at trace time: _gpu_route.py); only a score_mod cuDNN
+cannot run falls back to XLA computing reference.py, with a one-time warning.
+backends.get_backend() says which a call gets, and why.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import numpy as np
 
 from . import _autodiff, _lib, _nan_rows, _partition, context_parallel, small_seq
 from . import score_mod as _sm
-from ._args import ArgumentTypeError, static_bool, static_float, static_int
-from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, enum, prepare, unpack, window
+from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, prepare, unpack
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
 from .sequence import check_descriptor
+from ._gpu_route import (_batch_args, _choice, _chunked, _cudnn_chunk, _gpu_fused, _has_gpu,
+                         _is_block, _params_of, _sm_key)
 
-__all__ = ["fused_attn", "get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
+__all__ = ["fused_attn"]
 
 
 # ---------------------------------------------------------------------------
@@ -57,12 +59,6 @@ def _bwd_results(ops, dims: Dims):
 def _offset_grad(doffset):
     # d softmax_offset comes per batch entry [B, Hq]: the offset [Hq] is shared by the batch.
     return jnp.sum(doffset, axis=0) if doffset.size else doffset
-
-
-def _sm_key(sm: _sm.ScoreMod | None) -> tuple | None:
-    """The CUDA handler's packed program as a hashable key (the graph cache, the workspace
-    query and _gpu_choice take it)."""
-    return None if sm is None else tuple(int(w) for w in _sm.packed_attribute(sm, cuda=True))
 
 
 def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
@@ -162,11 +158,6 @@ def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
     return vjp(dout)
 
 
-def _is_block(index_base) -> bool:
-    """index_base with positions (6 or 8 columns): a block of a bigger call."""
-    return index_base.shape[-1:] in ((6,), (8,))
-
-
 def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=None):
     """A block of a context-parallel call (index_base with positions): its share of the
     whole call's gradients, given the call's out and lse ([B, Hq, Sq]; THD: [B, Sq, Hq]),
@@ -188,141 +179,6 @@ def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=Non
 
     diff = (*ops[:5], *ops[N_OPS:])
     return jax.grad(share, argnums=tuple(range(len(diff))))(*diff)
-
-
-# ---------------------------------------------------------------------------
-# The GPU decision: cuDNN or XLA's reference. Asked once per configuration (cached), on
-# GPU 0; the C++ side builds the graph then, so the first run finds it in the cache.
-
-
-@functools.lru_cache(maxsize=None)
-def _has_gpu() -> bool:
-    try:
-        return len(jax.devices("gpu")) > 0
-    except RuntimeError:
-        return False
-
-
-def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
-    """The AttnParams the FFI handler will decode from these operands."""
-    bias = ops[3]
-    extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
-    return cfg.params(ops[0].dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D,
-                      dims.Dv, ops[6].shape[-1], *extent)
-
-
-def _fields(params: _lib.AttnParams) -> tuple:
-    return tuple(getattr(params, f) for f, _ in params._fields_)
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
-                training: bool, score_mod: tuple | None = None,
-                flags: int = 0) -> tuple[str, str, int]:
-    """("cudnn" | "cuda_flash" | "xla_reference" | "none", reason, flags) for a call on the
-    GPU. training: the forward saves the lse for a backward, and both graphs must be
-    served, so that the backward sees the dropout mask its forward drew. score_mod: the
-    packed program of a flex-attention call (its graphs are asked for). flags: the
-    request's REQUEST_* bits (_index_flag); the answer's flags add REQUEST_CUDNN_REJECTED
-    when cuDNN's graph check rejected the call, and the CUDA handler, given them, makes
-    the same decision."""
-    params = _lib.AttnParams(*fields)
-    name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
-                                          want_max_logit, flags)
-    if name != "cudnn":
-        return name, reason, flags
-    checks = [("forward", False)] + ([("backward", True)] if training else [])
-    for what, backward in checks:
-        code, msg = _lib.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
-                                     score_mod)
-        if code != _lib.STATUS_OK:
-            flags |= _lib.REQUEST_CUDNN_REJECTED
-            name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
-                                                  want_max_logit, flags)
-            return name, f"{reason} [cuDNN rejected the {what} graph: {msg}]", flags
-    return name, reason, flags
-
-
-def _gpu_fused(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> tuple[str, int]:
-    """(the GPU's backend name, the flags its CUDA handler takes) for these operands; ("",
-    0) without a GPU (the cuda branch is never lowered)."""
-    if not _has_gpu():
-        return "", 0
-    name, _, flags = _choice(ops, cfg, dims, training, sm)
-    return name, flags
-
-
-def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str, int]:
-    """_gpu_choice for these operands (the N_OPS; a score_mod's program joins the key)."""
-    return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
-                       training, None if sm is None else _sm_key(sm), _index_flag(ops, cfg, sm))
-
-
-def _index_flag(ops, cfg: Config, sm) -> int:
-    """REQUEST_INDEX_BASE when a kernel must honour the call's index_base: a block of a
-    bigger call (6 or 8 columns: positions, whatever the call), or a shard's batch / head
-    base that dropout or a score_mod reads. cuDNN and the Hopper forward cannot (they
-    count from 0): such calls run the CUDA flash kernels."""
-    index_base = ops[10]
-    if _is_block(index_base) or (index_base.size and (cfg.dropout_on or sm is not None)):
-        return _lib.REQUEST_INDEX_BASE
-    return 0
-
-
-# cuDNN's backward indexes its tensors in 32 bits: on the H100 (cuDNN 9.19, 2026-11-25) a
-# bf16 call of 33 x 4096 x 128 x 128 elements gave wrong dq past element 2^31 (the forward
-# was right). A cuDNN call past that runs in batch chunks under it, forward and backward
-# alike (so a dropout mask drawn by the forward is the one the backward sees).
-_CUDNN_MAX_ELEMENTS = 2 ** 31 - 1
-
-
-def _cudnn_chunk(ops, dims: Dims, sm=None) -> int | None:
-    """Batch entries per cuDNN call, or None when one call is within the limit."""
-    bias = ops[3]
-    per_entry = [int(np.prod(x.shape[1:])) for x in ops[:3] if x.size]
-    per_entry.append(dims.Sq * dims.Hq * dims.Dv)  # out, dout
-    bias_batched = bias.size and bias.shape[0] == dims.B and dims.B > 1
-    if bias_batched:
-        per_entry.append(int(np.prod(bias.shape[1:])))
-    widest = max(per_entry)
-    if dims.B * widest <= _CUDNN_MAX_ELEMENTS and bias.size <= _CUDNN_MAX_ELEMENTS:
-        return None
-    if widest > _CUDNN_MAX_ELEMENTS or (bias.size > _CUDNN_MAX_ELEMENTS and not bias_batched):
-        raise NotImplementedError(
-            f"fused_attn: one batch entry of this call has {widest} elements in a tensor (or "
-            f"the bias {bias.size}), past the 2^31 - 1 that cuDNN indexes; nothing on the GPU "
-            "serves it: split the heads or the sequence")
-    if sm is not None and any(shape[0] > 1 for shape in sm.operand_shapes):
-        raise NotImplementedError(
-            f"fused_attn: this call has {dims.B * widest} elements in a tensor, past the "
-            "2^31 - 1 that cuDNN indexes, so it runs in batch chunks; a score_mod operand "
-            "with a batch dim cannot be split with them: broadcast it over the batch")
-    return _CUDNN_MAX_ELEMENTS // widest
-
-
-def _batch_args(ops, dims: Dims, n_args: int) -> frozenset:
-    """Indices of the arguments that carry the batch: q, k, v, a bias of B entries, the
-    descriptor arrays, and in the backward out, dout and lse (the args past ops)."""
-    idx = {0, 1, 2, 6, 7, 8, 9} | ({3} if ops[3].size and ops[3].shape[0] == dims.B else set())
-    return frozenset(idx | set(range(len(ops), n_args)))
-
-
-def _chunked(fn, chunk: int | None, batched: frozenset, sums: tuple = ()):
-    """fn(*args, dims=...) over batch chunks of chunk entries: the batched args sliced,
-    results concatenated along the batch, or summed (result indices in sums)."""
-    if chunk is None:
-        return fn
-
-    def run(*args, cfg, dims: Dims, sm=None):
-        parts = []
-        for b0 in range(0, dims.B, chunk):
-            n = min(chunk, dims.B - b0)
-            cut = [x[b0:b0 + n] if i in batched and x.size else x for i, x in enumerate(args)]
-            parts.append(fn(*cut, cfg=cfg, dims=dataclasses.replace(dims, B=n), sm=sm))
-        return tuple(functools.reduce(jnp.add, rs) if i in sums else jnp.concatenate(rs, axis=0)
-                     for i, rs in enumerate(zip(*parts)))
-
-    return run
 
 
 def _per_platform(args, cfg: Config, dims: Dims, sm, kernel, cuda, reference):
@@ -816,172 +672,3 @@ def _results(out, lse, max_logit, return_max_logit, return_aux):
     if return_aux:
         aux["softmax_aux"] = jax.lax.stop_gradient(lse[..., None])
     return out, aux
-
-
-# ---------------------------------------------------------------------------
-# Backend queries
-
-
-def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
-    if _platform_code(platform) == _lib.PLATFORM_CPU:
-        return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
-                           "lowered program, forward and backward)")
-    # The engine reads the program: it decides the Hopper forward and the bias rule.
-    d = call.dims
-    sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
-    key = _sm_key(sm)
-    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit)
-    if choice.name != "cudnn":
-        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
-    if _has_gpu():  # the graphs themselves are asked
-        name, reason, _ = _gpu_choice(_fields(call.params), False, want_max_logit, training,
-                                      key)
-        if name != "cudnn":
-            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
-        return BackendInfo(name, True, choice.reason, choice.forward, choice.backward)
-    return BackendInfo("cudnn", True, "score_mod runs in the cuDNN graph as pointwise nodes "
-                       "(where cuDNN builds the graph; otherwise XLA's reference, with a warning)")
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendInfo:
-    """Which backend runs a call: name is "cpu_flash", "cudnn", "cuda_flash" (fusedattn's
-    generic CUDA flash kernels: every GPU call cuDNN declines), "small_seq",
-    "xla_reference" or "none".
-
-    fused is True when one of fusedattn's own kernels serves the call; reason says
-    why this backend and why not the others (or, for "none", what is wrong).
-    forward and backward name the kernels that run each pass: name's own, except that
-    calls served by "cudnn" may run the forward on "hopper" (fusedattn's sm_90 flash
-    forward for softcap and ALiBi score_mods).
-    """
-
-    name: str
-    fused: bool
-    reason: str
-    forward: str | None = None  # None: name
-    backward: str | None = None  # None: name
-
-    def __post_init__(self):
-        for field in ("forward", "backward"):
-            if getattr(self, field) is None:
-                object.__setattr__(self, field, self.name)
-
-
-_FUSED_BACKENDS = {"cpu_flash", "cudnn", "cuda_flash", "small_seq"}
-
-
-def _platform_code(platform: str | None) -> int:
-    platform = platform or jax.default_backend()
-    if platform == "cpu":
-        return _lib.PLATFORM_CPU
-    if platform in ("gpu", "cuda"):
-        return _lib.PLATFORM_CUDA
-    raise ValueError(f"get_backend: platform={platform!r}; allowed 'cpu', 'gpu' or 'cuda'")
-
-
-def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
-                  want_max_logit: bool = False) -> BackendInfo:
-    code = _platform_code(platform)
-    choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
-    if code == _lib.PLATFORM_CUDA and _has_gpu():
-        # With a GPU at hand the cuDNN graphs themselves are asked too.
-        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training)
-        if name != choice.name:
-            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
-    return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason,
-                       choice.forward, choice.backward)
-
-
-def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
-                attn_bias_type=AttnBiasType.NO_BIAS,
-                attn_mask_type=AttnMaskType.NO_MASK,
-                qkv_layout=QKVLayout.BSHD_BSHD_BSHD,
-                softmax_type=SoftmaxType.VANILLA_SOFTMAX,
-                scaling_factor=None,
-                dropout_probability=0.0,
-                is_training=False,
-                max_segments_per_seq=1,
-                window_size=None,
-                softmax_offset=None,
-                return_max_logit=False,
-                platform: str | None = None,
-                score_mod=None,
-                score_mod_operands=()) -> BackendInfo:
-    """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
-    score_mod / score_mod_operands: as fused_attn's (on the GPU, a score_mod with a bias
-    runs XLA's reference; otherwise cuDNN's graph, when it builds).
-
-    platform: "cpu" or "gpu" (anything else raises ValueError); None means
-    jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
-    graphs the call needs (the backward too when is_training), so the answer is the
-    one the call will get. A bad attention call does not raise: it returns name
-    "none" with the error as the reason.
-    """
-    try:
-        call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
-                       attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
-                       softmax_type=softmax_type, scaling_factor=scaling_factor,
-                       dropout_probability=dropout_probability, is_training=is_training,
-                       max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                       softmax_offset=softmax_offset, build=False)
-    except (ValueError, NotImplementedError) as e:
-        return BackendInfo("none", False, str(e))
-    if score_mod is not None:
-        return _score_mod_backend(call, score_mod, score_mod_operands, platform,
-                                  bool(is_training), bool(return_max_logit))
-    if not return_max_logit:
-        served, reason = _small_seq_route(call.params, qkv, call.sequence_descriptor,
-                                          platform)
-        if served:
-            return BackendInfo("small_seq", True, reason)
-    if (jax.tree.leaves(qkv)[0].dtype == jnp.float64
-            and _platform_code(platform) != _lib.PLATFORM_CUDA):
-        return BackendInfo("xla_reference", False, "float64: the CPU engine computes in "
-                           "float32, so a float64 call runs the reference in float64")
-    return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
-
-
-def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,
-                                   attn_mask_type, softmax_type, dropout_probability,
-                                   q_num_heads, kv_num_heads, q_max_seqlen, kv_max_seqlen,
-                                   head_dim_qk, head_dim_v, window_size=None, platform=None):
-    """True when one of fusedattn's fused kernels serves this configuration. Arguments of
-    the wrong kind (a str or float for a size, an unknown dtype) raise TypeError naming
-    them; sizes the engine does not take (0, past int64) give False."""
-    where = "is_fused_attn_kernel_available"
-    try:
-        q_dtype, kv_dtype = jnp.dtype(q_dtype), jnp.dtype(kv_dtype)
-    except TypeError:
-        raise ArgumentTypeError(f"{where}: q_dtype and kv_dtype must be dtypes; got {q_dtype!r}, "
-                                f"{kv_dtype!r}") from None
-    sizes = {}
-    for name, value in (("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads),
-                        ("q_max_seqlen", q_max_seqlen), ("kv_max_seqlen", kv_max_seqlen),
-                        ("head_dim_qk", head_dim_qk), ("head_dim_v", head_dim_v)):
-        try:
-            sizes[name] = static_int(value, name, where, "a Python int")
-        except ArgumentTypeError:
-            raise
-        except ValueError:  # past int64: no kernel serves it
-            return False
-    if q_dtype != kv_dtype or q_dtype == jnp.float64:  # float64: no kernel computes in it
-        return False
-    try:
-        win = window(window_size, "window_size", where)
-    except ArgumentTypeError:
-        raise
-    except ValueError:
-        return False
-    cfg = Config(enum(QKVLayout, qkv_layout, "qkv_layout", where),
-                 enum(AttnMaskType, attn_mask_type, "attn_mask_type", where),
-                 enum(AttnBiasType, attn_bias_type, "attn_bias_type", where),
-                 enum(SoftmaxType, softmax_type, "softmax_type", where), 1.0,
-                 static_float(dropout_probability, "dropout_probability", where),
-                 static_bool(is_training, "is_training", where), win)
-    # A bias of shape [1, Hq, Sq, Skv] stands for any bias of this configuration.
-    bias_extent = (0, 0) if cfg.bias_type == AttnBiasType.NO_BIAS else (1, sizes["q_num_heads"])
-    params = cfg.params(q_dtype, 1, sizes["q_max_seqlen"], sizes["kv_max_seqlen"],
-                        sizes["q_num_heads"], sizes["kv_num_heads"], sizes["head_dim_qk"],
-                        sizes["head_dim_v"], 1, *bias_extent)
-    return _backend_info(params, platform, bool(is_training)).fused

@@ -86,32 +86,6 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   return Status::Ok();
 }
 
-// The CUDA flash kernels' arguments from the decoded tensors.
-cuda::flash::Args flash_args(const AttnTensors& t) {
-  cuda::flash::Args a;
-  auto view = [](const ViewStrides& v) { return cuda::flash::View{v.b, v.s, v.h}; };
-  a.q = t.q, a.k = t.k, a.v = t.v;
-  a.sq = view(t.sq), a.sk = view(t.sk), a.sv = view(t.sv);
-  a.bias = t.bias;
-  a.bias_slice = t.bias_slice, a.bias_b = t.bias_b, a.bias_h = t.bias_h, a.bias_s = t.bias_s;
-  a.softmax_offset = t.softmax_offset;
-  a.seed = t.seed;
-  a.seq = {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets};
-  if (t.index_base && t.index_cols > 2) a.seq.block = t.index_base, a.seq.block_cols = t.index_cols;
-  a.index_base = t.index_base;
-  a.index_cols = t.index_cols;
-  a.out = t.out, a.so = view(t.so);
-  a.lse = t.lse, a.slse = view(t.slse);
-  a.max_logit = t.max_logit;
-  a.dout = t.dout, a.sdo = view(t.sdo);
-  a.dq = t.dq, a.dk = t.dk, a.dv = t.dv;
-  a.sdq = view(t.sdq), a.sdk = view(t.sdk), a.sdv = view(t.sdv);
-  a.dbias = t.dbias;
-  a.dsoftmax_offset = t.dsoftmax_offset;
-  a.f32_tf32 = backend_options().f32_tf32;
-  return a;
-}
-
 // Bytes of the flash kernels' workspace result (with the slack to align its start).
 size_t flash_workspace(const AttnParams& p, bool backward) {
   return cuda::flash::workspace_bytes(p, backward) + 255;
@@ -299,7 +273,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   if (choice.forward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, workspace, &ws));
-    return cuda::flash::forward(p, flash_args(t), ws, stream);
+    return cuda::flash::forward(p, t, backend_options().f32_tf32, ws, stream);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
@@ -390,7 +364,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, workspace, &ws));
-    return cuda::flash::backward(p, flash_args(t), ws, stream);
+    return cuda::flash::backward(p, t, backend_options().f32_tf32, ws, stream);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)

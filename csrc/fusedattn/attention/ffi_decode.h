@@ -37,6 +37,7 @@
 #include <string>
 
 #include "fusedattn/attention/params.h"
+#include "fusedattn/attention/tensors.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/core/status.h"
 #include "fusedattn/ffi/common.h"
@@ -63,7 +64,6 @@ struct AttnAttrs {
   int32_t backend_flags;
 };
 
-// Element strides of a [batch, seq, heads, dim] view whose last dim is contiguous.
 // AttnAttrs plus a score_mod program attribute (score_mod.h's packed form).
 struct AttnScoreModAttrs {
   int32_t layout;
@@ -85,44 +85,6 @@ struct AttnScoreModAttrs {
   }
 };
 
-struct ViewStrides {
-  int64_t b = 0, s = 0, h = 0;
-};
-
-struct AttnTensors {
-  // Inputs. Packed layouts point q, k, v (and dq, dk, dv) into one buffer.
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  ViewStrides sq, sk, sv;
-  // bias [V, 1|B, 1|Hq, Sq, Skv] dense; the b / h strides are 0 on broadcast dims,
-  // and folded batch entry b reads slice b / (B / num_slices), entry b % (B / num_slices).
-  const void* bias = nullptr;
-  int64_t bias_slice = 0, bias_b = 0, bias_h = 0, bias_s = 0;
-  const float* softmax_offset = nullptr;  // [V, Hq]
-  const uint32_t* seed = nullptr;         // [V, 2]
-  const int32_t* q_seqlens = nullptr;     // [B, M]
-  const int32_t* kv_seqlens = nullptr;    // [B, M]
-  const int32_t* q_offsets = nullptr;     // [B, M + 1]
-  const int32_t* kv_offsets = nullptr;    // [B, M + 1]
-  const int32_t* index_base = nullptr;    // [V, index_cols]; null: (0, 0)
-  int64_t index_cols = 0;                 // 2 (batch_base, head_base), or 6 / 8 with positions
-  // Forward results (backward: out and lse are inputs).
-  void* out = nullptr;
-  ViewStrides so;
-  float* lse = nullptr;  // [B, Hq, Sq] or, for THD layouts, [B, Sq, Hq]
-  ViewStrides slse;
-  float* max_logit = nullptr;  // [B, Hq]
-  // Backward.
-  const void* dout = nullptr;
-  ViewStrides sdo;
-  void* dq = nullptr;
-  void* dk = nullptr;
-  void* dv = nullptr;
-  ViewStrides sdq, sdk, sdv;
-  void* dbias = nullptr;             // the bias's shape and strides; null without bias
-  float* dsoftmax_offset = nullptr;  // [B, Hq]; null without softmax_offset
-};
 
 // The eleven operands every attention call starts with.
 struct AttnOperands {

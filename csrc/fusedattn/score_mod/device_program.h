@@ -19,8 +19,7 @@
 // Semantics: eval_program_element computes what eval_score_mod (program.cc) computes,
 // op by op, in float32. On the host the results are bitwise equal to eval_score_mod's
 // (tests/cpp/score_mod/test_device_program.cc): the same libm calls, and exp / tanh /
-// sigmoid are copies of platform/cpu/fast_math.h's (sm_math below, tested bitwise against
-// them). A NaN result is NaN in both, but its sign and payload are not specified (g++
+// sigmoid are core/fast_math.h's, the CPU engine's own. A NaN result is NaN in both, but its sign and payload are not specified (g++
 // folds -x of a NaN differently in different inlining contexts: sigmoid(NaN) has either
 // sign). On the device:
 //   - exact (bitwise equal to the host): + - * / (nvcc's default -prec-div=true), sqrt and
@@ -39,6 +38,7 @@
 
 #include <math.h>
 
+#include "fusedattn/core/fast_math.h"
 #include "fusedattn/core/host_device.h"
 #include "fusedattn/score_mod/opcodes.h"
 
@@ -88,74 +88,11 @@ FA_HOST_DEVICE FA_INLINE int64_t operand_element(const DeviceScoreMod& sm, int k
   return sm.offset[k] + ((bb * s[1] + hh) * s[2] + qq) * s[3] + jj;
 }
 
-// Host/device copies of platform/cpu/fast_math.h (same expressions, so the host results
-// are bitwise the CPU engine's; see the test).
+// NaN and infinity as constants of host and device code.
 namespace sm_math {
-
-FA_HOST_DEVICE FA_INLINE float bits_to_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
 
 FA_HOST_DEVICE FA_INLINE float quiet_nan() { return bits_to_float(0x7fc00000u); }
 FA_HOST_DEVICE FA_INLINE float infinity() { return bits_to_float(0x7f800000u); }
-
-// cpu::fast_exp
-FA_HOST_DEVICE FA_INLINE float fast_exp(float x_in) {
-  const float x = x_in > -87.0f ? (x_in < 88.0f ? x_in : 88.0f) : -87.0f;
-  const float kRound = 12582912.0f;  // 1.5 * 2^23
-  float n = (x * 1.44269504088896341f + kRound) - kRound;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  const float scale = bits_to_float(bits);
-  return x_in != x_in ? x_in : p * scale;
-}
-
-// cpu::exact_edges_exp
-FA_HOST_DEVICE FA_INLINE float exact_edges_exp(float x) {
-  const float hi = fast_exp(x - 1.0f) * 2.71828183f;
-  float r = x > 88.0f ? hi : fast_exp(x);
-  r = x < -87.0f ? 0.0f : r;
-  r = x > 88.7229f ? infinity() : r;
-  return x != x ? x : r;
-}
-
-// cpu::fast_tanh
-FA_HOST_DEVICE FA_INLINE float fast_tanh(float x) {
-  const float a = x < 0.0f ? -x : x;
-  const float z = a * a;
-  float p = 6404582.0f / 10854718875.0f;
-  p = p * z - 929569.0f / 638512875.0f;
-  p = p * z + 21844.0f / 6081075.0f;
-  p = p * z - 1382.0f / 155925.0f;
-  p = p * z + 62.0f / 2835.0f;
-  p = p * z - 17.0f / 315.0f;
-  p = p * z + 2.0f / 15.0f;
-  p = p * z - 1.0f / 3.0f;
-  const float small = a * (1.0f + z * p);
-  const float big = 1.0f - 2.0f / (fast_exp(2.0f * (a > 44.0f ? 44.0f : a)) + 1.0f);
-  const float t = a < 0.5f ? small : big;
-  const float r = x < 0.0f ? -t : t;
-  return x != x ? x : r;
-}
-
-// cpu::fast_sigmoid
-FA_HOST_DEVICE FA_INLINE float fast_sigmoid(float x) {
-  return 1.0f / (1.0f + exact_edges_exp(-x));
-}
 
 }  // namespace sm_math
 
@@ -173,10 +110,10 @@ FA_HOST_DEVICE FA_INLINE float score_mod_op(int32_t op, float x, float y, float 
     case SM_MIN: return x != x || y != y ? sm_math::quiet_nan() : (y < x ? y : x);
     case SM_NEG: return -x;
     case SM_ABS: return fabsf(x);
-    case SM_EXP: return sm_math::exact_edges_exp(x);
+    case SM_EXP: return exact_edges_exp(x);
     case SM_LOG: return logf(x);
-    case SM_TANH: return sm_math::fast_tanh(x);
-    case SM_SIGMOID: return sm_math::fast_sigmoid(x);
+    case SM_TANH: return fast_tanh(x);
+    case SM_SIGMOID: return fast_sigmoid(x);
     case SM_LT: return x < y ? 1.0f : 0.0f;
     case SM_LE: return x <= y ? 1.0f : 0.0f;
     case SM_GT: return x > y ? 1.0f : 0.0f;

@@ -142,29 +142,6 @@ int compare_all(const std::vector<int32_t>& attr, std::mt19937& rng, const std::
   return bad;
 }
 
-// platform/cpu/fast_math.h and its host/device copies: the same bits everywhere (a NaN: NaN).
-TEST(DeviceProgram, FastMathCopiesAreBitwise) {
-  int bad = 0;
-  auto one = [&](const char* f, float x, float want, float got) {
-    if (!same_bits(want, got) && ++bad <= 8)
-      ADD_FAILURE() << f << "(" << x << " 0x" << std::hex << bits(x) << "): " << same_bits(want, got).message();
-  };
-  auto check = [&](float x) {
-    one("fast_exp", x, cpu::fast_exp(x), sm_math::fast_exp(x));
-    one("exact_edges_exp", x, cpu::exact_edges_exp(x), sm_math::exact_edges_exp(x));
-    one("fast_tanh", x, cpu::fast_tanh(x), sm_math::fast_tanh(x));
-    one("fast_sigmoid", x, cpu::fast_sigmoid(x), sm_math::fast_sigmoid(x));
-  };
-  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 1021) check(from_bits(uint32_t(u)));
-  // Densely where the functions change branch: |x| near 0.5, 44, 87, 88, 88.72.
-  for (float c : {0.5f, 44.0f, 87.0f, 88.0f, 88.7229f, 1.0f, 0.0f})
-    for (float s : {1.0f, -1.0f}) {
-      const uint32_t m = bits(c * s);
-      for (int32_t d = -4096; d <= 4096; ++d) check(from_bits(m + uint32_t(d)));
-    }
-  EXPECT_EQ(bad, 0);
-}
-
 // Every opcode alone, forward (inputs score, b, h, q, kv) and backward (+ dscore).
 TEST(DeviceProgram, EveryOpcodeMatchesTheRowInterpreter) {
   std::mt19937 rng(1);

@@ -10,7 +10,7 @@ import pytest
 
 import fusedattn
 from conftest import DTYPES, descriptor, qkv, reference_f32
-from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _lib, attention
+from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _gpu_route, _lib
 
 B, S, H, D = 2, 16, 2, 16
 
@@ -42,7 +42,7 @@ def test_valid_cpu_calls_get_cpu_flash(mask, dtype):
 
 def _gpu_name():
     """What a float32 GPU call gets: the CUDA flash kernels with a CUDA build and a GPU."""
-    return "cuda_flash" if _lib.built_with_cuda() and attention._has_gpu() else "xla_reference"
+    return "cuda_flash" if _lib.built_with_cuda() and _gpu_route._has_gpu() else "xla_reference"
 
 
 def test_default_platform_is_jax_default_backend():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
+from fusedattn import _gpu_route as R
 from fusedattn import attention as A
 from fusedattn._prepare import N_OPS, prepare
 
@@ -44,18 +45,18 @@ def _call(key, bias_batch, layout=QKVLayout.BSHD_BSHD_BSHD):
 def test_chunked_equals_whole(case, chunk):
     layout = QKVLayout.THD_THD_THD if case == "thd" else QKVLayout.BSHD_BSHD_BSHD
     ops, cfg, dims = _call(jax.random.key(0), 5 if case == "bias_batched" else 1, layout)
-    batched = A._batch_args(ops, dims, len(ops))
+    batched = R._batch_args(ops, dims, len(ops))
     whole = A._ffi_fwd(*ops, cfg=cfg, dims=dims)
-    parts = A._chunked(A._ffi_fwd, chunk, batched)(*ops, cfg=cfg, dims=dims)
+    parts = R._chunked(A._ffi_fwd, chunk, batched)(*ops, cfg=cfg, dims=dims)
     for w, p in zip(whole, parts):
         np.testing.assert_array_equal(np.asarray(p), np.asarray(w))
     out, lse = whole[0], whole[1]
     dout = jax.random.normal(jax.random.key(1), out.shape)
     args = (*ops, out, dout, lse)
-    b_batched = A._batch_args(ops, dims, len(args))
+    b_batched = R._batch_args(ops, dims, len(args))
     sums = (4, 5) if 3 in b_batched else (3, 4, 5)
     gw = A._ffi_bwd(*args, cfg=cfg, dims=dims)
-    gp = A._chunked(A._ffi_bwd, chunk, b_batched, sums)(*args, cfg=cfg, dims=dims)
+    gp = R._chunked(A._ffi_bwd, chunk, b_batched, sums)(*args, cfg=cfg, dims=dims)
     for name, w, p in zip(("dq", "dk", "dv", "dbias", "doffset"), gw, gp):
         np.testing.assert_allclose(np.asarray(p), np.asarray(w), rtol=1e-5, atol=1e-5,
                                    err_msg=name)
@@ -63,10 +64,10 @@ def test_chunked_equals_whole(case, chunk):
 
 def test_chunk_size_follows_the_limit(monkeypatch):
     ops, cfg, dims = _call(jax.random.key(2), 1)
-    assert A._cudnn_chunk(ops, dims) is None
+    assert R._cudnn_chunk(ops, dims) is None
     per_entry = dims.Sq * dims.Hq * dims.D  # 256
-    monkeypatch.setattr(A, "_CUDNN_MAX_ELEMENTS", 2 * per_entry + 1)
-    assert A._cudnn_chunk(ops, dims) == 2
-    monkeypatch.setattr(A, "_CUDNN_MAX_ELEMENTS", per_entry - 1)
+    monkeypatch.setattr(R, "_CUDNN_MAX_ELEMENTS", 2 * per_entry + 1)
+    assert R._cudnn_chunk(ops, dims) == 2
+    monkeypatch.setattr(R, "_CUDNN_MAX_ELEMENTS", per_entry - 1)
     with pytest.raises(NotImplementedError, match="2\\^31 - 1 that cuDNN indexes"):
-        A._cudnn_chunk(ops, dims)
+        R._cudnn_chunk(ops, dims)

@@ -14,7 +14,7 @@ import pytest
 
 import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType, _lib
-from fusedattn.attention import _has_gpu
+from fusedattn._gpu_route import _has_gpu
 from conftest import descriptor, qkv, reference_f32
 
 OK, INVALID, UNIMPLEMENTED = _lib.STATUS_OK, _lib.STATUS_INVALID, _lib.STATUS_UNIMPLEMENTED

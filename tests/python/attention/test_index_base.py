@@ -31,7 +31,7 @@ import pytest
 from conftest import normal
 import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
-from fusedattn import _lib, attention as attn_mod
+from fusedattn import _gpu_route, _lib, attention as attn_mod
 from fusedattn import score_mod as sm_mod
 from fusedattn._prepare import N_OPS, prepare
 from fusedattn.reference import attention_reference
@@ -422,12 +422,12 @@ def test_gpu_sends_blocks_to_the_cuda_flash_kernels(key):
     # head_base) alone needs none.
     q, k, v, _, operands = block_inputs(key)
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
-    assert attn_mod._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
+    assert _gpu_route._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0, positions=False)
-    assert attn_mod._index_flag(ops, cfg, None) == 0
+    assert _gpu_route._index_flag(ops, cfg, None) == 0
     cfg, _, _, ops = block_ops("causal", q, k, v, operands, 0, 0)
     ops = with_base(ops, jnp.array([0, 0, 0, 0, BSQ, BSKV, 8, 16], jnp.int32))
-    assert attn_mod._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
+    assert _gpu_route._index_flag(ops, cfg, None) == _lib.REQUEST_INDEX_BASE
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "fusedattn/core/fast_math.h"
 #include "fusedattn/core/philox.h"
 #include "fusedattn/platform/cuda/check.h"
 
@@ -75,8 +76,6 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
-
-__device__ __forceinline__ float nan_max(float a, float b) { return b > a || b != b ? b : a; }
 
 template <class T>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::K, float>;
@@ -131,7 +130,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // The inputs every kernel reads besides q, k, v: p, a and what follows from them.
 struct Call {
   AttnParams p;
-  Args a;
+  AttnTensors a;
   AttnMask mask;
   int64_t Dp, Dvp, bs;  // head dims rounded up to 16; batch entries per slice
   float bmul;           // bias factor: scale for PRE_SCALE_BIAS, else 1
@@ -712,11 +711,14 @@ struct Plan {
   }
 };
 
-Call make_call(const AttnParams& p, const Args& a, void* ws, const Plan& plan, bool backward) {
+Call make_call(const AttnParams& p, const AttnTensors& a, void* ws, const Plan& plan,
+               bool backward) {
   Call c;
   c.p = p;
   c.a = a;
-  c.mask = attn_mask(p, a.seq);
+  SeqArgs seq{a.q_seqlens, a.kv_seqlens, a.q_offsets, a.kv_offsets};
+  if (a.index_base && a.index_cols > 2) seq.block = a.index_base, seq.block_cols = a.index_cols;
+  c.mask = attn_mask(p, seq);
   c.Dp = rounded(p.head_dim_qk);
   c.Dvp = rounded(p.head_dim_v);
   c.bs = slice_batch(p);
@@ -791,13 +793,14 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(ceil_div(n, 256
 
 size_t workspace_bytes(const AttnParams& p, bool backward) { return Plan(p, backward).total; }
 
-Status forward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream) {
+Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
+               cudaStream_t stream) {
   const Plan plan(p, false);
   const Call c = make_call(p, a, workspace, plan, false);
   const int bm = 16 * fwd_warps(p);
   FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
   float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
-  FA_RETURN_IF_NOT_OK(by_dtype(p, a.f32_tf32, [&](auto t, auto exact) {
+  FA_RETURN_IF_NOT_OK(by_dtype(p, f32_tf32, [&](auto t, auto exact) {
     return run_fwd<decltype(t), decltype(exact)::value>(c, tile_max, stream);
   }));
   if (a.max_logit) {
@@ -809,7 +812,8 @@ Status forward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t
   return Status::Ok();
 }
 
-Status backward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream) {
+Status backward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
+                cudaStream_t stream) {
   const Plan plan(p, true);
   const Call c = make_call(p, a, workspace, plan, true);
   char* w = static_cast<char*>(workspace);
@@ -826,7 +830,7 @@ Status backward(const AttnParams& p, const Args& a, void* workspace, cudaStream_
   if (dbias) FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dbias, 0, size_t(n_bias) * 4, stream));
   if (a.dsoftmax_offset)
     FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dsoftmax_offset, 0, size_t(B * Hq) * 4, stream));
-  return by_dtype(p, a.f32_tf32, [&](auto t, auto exact) -> Status {
+  return by_dtype(p, f32_tf32, [&](auto t, auto exact) -> Status {
     using T = decltype(t);
     const int64_t rows = B * Hq * Sq;
     delta_kernel<T><<<unsigned(ceil_div(rows * 32, 256)), 256, 0, stream>>>(c, delta);

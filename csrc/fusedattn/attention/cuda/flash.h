@@ -36,46 +36,10 @@
 
 #include "fusedattn/attention/mask.h"
 #include "fusedattn/attention/params.h"
+#include "fusedattn/attention/tensors.h"
 #include "fusedattn/core/status.h"
 
 namespace fusedattn::cuda::flash {
-
-// Element strides of a [B, S, H, D] view whose last dim is contiguous.
-struct View {
-  int64_t b = 0, s = 0, h = 0;
-};
-
-struct Args {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  View sq, sk, sv;
-  // bias [slices, 1|Bs, 1|Hq, Sq, Skv]: strides of a slice, a batch entry, a head (0 on
-  // broadcast dims) and a query row.
-  const void* bias = nullptr;
-  int64_t bias_slice = 0, bias_b = 0, bias_h = 0, bias_s = 0;
-  const float* softmax_offset = nullptr;  // [slices, Hq]
-  const uint32_t* seed = nullptr;         // [slices, 2]
-  SeqArgs seq;                            // lengths, offsets; seq.block: positions
-  const int32_t* index_base = nullptr;    // [slices, index_cols]; null: (0, 0)
-  int64_t index_cols = 0;
-  // forward results (backward: out, lse are inputs)
-  void* out = nullptr;
-  View so;
-  float* lse = nullptr;
-  View slse;
-  float* max_logit = nullptr;  // [B, Hq]; null: not wanted
-  // backward
-  const void* dout = nullptr;
-  View sdo;
-  void* dq = nullptr;
-  void* dk = nullptr;
-  void* dv = nullptr;
-  View sdq, sdk, sdv;
-  void* dbias = nullptr;             // bias's shape and strides; null: not computed
-  float* dsoftmax_offset = nullptr;  // [B, Hq]; null: not computed
-  bool f32_tf32 = false;             // float32 matmuls in plain TF32
-};
 
 // Which calls the kernels serve: backend.cc's flash_unsupported_reason (flash_rules.h's
 // shapes against the device's shared memory).
@@ -83,9 +47,14 @@ struct Args {
 // Workspace bytes of a call (forward or backward).
 size_t workspace_bytes(const AttnParams& p, bool backward);
 
-// p must have passed validate(); the workspace must have workspace_bytes(p, ...) bytes,
-// 256-byte aligned.
-Status forward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream);
-Status backward(const AttnParams& p, const Args& a, void* workspace, cudaStream_t stream);
+// p must have passed validate(); t holds its tensors as ffi_decode.h decodes them (the
+// forward writes out, lse and max_logit; the backward dq, dk, dv and, where t has them,
+// dbias and dsoftmax_offset); index_base with 6 or 8 columns makes the call a block of a
+// bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32 (options.h). The workspace
+// must have workspace_bytes(p, ...) bytes, 256-byte aligned.
+Status forward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
+               cudaStream_t stream);
+Status backward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
+                cudaStream_t stream);
 
 }  // namespace fusedattn::cuda::flash
