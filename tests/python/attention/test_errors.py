@@ -312,7 +312,8 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, i
     a = dict(layout=np.int32(QKVLayout.BSHD_BSHD_BSHD), mask_type=np.int32(0),
              bias_type=np.int32(0), softmax_type=np.int32(0), is_training=np.int32(0),
              scale=np.float32(0.25), dropout=np.float32(0.0), window_left=np.int64(-1),
-             window_right=np.int64(-1), want_lse=np.int32(1), want_max_logit=np.int32(1))
+             window_right=np.int64(-1), want_lse=np.int32(1), want_max_logit=np.int32(1),
+             backend_flags=np.int32(0))
     a.update(attrs)
     call = jax.ffi.ffi_call("fusedattn_attn_fwd", (
         jax.ShapeDtypeStruct((Bq, Sq, Hq, v.shape[-1]), q.dtype),
