@@ -13,6 +13,7 @@
 // dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q, and dQ += dS K into a float32
 // accumulator with atomics (a last kernel scales and converts it).
 #include "fusedattn/attention/cuda/flash.h"
+#include "fusedattn/attention/cuda/flash_common.cuh"
 #include "fusedattn/attention/cuda/flash_rules.h"
 
 #include <cuda_bf16.h>
@@ -23,29 +24,17 @@
 #include <limits>
 #include <type_traits>
 
-#include "fusedattn/core/fast_math.h"
-#include "fusedattn/core/philox.h"
 #include "fusedattn/platform/cuda/check.h"
 
 namespace fusedattn::cuda::flash {
 namespace {
 
 using namespace nvcuda;
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// A row of the kept-key table: keys [lo, hi) (mask.h), and the first query / key token
-// of its sequence (q_base < 0: a padding row).
-struct RowInfo {
-  int32_t lo, hi, q_base, kv_base;
-};
-struct TileRange {
-  int32_t lo, hi;  // union of a tile's rows' kept keys; lo >= hi: none
-};
+using namespace detail;
 
 int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
-// ---- element types -------------------------------------------------------------------
+// ---- wmma fragments ------------------------------------------------------------------
 
 template <class T>
 struct Mma;
@@ -64,18 +53,6 @@ struct Mma<float> {
   static constexpr int K = 8;
   using In = wmma::precision::tf32;
 };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_f(float x);
-template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
 template <class T>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::K, float>;
@@ -117,79 +94,6 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int64_t 
     const int r = idx / C, c = idx % C;
     dst[r * ld + c] = r < rows && c < cols ? src[r * rs + c] : from_f<T>(0.0f);
   }
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-// ---- per-element steps (attention/cpu/score_ops.h) ------------------------------------
-
-// The inputs every kernel reads besides q, k, v: p, a and what follows from them.
-struct Call {
-  AttnParams p;
-  AttnTensors a;
-  AttnMask mask;
-  int64_t Dp, Dvp, bs;  // head dims rounded up to 16; batch entries per slice
-  float bmul;           // bias factor: scale for PRE_SCALE_BIAS, else 1
-  uint32_t threshold;   // dropout
-  float inv_keep;
-  RowInfo* rows;        // [B, Sq]
-  TileRange* tiles;     // [B, n_tiles]
-};
-
-// Dropout's keep factor of query i, key j (local tokens) of folded batch entry b, head h:
-// philox.h's rule on the global indices (index_base; a block's global tokens).
-struct Drop {
-  bool on = false;
-  uint32_t seed[2] = {0, 0};
-  int64_t b = 0, h = 0;
-  StripeMap q{0, 1, 1}, kv{0, 1, 1};
-  uint32_t threshold = 0;
-  float inv_keep = 1.0f;
-
-  __device__ Drop(const Call& c, int64_t bb, int64_t hh) {
-    on = c.p.is_training && c.p.dropout > 0.0f;
-    if (!on) return;
-    const int64_t slice = bb / c.bs;
-    seed[0] = c.a.seed[2 * slice];
-    seed[1] = c.a.seed[2 * slice + 1];
-    b = bb % c.bs;
-    h = hh;
-    if (c.a.index_base) {
-      const int32_t* r = c.a.index_base + c.a.index_cols * slice;
-      b += r[0];
-      h += r[1];
-      if (c.a.index_cols > 2) {
-        const BlockPos pos = block_pos(r, c.a.index_cols);
-        q = pos.q;
-        kv = pos.kv;
-      }
-    }
-    threshold = c.threshold;
-    inv_keep = c.inv_keep;
-  }
-  __device__ __forceinline__ float z(int64_t i, int64_t j) const {
-    const int64_t gi = global_token(q, i), gj = global_token(kv, j);
-    const Philox4 w = dropout_words(seed, b, h, gi, gj / 4);
-    return w.v[gj % 4] >= threshold ? inv_keep : 0.0f;
-  }
-};
-
-template <class T>
-__device__ __forceinline__ const T* bias_plane(const Call& c, int64_t b, int64_t h) {
-  if (!c.a.bias) return nullptr;
-  return static_cast<const T*>(c.a.bias) + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b +
-         h * c.a.bias_h;
-}
-
-__device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h) {
-  if (c.p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) return 0.0f;
-  if (c.p.softmax_type == FA_LEARNABLE_SOFTMAX)
-    return c.a.softmax_offset[(b / c.bs) * c.p.heads_q + h];
-  return -kInf;
 }
 
 // ---- the kept-key table ---------------------------------------------------------------
@@ -759,6 +663,10 @@ template <class T, bool EXACT>
 Status run_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int W = fwd_warps(p);
+  // flash_mma.cu's register-resident forward where it fits (its query tile is the
+  // tables' tile: both 64 rows for head dims <= 256).
+  static_assert(kMmaBM == 16 * 4, "the mma forward's query tile is the tables' tile");
+  if (W == 4 && mma_fwd_fits(p, c.a)) return mma_fwd<T, EXACT>(c, tile_max, stream);
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, 16 * W);
   const size_t smem = FwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;
   if (W == 4) return launch(fwd_kernel<T, 4, EXACT>, blocks, 128, smem, stream, "the flash forward", c, tile_max);
