@@ -114,19 +114,27 @@ __device__ __forceinline__ void pv(float (&o)[D / 8][4], const float (&s)[kBN / 
   }
 }
 
+// max that propagates NaN (PTX max.NaN, sm_80+): a row's maximum is NaN when a kept
+// score is, which fwd.cc's rule makes the row's result.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+// e^x on the SFU (ex2.approx of x log2 e): relative error ~2^-21 for x <= 0, where the
+// softmax uses it; e^-inf = 0, NaN stays NaN.
+__device__ __forceinline__ float exp_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+}
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-__device__ __forceinline__ bool quad_any(bool x) {
-  int v = int(x);
-  v |= __shfl_xor_sync(0xffffffffu, v, 1);
-  v |= __shfl_xor_sync(0xffffffffu, v, 2);
-  return v != 0;
 }
 
 template <class T, int D, bool EXACT>
@@ -199,40 +207,46 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     qk<T, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);
 
-    // Mask, bias, online softmax and dropout of rows g, g + 8 (fwd.cc's row loop).
+    // Mask, bias, online softmax and dropout of rows g, g + 8 (fwd.cc's row loop). A tile
+    // that every row of the warp keeps whole skips the per-key mask test.
+    const int jt = int(k0) + 2 * t;  // this thread's first key (keys fit int32: RowInfo)
+    const bool whole = __all_sync(0xffffffffu, ri[0].lo <= k0 && ri[0].hi >= k0 + kBN &&
+                                                   ri[1].lo <= k0 && ri[1].hi >= k0 + kBN);
     float rmax[2] = {-kInf, -kInf};
-    bool nan[2] = {false, false}, any[2] = {false, false};
+    if (whole && !bias) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int64_t j = k0 + 8 * n + 2 * t + (e & 1);
-        const bool keep = j >= ri[r].lo && j < ri[r].hi;
-        float x = s[n][e] * p.scale;
-        if (bias && keep) x += c.bmul * to_f(bias[row[r] * c.a.bias_s + j]);
-        x = keep ? x : -kInf;
-        s[n][e] = x;
-        rmax[r] = fmaxf(rmax[r], x);
-        nan[r] |= x != x;
-        any[r] |= keep;
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale, rmax[e >> 1] = max_nan(rmax[e >> 1], s[n][e]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = jt + 8 * n + (e & 1);
+          const bool keep = j >= ri[r].lo && j < ri[r].hi;
+          float x = s[n][e] * p.scale;
+          if (bias && keep) x += c.bmul * to_f(bias[row[r] * c.a.bias_s + j]);
+          x = keep ? x : -kInf;  // a masked key's NaN does not count
+          s[n][e] = x;
+          rmax[r] = max_nan(rmax[r], x);
+        }
       }
     }
     float alpha[2], sum[2] = {0.0f, 0.0f};
     bool live[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      rmax[r] = quad_max(rmax[r]);
-      if (quad_any(nan[r])) rmax[r] = __int_as_float(0x7fffffff);
-      any[r] = quad_any(any[r]);
+      rmax[r] = quad_max(rmax[r]);  // NaN when a kept score is NaN
+      const bool any = max(int64_t(ri[r].lo), k0) < min(int64_t(ri[r].hi), k0 + kBN);
       mx[r] = nan_max(mx[r], rmax[r]);
       const float m_new = nan_max(m[r], rmax[r]);
       live[r] = m_new > -kInf;
       alpha[r] = 1.0f;
       if (!live[r]) {
-        if (m_new != m_new && any[r]) m[r] = l[r] = m_new;
+        if (m_new != m_new && any) m[r] = l[r] = m_new;
       } else {
-        alpha[r] = m[r] == m_new ? 1.0f : m[r] == -kInf ? 0.0f : expf(m[r] - m_new);
+        alpha[r] = m[r] == m_new ? 1.0f : exp_approx(m[r] - m_new);
         m[r] = m_new;
       }
     }
@@ -241,13 +255,10 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        float pr = 0.0f;
-        if (live[r]) {
-          const float d = s[n][e] - m[r];
-          pr = d == -kInf ? 0.0f : expf(d);
-          sum[r] += pr;
-          if (drop.on && pr != 0.0f) pr *= drop.z(row[r], k0 + 8 * n + 2 * t + (e & 1));
-        }
+        // exp(-inf) = 0: masked keys; a dead row's probabilities are 0.
+        float pr = live[r] ? exp_approx(s[n][e] - m[r]) : 0.0f;
+        sum[r] += pr;
+        if (drop.on && pr != 0.0f) pr *= drop.z(row[r], jt + 8 * n + (e & 1));
         s[n][e] = pr;
       }
     }
