@@ -16,8 +16,12 @@ from fusedattn import AttnMaskType, _gpu_route, _lib, backends
 _orig = _gpu_route._gpu_choice
 
 
-def _forced(*a, flags=0, **kw):
-    return _orig(*a, flags=flags | _lib.REQUEST_CUDNN_REJECTED, **kw)
+def _forced(*a, **kw):
+    if len(a) >= 6:  # (fields, want_lse, want_max_logit, training, score_mod, flags)
+        a = a[:5] + (a[5] | _lib.REQUEST_CUDNN_REJECTED,) + a[6:]
+    else:
+        kw["flags"] = kw.get("flags", 0) | _lib.REQUEST_CUDNN_REJECTED
+    return _orig(*a, **kw)
 
 
 def timeit(f, *a, n=10):
