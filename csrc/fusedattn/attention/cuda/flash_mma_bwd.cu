@@ -145,63 +145,109 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     const float* lseb = sLse + buf * BMQ;
     const float* deltab = sDelta + buf * BMQ;
 
-    // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 8 n + 2t + e % 2 of the tile.
-    float st[NT][4], dpt[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-    mma_abt<T, LD, BMQ, D, EXACT>(st, sK + warp * 16 * LD, sQb, lane);    // S^T = K_w Q^T
-    mma_abt<T, LD, BMQ, D, EXACT>(dpt, sV + warp * 16 * LD, sDOb, lane);  // dP^T = V_w dO^T
-
-    // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step).
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * n + 2 * t + (e & 1);
-        const int64_t j = k0 + warp * 16 + g + 8 * (e >> 1), i = q0 + col;
-        const float lse = lseb[col];
-        const bool live = lse != -kInf && lse != kInf;
-        const int2 kr = kept[col];
-        const bool keep = live && j >= kr.x && j < kr.y;
-        float pt = 0.0f, ds = 0.0f;
-        if (keep) {
-          float s = st[n][e] * p.scale;
-          float bv = 0.0f;
-          if (bias) bv = to_f(bias[i * c.a.bias_s + j]), s += c.bmul * bv;
-          const float pr = expf(s - lse);
-          const float dp = dpt[n][e], dl = deltab[col];
-          if (drop.on) {
-            const float z = drop.z(i, j);
-            pt = z != 0.0f ? z * pr : 0.0f;
-            ds = pr * (z * dp - dl);
-          } else {
-            pt = pr;
-            ds = pr * (dp - dl);
-          }
-          if (bias && bv == -kInf && lse == lse) pt = ds = 0.0f;
-          if (dbias) atomicAdd(dbias + i * c.a.bias_s + j, c.bmul * ds);
-        }
-        st[n][e] = pt;
-        dpt[n][e] = ds;
+    // Dropout's keep bits first, while only dK, dV hold registers: bit 4 n + e for element
+    // (n, e) below (drop.z's rule; its value is inv_keep or 0).
+    uint32_t zbits = 0;
+    if (drop.on) {
+#pragma unroll 1
+      for (int x = 0; x < 4 * NT; ++x) {
+        const int n = x >> 2, e = x & 3;
+        const int64_t i = q0 + 8 * n + 2 * t + (e & 1), j = k0 + warp * 16 + g + 8 * (e >> 1);
+        if (drop.z(i, j) != 0.0f) zbits |= 1u << x;
       }
     }
-    mma_pb<T, LD, BMQ, D, EXACT>(dv, st, sDOb, lane);   // dV += P^T dO
-    mma_pb<T, LD, BMQ, D, EXACT>(dk, dpt, sQb, lane);   // dK += dS^T Q
-    __syncthreads();  // no warp reads this buffer's dO any more
 
-    // dS^T [key][query] over the dO tile: the warp's rows g, g + 8, query pairs 8 n + 2t.
+    // The tile in two halves of 32 queries (hq), so that S^T and dP^T take 32 registers,
+    // not 64, beside dK and dV's 128. Half 0's dS^T waits in `held` (packed as T; float32:
+    // the floats) until no warp reads the dO buffer any more.
+    constexpr int NH = NT / 2, QH = BMQ / 2;
+    uint32_t held[NH][4];
+    const int j0 = int(k0) + warp * 16 + g;  // keys fit int32 (RowInfo's)
+    const int64_t bs = c.a.bias_s;
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+    for (int hq = 0; hq < 2; ++hq) {
+      T* sQh = sQb + hq * QH * LD;
+      T* sDOh = sDOb + hq * QH * LD;
+      // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 32 hq + 8 n + 2t + e % 2.
+      float st[NH][4], dpt[NH][4];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        T* dst = sDOb + (warp * 16 + g + 8 * r) * LD + 8 * n + 2 * t;
+      for (int n = 0; n < NH; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+      mma_abt<T, LD, QH, D, EXACT>(st, sK + warp * 16 * LD, sQh, lane);    // S^T = K_w Q^T
+      mma_abt<T, LD, QH, D, EXACT>(dpt, sV + warp * 16 * LD, sDOh, lane);  // dP^T = V_w dO^T
+
+      // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
+      // dbias at query i, key j through pointers stepped by 8 queries per n.
+      const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
+      float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
+#pragma unroll
+      for (int n = 0; n < NH; ++n) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int col = hq * QH + 8 * n + 2 * t + cc;
+          const float lse = lseb[col], dl = deltab[col];
+          const bool live = lse != -kInf && lse != kInf;
+          const int2 kr = kept[col];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int e = 2 * r + cc, j = j0 + 8 * r;
+            float pt = 0.0f, ds = 0.0f;
+            if (live && j >= kr.x && j < kr.y) {
+              float s = st[n][e] * p.scale;
+              float bv = 0.0f;
+              if (bias) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
+              const float pr = expf(s - lse);
+              const float dp = dpt[n][e];
+              if (drop.on) {
+                const float z = (zbits >> (4 * (hq * NH + n) + e)) & 1u ? drop.inv_keep : 0.0f;
+                pt = z != 0.0f ? z * pr : 0.0f;
+                ds = pr * (z * dp - dl);
+              } else {
+                pt = pr;
+                ds = pr * (dp - dl);
+              }
+              if (bias && bv == -kInf && lse == lse) pt = ds = 0.0f;
+              if (dbias) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
+            }
+            st[n][e] = pt;
+            dpt[n][e] = ds;
+          }
+        }
+        if (bias) bq += 8 * bs;
+        if (dbias) dbq += 8 * bs;
+      }
+      mma_pb<T, LD, QH, D, EXACT>(dv, st, sDOh, lane);   // dV += P^T dO
+      mma_pb<T, LD, QH, D, EXACT>(dk, dpt, sQh, lane);   // dK += dS^T Q
+
+      // dS^T [key][query] (T; float32 for float32) over the dO tile at the end: the warp's
+      // rows g, g + 8, query pairs 8 n + 2t of each half.
+      auto put = [&](int hh, int n, int r, uint32_t x0, uint32_t x1) {
+        T* dst = sDOb + (warp * 16 + g + 8 * r) * LD + hh * QH + 8 * n + 2 * t;
         if constexpr (std::is_same_v<T, float>) {
-          dst[0] = dpt[n][2 * r];
-          dst[1] = dpt[n][2 * r + 1];
+          dst[0] = __uint_as_float(x0);
+          dst[1] = __uint_as_float(x1);
         } else {
-          *reinterpret_cast<uint32_t*>(dst) = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(dst) = x0;
+        }
+      };
+#pragma unroll
+      for (int n = 0; n < NH; ++n) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          uint32_t x0, x1;
+          if constexpr (std::is_same_v<T, float>) {
+            x0 = __float_as_uint(dpt[n][2 * r]), x1 = __float_as_uint(dpt[n][2 * r + 1]);
+          } else {
+            x0 = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]), x1 = 0;
+          }
+          if (hq == 0) {
+            held[n][2 * r] = x0, held[n][2 * r + 1] = x1;
+          } else {
+            if (n == 0 && r == 0) __syncthreads();  // no warp reads this buffer's dO any more
+            put(0, n, r, held[n][2 * r], held[n][2 * r + 1]);
+            put(1, n, r, x0, x1);
+          }
         }
       }
     }
