@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       for (int n = 0; n < NH; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-      mma_abt<T, LD, QH, D, EXACT>(st, sK + warp * 16 * LD, sQh, lane);    // S^T = K_w Q^T
-      mma_abt<T, LD, QH, D, EXACT>(dpt, sV + warp * 16 * LD, sDOh, lane);  // dP^T = V_w dO^T
+      mma_abt<T, LD, QH, D, EXACT, 1>(st, sK + warp * 16 * LD, sQh, lane);    // S^T = K_w Q^T
+      mma_abt<T, LD, QH, D, EXACT, 1>(dpt, sV + warp * 16 * LD, sDOh, lane);  // dP^T = V_w dO^T
 
       // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
       // dbias at query i, key j through pointers stepped by 8 queries per n.

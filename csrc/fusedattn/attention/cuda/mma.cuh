@@ -145,12 +145,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // elements) or in registers; c's n-tile n holds columns 8 n .. 8 n + 7 (C layout) --------
 
 // c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
-// (S = Q K^T, S^T = K Q^T).
-template <class T, int LD, int N, int K, bool EXACT>
+// (S = Q K^T, S^T = K Q^T). KU: the k loop's unroll factor (1 keeps the registers that
+// hoisted loads would take; the backward needs them).
+template <class T, int LD, int N, int K, bool EXACT, int KU = K>
 __device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll
+#pragma unroll(KU)
     for (int kk = 0; kk < K; kk += 8) {
       const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
                            sA[(g + 8) * LD + kk + t + 4]};
@@ -163,7 +164,7 @@ __device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const
       }
     }
   } else {
-#pragma unroll
+#pragma unroll(KU)
     for (int kk = 0; kk < K; kk += 16) {
       // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
       uint32_t a[4];
