@@ -8,15 +8,22 @@
 // query tile of kBMQ = 64 rows that keeps one of its keys (the tables' TileRange, as
 // bwd_kernel skips tiles); Q, dO and the tile's kept ranges, lse and delta go through two
 // buffers (cp.async: tile u + 1 loads while tile u computes; one buffer for float32 at
-// D = 128, where two would not fit an A100's shared memory). Per query tile a warp:
-//   S^T = K_w Q^T and dP^T = V_w dO^T   (16 keys x 64 queries, mma.sync accumulators)
+// D = 128, where two would not fit an A100's shared memory). Per query tile a warp first
+// draws dropout's keep bits of its 16 x 64 elements (one register), then, per half of 32
+// queries (so that S^T and dP^T take 32 registers beside dK and dV's 128):
+//   S^T = K_w Q^T and dP^T = V_w dO^T   (16 keys x 32 queries, mma.sync accumulators)
 //   P^T, dS^T element by element        (bwd_kernel's rules: mask, bias, exp(s - lse),
 //                                        dropout, the bias = -inf rule, dbias atomics)
 //   dV += P^T dO, dK += dS^T Q          (P^T, dS^T repacked as the A operand: mma.cuh)
-// then the block stores dS^T (in T; float32 for float32) over its dO buffer, which no warp
-// reads any more, and warp w adds dS K for queries 16 w .. 16 w + 15 into the float32 dq
-// accumulator with atomics (flash.cu's dq_kernel scales and converts it). 16-bit inputs use
-// ldmatrix and m16n8k16; float32 m16n8k8 in TF32, 3xTF32 when EXACT (mma.cuh).
+// then the block stores dS^T (in T, as the dK product rounded it; float32 for float32)
+// over its dO buffer, which no warp reads any more, and warp w adds dS K for queries
+// 16 w .. 16 w + 15 into the float32 dq accumulator with atomics (flash.cu's dq_kernel
+// scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
+// TF32, 3xTF32 when EXACT (mma.cuh).
+//
+// Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
+// float32 TF32 at D = 128 (the last spills 28 bytes), 172-175 at D = 64; the S^T and dP^T
+// products keep their k loop rolled (mma_abt's KU = 1), else hoisted loads spill.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
