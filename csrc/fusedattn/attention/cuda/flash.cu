@@ -12,6 +12,9 @@
 // group and every query tile of 64 that keeps one of its keys: S^T = K Q^T and
 // dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q, and dQ += dS K into a float32
 // accumulator with atomics (a last kernel scales and converts it).
+// Head dims up to 128 with rows of whole 16-byte chunks run the register-resident mma.sync
+// kernels instead (flash_mma.cu's forward, flash_mma_bwd.cu's backward: the same rules);
+// the tables, delta and dq kernels here serve both.
 #include "fusedattn/attention/cuda/flash.h"
 #include "fusedattn/attention/cuda/flash_common.cuh"
 #include "fusedattn/attention/cuda/flash_rules.h"
@@ -676,6 +679,9 @@ Status run_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
 template <class T, bool EXACT>
 Status run_bwd(const Call& c, const float* delta, float* dq, float* dbias, cudaStream_t stream) {
   const AttnParams& p = c.p;
+  // flash_mma_bwd.cu's register-resident backward where it fits (its query tile is the
+  // tables' tile, kBMQ).
+  if (mma_bwd_fits(p, c.a)) return mma_bwd<T, EXACT>(c, delta, dq, dbias, stream);
   const int W = bwd_warps(p);
   const int64_t blocks = p.batch * p.heads_kv * ceil_div(p.seqlen_kv, 16 * W);
   const size_t smem = BwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;

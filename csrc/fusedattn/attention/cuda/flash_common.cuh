@@ -115,7 +115,7 @@ __device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h)
   return -kInf;
 }
 
-// ---- the register-resident kernels (flash_mma.cu) ---------------------------------
+// ---- the register-resident kernels (flash_mma.cu, flash_mma_bwd.cu) ---------------------------------
 
 // Whether flash_mma.cu's forward serves a call: both head dims <= 128, rows of whole
 // 16-byte chunks (head dims and the q, k, v strides multiples of 16 / element bytes, the
@@ -125,5 +125,15 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a);
 constexpr int kMmaBM = 64;
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream);
+
+// Whether flash_mma_bwd.cu's backward serves a call: mma_fwd_fits's rule with dout's
+// strides and pointer too, and its shared memory (per head dim and dtype) within the
+// device's opt-in limit. Else flash.cu's wmma bwd_kernel runs it.
+bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a);
+// bwd_kernel's work on c (make_call's; tables built with query tiles of kBMQ = 64 rows):
+// key tiles of 64, dq_acc [B, Sq, Hq, Dp] and dbias_acc (or null) accumulated with
+// atomics, dk and dv written. delta [B, Hq, Sq] from flash.cu's delta_kernel.
+template <class T, bool EXACT>
+Status mma_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream);
 
 }  // namespace fusedattn::cuda::flash::detail

@@ -34,86 +34,6 @@ struct Smem {
                           wmax = v + 2 * size_t(kBN) * LD * sizeof(T), total = wmax + kWarps * 4;
 };
 
-// Rows [0, nrows) x head-dim columns [0, dreal) of src (row stride rs) into dst's R rows
-// (row stride LD), zeros elsewhere, in 16-byte cp.async chunks.
-template <class T, int D>
-__device__ __forceinline__ void issue_rows(T* dst, const T* src, int64_t rs, int64_t nrows, int64_t dreal, int R) {
-  constexpr int V = 16 / int(sizeof(T)), CPR = D / V, LD = Smem<T, D>::LD;
-  for (int idx = threadIdx.x; idx < R * CPR; idx += blockDim.x) {
-    const int r = idx / CPR, ch = idx % CPR;
-    const bool ok = r < nrows && ch * V < dreal;
-    cp_async16(dst + r * LD + ch * V, ok ? src + r * rs + ch * V : src, ok);
-  }
-}
-
-// s[n] (keys 8 n ..) = Q_w K^T for the warp's 16 rows (sQ: its first row).
-template <class T, int D, bool EXACT>
-__device__ __forceinline__ void qk(float (&s)[kBN / 8][4], const T* sQ, const T* sK, int lane) {
-  constexpr int LD = Smem<T, D>::LD;
-  if constexpr (std::is_same_v<T, float>) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int kk = 0; kk < D; kk += 8) {
-      const float ar[4] = {sQ[g * LD + kk + t], sQ[(g + 8) * LD + kk + t], sQ[g * LD + kk + t + 4],
-                           sQ[(g + 8) * LD + kk + t + 4]};
-      const Tf32<4, EXACT> a(ar);
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-        const float* kr = sK + (n * 8 + g) * LD + kk;
-        const float br[2] = {kr[t], kr[t + 4]};
-        mma_f32<EXACT>(s[n], a, Tf32<2, EXACT>(br));
-      }
-    }
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t a[4];
-      ldsm_x4(a, sQ + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 8);
-#pragma unroll
-      for (int np = 0; np < kBN / 16; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, sK + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
-        mma16816<T>(s[2 * np], a, b[0], b[1]);
-        mma16816<T>(s[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-  }
-}
-
-// o += P V (P: s, the warp's probabilities in accumulator layout).
-template <class T, int D, bool EXACT>
-__device__ __forceinline__ void pv(float (&o)[D / 8][4], const float (&s)[kBN / 8][4], const T* sV, int lane) {
-  constexpr int LD = Smem<T, D>::LD;
-  if constexpr (std::is_same_v<T, float>) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
-      const float ar[4] = {s[n][0], s[n][2], s[n][1], s[n][3]};
-      const Tf32<4, EXACT> a(ar);
-      const float* v0 = sV + (n * 8 + 2 * t) * LD + g;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        const float br[2] = {v0[dn * 8], v0[LD + dn * 8]};
-        mma_f32<EXACT>(o[dn], a, Tf32<2, EXACT>(br));
-      }
-    }
-  } else {
-#pragma unroll
-    for (int ks = 0; ks < kBN / 16; ++ks) {
-      const uint32_t a[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
-                             pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                             pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldsm_x4_t(b, sV + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + dp * 16 + (lane / 16) * 8);
-        mma16816<T>(o[2 * dp], a, b[0], b[1]);
-        mma16816<T>(o[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
-  }
-}
-
 // max that propagates NaN (PTX max.NaN, sm_80+): a row's maximum is NaN when a kept
 // score is, which fwd.cc's rule makes the row's result.
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -161,15 +81,15 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   const Drop drop(c, b, h);
   const float sink = sink_logit(c, b, h);
 
-  issue_rows<T, D>(sQ, q, c.a.sq.s, std::min<int64_t>(BM, Sq - q0), p.head_dim_qk, BM);
+  cp_async_rows<T, D, L::LD>(sQ, q, c.a.sq.s, std::min<int64_t>(BM, Sq - q0), p.head_dim_qk, BM);
   cp_async_commit();
   const TileRange tr = c.tiles[b * n_qt + qt];
   const int64_t kb = tr.lo / kBN * kBN;
   const int64_t n_kt = tr.lo < tr.hi ? (tr.hi - kb + kBN - 1) / kBN : 0;
   auto issue_kv = [&](int64_t k0, int buf) {
     const int64_t keys = std::min<int64_t>(kBN, Skv - k0);
-    issue_rows<T, D>(sK + buf * kBN * L::LD, kp + k0 * c.a.sk.s, c.a.sk.s, keys, p.head_dim_qk, kBN);
-    issue_rows<T, D>(sV + buf * kBN * L::LD, vp + k0 * c.a.sv.s, c.a.sv.s, keys, p.head_dim_v, kBN);
+    cp_async_rows<T, D, L::LD>(sK + buf * kBN * L::LD, kp + k0 * c.a.sk.s, c.a.sk.s, keys, p.head_dim_qk, kBN);
+    cp_async_rows<T, D, L::LD>(sV + buf * kBN * L::LD, vp + k0 * c.a.sv.s, c.a.sv.s, keys, p.head_dim_v, kBN);
     cp_async_commit();
   };
   if (n_kt > 0) issue_kv(kb, 0);
@@ -205,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    qk<T, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);
+    mma_abt<T, L::LD, kBN, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);  // S = Q_w K^T
 
     // Mask, bias, online softmax and dropout of rows g, g + 8 (fwd.cc's row loop). A tile
     // that every row of the warp keeps whole skips the per-key mask test.
@@ -272,7 +192,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
       o[dn][0] *= alpha[0], o[dn][1] *= alpha[0];
       o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
     }
-    pv<T, D, EXACT>(o, s, sV + buf * kBN * L::LD, lane);
+    mma_pb<T, L::LD, kBN, D, EXACT>(o, s, sV + buf * kBN * L::LD, lane);  // O += P V
     __syncthreads();  // the next iteration loads into this buffer
   }
   cp_async_wait<0>();

@@ -1,5 +1,6 @@
 // Warp-level tensor-core primitives for sm_80 and newer (PTX mma.sync, ldmatrix,
-// cp.async), as the register-resident flash kernels (flash_mma.cu) use them.
+// cp.async) and the warp-tile products built on them, as the register-resident flash
+// kernels (flash_mma.cu, flash_mma_bwd.cu) use them.
 //
 // Fragment layouts (g = lane / 4, t = lane % 4; rows of A and C are the M dim):
 //   m16n8k16 (bf16 / fp16; a 32-bit register holds two elements, the lower column first)
@@ -37,6 +38,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Rows [0, nrows) x columns [0, dreal) of src (row stride rs elements) into the R rows of
+// dst (D columns, row stride LD), zeros elsewhere, in 16-byte cp.async chunks shared by
+// the block's threads (dreal and rs multiples of 16 bytes, src 16-byte aligned).
+template <class T, int D, int LD>
+__device__ __forceinline__ void cp_async_rows(T* dst, const T* src, int64_t rs, int64_t nrows, int64_t dreal, int R) {
+  constexpr int V = 16 / int(sizeof(T)), CPR = D / V;
+  for (int idx = threadIdx.x; idx < R * CPR; idx += blockDim.x) {
+    const int r = idx / CPR, ch = idx % CPR;
+    const bool ok = r < nrows && ch * V < dreal;
+    cp_async16(dst + r * LD + ch * V, ok ? src + r * rs + ch * V : src, ok);
+  }
 }
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8, and
@@ -124,6 +138,120 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   } else {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// ---- warp tiles: 16 rows of a product per warp, operands in shared memory (rows of LD
+// elements) or in registers; c's n-tile n holds columns 8 n .. 8 n + 7 (C layout) --------
+
+// c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
+// (S = Q K^T, S^T = K Q^T). KU: the k loop's unroll factor (1 keeps the registers that
+// hoisted loads would take; the backward needs them).
+template <class T, int LD, int N, int K, bool EXACT, int KU = K>
+__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll(KU)
+    for (int kk = 0; kk < K; kk += 8) {
+      const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
+                           sA[(g + 8) * LD + kk + t + 4]};
+      const Tf32<4, EXACT> a(ar);
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n) {
+        const float* br = sB + (n * 8 + g) * LD + kk;  // b0 (k t, n g), b1 (k t + 4, n g)
+        const float b[2] = {br[t], br[t + 4]};
+        mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
+      }
+    }
+  } else {
+#pragma unroll(KU)
+    for (int kk = 0; kk < K; kk += 16) {
+      // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
+      uint32_t a[4];
+      ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < N / 16; ++np) {
+        // Matrix m is (B rows = n 16 np + 8 (m / 2) .., k 8 (m % 2) ..): b0, b1 of n-tile
+        // 2 np, then of 2 np + 1 (B^T's rows are B's columns: no transpose).
+        uint32_t b[4];
+        ldsm_x4(b, sB + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
+        mma16816<T>(c[2 * np], a, b[0], b[1]);
+        mma16816<T>(c[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// c (16 x N) += P B over k < K: P (16 x K) in registers in C layout (p[n]: k 8 n ..), B = the
+// K rows at sB, [k][n] (O += P V, dV += P^T dO, dK += dS^T Q).
+template <class T, int LD, int K, int N, bool EXACT>
+__device__ __forceinline__ void mma_pb(float (&c)[N / 8][4], const float (&p)[K / 8][4], const T* sB, int lane) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < K / 8; ++n) {
+      const float ar[4] = {p[n][0], p[n][2], p[n][1], p[n][3]};  // k permuted: t -> 2t, t + 4 -> 2t + 1
+      const Tf32<4, EXACT> a(ar);
+      const float* b0 = sB + (n * 8 + 2 * t) * LD + g;  // B rows 2t, 2t + 1 (the same permutation)
+#pragma unroll
+      for (int dn = 0; dn < N / 8; ++dn) {
+        const float b[2] = {b0[dn * 8], b0[LD + dn * 8]};
+        mma_f32<EXACT>(c[dn], a, Tf32<2, EXACT>(b));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+      const uint32_t a[4] = {pack2<T>(p[2 * ks][0], p[2 * ks][1]), pack2<T>(p[2 * ks][2], p[2 * ks][3]),
+                             pack2<T>(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                             pack2<T>(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < N / 16; ++dp) {
+        // Transposed: matrix m is (k 16 ks + 8 (m % 2) .., n 16 dp + 8 (m / 2) ..), thread
+        // (g, t) gets k 2t, 2t + 1 of column g: b0, b1 of n-tile 2 dp, then 2 dp + 1.
+        uint32_t b[4];
+        ldsm_x4_t(b, sB + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + dp * 16 + (lane / 16) * 8);
+        mma16816<T>(c[2 * dp], a, b[0], b[1]);
+        mma16816<T>(c[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// c (16 x N) += A B over k < K: A's transpose = the K rows at sAt, [k][m] (16 columns m),
+// B = the K rows at sB, [k][n] (dQ = dS K from dS^T).
+template <class T, int LD, int K, int N, bool EXACT>
+__device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, const T* sB, int lane) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < K; kk += 8) {
+      // a0 (m g, k t)  a1 (m g + 8, k t)  a2 (m g, k t + 4)  a3 (m g + 8, k t + 4)
+      const float* at = sAt + (kk + t) * LD + g;
+      const float ar[4] = {at[0], at[8], at[4 * LD], at[4 * LD + 8]};
+      const Tf32<4, EXACT> a(ar);
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n) {
+        const float* br = sB + (kk + t) * LD + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
+        const float b[2] = {br[0], br[4 * LD]};
+        mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < K; kk += 16) {
+      // Transposed: matrix m is (k 8 (m / 2) .., m 8 (m % 2) ..) of A^T, thread (g, t) gets
+      // its k 2t, 2t + 1 of column (row of A) g: a0 .. a3's order.
+      uint32_t a[4];
+      ldsm_x4_t(a, sAt + (kk + (lane / 16) * 8 + lane % 8) * LD + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int np = 0; np < N / 16; ++np) {
+        uint32_t b[4];  // as mma_pb's B
+        ldsm_x4_t(b, sB + (kk + ((lane / 8) % 2) * 8 + lane % 8) * LD + np * 16 + (lane / 16) * 8);
+        mma16816<T>(c[2 * np], a, b[0], b[1]);
+        mma16816<T>(c[2 * np + 1], a, b[2], b[3]);
+      }
+    }
   }
 }
 

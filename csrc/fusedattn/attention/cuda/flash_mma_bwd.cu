@@ -1,0 +1,358 @@
+// The register-resident CUDA flash backward (FlashAttention-2's layout) for head dims up
+// to 128: flash.cu's bwd_kernel, its algorithm and per-element rules, with S^T, dP^T, P^T,
+// dS^T and the dK, dV accumulators in registers.
+//
+// One block = one (batch, kv head, key tile of 64 keys), 4 warps; warp w owns keys
+// 16 w .. 16 w + 15 and their dK, dV rows (16 x D float32 accumulators each, in C layout).
+// K and V stay in shared memory. The block walks every q head of the GQA group and every
+// query tile of kBMQ = 64 rows that keeps one of its keys (the tables' TileRange, as
+// bwd_kernel skips tiles); Q, dO and the tile's kept ranges, lse and delta go through two
+// buffers (cp.async: tile u + 1 loads while tile u computes; one buffer for float32 at
+// D = 128, where two would not fit an A100's shared memory). Per query tile a warp first
+// draws dropout's keep bits of its 16 x 64 elements (one register), then, per half of 32
+// queries (so that S^T and dP^T take 32 registers beside dK and dV's 128):
+//   S^T = K_w Q^T and dP^T = V_w dO^T   (16 keys x 32 queries, mma.sync accumulators)
+//   P^T, dS^T element by element        (bwd_kernel's rules: mask, bias, exp(s - lse),
+//                                        dropout, the bias = -inf rule, dbias atomics)
+//   dV += P^T dO, dK += dS^T Q          (P^T, dS^T repacked as the A operand: mma.cuh)
+// then the block stores dS^T (in T, as the dK product rounded it; float32 for float32)
+// over its dO buffer, which no warp reads any more, and warp w adds dS K for queries
+// 16 w .. 16 w + 15 into the float32 dq accumulator with atomics (flash.cu's dq_kernel
+// scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
+// TF32, 3xTF32 when EXACT (mma.cuh).
+//
+// Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
+// float32 TF32 at D = 128 (the last spills 28 bytes), 172-175 at D = 64; the S^T and dP^T
+// products keep their k loop rolled (mma_abt's KU = 1), else hoisted loads spill.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "fusedattn/attention/cuda/flash_common.cuh"
+#include "fusedattn/attention/cuda/flash_rules.h"
+#include "fusedattn/attention/cuda/mma.cuh"
+#include "fusedattn/platform/cuda/check.h"
+
+namespace fusedattn::cuda::flash::detail {
+namespace {
+
+using namespace fusedattn::cuda::mma;
+
+constexpr int kWarps = 4, kKeys = 64, BMQ = kBMQ;
+static_assert(kKeys == 16 * kWarps, "a warp owns 16 keys");
+static_assert(BMQ == 64, "the query tile is the tables' tile (flash.cu's build_tables)");
+
+// Shared memory: K, V [kKeys][LD]; per buffer Q, dO [BMQ][LD] (dO's also dS^T [key][query]
+// once the tile's dV is done), the rows' kept keys (lo, hi), lse and delta.
+template <class T, int D>
+struct BwdSmem {
+  static constexpr int kPad = 16 / int(sizeof(T)), LD = D + kPad;
+  static constexpr int NBUF = sizeof(T) == 4 && D == 128 ? 1 : 2;
+  static constexpr size_t tile = size_t(64) * LD * sizeof(T);
+  static constexpr size_t k = 0, v = tile, q = 2 * tile, dout = q + NBUF * tile, keys = dout + NBUF * tile,
+                          lse = keys + NBUF * BMQ * 8, delta = lse + NBUF * BMQ * 4, total = delta + NBUF * BMQ * 4;
+  static_assert(LD >= BMQ + kPad, "dS^T [kKeys][BMQ] fits a dO tile");
+};
+
+// dq_acc[i][d] += x, x[k] for d + k (d even; both in range or neither: the dims are even).
+__device__ __forceinline__ void add2(float* dst, float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+#else
+  atomicAdd(dst, x0);
+  atomicAdd(dst + 1, x1);
+#endif
+}
+
+// q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
+// dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
+// dk, dv [B, Skv, Hkv, D|Dv] written.
+template <class T, int D, bool EXACT>
+__global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const float* delta, float* dq_acc,
+                                                          float* dbias_acc) {
+  using L = BwdSmem<T, D>;
+  constexpr int LD = L::LD, NT = BMQ / 8, DT = D / 8, DC = 64;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem + L::k);
+  T* sV = reinterpret_cast<T*>(smem + L::v);
+  T* sQ = reinterpret_cast<T*>(smem + L::q);
+  T* sDO = reinterpret_cast<T*>(smem + L::dout);
+  int2* sKeys = reinterpret_cast<int2*>(smem + L::keys);
+  float* sLse = reinterpret_cast<float*>(smem + L::lse);
+  float* sDelta = reinterpret_cast<float*>(smem + L::delta);
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Hkv = p.heads_kv;
+  const int64_t group = Hq / Hkv, n_kt = (Skv + kKeys - 1) / kKeys, n_qt = (Sq + BMQ - 1) / BMQ;
+  const int64_t task = blockIdx.x;
+  const int64_t kt = task % n_kt, hk = (task / n_kt) % Hkv, b = task / (n_kt * Hkv);
+  const int64_t k0 = kt * kKeys, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+
+  const T* kp = static_cast<const T*>(c.a.k) + b * c.a.sk.b + k0 * c.a.sk.s + hk * c.a.sk.h;
+  const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + k0 * c.a.sv.s + hk * c.a.sv.h;
+  const int64_t keys = std::min<int64_t>(kKeys, Skv - k0);
+  cp_async_rows<T, D, LD>(sK, kp, c.a.sk.s, keys, Dqk, kKeys);
+  cp_async_rows<T, D, LD>(sV, vp, c.a.sv.s, keys, Dv, kKeys);
+  cp_async_commit();
+
+  // The block's work: u = q-head-in-group * n_qt + query tile, over tiles keeping a key of
+  // [k0, k0 + kKeys) (TileRange depends on the tile only).
+  const int64_t n_u = group * n_qt;
+  auto next = [&](int64_t u) {
+    for (; u < n_u; ++u) {
+      const TileRange tr = c.tiles[b * n_qt + u % n_qt];
+      if (std::max<int64_t>(tr.lo, k0) < std::min<int64_t>(tr.hi, k0 + kKeys)) break;
+    }
+    return u;
+  };
+  // Tile u's Q, dO (cp.async, one group) and its rows' kept keys, lse, delta into buffer buf.
+  auto issue = [&](int64_t u, int buf) {
+    const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * BMQ, rows = std::min<int64_t>(BMQ, Sq - q0);
+    cp_async_rows<T, D, LD>(sQ + buf * BMQ * LD, static_cast<const T*>(c.a.q) + b * c.a.sq.b + q0 * c.a.sq.s + h * c.a.sq.h,
+                     c.a.sq.s, rows, Dqk, BMQ);
+    cp_async_rows<T, D, LD>(sDO + buf * BMQ * LD,
+                     static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + q0 * c.a.sdo.s + h * c.a.sdo.h, c.a.sdo.s,
+                     rows, Dv, BMQ);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < BMQ; r += blockDim.x) {
+      const int64_t i = q0 + r;
+      const RowInfo ri = r < rows ? c.rows[b * Sq + i] : RowInfo{-1, -1, -1, -1};
+      sKeys[buf * BMQ + r] = make_int2(ri.lo, ri.hi);
+      sLse[buf * BMQ + r] = r < rows ? c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s] : -kInf;
+      sDelta[buf * BMQ + r] = r < rows ? delta[(b * Hq + h) * Sq + i] : 0.0f;
+    }
+  };
+
+  // dK, dV rows g, g + 8 of the warp's keys, columns 8 dn + 2t, + 1 (C layout).
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int dn = 0; dn < DT; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
+
+  int64_t u = next(0);
+  if (u < n_u) issue(u, 0);
+  for (int it = 0; u < n_u; ++it) {
+    const int buf = L::NBUF == 2 ? it & 1 : 0;
+    cp_async_wait<0>();
+    __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
+    const int64_t un = next(u + 1);
+    if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1);
+
+    const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * BMQ;
+    const T* bias = bias_plane<T>(c, b, h);
+    float* dbias = nullptr;
+    if (dbias_acc) dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
+    const Drop drop(c, b, h);
+    T* sQb = sQ + buf * BMQ * LD;
+    T* sDOb = sDO + buf * BMQ * LD;
+    const int2* kept = sKeys + buf * BMQ;
+    const float* lseb = sLse + buf * BMQ;
+    const float* deltab = sDelta + buf * BMQ;
+
+    // Dropout's keep bits first, while only dK, dV hold registers: bit 4 n + e for element
+    // (n, e) below (drop.z's rule; its value is inv_keep or 0).
+    uint32_t zbits = 0;
+    if (drop.on) {
+#pragma unroll 1
+      for (int x = 0; x < 4 * NT; ++x) {
+        const int n = x >> 2, e = x & 3;
+        const int64_t i = q0 + 8 * n + 2 * t + (e & 1), j = k0 + warp * 16 + g + 8 * (e >> 1);
+        if (drop.z(i, j) != 0.0f) zbits |= 1u << x;
+      }
+    }
+
+    // The tile in two halves of 32 queries (hq), so that S^T and dP^T take 32 registers,
+    // not 64, beside dK and dV's 128. Half 0's dS^T waits in `held` (packed as T; float32:
+    // the floats) until no warp reads the dO buffer any more.
+    constexpr int NH = NT / 2, QH = BMQ / 2;
+    uint32_t held[NH][4];
+    const int j0 = int(k0) + warp * 16 + g;  // keys fit int32 (RowInfo's)
+    const int64_t bs = c.a.bias_s;
+#pragma unroll
+    for (int hq = 0; hq < 2; ++hq) {
+      T* sQh = sQb + hq * QH * LD;
+      T* sDOh = sDOb + hq * QH * LD;
+      // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 32 hq + 8 n + 2t + e % 2.
+      float st[NH][4], dpt[NH][4];
+#pragma unroll
+      for (int n = 0; n < NH; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+      mma_abt<T, LD, QH, D, EXACT, 1>(st, sK + warp * 16 * LD, sQh, lane);    // S^T = K_w Q^T
+      mma_abt<T, LD, QH, D, EXACT, 1>(dpt, sV + warp * 16 * LD, sDOh, lane);  // dP^T = V_w dO^T
+
+      // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
+      // dbias at query i, key j through pointers stepped by 8 queries per n.
+      const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
+      float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
+#pragma unroll
+      for (int n = 0; n < NH; ++n) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int col = hq * QH + 8 * n + 2 * t + cc;
+          const float lse = lseb[col], dl = deltab[col];
+          const bool live = lse != -kInf && lse != kInf;
+          const int2 kr = kept[col];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int e = 2 * r + cc, j = j0 + 8 * r;
+            float pt = 0.0f, ds = 0.0f;
+            if (live && j >= kr.x && j < kr.y) {
+              float s = st[n][e] * p.scale;
+              float bv = 0.0f;
+              if (bias) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
+              const float pr = expf(s - lse);
+              const float dp = dpt[n][e];
+              if (drop.on) {
+                const float z = (zbits >> (4 * (hq * NH + n) + e)) & 1u ? drop.inv_keep : 0.0f;
+                pt = z != 0.0f ? z * pr : 0.0f;
+                ds = pr * (z * dp - dl);
+              } else {
+                pt = pr;
+                ds = pr * (dp - dl);
+              }
+              if (bias && bv == -kInf && lse == lse) pt = ds = 0.0f;
+              if (dbias) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
+            }
+            st[n][e] = pt;
+            dpt[n][e] = ds;
+          }
+        }
+        if (bias) bq += 8 * bs;
+        if (dbias) dbq += 8 * bs;
+      }
+      mma_pb<T, LD, QH, D, EXACT>(dv, st, sDOh, lane);   // dV += P^T dO
+      mma_pb<T, LD, QH, D, EXACT>(dk, dpt, sQh, lane);   // dK += dS^T Q
+
+      // dS^T [key][query] (T; float32 for float32) over the dO tile at the end: the warp's
+      // rows g, g + 8, query pairs 8 n + 2t of each half.
+      auto put = [&](int hh, int n, int r, uint32_t x0, uint32_t x1) {
+        T* dst = sDOb + (warp * 16 + g + 8 * r) * LD + hh * QH + 8 * n + 2 * t;
+        if constexpr (std::is_same_v<T, float>) {
+          dst[0] = __uint_as_float(x0);
+          dst[1] = __uint_as_float(x1);
+        } else {
+          *reinterpret_cast<uint32_t*>(dst) = x0;
+        }
+      };
+#pragma unroll
+      for (int n = 0; n < NH; ++n) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          uint32_t x0, x1;
+          if constexpr (std::is_same_v<T, float>) {
+            x0 = __float_as_uint(dpt[n][2 * r]), x1 = __float_as_uint(dpt[n][2 * r + 1]);
+          } else {
+            x0 = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]), x1 = 0;
+          }
+          if (hq == 0) {
+            held[n][2 * r] = x0, held[n][2 * r + 1] = x1;
+          } else {
+            if (n == 0 && r == 0) __syncthreads();  // no warp reads this buffer's dO any more
+            put(0, n, r, held[n][2 * r], held[n][2 * r + 1]);
+            put(1, n, r, x0, x1);
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // dQ += dS K for queries 16 w .. 16 w + 15, head-dim chunks of DC: acc[dn][e] is query
+    // 16 w + g + 8 (e / 2), column d0 + 8 dn + 2t + e % 2.
+#pragma unroll
+    for (int d0 = 0; d0 < D; d0 += DC) {
+      if (d0 >= Dqk) break;
+      float acc[DC / 8][4];
+#pragma unroll
+      for (int dn = 0; dn < DC / 8; ++dn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
+      mma_atb<T, LD, kKeys, DC, EXACT>(acc, sDOb + warp * 16, sK + d0, lane);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t i = q0 + warp * 16 + g + 8 * r;
+        if (i >= Sq) continue;
+        float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + d0 + 2 * t;
+#pragma unroll
+        for (int dn = 0; dn < DC / 8; ++dn)
+          if (d0 + 8 * dn + 2 * t < Dqk) add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+      }
+    }
+
+    if (L::NBUF == 1 && un < n_u) {
+      __syncthreads();  // every warp is done with the buffer
+      issue(un, 0);
+    }
+    u = un;
+  }
+  cp_async_wait<0>();  // K, V when no tile kept a key
+
+  // dK = scale dK_acc, dV = dV_acc for keys < Skv, columns < the real dims.
+  T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h;
+  T* dvp = static_cast<T*>(c.a.dv) + b * c.a.sdv.b + k0 * c.a.sdv.s + hk * c.a.sdv.h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = warp * 16 + g + 8 * r;
+    if (row >= keys) continue;
+#pragma unroll
+    for (int dn = 0; dn < DT; ++dn) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t col = 8 * dn + 2 * t + e;
+        if (col < Dqk) dkp[row * c.a.sdk.s + col] = from_f<T>(p.scale * dk[dn][2 * r + e]);
+        if (col < Dv) dvp[row * c.a.sdv.s + col] = from_f<T>(dv[dn][2 * r + e]);
+      }
+    }
+  }
+}
+
+template <class T, int D, bool EXACT>
+Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys);
+  const size_t smem = BwdSmem<T, D>::total;
+  auto kernel = bwd_kernel<T, D, EXACT>;
+  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
+  return cuda_status(cudaGetLastError(), "the flash backward (mma)");
+}
+
+int64_t head_dim_tile(const AttnParams& p) { return std::max(p.head_dim_qk, p.head_dim_v) <= 64 ? 64 : 128; }
+
+template <class T>
+size_t smem_of(int64_t d) { return d == 64 ? BwdSmem<T, 64>::total : BwdSmem<T, 128>::total; }
+
+}  // namespace
+
+bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a) {
+  const int64_t elem = p.dtype == FA_FLOAT32 ? 4 : 2, v = 16 / elem;
+  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
+  if (p.head_dim_qk % v || p.head_dim_v % v) return false;
+  for (const ViewStrides& s : {a.sq, a.sk, a.sv, a.sdo})
+    if (s.b % v || s.s % v || s.h % v) return false;
+  for (const void* ptr : {a.q, a.k, a.v, a.dout})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16) return false;
+  const int64_t d = head_dim_tile(p);
+  const size_t need = p.dtype == FA_FLOAT32 ? smem_of<float>(d) : smem_of<__half>(d);
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return false;
+  return need <= size_t(optin);
+}
+
+template <class T, bool EXACT>
+Status mma_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
+  if (head_dim_tile(c.p) == 64) return launch_bwd<T, 64, EXACT>(c, delta, dq_acc, dbias_acc, stream);
+  return launch_bwd<T, 128, EXACT>(c, delta, dq_acc, dbias_acc, stream);
+}
+
+template Status mma_bwd<__nv_bfloat16, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_bwd<__half, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_bwd<float, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_bwd<float, true>(const Call&, const float*, float*, float*, cudaStream_t);
+
+}  // namespace fusedattn::cuda::flash::detail
