@@ -602,7 +602,7 @@ struct Plan {
   Plan(const AttnParams& p, bool backward) {
     auto take = [&](size_t bytes) { const size_t r = total; total += (bytes + 255) / 256 * 256; return r; };
     const int64_t B = p.batch, Sq = p.seqlen_q;
-    const int64_t bm = 16 * fwd_warps(p);
+    const int64_t bm = std::min<int64_t>(16 * fwd_warps(p), kMmaBM);  // the smaller tile: more tiles
     rows = take(size_t(B * Sq) * sizeof(RowInfo));
     segs = take(size_t(B * p.max_segments) * sizeof(Segment));
     if (!backward) {
@@ -666,10 +666,7 @@ template <class T, bool EXACT>
 Status run_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int W = fwd_warps(p);
-  // flash_mma.cu's register-resident forward where it fits (its query tile is the
-  // tables' tile: both 64 rows for head dims <= 256).
-  static_assert(kMmaBM == 16 * 4, "the mma forward's query tile is the tables' tile");
-  if (W == 4 && mma_fwd_fits(p, c.a)) return mma_fwd<T, EXACT>(c, tile_max, stream);
+  if (mma_fwd_fits(p, c.a)) return mma_fwd<T, EXACT>(c, tile_max, stream);  // flash_mma.cu
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, 16 * W);
   const size_t smem = FwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;
   if (W == 4) return launch(fwd_kernel<T, 4, EXACT>, blocks, 128, smem, stream, "the flash forward", c, tile_max);
@@ -711,7 +708,8 @@ Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* w
                cudaStream_t stream) {
   const Plan plan(p, false);
   const Call c = make_call(p, a, workspace, plan, false);
-  const int bm = 16 * fwd_warps(p);
+  // Query tile of the kernel that runs (the tables and the maxima are per tile).
+  const int bm = mma_fwd_fits(p, a) ? kMmaBM : 16 * fwd_warps(p);
   FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
   float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
   FA_RETURN_IF_NOT_OK(by_dtype(p, f32_tf32, [&](auto t, auto exact) {

@@ -121,8 +121,9 @@ __device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h)
 // 16-byte chunks (head dims and the q, k, v strides multiples of 16 / element bytes, the
 // pointers 16-byte aligned). Else flash.cu's wmma kernel runs it.
 bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a);
-// The forward on c (make_call's), query tiles of kMmaBM rows; tile_max as flash.cu's.
-constexpr int kMmaBM = 64;
+// The forward on c (make_call's), query tiles of kMmaBM rows (8 warps of 16; c.tiles and
+// tile_max per such tile).
+constexpr int kMmaBM = 128;
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream);
 

@@ -1,7 +1,7 @@
 // The register-resident CUDA flash forward (FlashAttention-2's layout) for head dims up
 // to 128: flash.cu's forward algorithm and rules with S, P and O in registers.
 //
-// One block = one (batch, q head, query tile of 64 rows), 4 warps of 16 rows each; the
+// One block = one (batch, q head, query tile of 128 rows), 8 warps of 16 rows each; the
 // heaviest tiles (the last, under a causal mask) start first. Q stays in shared memory;
 // K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1 loads while
 // tile t computes). Per key tile a warp computes S = Q K^T into mma.sync accumulators,
@@ -24,7 +24,7 @@ namespace {
 
 using namespace fusedattn::cuda::mma;
 
-constexpr int kWarps = 4, kBN = 64;
+constexpr int kWarps = kMmaBM / 16, kBN = 64;
 
 // Shared memory: Q [BM][LD], K [2][BN][LD], V [2][BN][LD], the warps' maxima.
 template <class T, int D>
