@@ -1,0 +1,30 @@
+"""One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32), run
+a few times: a target for ncu / compute-sanitizer.
+
+    source scripts/gpu_env.sh && ncu -k regex:fwd_kernel -c 1 $PY dev/cuda_flash/one_call.py
+"""
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import fusedattn
+from fusedattn import AttnMaskType, _gpu_route, _lib, backends
+
+_orig = _gpu_route._gpu_choice
+
+
+def _forced(*a, **kw):
+    a = a[:5] + (a[5] | _lib.REQUEST_CUDNN_REJECTED,) + a[6:]
+    return _orig(*a, **kw)
+
+
+_gpu_route._gpu_choice = backends._gpu_choice = _forced
+dt = jnp.float32 if "--f32" in sys.argv else jnp.bfloat16
+ks = jax.random.split(jax.random.PRNGKey(0), 3)
+q, k, v = (jax.random.normal(x, (4, 4096, 16, 64), jnp.float32).astype(dt) for x in ks)
+f = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, 0,
+                                                 attn_mask_type=AttnMaskType.CAUSAL_MASK))
+for _ in range(3):
+    jax.block_until_ready(f(q, k, v))
+print("ok")
