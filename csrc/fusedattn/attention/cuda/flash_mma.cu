@@ -57,7 +57,8 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <class T, int D, bool EXACT>
+// DROP: dropout on (a kernel of its own: the per-key Philox code out of the hot loop).
+template <class T, int D, bool EXACT, bool DROP>
 __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* tile_max) {
   constexpr int BM = kMmaBM, NT = kBN / 8, DT = D / 8;
   using L = Smem<T, D>;
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
         // exp(-inf) = 0: masked keys; a dead row's probabilities are 0.
         float pr = live[r] ? exp_approx(s[n][e] - m[r]) : 0.0f;
         sum[r] += pr;
-        if (drop.on && pr != 0.0f) pr *= drop.z(row[r], jt + 8 * n + (e & 1));
+        if constexpr (DROP)
+          if (pr != 0.0f) pr *= drop.z(row[r], jt + 8 * n + (e & 1));
         s[n][e] = pr;
       }
     }
@@ -230,12 +232,12 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   }
 }
 
-template <class T, int D, bool EXACT>
+template <class T, int D, bool EXACT, bool DROP>
 Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM);
   const size_t smem = Smem<T, D>::total;
-  auto kernel = fwd_kernel<T, D, EXACT>;
+  auto kernel = fwd_kernel<T, D, EXACT, DROP>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
@@ -267,8 +269,10 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
 
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
-  if (head_dim_tile(c.p) == 64) return launch_fwd<T, 64, EXACT>(c, tile_max, stream);
-  return launch_fwd<T, 128, EXACT>(c, tile_max, stream);
+  const bool drop = c.p.is_training && c.p.dropout > 0.0f;  // Drop's rule
+  if (head_dim_tile(c.p) == 64)
+    return drop ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
+  return drop ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
 }
 
 template Status mma_fwd<__nv_bfloat16, false>(const Call&, float*, cudaStream_t);
