@@ -1,4 +1,5 @@
-"""One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32), run
+"""One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32; with
+--bwd its gradients), run
 a few times: a target for ncu / compute-sanitizer.
 
     source scripts/gpu_env.sh && ncu -k regex:fwd_kernel -c 1 $PY dev/cuda_flash/one_call.py
@@ -25,6 +26,9 @@ ks = jax.random.split(jax.random.PRNGKey(0), 3)
 q, k, v = (jax.random.normal(x, (4, 4096, 16, 64), jnp.float32).astype(dt) for x in ks)
 f = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, 0,
                                                  attn_mask_type=AttnMaskType.CAUSAL_MASK))
+if "--bwd" in sys.argv:  # the backward too
+    fwd = f
+    f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
 for _ in range(3):
     jax.block_until_ready(f(q, k, v))
 print("ok")

@@ -94,7 +94,29 @@ def _gpu_fused(ops, cfg: Config, dims: Dims, training: bool, sm=None) -> tuple[s
 def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str, int]:
     """_gpu_choice for these operands (the N_OPS; a score_mod's program joins the key)."""
     return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
-                       training, None if sm is None else _sm_key(sm), _index_flag(ops, cfg, sm))
+                       training, None if sm is None else _sm_key(sm),
+                       _index_flag(ops, cfg, sm) | _precision_flag(ops[0].dtype))
+
+
+# jax's matmul precisions (jax.default_matmul_precision) that ask float32 products at
+# float32 accuracy; every other one (None: the default, "tensorfloat32", "high",
+# "bfloat16", "fastest", ...) lets XLA multiply float32 in TF32 on the GPU, and so do the
+# CUDA flash kernels.
+_F32_EXACT_PRECISIONS = frozenset({"highest", "float32", "f32_f32_f32", "tf32_tf32_f32_x3",
+                                   "bf16_bf16_f32_x6", "bf16_bf16_f32_x9", "f64_f64_f64"})
+
+
+def _precision_flag(dtype) -> int:
+    """REQUEST_F32_EXACT for a float32 call traced under a float32-accurate matmul
+    precision (the CUDA flash kernels then multiply in 3xTF32; else in TF32, as XLA's own
+    float32 matmuls on the GPU). FUSEDATTN_F32_MATMUL=tf32|float32 overrides it (options.h)."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return 0
+    precision = jax.config.jax_default_matmul_precision
+    name = getattr(precision, "name", precision)
+    if name is not None and str(name).lower() in _F32_EXACT_PRECISIONS:
+        return _lib.REQUEST_F32_EXACT
+    return 0
 
 
 def _index_flag(ops, cfg: Config, sm) -> int:

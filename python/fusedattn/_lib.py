@@ -206,9 +206,11 @@ class BackendChoice(typing.NamedTuple):
 
 # BackendRequest's flags (attention/backend.h): the call's index_base must be honoured
 # (a block's positions, or a shard's base with dropout or a score_mod); cuDNN's graph
-# check rejected the call.
+# check rejected the call; float32 matmuls at float32 accuracy (the CUDA flash kernels'
+# 3xTF32 instead of TF32: jax's matmul precision asked for it).
 REQUEST_INDEX_BASE = 1
 REQUEST_CUDNN_REJECTED = 2
+REQUEST_F32_EXACT = 4
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,

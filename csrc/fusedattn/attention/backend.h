@@ -48,8 +48,11 @@ struct BackendRequest {
   bool cudnn_rejected = false;
 };
 
-// BackendRequest's flags as one int (the C API's `flags`).
-constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2;
+// BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
+// flash kernels read (not a routing matter): kRequestF32Exact, the call's float32 matmuls
+// at float32 accuracy (jax's matmul precision "highest" / "float32" when it was traced;
+// options.h's f32_tf32).
+constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2, kRequestF32Exact = 4;
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):

@@ -273,7 +273,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   if (choice.forward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, workspace, &ws));
-    return cuda::flash::forward(p, t, backend_options().f32_tf32, ws, stream);
+    return cuda::flash::forward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws, stream);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
@@ -364,7 +364,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, workspace, &ws));
-    return cuda::flash::backward(p, t, backend_options().f32_tf32, ws, stream);
+    return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws, stream);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)

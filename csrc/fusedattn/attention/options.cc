@@ -18,7 +18,8 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   const char* hopper = env("FUSEDATTN_HOPPER_FWD");
   o.hopper_fwd = !hopper || std::strcmp(hopper, "0") != 0;
   const char* f32 = env("FUSEDATTN_F32_MATMUL");
-  o.f32_tf32 = f32 && std::strcmp(f32, "tf32") == 0;
+  if (f32 && std::strcmp(f32, "tf32") == 0) o.f32_matmul = F32Matmul::kTf32;
+  if (f32 && std::strcmp(f32, "float32") == 0) o.f32_matmul = F32Matmul::kExact;
   if (const char* heur = env("FUSEDATTN_CUDNN_HEUR")) {
     if (std::strcmp(heur, "B") == 0) o.cudnn_heur = CudnnHeur::kB;
     if (std::strcmp(heur, "FALLBACK") == 0) o.cudnn_heur = CudnnHeur::kFallback;

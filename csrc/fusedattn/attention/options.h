@@ -7,10 +7,16 @@
 //                                   would take (softcap / ALiBi score_mod, head dim 128,
 //                                   sm_90) run cuDNN's forward graph instead. Any other
 //                                   value, or unset: the Hopper forward takes them.
-//   FUSEDATTN_F32_MATMUL=tf32       f32_tf32 = true: the CUDA flash kernels multiply float32
-//                                   inputs in plain TF32 (10-bit mantissas, ~1e-3 relative
-//                                   error, XLA's default precision) instead of 3xTF32 (about
-//                                   float32's accuracy, ~3x the tensor-core work). The one
+//   FUSEDATTN_F32_MATMUL=tf32|float32
+//                                   f32_matmul: how the CUDA flash kernels multiply float32
+//                                   inputs, whatever the call asks. Unset (or anything
+//                                   else): as the call asks, which is jax's matmul
+//                                   precision at trace time (backend.h's kRequestF32Exact):
+//                                   plain TF32 by default, as XLA's own float32 matmuls on
+//                                   the GPU (10-bit mantissas, ~1e-3 relative error), 3xTF32
+//                                   under jax.default_matmul_precision("highest" or
+//                                   "float32") (about float32's accuracy, ~3x the
+//                                   tensor-core work). tf32 / float32: always that. The one
 //                                   knob here that changes results, within that error.
 //   FUSEDATTN_CUDNN_HEUR=A|B|FALLBACK
 //                                   cudnn_heur: the cuDNN heuristics mode whose list of
@@ -34,10 +40,11 @@
 namespace fusedattn {
 
 enum class CudnnHeur : int32_t { kA = 0, kB = 1, kFallback = 2 };
+enum class F32Matmul : int32_t { kAsCalled = 0, kTf32 = 1, kExact = 2 };
 
 struct BackendOptions {
   bool hopper_fwd = true;
-  bool f32_tf32 = false;
+  F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;
   std::optional<int64_t> cudnn_plan;
   std::optional<int64_t> cudnn_engine;
@@ -53,5 +60,13 @@ BackendOptions parse_backend_options(const EnvLookup& env);
 
 // The process's options: the environment, read on first use (thread-safe), then kept.
 const BackendOptions& backend_options();
+
+// Whether the CUDA flash kernels multiply a call's float32 inputs in plain TF32: the
+// options' f32_matmul, else the call's request (exact: backend.h's kRequestF32Exact set).
+inline bool f32_tf32(const BackendOptions& o, bool exact_requested) {
+  if (o.f32_matmul == F32Matmul::kTf32) return true;
+  if (o.f32_matmul == F32Matmul::kExact) return false;
+  return !exact_requested;
+}
 
 }  // namespace fusedattn

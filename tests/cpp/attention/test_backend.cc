@@ -340,13 +340,23 @@ TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   EXPECT_FALSE(o.cudnn_engine.has_value());
   EXPECT_FALSE(o.cudnn_kernel_cfg.has_value());
   EXPECT_FALSE(o.cudnn_plan_log);
-  EXPECT_FALSE(o.f32_tf32);
+  EXPECT_EQ(o.f32_matmul, F32Matmul::kAsCalled);
 }
 
-TEST(ParseBackendOptions, Float32MatmulIsTf32OnlyWhenAsked) {
-  EXPECT_TRUE(parse({{"FUSEDATTN_F32_MATMUL", "tf32"}}).f32_tf32);
-  EXPECT_FALSE(parse({{"FUSEDATTN_F32_MATMUL", "float32"}}).f32_tf32);
-  EXPECT_FALSE(parse({{"FUSEDATTN_F32_MATMUL", "TF32 "}}).f32_tf32);
+TEST(ParseBackendOptions, Float32MatmulFollowsTheCallUnlessForced) {
+  EXPECT_EQ(parse({{"FUSEDATTN_F32_MATMUL", "tf32"}}).f32_matmul, F32Matmul::kTf32);
+  EXPECT_EQ(parse({{"FUSEDATTN_F32_MATMUL", "float32"}}).f32_matmul, F32Matmul::kExact);
+  EXPECT_EQ(parse({{"FUSEDATTN_F32_MATMUL", "TF32 "}}).f32_matmul, F32Matmul::kAsCalled);
+  // As called: TF32 unless the call asks float32 accuracy (kRequestF32Exact).
+  const BackendOptions called = parse({});
+  EXPECT_TRUE(f32_tf32(called, false));
+  EXPECT_FALSE(f32_tf32(called, true));
+  const BackendOptions tf32 = parse({{"FUSEDATTN_F32_MATMUL", "tf32"}});
+  EXPECT_TRUE(f32_tf32(tf32, false));
+  EXPECT_TRUE(f32_tf32(tf32, true));
+  const BackendOptions exact = parse({{"FUSEDATTN_F32_MATMUL", "float32"}});
+  EXPECT_FALSE(f32_tf32(exact, false));
+  EXPECT_FALSE(f32_tf32(exact, true));
 }
 
 TEST(ParseBackendOptions, HopperForwardIsOffOnlyForZero) {

@@ -286,3 +286,17 @@ def test_float64_names_the_reference_on_the_cpu():
     with jax.enable_x64(True):
         info = fusedattn.get_backend(shapes(dtype=jnp.float64), platform="cpu")
     assert (info.name, info.fused) == ("xla_reference", False) and "float64" in info.reason
+
+
+@pytest.mark.parametrize("precision, exact", [
+    (None, False), ("default", False), ("tensorfloat32", False), ("high", False),
+    ("bfloat16", False), ("fastest", False), ("highest", True), ("float32", True),
+    ("F32_F32_F32", True), ("TF32_TF32_F32_X3", True)])
+def test_float32_matmul_precision_follows_jax(precision, exact):
+    # The CUDA flash kernels multiply float32 as jax's matmul precision at trace time asks:
+    # TF32 by default (XLA's own float32 matmuls on the GPU), 3xTF32 (float32 accuracy)
+    # under "highest" / "float32"; 16-bit calls never carry the flag.
+    with jax.default_matmul_precision(precision):
+        assert bool(_gpu_route._precision_flag(jnp.float32) & _lib.REQUEST_F32_EXACT) == exact
+        assert _gpu_route._precision_flag(jnp.bfloat16) == 0
+        assert _gpu_route._precision_flag(jnp.float16) == 0

@@ -6,7 +6,8 @@ Every configuration that used to fall back is run against the float32 reference 
 random inputs by features.check (out, softmax_aux, max_logit, dq, dk, dv, dbias,
 d softmax_offset; FlashAttention's tolerance rule for bf16/fp16, NaN never passes), under
 jax.default_matmul_precision("highest") so that the reference's float32 matmuls are not TF32
-(the kernel's are 3xTF32 by default: float32 accuracy, hence float32's bound x F32_SLACK).
+(the kernel then multiplies in 3xTF32: float32 accuracy, hence float32's bound x F32_SLACK;
+at jax's default precision it multiplies in TF32, as XLA does: test_float32_default_is_tf32).
 Each case first asserts which backend serves it (`served`), so a call that silently goes
 elsewhere fails. Further: dropout's keep mask is reference.py's Philox rule exactly; a
 shard with dropout (index_base) and blocks of a context-parallel call (index_base with
@@ -272,12 +273,13 @@ def test_dropout_keep_mask_is_the_reference_rule(key, platform):
             (q, k, v), None, None, seed, dropout_probability=p, is_training=True),
             static_argnums=2)
         dropped, plain = np.asarray(f(q, k, p)), np.asarray(f(q, k, 0.0))
+        again = np.asarray(f(q, k, p))  # at the same matmul precision
     keep = dropped.transpose(0, 2, 1, 3) != 0
     np.testing.assert_array_equal(keep, np.asarray(dropout_keep(seed, p, B, H, S, S)))
     kept = dropped != 0
     assert (plain > 0).all(), "every probability is positive, so 0 means dropped"
     np.testing.assert_allclose(dropped[kept], plain[kept] / (1 - p), rtol=2e-5)
-    np.testing.assert_array_equal(np.asarray(f(q, k, p)), dropped)  # a fixed seed reproduces
+    np.testing.assert_array_equal(again, dropped)  # a fixed seed reproduces
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -286,7 +288,9 @@ def test_dropout_backward_drops_what_the_forward_dropped(key, platform):
     # dv's rows are P~_ij, the forward's dropped probabilities (out's row i with V = I).
     B, S, H, p, row = 1, 128, 2, 0.4, 77
     seed = 2024
-    with jax.default_device(_device(platform)):
+    # float32 accuracy (3xTF32 on the GPU): the forward's and the backward's recomputed
+    # probabilities agree to float32 rounding (in TF32 they would to TF32's).
+    with jax.default_device(_device(platform)), jax.default_matmul_precision("highest"):
         kq, kk = jax.random.split(key)
         q, k = normal(kq, (B, S, H, 32)), normal(kk, (B, S, H, 32))
         v = jnp.broadcast_to(jnp.eye(S)[None, :, None, :], (B, S, H, S))
@@ -456,3 +460,31 @@ def test_large_float32_causal_forward(key, platform, S):
             r_out, r_lse = rows_ref(q[0, rows], k[0], v[0], first)
             assert_close(f"out[{first}:+64]", out[0, rows], r_out, slack=F32_SLACK)
             assert_lse_close(f"lse[{first}:+64]", lse[0, :, rows], r_lse)
+
+
+@pytest.mark.gpu
+def test_float32_default_is_tf32(key):
+    # At jax's default matmul precision the kernels multiply float32 in TF32 (as XLA's own
+    # float32 matmuls on the GPU): within TF32's error of the exact result, and not the
+    # 3xTF32 result that "highest" gives (so the request reaches the kernel).
+    B, S, H, D = 2, 512, 4, 64
+    spec = Spec(Sq=S, Skv=S, Hq=H, Hkv=H, D=D, B=B, mask=CAUSAL, max_logit=False)
+    served(spec, "gpu", training=True)
+    kq, kk, kv = jax.random.split(key, 3)
+    q, k, v = (normal(kk_, (B, S, H, D)) for kk_ in (kq, kk, kv))
+
+    def run():
+        f = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=CAUSAL)
+        out = jax.jit(f)(q, k, v)
+        grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * jnp.cos(q)), argnums=(0, 1, 2)))(q, k, v)
+        return [np.asarray(x) for x in (out, *grads)]
+
+    with jax.default_device(_device("gpu")):
+        fast = run()
+        with jax.default_matmul_precision("highest"):
+            exact = run()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), fast, exact):
+        scale = max(1.0, float(np.max(np.abs(b))))
+        err = float(np.max(np.abs(a - b))) / scale
+        assert err < 2e-2, (name, err)  # TF32: 10-bit mantissas
+        assert err > 1e-6, (name, err)  # not the 3xTF32 result

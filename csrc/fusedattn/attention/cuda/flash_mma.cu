@@ -34,20 +34,8 @@ struct Smem {
                           wmax = v + 2 * size_t(kBN) * LD * sizeof(T), total = wmax + kWarps * 4;
 };
 
-// max that propagates NaN (PTX max.NaN, sm_80+): a row's maximum is NaN when a kept
-// score is, which fwd.cc's rule makes the row's result.
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-// e^x on the SFU (ex2.approx of x log2 e): relative error ~2^-21 for x <= 0, where the
-// softmax uses it; e^-inf = 0, NaN stays NaN.
-__device__ __forceinline__ float exp_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x * 1.4426950408889634f));
-  return r;
-}
+// A row's maximum is NaN when a kept score is (max_nan), which fwd.cc's rule makes the
+// row's result.
 __device__ __forceinline__ float quad_max(float x) {
   x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -23,7 +23,7 @@
 //
 // Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
 // float32 TF32 at D = 128 (the last spills 28 bytes), 172-175 at D = 64; the S^T and dP^T
-// products keep their k loop rolled (mma_abt's KU = 1), else hoisted loads spill.
+// products share one rolled k loop (mma_abt2, KU = 1: hoisted loads would spill).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       for (int n = 0; n < NH; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-      mma_abt<T, LD, QH, D, EXACT, 1>(st, sK + warp * 16 * LD, sQh, lane);    // S^T = K_w Q^T
-      mma_abt<T, LD, QH, D, EXACT, 1>(dpt, sV + warp * 16 * LD, sDOh, lane);  // dP^T = V_w dO^T
+      // S^T = K_w Q^T and dP^T = V_w dO^T, in one k loop.
+      mma_abt2<T, LD, QH, D, EXACT, 1>(st, sK + warp * 16 * LD, sQh, dpt, sV + warp * 16 * LD, sDOh, lane);
 
       // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
       // dbias at query i, key j through pointers stepped by 8 queries per n.
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
               float s = st[n][e] * p.scale;
               float bv = 0.0f;
               if (bias) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
-              const float pr = expf(s - lse);
+              const float pr = exp_approx(s - lse);
               const float dp = dpt[n][e];
               if (drop.on) {
                 const float z = (zbits >> (4 * (hq * NH + n) + e)) & 1u ? drop.inv_keep : 0.0f;

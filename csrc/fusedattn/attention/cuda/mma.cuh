@@ -147,39 +147,72 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
 // (S = Q K^T, S^T = K Q^T). KU: the k loop's unroll factor (1 keeps the registers that
 // hoisted loads would take; the backward needs them).
-template <class T, int LD, int N, int K, bool EXACT, int KU = K>
-__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
+// One k step (8 for float32, 16 for 16-bit) of mma_abt at k = kk.
+template <class T, int LD, int N, bool EXACT>
+__device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, const T* sB, int kk, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll(KU)
-    for (int kk = 0; kk < K; kk += 8) {
-      const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
-                           sA[(g + 8) * LD + kk + t + 4]};
-      const Tf32<4, EXACT> a(ar);
+    const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
+                         sA[(g + 8) * LD + kk + t + 4]};
+    const Tf32<4, EXACT> a(ar);
 #pragma unroll
-      for (int n = 0; n < N / 8; ++n) {
-        const float* br = sB + (n * 8 + g) * LD + kk;  // b0 (k t, n g), b1 (k t + 4, n g)
-        const float b[2] = {br[t], br[t + 4]};
-        mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
-      }
+    for (int n = 0; n < N / 8; ++n) {
+      const float* br = sB + (n * 8 + g) * LD + kk;  // b0 (k t, n g), b1 (k t + 4, n g)
+      const float b[2] = {br[t], br[t + 4]};
+      mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
     }
   } else {
-#pragma unroll(KU)
-    for (int kk = 0; kk < K; kk += 16) {
-      // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
-      uint32_t a[4];
-      ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 8);
+    // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
+    uint32_t a[4];
+    ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 8);
 #pragma unroll
-      for (int np = 0; np < N / 16; ++np) {
-        // Matrix m is (B rows = n 16 np + 8 (m / 2) .., k 8 (m % 2) ..): b0, b1 of n-tile
-        // 2 np, then of 2 np + 1 (B^T's rows are B's columns: no transpose).
-        uint32_t b[4];
-        ldsm_x4(b, sB + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
-        mma16816<T>(c[2 * np], a, b[0], b[1]);
-        mma16816<T>(c[2 * np + 1], a, b[2], b[3]);
-      }
+    for (int np = 0; np < N / 16; ++np) {
+      // Matrix m is (B rows = n 16 np + 8 (m / 2) .., k 8 (m % 2) ..): b0, b1 of n-tile
+      // 2 np, then of 2 np + 1 (B^T's rows are B's columns: no transpose).
+      uint32_t b[4];
+      ldsm_x4(b, sB + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
+      mma16816<T>(c[2 * np], a, b[0], b[1]);
+      mma16816<T>(c[2 * np + 1], a, b[2], b[3]);
     }
   }
+}
+
+// c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
+// (S = Q K^T). KU: the k loop's unroll factor (1 keeps the registers that hoisted loads
+// would take).
+template <class T, int LD, int N, int K, bool EXACT, int KU = K>
+__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
+  constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
+#pragma unroll(KU)
+  for (int kk = 0; kk < K; kk += KS) mma_abt_step<T, LD, N, EXACT>(c, sA, sB, kk, lane);
+}
+
+// Two such products in one k loop (S^T = K Q^T beside dP^T = V dO^T): twice the
+// independent accumulators per step for the tensor cores' latency.
+template <class T, int LD, int N, int K, bool EXACT, int KU = K>
+__device__ __forceinline__ void mma_abt2(float (&c1)[N / 8][4], const T* sA1, const T* sB1,
+                                         float (&c2)[N / 8][4], const T* sA2, const T* sB2, int lane) {
+  constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
+#pragma unroll(KU)
+  for (int kk = 0; kk < K; kk += KS) {
+    mma_abt_step<T, LD, N, EXACT>(c1, sA1, sB1, kk, lane);
+    mma_abt_step<T, LD, N, EXACT>(c2, sA2, sB2, kk, lane);
+  }
+}
+
+// max that propagates NaN (PTX max.NaN, sm_80+).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// e^x on the SFU (ex2.approx of x log2 e): relative error ~2^-21 for x <= 0, where the
+// softmax uses it; e^-inf = 0, NaN stays NaN.
+__device__ __forceinline__ float exp_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
 }
 
 // c (16 x N) += P B over k < K: P (16 x K) in registers in C layout (p[n]: k 8 n ..), B = the
