@@ -99,9 +99,9 @@ def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str,
 
 
 # jax's matmul precisions (jax.default_matmul_precision) that ask float32 products at
-# float32 accuracy; every other one (None: the default, "tensorfloat32", "high",
-# "bfloat16", "fastest", ...) lets XLA multiply float32 in TF32 on the GPU, and so do the
-# CUDA flash kernels.
+# float32 accuracy; every other one (None and "default", "high", "tensorfloat32",
+# "bfloat16", "BF16_BF16_F32_X3", ...) lets XLA multiply float32 in TF32 on the GPU, and so
+# do the CUDA flash kernels.
 _F32_EXACT_PRECISIONS = frozenset({"highest", "float32", "f32_f32_f32", "tf32_tf32_f32_x3",
                                    "bf16_bf16_f32_x6", "bf16_bf16_f32_x9", "f64_f64_f64"})
 

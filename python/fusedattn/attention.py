@@ -198,10 +198,12 @@ def _cast_floats(xs, dtype):
 
 def _f64(ops, cfg: Config, dims: Dims, sm, reference, float32_call):
     """A float64 call: float64 math on the CPU (the reference: the engine computes in
-    float32), the float32 path on the GPU (rounded in, widened back out)."""
+    float32), the float32 path on the GPU (rounded in, widened back out) at float32
+    accuracy (its matmuls as under jax.default_matmul_precision("highest"): 3xTF32)."""
     def gpu(*o, cfg, dims, sm):
         want = jax.eval_shape(functools.partial(reference, cfg=cfg, dims=dims, sm=sm), *o)
-        got = float32_call(_cast_floats(o, jnp.float32))
+        with jax.default_matmul_precision("highest"):
+            got = float32_call(_cast_floats(o, jnp.float32))
         return tuple(g.astype(w.dtype) for g, w in zip(got, want))
     return _per_platform(ops, cfg, dims, sm, reference, gpu, reference)
 

@@ -290,7 +290,7 @@ def test_float64_names_the_reference_on_the_cpu():
 
 @pytest.mark.parametrize("precision, exact", [
     (None, False), ("default", False), ("tensorfloat32", False), ("high", False),
-    ("bfloat16", False), ("fastest", False), ("highest", True), ("float32", True),
+    ("bfloat16", False), ("BF16_BF16_F32_X3", False), ("highest", True), ("float32", True),
     ("F32_F32_F32", True), ("TF32_TF32_F32_X3", True)])
 def test_float32_matmul_precision_follows_jax(precision, exact):
     # The CUDA flash kernels multiply float32 as jax's matmul precision at trace time asks:
