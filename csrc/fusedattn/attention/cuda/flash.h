@@ -8,15 +8,15 @@
 // and blocks of a bigger call) and the same NaN rules (NaN in a row's kept scores makes
 // its output, lse and max_logit NaN; a row that keeps nothing gives 0 and lse -inf).
 //
-// Matmuls: wmma fragments. 16-bit inputs multiply in their type (float32 accumulation);
-// float32 inputs in 3xTF32 by default (a = a_hi + a_lo, each TF32; a.b = a_hi.b_hi +
-// a_hi.b_lo + a_lo.b_hi, about float32's accuracy, so the GPU agrees with the CPU engine
-// and the float32 reference), or plain TF32 (`f32_tf32`: FUSEDATTN_F32_MATMUL=tf32, about
-// 3x less tensor-core work, 1e-3 relative error, what XLA's default precision does).
-//
-// Head dims: any up to 512 (q/k and v may differ); the query tile holds 64 rows (32 past
-// Dv 256) and the backward's key tile 32 keys (16 past 256), so shared memory stays near
-// 100-200 KB.
+// Two sets of kernels: for head dims up to 128 with rows of whole 16-byte chunks,
+// flash_mma.cu / flash_mma_bwd.cu (mma.sync with S, P, O and dK, dV in registers,
+// cp.async double buffers: FlashAttention-2's layout); for the rest flash.cu's wmma
+// kernels (any head dim up to 512, q/k and v may differ; a query tile of 64 rows, 32 past
+// Dv 256, and a backward key tile of 32 keys, 16 past 256). 16-bit inputs multiply in
+// their type (float32 accumulation); float32 inputs in plain TF32 (`f32_tf32`: jax's
+// default matmul precision, as XLA's own float32 matmuls; 1e-3 relative error) or 3xTF32
+// (a = a_hi + a_lo, each TF32; a.b = a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, about float32's
+// accuracy, ~3x the tensor-core work: jax's "highest" / "float32" precision; options.h).
 //
 // Workspace (flash_workspace_bytes, carved by the handler): the per-row kept-key table
 // [B, Sq], per-tile unions, the segments, and per-(b, h, tile) maxima; the backward adds
@@ -50,7 +50,7 @@ size_t workspace_bytes(const AttnParams& p, bool backward);
 // p must have passed validate(); t holds its tensors as ffi_decode.h decodes them (the
 // forward writes out, lse and max_logit; the backward dq, dk, dv and, where t has them,
 // dbias and dsoftmax_offset); index_base with 6 or 8 columns makes the call a block of a
-// bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32 (options.h). The workspace
+// bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32, else 3xTF32 (options.h). The workspace
 // must have workspace_bytes(p, ...) bytes, 256-byte aligned.
 Status forward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
                cudaStream_t stream);
