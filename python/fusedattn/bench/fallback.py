@@ -5,8 +5,8 @@ under XLA (materialized [B, H, Sq, Skv] scores); fusedattn's generic CUDA flash 
 ("cuda_flash") serves them now. Each row times fused_attn (its backend, from get_backend,
 in the table: a row that still falls back shows "xla_reference") beside anchors measured in
 the same run, forward and forward+backward (gradients of q, k, v):
-  f32      float32 causal, B 1, S 8192, H 8, D 64 (fusedattn: 3xTF32 matmuls, float32
-           accuracy; FUSEDATTN_F32_MATMUL=tf32 for plain TF32) vs
+  f32      float32 causal, B 1, S 8192, H 8, D 64 (fusedattn's matmuls follow jax's matmul
+           precision: TF32 by default as XLA's, 3xTF32 under "highest") vs
            jax.nn.dot_product_attention(implementation="xla") at the default precision
   pre_bias bf16 PRE_SCALE_BIAS [1, H, S, S], causal, B 2, S 4096, H 8, D 128 vs XLA (the
            same math: bias * scale added after scaling) and vs jax's cuDNN with a
