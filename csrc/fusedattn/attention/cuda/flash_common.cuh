@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <limits>
 
 #include "fusedattn/attention/cuda/flash.h"
@@ -115,7 +116,18 @@ __device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h)
   return -kInf;
 }
 
-// ---- the register-resident kernels (flash_mma.cu, flash_mma_bwd.cu) ---------------------------------
+// ---- the register-resident kernels (flash_mma.cu, flash_mma_bwd.cu) -----------------
+
+// Their head-dim tile: both head dims zero-padded to 64 or 128.
+inline int64_t mma_head_dim_tile(const AttnParams& p) {
+  return (p.head_dim_qk > p.head_dim_v ? p.head_dim_qk : p.head_dim_v) <= 64 ? 64 : 128;
+}
+// Whether they serve a call whose operands are `views` at `ptrs`: both head dims <= 128,
+// rows of whole 16-byte chunks (head dims and strides multiples of 16 / element bytes,
+// pointers 16-byte aligned), and smem(element bytes, head-dim tile) bytes of shared memory
+// per block within the device's opt-in limit.
+bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
+                  std::initializer_list<const void*> ptrs, size_t (*smem)(int elem, int64_t tile));
 
 // Whether flash_mma.cu's forward serves a call: both head dims <= 128, rows of whole
 // 16-byte chunks (head dims and the q, k, v strides multiples of 16 / element bytes, the

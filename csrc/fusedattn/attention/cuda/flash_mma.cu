@@ -231,34 +231,38 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
 }
 
-int64_t head_dim_tile(const AttnParams& p) { return std::max(p.head_dim_qk, p.head_dim_v) <= 64 ? 64 : 128; }
-
-template <class T>
-size_t smem_of(int64_t d) { return d == 64 ? Smem<T, 64>::total : Smem<T, 128>::total; }
+size_t fwd_smem(int elem, int64_t d) {
+  if (elem == 4) return d == 64 ? Smem<float, 64>::total : Smem<float, 128>::total;
+  return d == 64 ? Smem<__half, 64>::total : Smem<__half, 128>::total;
+}
 
 }  // namespace
 
-bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
-  const int64_t elem = p.dtype == FA_FLOAT32 ? 4 : 2, v = 16 / elem;
+bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
+                  std::initializer_list<const void*> ptrs, size_t (*smem)(int elem, int64_t tile)) {
+  const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
+  const int64_t v = 16 / elem;
   if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
   if (p.head_dim_qk % v || p.head_dim_v % v) return false;
-  for (const ViewStrides& s : {a.sq, a.sk, a.sv})
+  for (const ViewStrides& s : views)
     if (s.b % v || s.s % v || s.h % v) return false;
-  for (const void* ptr : {a.q, a.k, a.v})
+  for (const void* ptr : ptrs)
     if (reinterpret_cast<uintptr_t>(ptr) % 16) return false;
-  const int64_t d = head_dim_tile(p);
-  const size_t need = p.dtype == FA_FLOAT32 ? smem_of<float>(d) : smem_of<__half>(d);
   int dev = 0, optin = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return false;
-  return need <= size_t(optin);
+  return smem(elem, mma_head_dim_tile(p)) <= size_t(optin);
+}
+
+bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, fwd_smem);
 }
 
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const bool drop = c.p.is_training && c.p.dropout > 0.0f;  // Drop's rule
-  if (head_dim_tile(c.p) == 64)
+  if (mma_head_dim_tile(c.p) == 64)
     return drop ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
   return drop ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
 }

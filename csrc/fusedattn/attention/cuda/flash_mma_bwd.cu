@@ -320,33 +320,20 @@ Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias
   return cuda_status(cudaGetLastError(), "the flash backward (mma)");
 }
 
-int64_t head_dim_tile(const AttnParams& p) { return std::max(p.head_dim_qk, p.head_dim_v) <= 64 ? 64 : 128; }
-
-template <class T>
-size_t smem_of(int64_t d) { return d == 64 ? BwdSmem<T, 64>::total : BwdSmem<T, 128>::total; }
+size_t bwd_smem(int elem, int64_t d) {
+  if (elem == 4) return d == 64 ? BwdSmem<float, 64>::total : BwdSmem<float, 128>::total;
+  return d == 64 ? BwdSmem<__half, 64>::total : BwdSmem<__half, 128>::total;
+}
 
 }  // namespace
 
 bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a) {
-  const int64_t elem = p.dtype == FA_FLOAT32 ? 4 : 2, v = 16 / elem;
-  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
-  if (p.head_dim_qk % v || p.head_dim_v % v) return false;
-  for (const ViewStrides& s : {a.sq, a.sk, a.sv, a.sdo})
-    if (s.b % v || s.s % v || s.h % v) return false;
-  for (const void* ptr : {a.q, a.k, a.v, a.dout})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16) return false;
-  const int64_t d = head_dim_tile(p);
-  const size_t need = p.dtype == FA_FLOAT32 ? smem_of<float>(d) : smem_of<__half>(d);
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return need <= size_t(optin);
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv, a.sdo}, {a.q, a.k, a.v, a.dout}, bwd_smem);
 }
 
 template <class T, bool EXACT>
 Status mma_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
-  if (head_dim_tile(c.p) == 64) return launch_bwd<T, 64, EXACT>(c, delta, dq_acc, dbias_acc, stream);
+  if (mma_head_dim_tile(c.p) == 64) return launch_bwd<T, 64, EXACT>(c, delta, dq_acc, dbias_acc, stream);
   return launch_bwd<T, 128, EXACT>(c, delta, dq_acc, dbias_acc, stream);
 }
 
