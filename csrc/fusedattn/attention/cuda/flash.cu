@@ -662,11 +662,12 @@ Status launch(K kernel, int64_t blocks, int threads, size_t smem, cudaStream_t s
   return cuda_status(cudaGetLastError(), what);
 }
 
+// mma: flash_mma.cu's register-resident forward serves the call (mma_fwd_fits).
 template <class T, bool EXACT>
-Status run_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
+Status run_fwd(const Call& c, bool mma, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int W = fwd_warps(p);
-  if (mma_fwd_fits(p, c.a)) return mma_fwd<T, EXACT>(c, tile_max, stream);  // flash_mma.cu
+  if (mma) return mma_fwd<T, EXACT>(c, tile_max, stream);
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, 16 * W);
   const size_t smem = FwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;
   if (W == 4) return launch(fwd_kernel<T, 4, EXACT>, blocks, 128, smem, stream, "the flash forward", c, tile_max);
@@ -709,11 +710,12 @@ Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* w
   const Plan plan(p, false);
   const Call c = make_call(p, a, workspace, plan, false);
   // Query tile of the kernel that runs (the tables and the maxima are per tile).
-  const int bm = mma_fwd_fits(p, a) ? kMmaBM : 16 * fwd_warps(p);
+  const bool mma = mma_fwd_fits(p, a);
+  const int bm = mma ? kMmaBM : 16 * fwd_warps(p);
   FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
   float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
   FA_RETURN_IF_NOT_OK(by_dtype(p, f32_tf32, [&](auto t, auto exact) {
-    return run_fwd<decltype(t), decltype(exact)::value>(c, tile_max, stream);
+    return run_fwd<decltype(t), decltype(exact)::value>(c, mma, tile_max, stream);
   }));
   if (a.max_logit) {
     const int64_t BH = p.batch * p.heads_q;
