@@ -1,26 +1,21 @@
 """One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32; with
---bwd its gradients), run
-a few times: a target for ncu / compute-sanitizer.
+--bwd its gradients), run a few times: a target for ncu / compute-sanitizer.
 
     source scripts/gpu_env.sh && ncu -k regex:fwd_kernel -c 1 $PY dev/cuda_flash/one_call.py
 """
+import os
 import sys
 
 import jax
 import jax.numpy as jnp
 
 import fusedattn
-from fusedattn import AttnMaskType, _gpu_route, _lib, backends
+from fusedattn import AttnMaskType
 
-_orig = _gpu_route._gpu_choice
+sys.path.insert(0, os.path.dirname(__file__))
+from vs_cudnn import force_cuda_flash  # noqa: E402
 
-
-def _forced(*a, **kw):
-    a = a[:5] + (a[5] | _lib.REQUEST_CUDNN_REJECTED,) + a[6:]
-    return _orig(*a, **kw)
-
-
-_gpu_route._gpu_choice = backends._gpu_choice = _forced
+force_cuda_flash()
 dt = jnp.float32 if "--f32" in sys.argv else jnp.bfloat16
 ks = jax.random.split(jax.random.PRNGKey(0), 3)
 q, k, v = (jax.random.normal(x, (4, 4096, 16, 64), jnp.float32).astype(dt) for x in ks)

@@ -4,7 +4,8 @@ normal cuDNN route, forward and forward+backward, with the max difference of the
 
     source scripts/gpu_env.sh && $PY dev/cuda_flash/vs_cudnn.py
 """
-import time
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,10 +14,14 @@ import numpy as np
 import fusedattn
 from fusedattn import AttnMaskType, _gpu_route, _lib, backends
 
+sys.path.insert(0, os.path.dirname(__file__))
+from probe import timeit  # noqa: E402
+
 _orig = _gpu_route._gpu_choice
 
 
 def _forced(*a, **kw):
+    """_gpu_choice as if cuDNN had rejected the call (REQUEST_CUDNN_REJECTED)."""
     if len(a) >= 6:  # (fields, want_lse, want_max_logit, training, score_mod, flags)
         a = a[:5] + (a[5] | _lib.REQUEST_CUDNN_REJECTED,) + a[6:]
     else:
@@ -24,16 +29,9 @@ def _forced(*a, **kw):
     return _orig(*a, **kw)
 
 
-def timeit(f, *a, n=10):
-    jax.block_until_ready(f(*a))
-    best = 1e9
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            r = f(*a)
-        jax.block_until_ready(r)
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e3
+def force_cuda_flash(on: bool = True):
+    """Route every later trace to the CUDA flash kernels (on) or back to the normal choice."""
+    _gpu_route._gpu_choice = backends._gpu_choice = _forced if on else _orig
 
 
 def fns(mask):
@@ -53,12 +51,12 @@ def main():
                 q, k, v = (jax.random.normal(x, (B, S, H, D), jnp.float32).astype(dt) for x in ks)
                 res = {}
                 for route in ("cudnn", "flash"):
-                    _gpu_route._gpu_choice = backends._gpu_choice = _forced if route == "flash" else _orig
+                    force_cuda_flash(route == "flash")
                     f, g = fns(mask)
                     name = fusedattn.get_backend((q, k, v), None, None, 0, attn_mask_type=mask).name
                     res[route] = (timeit(f, q, k, v), timeit(g, q, k, v, n=5),
                                   np.asarray(f(q, k, v), np.float32), name)
-                _gpu_route._gpu_choice = backends._gpu_choice = _orig
+                force_cuda_flash(False)
                 d = float(np.max(np.abs(res["flash"][2] - res["cudnn"][2])))
                 label = f"{jnp.dtype(dt).name} B{B} S{S} H{H} D{D} {mask.name}"
                 fl, cu = res["flash"], res["cudnn"]
