@@ -1,7 +1,9 @@
-"""One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32; with
---bwd its gradients), run a few times: a target for ncu / compute-sanitizer.
+"""One forced cuda_flash forward (bf16 causal B4 S4096 H16 D64, or float32 with --f32;
+--shape B,S,H,D another; with --bwd its gradients), run a few times: a target for ncu /
+compute-sanitizer.
 
     source scripts/gpu_env.sh && ncu -k regex:fwd_kernel -c 1 $PY dev/cuda_flash/one_call.py
+    compute-sanitizer --tool memcheck $PY dev/cuda_flash/one_call.py --bwd --shape 2,200,4,384
 """
 import os
 import sys
@@ -18,7 +20,10 @@ from vs_cudnn import force_cuda_flash  # noqa: E402
 force_cuda_flash()
 dt = jnp.float32 if "--f32" in sys.argv else jnp.bfloat16
 ks = jax.random.split(jax.random.PRNGKey(0), 3)
-q, k, v = (jax.random.normal(x, (4, 4096, 16, 64), jnp.float32).astype(dt) for x in ks)
+shape = (4, 4096, 16, 64)
+if "--shape" in sys.argv:
+    shape = tuple(int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
+q, k, v = (jax.random.normal(x, shape, jnp.float32).astype(dt) for x in ks)
 f = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, 0,
                                                  attn_mask_type=AttnMaskType.CAUSAL_MASK))
 if "--bwd" in sys.argv:  # the backward too

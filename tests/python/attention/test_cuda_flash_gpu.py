@@ -203,6 +203,13 @@ F32_CASES = {
     "thd_bias_sink_dropout": thd(bias_shape=(1, 4, 96, 96), bias_type=PRE, softmax=LEARNABLE,
                                  dropout=0.1, seed=9, window=(16, 0)),
 }
+F32_CASES.update({
+    # head dims past 128 (flash_mma_bwd_wide.cu: head-dim chunks of 32 for float32)
+    "d256_causal_gqa_dropout": bshd(mask=CAUSAL, Sq=192, Skv=192, Hq=4, Hkv=2, D=256,
+                                    dropout=0.1, seed=4),
+    "d384_dv128_post_bias": bshd(Sq=160, Skv=192, D=384, Dv=128, bias_shape=(1, 4, 160, 192),
+                                 bias_type=POST),
+})
 F32_ON_CPU = ["causal", "thd_segments", "learnable", "pre_bias_b1_padding", "dropout"]
 
 
@@ -227,6 +234,16 @@ LOWP_CASES = {
                    ("cudnn", "cuda_flash")),
     "d320_dv200": (bshd(dtype=BF16, Sq=128, Skv=128, Hq=2, Hkv=2, D=320, Dv=200), None),
     "d72_dv36": (bshd(dtype=BF16, mask=CAUSAL, Sq=128, Skv=192, D=72, Dv=36), None),
+    # head dims past 128: flash_mma_bwd_wide.cu (output chunks of 128 columns; the first
+    # chunk's block alone adds dbias; q/k and v dims apart, one of them past the other's chunks)
+    "d256_pre_bias_dropout_padding": (bshd(dtype=BF16, mask=PADDING_CAUSAL, Sq=192, Skv=224, D=256,
+                                           bias_shape=(2, 4, 192, 224), bias_type=PRE,
+                                           dropout=0.1, seed=11, sd=lens([192, 70], [224, 150])),
+                                      None),
+    "d160_dv288_bottom_right_gqa": (bshd(dtype=BF16, mask=BOTTOM_RIGHT, Sq=200, Skv=136, Hq=4,
+                                         Hkv=2, D=160, Dv=288), None),
+    "fp16_d512_thd_window_sink": (thd(dtype=FP16, D=512, Dv=256, window=(16, 0),
+                                      softmax=LEARNABLE), None),
     "pre_bias": (bshd(dtype=BF16, mask=CAUSAL, bias_shape=(2, 4, 256, 256), bias_type=PRE),
                  None),
     "pre_bias_1h_d128": (bshd(dtype=BF16, Sq=192, D=128, bias_shape=(1, 4, 192, 256),

@@ -680,6 +680,7 @@ Status run_bwd(const Call& c, const float* delta, float* dq, float* dbias, cudaS
   // flash_mma_bwd.cu's register-resident backward where it fits (its query tile is the
   // tables' tile, kBMQ).
   if (mma_bwd_fits(p, c.a)) return mma_bwd<T, EXACT>(c, delta, dq, dbias, stream);
+  if (mma_wide_bwd_fits(p, c.a)) return mma_wide_bwd<T, EXACT>(c, delta, dq, dbias, stream);
   const int W = bwd_warps(p);
   const int64_t blocks = p.batch * p.heads_kv * ceil_div(p.seqlen_kv, 16 * W);
   const size_t smem = BwdLayout(W, c.Dp, c.Dvp, int(sizeof(T))).total;

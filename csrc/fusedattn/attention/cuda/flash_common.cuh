@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "fusedattn/attention/cuda/flash.h"
+#include "fusedattn/attention/cuda/mma.cuh"
 #include "fusedattn/core/fast_math.h"
 #include "fusedattn/core/philox.h"
 
@@ -118,16 +119,121 @@ __device__ __forceinline__ float sink_logit(const Call& c, int64_t b, int64_t h)
 
 // ---- the register-resident kernels (flash_mma.cu, flash_mma_bwd.cu) -----------------
 
+// ---- their backward's shared steps (a block = one key tile of 64 keys, 4 warps of 16 keys;
+// query tiles of kBMQ = 64 rows, the tables' tile)
+
+// The first work item u' >= u of a key tile [k0, k0 + 64) of batch entry b (u = q head in
+// the GQA group * n_qt + query tile; n_u items) whose query tile keeps one of its keys
+// (TileRange depends on the tile only).
+__device__ __forceinline__ int64_t next_bwd_tile(const Call& c, int64_t b, int64_t n_qt, int64_t n_u,
+                                                 int64_t k0, int64_t u) {
+  for (; u < n_u; ++u) {
+    const TileRange tr = c.tiles[b * n_qt + u % n_qt];
+    if ((tr.lo > k0 ? tr.lo : k0) < (tr.hi < k0 + 64 ? tr.hi : k0 + 64)) break;
+  }
+  return u;
+}
+
+// Rows q0 .. q0 + 63 of query head h: kept keys (lo, hi), lse and delta into shared
+// memory (past Sq: no keys, lse -inf, delta 0). The block's threads share the rows.
+__device__ __forceinline__ void load_bwd_rows(const Call& c, const float* delta, int64_t b, int64_t h, int64_t q0,
+                                              int2* keys, float* lse, float* dl) {
+  const int64_t Sq = c.p.seqlen_q, rows = Sq - q0 < 64 ? Sq - q0 : 64;
+  for (int r = threadIdx.x; r < 64; r += blockDim.x) {
+    const int64_t i = q0 + r;
+    const RowInfo ri = r < rows ? c.rows[b * Sq + i] : RowInfo{-1, -1, -1, -1};
+    keys[r] = make_int2(ri.lo, ri.hi);
+    lse[r] = r < rows ? c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s] : -kInf;
+    dl[r] = r < rows ? delta[(b * c.p.heads_q + h) * Sq + i] : 0.0f;
+  }
+}
+
+// Dropout's keep bits of a warp's 16 keys x 64 queries (mma C layout, thread (g, t)):
+// bit 4 n + e is query q0 + 8 n + 2t + e % 2, key j0 + 8 (e / 2) (j0 = the warp's first
+// key + g); drop.z's rule (its value is inv_keep or 0).
+__device__ __forceinline__ uint32_t bwd_drop_bits(const Drop& drop, int64_t q0, int64_t j0, int t) {
+  uint32_t bits = 0;
+  if (!drop.on) return bits;
+#pragma unroll 1
+  for (int x = 0; x < 32; ++x) {
+    const int n = x >> 2, e = x & 3;
+    if (drop.z(q0 + 8 * n + 2 * t + (e & 1), j0 + 8 * (e >> 1)) != 0.0f) bits |= 1u << x;
+  }
+  return bits;
+}
+
+// The backward's element step (attention/cpu's bwd.cc row loop) over a warp's 16 keys x
+// NH n-tiles of queries, in mma C layout: st[n][e], dpt[n][e] are key j0 + 8 (e / 2),
+// query column col0 + 8 n + 2t + e % 2 of the query tile (its rows' kept keys, lse and
+// delta at kept, lse, dl). S^T (q.k) becomes P^T dropped out (z P) in st, dP^T (dO.v)
+// becomes dS^T = P (z dP - delta) in dpt; zeros for keys a row does not keep, dead rows
+// (lse +-inf) and where the bias is -inf (the rule). bq / dbq: the bias / dbias element
+// of query col0 + 2t, key j0 (bias row stride bs; null without), stepped 8 queries per
+// n-tile; zbits: bwd_drop_bits's, shifted so that bit 4 n + e is this call's element.
+template <class T, int NH>
+__device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH][4], const Call& c, int j0,
+                                             int col0, int t, const int2* kept, const float* lse_rows,
+                                             const float* dl_rows, const T* bq, float* dbq, int64_t bs,
+                                             bool drop_on, float inv_keep, uint32_t zbits) {
+#pragma unroll
+  for (int n = 0; n < NH; ++n) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int col = col0 + 8 * n + 2 * t + cc;
+      const float lse = lse_rows[col], dl = dl_rows[col];
+      const bool live = lse != -kInf && lse != kInf;
+      const int2 kr = kept[col];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int e = 2 * r + cc, j = j0 + 8 * r;
+        float pt = 0.0f, ds = 0.0f;
+        if (live && j >= kr.x && j < kr.y) {
+          float s = st[n][e] * c.p.scale;
+          float bv = 0.0f;
+          if (bq) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
+          const float pr = mma::exp_approx(s - lse);
+          const float dp = dpt[n][e];
+          if (drop_on) {
+            const float z = (zbits >> (4 * n + e)) & 1u ? inv_keep : 0.0f;
+            pt = z != 0.0f ? z * pr : 0.0f;
+            ds = pr * (z * dp - dl);
+          } else {
+            pt = pr;
+            ds = pr * (dp - dl);
+          }
+          if (bq && bv == -kInf && lse == lse) pt = ds = 0.0f;
+          if (dbq) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
+        }
+        st[n][e] = pt;
+        dpt[n][e] = ds;
+      }
+    }
+    if (bq) bq += 8 * bs;
+    if (dbq) dbq += 8 * bs;
+  }
+}
+
+// dst[0..1] += (x0, x1) (float32 accumulators; dst 8-byte aligned): one float2 atomic on
+// sm_90, two float ones before.
+__device__ __forceinline__ void atomic_add2(float* dst, float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+#else
+  atomicAdd(dst, x0);
+  atomicAdd(dst + 1, x1);
+#endif
+}
+
 // Their head-dim tile: both head dims zero-padded to 64 or 128.
 inline int64_t mma_head_dim_tile(const AttnParams& p) {
   return (p.head_dim_qk > p.head_dim_v ? p.head_dim_qk : p.head_dim_v) <= 64 ? 64 : 128;
 }
-// Whether they serve a call whose operands are `views` at `ptrs`: both head dims <= 128,
-// rows of whole 16-byte chunks (head dims and strides multiples of 16 / element bytes,
-// pointers 16-byte aligned), and smem(element bytes, head-dim tile) bytes of shared memory
-// per block within the device's opt-in limit.
+// Whether they can read a call whose operands are `views` at `ptrs`: rows of whole 16-byte
+// chunks (head dims and strides multiples of 16 / element bytes, pointers 16-byte
+// aligned), and smem bytes of shared memory per block within the device's opt-in limit.
+// (The head-dim bounds are each kernel's.)
 bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
-                  std::initializer_list<const void*> ptrs, size_t (*smem)(int elem, int64_t tile));
+                  std::initializer_list<const void*> ptrs, size_t smem);
 
 // Whether flash_mma.cu's forward serves a call: both head dims <= 128, rows of whole
 // 16-byte chunks (head dims and the q, k, v strides multiples of 16 / element bytes, the
@@ -148,5 +254,12 @@ bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a);
 // atomics, dk and dv written. delta [B, Hq, Sq] from flash.cu's delta_kernel.
 template <class T, bool EXACT>
 Status mma_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream);
+
+// Whether flash_mma_bwd_wide.cu's backward serves a call: the larger head dim in
+// (128, 512], mma_bwd_fits's rows rule, its shared memory (per dtype) within the limit.
+bool mma_wide_bwd_fits(const AttnParams& p, const AttnTensors& a);
+// mma_bwd's work for such a call (the same tables, dq_acc, dbias_acc, delta).
+template <class T, bool EXACT>
+Status mma_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream);
 
 }  // namespace fusedattn::cuda::flash::detail

@@ -239,10 +239,8 @@ size_t fwd_smem(int elem, int64_t d) {
 }  // namespace
 
 bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
-                  std::initializer_list<const void*> ptrs, size_t (*smem)(int elem, int64_t tile)) {
-  const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
-  const int64_t v = 16 / elem;
-  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
+                  std::initializer_list<const void*> ptrs, size_t smem) {
+  const int64_t v = 16 / (p.dtype == FA_FLOAT32 ? 4 : 2);
   if (p.head_dim_qk % v || p.head_dim_v % v) return false;
   for (const ViewStrides& s : views)
     if (s.b % v || s.s % v || s.h % v) return false;
@@ -252,11 +250,13 @@ bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return false;
-  return smem(elem, mma_head_dim_tile(p)) <= size_t(optin);
+  return smem <= size_t(optin);
 }
 
 bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
-  return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, fwd_smem);
+  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v},
+                      fwd_smem(p.dtype == FA_FLOAT32 ? 4 : 2, mma_head_dim_tile(p)));
 }
 
 template <class T, bool EXACT>

@@ -56,16 +56,6 @@ struct BwdSmem {
   static_assert(LD >= BMQ + kPad, "dS^T [kKeys][BMQ] fits a dO tile");
 };
 
-// dq_acc[i][d] += x, x[k] for d + k (d even; both in range or neither: the dims are even).
-__device__ __forceinline__ void add2(float* dst, float x0, float x1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
-#else
-  atomicAdd(dst, x0);
-  atomicAdd(dst + 1, x1);
-#endif
-}
-
 // q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
 // dk, dv [B, Skv, Hkv, D|Dv] written.
@@ -100,13 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   // The block's work: u = q-head-in-group * n_qt + query tile, over tiles keeping a key of
   // [k0, k0 + kKeys) (TileRange depends on the tile only).
   const int64_t n_u = group * n_qt;
-  auto next = [&](int64_t u) {
-    for (; u < n_u; ++u) {
-      const TileRange tr = c.tiles[b * n_qt + u % n_qt];
-      if (std::max<int64_t>(tr.lo, k0) < std::min<int64_t>(tr.hi, k0 + kKeys)) break;
-    }
-    return u;
-  };
+  auto next = [&](int64_t u) { return next_bwd_tile(c, b, n_qt, n_u, k0, u); };
   // Tile u's Q, dO (cp.async, one group) and its rows' kept keys, lse, delta into buffer buf.
   auto issue = [&](int64_t u, int buf) {
     const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * BMQ, rows = std::min<int64_t>(BMQ, Sq - q0);
@@ -116,13 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
                      static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + q0 * c.a.sdo.s + h * c.a.sdo.h, c.a.sdo.s,
                      rows, Dv, BMQ);
     cp_async_commit();
-    for (int r = threadIdx.x; r < BMQ; r += blockDim.x) {
-      const int64_t i = q0 + r;
-      const RowInfo ri = r < rows ? c.rows[b * Sq + i] : RowInfo{-1, -1, -1, -1};
-      sKeys[buf * BMQ + r] = make_int2(ri.lo, ri.hi);
-      sLse[buf * BMQ + r] = r < rows ? c.a.lse[b * c.a.slse.b + h * c.a.slse.h + i * c.a.slse.s] : -kInf;
-      sDelta[buf * BMQ + r] = r < rows ? delta[(b * Hq + h) * Sq + i] : 0.0f;
-    }
+    load_bwd_rows(c, delta, b, h, q0, sKeys + buf * BMQ, sLse + buf * BMQ, sDelta + buf * BMQ);
   };
 
   // dK, dV rows g, g + 8 of the warp's keys, columns 8 dn + 2t, + 1 (C layout).
@@ -154,15 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 
     // Dropout's keep bits first, while only dK, dV hold registers: bit 4 n + e for element
     // (n, e) below (drop.z's rule; its value is inv_keep or 0).
-    uint32_t zbits = 0;
-    if (drop.on) {
-#pragma unroll 1
-      for (int x = 0; x < 4 * NT; ++x) {
-        const int n = x >> 2, e = x & 3;
-        const int64_t i = q0 + 8 * n + 2 * t + (e & 1), j = k0 + warp * 16 + g + 8 * (e >> 1);
-        if (drop.z(i, j) != 0.0f) zbits |= 1u << x;
-      }
-    }
+    const uint32_t zbits = bwd_drop_bits(drop, q0, k0 + warp * 16 + g, t);
 
     // The tile in two halves of 32 queries (hq), so that S^T and dP^T take 32 registers,
     // not 64, beside dK and dV's 128. Half 0's dS^T waits in `held` (packed as T; float32:
@@ -188,42 +158,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       // dbias at query i, key j through pointers stepped by 8 queries per n.
       const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
       float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
-#pragma unroll
-      for (int n = 0; n < NH; ++n) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int col = hq * QH + 8 * n + 2 * t + cc;
-          const float lse = lseb[col], dl = deltab[col];
-          const bool live = lse != -kInf && lse != kInf;
-          const int2 kr = kept[col];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int e = 2 * r + cc, j = j0 + 8 * r;
-            float pt = 0.0f, ds = 0.0f;
-            if (live && j >= kr.x && j < kr.y) {
-              float s = st[n][e] * p.scale;
-              float bv = 0.0f;
-              if (bias) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
-              const float pr = exp_approx(s - lse);
-              const float dp = dpt[n][e];
-              if (drop.on) {
-                const float z = (zbits >> (4 * (hq * NH + n) + e)) & 1u ? drop.inv_keep : 0.0f;
-                pt = z != 0.0f ? z * pr : 0.0f;
-                ds = pr * (z * dp - dl);
-              } else {
-                pt = pr;
-                ds = pr * (dp - dl);
-              }
-              if (bias && bv == -kInf && lse == lse) pt = ds = 0.0f;
-              if (dbias) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
-            }
-            st[n][e] = pt;
-            dpt[n][e] = ds;
-          }
-        }
-        if (bias) bq += 8 * bs;
-        if (dbias) dbq += 8 * bs;
-      }
+      bwd_elements<T, NH>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on, drop.inv_keep,
+                          zbits >> (4 * hq * NH));
       mma_pb<T, LD, QH, D, EXACT>(dv, st, sDOh, lane);   // dV += P^T dO
       mma_pb<T, LD, QH, D, EXACT>(dk, dpt, sQh, lane);   // dK += dS^T Q
 
@@ -278,7 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
         float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + d0 + 2 * t;
 #pragma unroll
         for (int dn = 0; dn < DC / 8; ++dn)
-          if (d0 + 8 * dn + 2 * t < Dqk) add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+          if (d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
       }
     }
 
@@ -328,7 +264,9 @@ size_t bwd_smem(int elem, int64_t d) {
 }  // namespace
 
 bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a) {
-  return mma_rows_fit(p, {a.sq, a.sk, a.sv, a.sdo}, {a.q, a.k, a.v, a.dout}, bwd_smem);
+  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv, a.sdo}, {a.q, a.k, a.v, a.dout},
+                      bwd_smem(p.dtype == FA_FLOAT32 ? 4 : 2, mma_head_dim_tile(p)));
 }
 
 template <class T, bool EXACT>

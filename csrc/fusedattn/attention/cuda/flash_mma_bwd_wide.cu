@@ -1,0 +1,265 @@
+// The register-resident CUDA flash backward for head dims above 128 (up to 512, q/k and v
+// dims apart): flash_mma_bwd.cu's kernel with the head dims streamed and the outputs cut
+// into column chunks, so that no buffer grows with the head dim.
+//
+// One block = one (batch, kv head, key tile of 64 keys, output chunk oc of DO = 128
+// columns), 4 warps; warp w owns keys 16 w .. 16 w + 15 and their dK, dV columns
+// [128 oc, 128 oc + 128) (16 x 128 float32 accumulators each, in C layout). Per query tile
+// of 64 rows that keeps one of the block's keys (the tables' TileRange) and per half of 32
+// queries:
+//   S^T = K_w Q^T, dP^T = V_w dO^T     over the whole head dims, in chunks of KC columns:
+//                                      K, V (64 keys) and Q, dO (32 queries) chunks stream
+//                                      through two cp.async buffers (chunk c + 1 loads
+//                                      while chunk c multiplies)
+//   P^T, dS^T element by element       (flash_common.cuh's bwd_elements)
+//   dV += P^T dO[:, oc], dK += dS^T Q[:, oc]   (the half's Q, dO columns of the chunk,
+//                                      loaded beside the first head-dim chunk)
+// then per query tile dQ[:, oc] += dS K[:, oc] (dS^T through shared memory, float32
+// atomics into dq_acc) from the block's K columns, loaded once. S^T and dP^T are thus
+// computed once per output chunk (4 times at head dim 512): the price of dK and dV staying
+// in registers; the blocks of one key tile run side by side and share its loads in L2.
+// Only the first chunk's block adds dbias. Shared memory: 108 KiB for 16-bit inputs (two
+// blocks per H100 SM), 157 KiB for float32 (KC = 32), whatever the head dim.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "fusedattn/attention/cuda/flash_common.cuh"
+#include "fusedattn/attention/cuda/flash_rules.h"
+#include "fusedattn/attention/cuda/mma.cuh"
+#include "fusedattn/platform/cuda/check.h"
+
+namespace fusedattn::cuda::flash::detail {
+namespace {
+
+using namespace fusedattn::cuda::mma;
+
+constexpr int kWarps = 4, kKeys = 64, kQH = 32, kDO = 128, kMaxDim = 512;
+static_assert(kBMQ == 2 * kQH, "a query tile is two halves");
+
+// Shared memory: two stages of head-dim chunks (K, V [kKeys][LDC], Q, dO [kQH][LDC]); the
+// block's K columns [kKeys][LDO]; the half's Q, dO columns [kQH][LDO]; dS^T [kKeys][LDO]
+// (64 query columns); the tile's rows' kept keys, lse and delta.
+template <class T>
+struct WideSmem {
+  static constexpr int KC = sizeof(T) == 4 ? 32 : 64, kPad = 16 / int(sizeof(T));
+  static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
+  static constexpr int stage = (2 * kKeys + 2 * kQH) * LDC;  // elements
+  static constexpr int k_at = 0, v_at = kKeys * LDC, q_at = 2 * kKeys * LDC, do_at = q_at + kQH * LDC;
+  static constexpr size_t ko = size_t(2) * stage * sizeof(T), qo = ko + size_t(kKeys) * LDO * sizeof(T),
+                          doo = qo + size_t(kQH) * LDO * sizeof(T), ds = doo + size_t(kQH) * LDO * sizeof(T),
+                          keys = ds + size_t(kKeys) * LDO * sizeof(T), lse = keys + kBMQ * 8,
+                          delta = lse + kBMQ * 4, total = delta + kBMQ * 4;
+  static_assert(LDO >= kBMQ, "dS^T's 64 query columns fit a row");
+};
+
+// q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
+// dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
+// dk, dv [B, Skv, Hkv, D|Dv] written (the block's columns).
+template <class T, bool EXACT>
+__global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, const float* delta, float* dq_acc,
+                                                               float* dbias_acc) {
+  using L = WideSmem<T>;
+  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, NH = kQH / 8, DN = kDO / 8, DC = 64;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ring = reinterpret_cast<T*>(smem);
+  T* sKo = reinterpret_cast<T*>(smem + L::ko);
+  T* sQo = reinterpret_cast<T*>(smem + L::qo);
+  T* sDOo = reinterpret_cast<T*>(smem + L::doo);
+  T* sDS = reinterpret_cast<T*>(smem + L::ds);
+  int2* sKeys = reinterpret_cast<int2*>(smem + L::keys);
+  float* sLse = reinterpret_cast<float*>(smem + L::lse);
+  float* sDelta = reinterpret_cast<float*>(smem + L::delta);
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Hkv = p.heads_kv;
+  const int64_t Dqk = p.head_dim_qk, Dv = p.head_dim_v, Dmax = std::max(Dqk, Dv);
+  const int64_t group = Hq / Hkv, n_kt = (Skv + kKeys - 1) / kKeys, n_qt = (Sq + kBMQ - 1) / kBMQ;
+  const int64_t n_oc = (Dmax + kDO - 1) / kDO, n_kc = (Dmax + KC - 1) / KC;
+  const int64_t task = blockIdx.x, oc = task % n_oc, rest = task / n_oc;
+  const int64_t kt = rest % n_kt, hk = (rest / n_kt) % Hkv, b = rest / (n_kt * Hkv);
+  const int64_t k0 = kt * kKeys, oc0 = oc * kDO;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+
+  const T* kp = static_cast<const T*>(c.a.k) + b * c.a.sk.b + k0 * c.a.sk.s + hk * c.a.sk.h;
+  const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + k0 * c.a.sv.s + hk * c.a.sv.h;
+  const int64_t keys = std::min<int64_t>(kKeys, Skv - k0);
+  cp_async_rows<T, kDO, LDO>(sKo, kp + oc0, c.a.sk.s, keys, Dqk - oc0, kKeys);
+
+  const int64_t n_u = group * n_qt;
+  // The first row of work item u's half hq in q and in dout.
+  auto q_at = [&](int64_t u, int hq) {
+    const int64_t h = hk * group + u / n_qt, r0 = (u % n_qt) * kBMQ + hq * kQH;
+    return static_cast<const T*>(c.a.q) + b * c.a.sq.b + r0 * c.a.sq.s + h * c.a.sq.h;
+  };
+  auto do_at = [&](int64_t u, int hq) {
+    const int64_t h = hk * group + u / n_qt, r0 = (u % n_qt) * kBMQ + hq * kQH;
+    return static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + r0 * c.a.sdo.s + h * c.a.sdo.h;
+  };
+  auto half_rows = [&](int64_t u, int hq) {
+    return std::clamp<int64_t>(Sq - ((u % n_qt) * kBMQ + hq * kQH), 0, kQH);
+  };
+  // Head-dim chunk kc of work item u's half hq into stage s: K, V columns of the block's
+  // keys, Q, dO columns of the half's queries (zeros past the dims and the rows).
+  auto issue_chunk = [&](int64_t u, int hq, int64_t kc, int s) {
+    const int64_t d0 = kc * KC, rows = half_rows(u, hq);
+    T* st = ring + s * L::stage;
+    cp_async_rows<T, KC, LDC>(st + L::k_at, kp + d0, c.a.sk.s, keys, Dqk - d0, kKeys);
+    cp_async_rows<T, KC, LDC>(st + L::v_at, vp + d0, c.a.sv.s, keys, Dv - d0, kKeys);
+    cp_async_rows<T, KC, LDC>(st + L::q_at, q_at(u, hq) + d0, c.a.sq.s, rows, Dqk - d0, kQH);
+    cp_async_rows<T, KC, LDC>(st + L::do_at, do_at(u, hq) + d0, c.a.sdo.s, rows, Dv - d0, kQH);
+  };
+
+  // dK, dV rows g, g + 8 of the warp's keys, columns oc0 + 8 dn + 2t, + 1 (C layout).
+  float dk[DN][4], dv[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
+  // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 32 hq + 8 n + 2t + e % 2.
+  float st[NH][4], dpt[NH][4];
+  uint32_t zbits = 0;
+  const bool do_dk = oc0 < Dqk, do_dv = oc0 < Dv;
+  const int j0 = int(k0) + warp * 16 + g;  // keys fit int32 (RowInfo's)
+
+  int64_t u = next_bwd_tile(c, b, n_qt, n_u, k0, 0), kc = 0;
+  int hq = 0, s = 0;
+  if (u < n_u) issue_chunk(u, 0, 0, 0);
+  cp_async_commit();
+  while (u < n_u) {
+    cp_async_wait<0>();
+    __syncthreads();  // chunk kc landed; every warp is done with stage s ^ 1 and the last half
+    int64_t un = u, kcn = kc + 1;
+    int hqn = hq;
+    if (kcn == n_kc) {
+      kcn = 0;
+      if (++hqn == 2) hqn = 0, un = next_bwd_tile(c, b, n_qt, n_u, k0, u + 1);
+    }
+    if (un < n_u) issue_chunk(un, hqn, kcn, s ^ 1);
+    const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * kBMQ;
+    if (kc == 0) {
+      const int64_t rows = half_rows(u, hq);
+      cp_async_rows<T, kDO, LDO>(sQo, q_at(u, hq) + oc0, c.a.sq.s, rows,
+                                 Dqk - oc0, kQH);
+      cp_async_rows<T, kDO, LDO>(sDOo, do_at(u, hq) + oc0,
+                                 c.a.sdo.s, rows, Dv - oc0, kQH);
+      if (hq == 0) {
+        load_bwd_rows(c, delta, b, h, q0, sKeys, sLse, sDelta);
+        zbits = bwd_drop_bits(Drop(c, b, h), q0, j0, t);
+      }
+#pragma unroll
+      for (int n = 0; n < NH; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+    }
+    cp_async_commit();
+
+    const T* sc = ring + s * L::stage;
+    mma_abt2<T, LDC, kQH, KC, EXACT, 1>(st, sc + L::k_at + warp * 16 * LDC, sc + L::q_at, dpt,
+                                        sc + L::v_at + warp * 16 * LDC, sc + L::do_at, lane);
+
+    if (kc == n_kc - 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // the half's Q, dO columns and the tile's rows are in
+      const Drop drop(c, b, h);
+      const int64_t bs = c.a.bias_s, i0 = q0 + hq * kQH + 2 * t;
+      const T* bias = bias_plane<T>(c, b, h);
+      float* dbias = nullptr;
+      if (dbias_acc && oc == 0)
+        dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
+      bwd_elements<T, NH>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
+                          dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH));
+      if (do_dv) mma_pb<T, LDO, kQH, kDO, EXACT>(dv, st, sDOo, lane);  // dV += P^T dO
+      if (do_dk) mma_pb<T, LDO, kQH, kDO, EXACT>(dk, dpt, sQo, lane);  // dK += dS^T Q
+
+      // dS^T [key][query] (T, as the dK product rounded it; float32 for float32): rows g, g + 8
+      // of the warp's keys, the half's query pairs 8 n + 2t.
+#pragma unroll
+      for (int n = 0; n < NH; ++n) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          T* dst = sDS + (warp * 16 + g + 8 * r) * LDO + hq * kQH + 8 * n + 2 * t;
+          if constexpr (std::is_same_v<T, float>) {
+            dst[0] = dpt[n][2 * r];
+            dst[1] = dpt[n][2 * r + 1];
+          } else {
+            *reinterpret_cast<uint32_t*>(dst) = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]);
+          }
+        }
+      }
+      if (hq == 1 && do_dk) {
+        __syncthreads();  // the tile's dS^T is whole
+        // dQ[:, oc] += dS K[:, oc] for queries 16 w .. 16 w + 15: acc[dn][e] is query
+        // 16 w + g + 8 (e / 2), column oc0 + d0 + 8 dn + 2t + e % 2.
+#pragma unroll
+        for (int d0 = 0; d0 < kDO; d0 += DC) {
+          if (oc0 + d0 >= Dqk) break;
+          float acc[DC / 8][4];
+#pragma unroll
+          for (int dn = 0; dn < DC / 8; ++dn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
+          mma_atb<T, LDO, kKeys, DC, EXACT>(acc, sDS + warp * 16, sKo + d0, lane);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t i = q0 + warp * 16 + g + 8 * r;
+            if (i >= Sq) continue;
+            float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + oc0 + d0 + 2 * t;
+#pragma unroll
+            for (int dn = 0; dn < DC / 8; ++dn)
+              if (oc0 + d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+          }
+        }
+      }
+    }
+    u = un, hq = hqn, kc = kcn, s ^= 1;
+  }
+  cp_async_wait<0>();  // K's columns when no tile kept a key
+
+  // dK = scale dK_acc, dV = dV_acc for keys < Skv, columns < the real dims.
+  T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h + oc0;
+  T* dvp = static_cast<T*>(c.a.dv) + b * c.a.sdv.b + k0 * c.a.sdv.s + hk * c.a.sdv.h + oc0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = warp * 16 + g + 8 * r;
+    if (row >= keys) continue;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t col = 8 * dn + 2 * t + e;
+        if (oc0 + col < Dqk) dkp[row * c.a.sdk.s + col] = from_f<T>(p.scale * dk[dn][2 * r + e]);
+        if (oc0 + col < Dv) dvp[row * c.a.sdv.s + col] = from_f<T>(dv[dn][2 * r + e]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool mma_wide_bwd_fits(const AttnParams& p, const AttnTensors& a) {
+  const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
+  if (d <= 128 || d > kMaxDim) return false;
+  const size_t smem = p.dtype == FA_FLOAT32 ? WideSmem<float>::total : WideSmem<__half>::total;
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv, a.sdo}, {a.q, a.k, a.v, a.dout}, smem);
+}
+
+template <class T, bool EXACT>
+Status mma_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + kDO - 1) / kDO;
+  const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys) * n_oc;
+  const size_t smem = WideSmem<T>::total;
+  auto kernel = wide_bwd_kernel<T, EXACT>;
+  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
+  return cuda_status(cudaGetLastError(), "the flash backward (mma, head dims > 128)");
+}
+
+template Status mma_wide_bwd<__nv_bfloat16, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_wide_bwd<__half, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_wide_bwd<float, false>(const Call&, const float*, float*, float*, cudaStream_t);
+template Status mma_wide_bwd<float, true>(const Call&, const float*, float*, float*, cudaStream_t);
+
+}  // namespace fusedattn::cuda::flash::detail
