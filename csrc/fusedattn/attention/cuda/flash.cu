@@ -12,9 +12,10 @@
 // group and every query tile of 64 that keeps one of its keys: S^T = K Q^T and
 // dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q, and dQ += dS K into a float32
 // accumulator with atomics (a last kernel scales and converts it).
-// Head dims up to 128 with rows of whole 16-byte chunks run the register-resident mma.sync
-// kernels instead (flash_mma.cu's forward, flash_mma_bwd.cu's backward: the same rules);
-// the tables, delta and dq kernels here serve both.
+// Calls with rows of whole 16-byte chunks (head dims up to 512) run the register-resident
+// mma.sync kernels instead (flash_mma.cu's forwards, flash_mma_bwd.cu's and
+// flash_mma_bwd_wide.cu's backwards: the same rules); the wmma kernels here keep the rest
+// (rows not 16-byte aligned), and the tables, delta and dq kernels serve all.
 #include "fusedattn/attention/cuda/flash.h"
 #include "fusedattn/attention/cuda/flash_common.cuh"
 #include "fusedattn/attention/cuda/flash_rules.h"

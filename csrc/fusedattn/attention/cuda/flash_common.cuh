@@ -235,9 +235,10 @@ inline int64_t mma_head_dim_tile(const AttnParams& p) {
 bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
                   std::initializer_list<const void*> ptrs, size_t smem);
 
-// Whether flash_mma.cu's forward serves a call: both head dims <= 128, rows of whole
-// 16-byte chunks (head dims and the q, k, v strides multiples of 16 / element bytes, the
-// pointers 16-byte aligned). Else flash.cu's wmma kernel runs it.
+// Whether flash_mma.cu's forwards serve a call: both head dims <= 512 (past 128 the wide
+// kernel), rows of whole 16-byte chunks (head dims and the q, k, v strides multiples of
+// 16 / element bytes, the pointers 16-byte aligned), shared memory within the limit. Else
+// flash.cu's wmma kernel runs it.
 bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a);
 // The forward on c (make_call's), query tiles of kMmaBM rows (8 warps of 16; c.tiles and
 // tile_max per such tile).

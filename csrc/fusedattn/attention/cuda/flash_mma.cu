@@ -1,5 +1,6 @@
-// The register-resident CUDA flash forward (FlashAttention-2's layout) for head dims up
-// to 128: flash.cu's forward algorithm and rules with S, P and O in registers.
+// The register-resident CUDA flash forward (FlashAttention-2's layout): flash.cu's forward
+// algorithm and rules with S, P and O in registers; head dims up to 128 here, up to 512 in
+// wide_fwd_kernel below (the head dims streamed, the output in column chunks).
 //
 // One block = one (batch, q head, query tile of 128 rows), 8 warps of 16 rows each; the
 // heaviest tiles (the last, under a causal mask) start first. Q stays in shared memory;
@@ -45,6 +46,148 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Rows g and g + 8 of a warp (fwd.cc's per-row state): kept keys, m (running max with the
+// sink), l (sum), mx (max of real keys).
+struct FwdRows {
+  RowInfo ri[2];
+  int64_t row[2];
+  float m[2], l[2], mx[2];
+  __device__ __forceinline__ FwdRows(const Call& c, int64_t b, int64_t row0, float sink) {
+    const int64_t Sq = c.p.seqlen_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[r] = row0 + 8 * r;
+      ri[r] = row[r] < Sq ? c.rows[b * Sq + row[r]] : RowInfo{-1, -1, -1, -1};
+      const bool real = ri[r].q_base >= 0;
+      m[r] = real ? sink : -kInf;
+      l[r] = real && sink != -kInf ? 1.0f : 0.0f;
+      mx[r] = -kInf;
+    }
+  }
+};
+
+// Key tile [k0, k0 + kBN) of rows R (fwd.cc's row loop): the raw scores s (mma C layout, n-tile
+// n: keys 8 n ..) become P (masked, biased, exponentiated against the new running max,
+// dropped out), R's m, l, mx move on, alpha = the factor O must be rescaled by. A tile that
+// every row of the warp keeps whole skips the per-key mask test.
+template <class T, int NT, bool DROP>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2], FwdRows& R, const Call& c,
+                                             int64_t k0, int t, const T* bias, const Drop& drop) {
+  const float scale = c.p.scale;
+  const int jt = int(k0) + 2 * t;  // this thread's first key (keys fit int32: RowInfo)
+  const bool whole = __all_sync(0xffffffffu, R.ri[0].lo <= k0 && R.ri[0].hi >= k0 + kBN &&
+                                                 R.ri[1].lo <= k0 && R.ri[1].hi >= k0 + kBN);
+  float rmax[2] = {-kInf, -kInf};
+  if (whole && !bias) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale, rmax[e >> 1] = max_nan(rmax[e >> 1], s[n][e]);
+  } else {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = jt + 8 * n + (e & 1);
+        const bool keep = j >= R.ri[r].lo && j < R.ri[r].hi;
+        float x = s[n][e] * scale;
+        if (bias && keep) x += c.bmul * to_f(bias[R.row[r] * c.a.bias_s + j]);
+        x = keep ? x : -kInf;  // a masked key's NaN does not count
+        s[n][e] = x;
+        rmax[r] = max_nan(rmax[r], x);
+      }
+    }
+  }
+  float sum[2] = {0.0f, 0.0f};
+  bool live[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rmax[r] = quad_max(rmax[r]);  // NaN when a kept score is NaN
+    const bool any = max(int64_t(R.ri[r].lo), k0) < min(int64_t(R.ri[r].hi), k0 + kBN);
+    R.mx[r] = nan_max(R.mx[r], rmax[r]);
+    const float m_new = nan_max(R.m[r], rmax[r]);
+    live[r] = m_new > -kInf;
+    alpha[r] = 1.0f;
+    if (!live[r]) {
+      if (m_new != m_new && any) R.m[r] = R.l[r] = m_new;
+    } else {
+      alpha[r] = R.m[r] == m_new ? 1.0f : exp_approx(R.m[r] - m_new);
+      R.m[r] = m_new;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      // exp(-inf) = 0: masked keys; a dead row's probabilities are 0.
+      float pr = live[r] ? exp_approx(s[n][e] - R.m[r]) : 0.0f;
+      sum[r] += pr;
+      if constexpr (DROP)
+        if (pr != 0.0f) pr *= drop.z(R.row[r], jt + 8 * n + (e & 1));
+      s[n][e] = pr;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] = quad_sum(sum[r]);
+    if (live[r]) R.l[r] = R.l[r] * alpha[r] + sum[r];
+  }
+}
+
+// O *= alpha per row, then O += P V (V: the tile's kBN rows at sV, N columns).
+template <class T, int LD, int N, bool EXACT>
+__device__ __forceinline__ void rescale_add_pv(float (&o)[N / 8][4], const float (&alpha)[2], const float (&pr)[kBN / 8][4],
+                                               const T* sV, int lane) {
+#pragma unroll
+  for (int dn = 0; dn < N / 8; ++dn) {
+    o[dn][0] *= alpha[0], o[dn][1] *= alpha[0];
+    o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
+  }
+  mma_pb<T, LD, kBN, N, EXACT>(o, pr, sV, lane);
+}
+
+// out = O / l for rows R (columns col0 + 8 dn + 2t, + 1 below Dv), lse = m + log l when
+// write_lse (fwd.cc's end of task); returns the rows' max of real keys, for max_logit.
+template <class T, int DN>
+__device__ __forceinline__ float finish_rows(const float (&o)[DN][4], const FwdRows& R, const Call& c, int64_t b,
+                                             int64_t h, int t, int64_t col0, bool write_lse) {
+  T* out = static_cast<T*>(c.a.out) + b * c.a.so.b + h * c.a.so.h + col0;
+  const int64_t Dv = c.p.head_dim_v - col0;
+  float local_max = -kInf;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (R.row[r] >= c.p.seqlen_q) continue;
+    const bool any = R.l[r] != 0.0f;
+    const bool zero = !any || R.ri[r].hi <= R.ri[r].lo;
+    const float inv = any ? 1.0f / R.l[r] : 0.0f;
+    T* orow = out + R.row[r] * c.a.so.s;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      const int col = dn * 8 + 2 * t;
+      if (col < Dv) orow[col] = from_f<T>(zero ? 0.0f : o[dn][2 * r] * inv);
+      if (col + 1 < Dv) orow[col + 1] = from_f<T>(zero ? 0.0f : o[dn][2 * r + 1] * inv);
+    }
+    if (write_lse && t == 0)
+      c.a.lse[b * c.a.slse.b + h * c.a.slse.h + R.row[r] * c.a.slse.s] = any ? R.m[r] + logf(R.l[r]) : -kInf;
+    local_max = nan_max(local_max, R.mx[r]);
+  }
+  return local_max;
+}
+
+// The block's max of the warps' local_max into *dst (sWmax: kWarps floats of shared memory).
+__device__ __forceinline__ void block_max(float local_max, float* sWmax, float* dst, int warp, int lane) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) local_max = nan_max(local_max, __shfl_xor_sync(0xffffffffu, local_max, off));
+  if (lane == 0) sWmax[warp] = local_max;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tm = -kInf;
+    for (int w = 0; w < kWarps; ++w) tm = nan_max(tm, sWmax[w]);
+    *dst = tm;
+  }
+}
+
 // DROP: dropout on (a kernel of its own: the per-key Philox code out of the hot loop).
 template <class T, int D, bool EXACT, bool DROP>
 __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* tile_max) {
@@ -68,7 +211,6 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + hk * c.a.sv.h;
   const T* bias = bias_plane<T>(c, b, h);
   const Drop drop(c, b, h);
-  const float sink = sink_logit(c, b, h);
 
   cp_async_rows<T, D, L::LD>(sQ, q, c.a.sq.s, std::min<int64_t>(BM, Sq - q0), p.head_dim_qk, BM);
   cp_async_commit();
@@ -83,20 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   };
   if (n_kt > 0) issue_kv(kb, 0);
 
-  // Rows g and g + 8 of the warp: kept keys and fwd.cc's m (running max with the sink),
-  // l (sum), mx (max of real keys).
-  RowInfo ri[2];
-  int64_t row[2];
-  float m[2], l[2], mx[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row[r] = q0 + warp * 16 + g + 8 * r;
-    ri[r] = row[r] < Sq ? c.rows[b * Sq + row[r]] : RowInfo{-1, -1, -1, -1};
-    const bool real = ri[r].q_base >= 0;
-    m[r] = real ? sink : -kInf;
-    l[r] = real && sink != -kInf ? 1.0f : 0.0f;
-    mx[r] = -kInf;
-  }
+  FwdRows R(c, b, q0 + warp * 16 + g, sink_logit(c, b, h));
   float o[DT][4];
 #pragma unroll
   for (int dn = 0; dn < DT; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
@@ -115,109 +244,103 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     mma_abt<T, L::LD, kBN, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);  // S = Q_w K^T
-
-    // Mask, bias, online softmax and dropout of rows g, g + 8 (fwd.cc's row loop). A tile
-    // that every row of the warp keeps whole skips the per-key mask test.
-    const int jt = int(k0) + 2 * t;  // this thread's first key (keys fit int32: RowInfo)
-    const bool whole = __all_sync(0xffffffffu, ri[0].lo <= k0 && ri[0].hi >= k0 + kBN &&
-                                                   ri[1].lo <= k0 && ri[1].hi >= k0 + kBN);
-    float rmax[2] = {-kInf, -kInf};
-    if (whole && !bias) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale, rmax[e >> 1] = max_nan(rmax[e >> 1], s[n][e]);
-    } else {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, j = jt + 8 * n + (e & 1);
-          const bool keep = j >= ri[r].lo && j < ri[r].hi;
-          float x = s[n][e] * p.scale;
-          if (bias && keep) x += c.bmul * to_f(bias[row[r] * c.a.bias_s + j]);
-          x = keep ? x : -kInf;  // a masked key's NaN does not count
-          s[n][e] = x;
-          rmax[r] = max_nan(rmax[r], x);
-        }
-      }
-    }
-    float alpha[2], sum[2] = {0.0f, 0.0f};
-    bool live[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      rmax[r] = quad_max(rmax[r]);  // NaN when a kept score is NaN
-      const bool any = max(int64_t(ri[r].lo), k0) < min(int64_t(ri[r].hi), k0 + kBN);
-      mx[r] = nan_max(mx[r], rmax[r]);
-      const float m_new = nan_max(m[r], rmax[r]);
-      live[r] = m_new > -kInf;
-      alpha[r] = 1.0f;
-      if (!live[r]) {
-        if (m_new != m_new && any) m[r] = l[r] = m_new;
-      } else {
-        alpha[r] = m[r] == m_new ? 1.0f : exp_approx(m[r] - m_new);
-        m[r] = m_new;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        // exp(-inf) = 0: masked keys; a dead row's probabilities are 0.
-        float pr = live[r] ? exp_approx(s[n][e] - m[r]) : 0.0f;
-        sum[r] += pr;
-        if constexpr (DROP)
-          if (pr != 0.0f) pr *= drop.z(row[r], jt + 8 * n + (e & 1));
-        s[n][e] = pr;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] = quad_sum(sum[r]);
-      if (live[r]) l[r] = l[r] * alpha[r] + sum[r];
-    }
-#pragma unroll
-    for (int dn = 0; dn < DT; ++dn) {
-      o[dn][0] *= alpha[0], o[dn][1] *= alpha[0];
-      o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
-    }
-    mma_pb<T, L::LD, kBN, D, EXACT>(o, s, sV + buf * kBN * L::LD, lane);  // O += P V
+    float alpha[2];
+    softmax_tile<T, NT, DROP>(s, alpha, R, c, k0, t, bias, drop);
+    rescale_add_pv<T, L::LD, D, EXACT>(o, alpha, s, sV + buf * kBN * L::LD, lane);  // O = alpha O + P V
     __syncthreads();  // the next iteration loads into this buffer
   }
   cp_async_wait<0>();
 
-  // out = O / l, lse = m + log l (fwd.cc's end of task).
-  T* out = static_cast<T*>(c.a.out) + b * c.a.so.b + h * c.a.so.h;
-  const int64_t Dv = p.head_dim_v;
-  float local_max = -kInf;
+  const float local_max = finish_rows<T, DT>(o, R, c, b, h, t, 0, true);
+  if (tile_max) block_max(local_max, sWmax, tile_max + task, warp, lane);
+}
+
+// ---- head dims above 128 ------------------------------------------------------------
+// The same forward with the head dims streamed: one block = one (batch, q head, query tile
+// of 128 rows, output chunk oc of kDO = 128 columns of v), 8 warps of 16 rows; per key tile
+// S = Q K^T over the whole q/k head dim in chunks of KC columns (Q and K chunks through two
+// cp.async buffers), then O[:, oc] += P V[:, oc] (V's columns per key tile, two buffers).
+// S is thus computed once per output chunk: the price of O staying in registers. Only the
+// first chunk's block writes lse and the tile's max. Shared memory: 90 KiB for 16-bit
+// inputs (two blocks per H100 SM), 123 KiB for float32 (KC = 32), whatever the head dim.
+constexpr int kDO = 128, kMaxDim = 512;
+
+template <class T>
+struct WideSmem {
+  static constexpr int KC = sizeof(T) == 4 ? 32 : 64, kPad = 16 / int(sizeof(T));
+  static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
+  static constexpr int stage = (kMmaBM + kBN) * LDC, q_at = 0, k_at = kMmaBM * LDC;  // elements
+  static constexpr size_t v = size_t(2) * stage * sizeof(T), wmax = v + size_t(2) * kBN * LDO * sizeof(T),
+                          total = wmax + kWarps * 4;
+};
+
+template <class T, bool EXACT, bool DROP>
+__global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
+  constexpr int BM = kMmaBM, NT = kBN / 8, DN = kDO / 8;
+  using L = WideSmem<T>;
+  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ring = reinterpret_cast<T*>(smem);
+  T* sV = reinterpret_cast<T*>(smem + L::v);
+  float* sWmax = reinterpret_cast<float*>(smem + L::wmax);
+  const AttnParams& p = c.p;
+  const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
+  const int64_t n_qt = (Sq + BM - 1) / BM, n_oc = (Dv + kDO - 1) / kDO, n_kc = (Dqk + KC - 1) / KC;
+  const int64_t task = blockIdx.x, oc = task % n_oc, rest = task / n_oc;
+  const int64_t qt = n_qt - 1 - rest % n_qt, h = (rest / n_qt) % Hq, b = rest / (n_qt * Hq);
+  const int64_t hk = h / (Hq / p.heads_kv), q0 = qt * BM, oc0 = oc * kDO;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+
+  const T* q = static_cast<const T*>(c.a.q) + b * c.a.sq.b + q0 * c.a.sq.s + h * c.a.sq.h;
+  const T* kp = static_cast<const T*>(c.a.k) + b * c.a.sk.b + hk * c.a.sk.h;
+  const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + hk * c.a.sv.h + oc0;
+  const T* bias = bias_plane<T>(c, b, h);
+  const Drop drop(c, b, h);
+  const int64_t rows = std::min<int64_t>(BM, Sq - q0);
+
+  const TileRange tr = c.tiles[b * n_qt + qt];
+  const int64_t kb = tr.lo / kBN * kBN;
+  const int64_t n_kt = tr.lo < tr.hi ? (tr.hi - kb + kBN - 1) / kBN : 0;
+  // Head-dim chunk kc of key tile it into stage s (and with chunk 0 the tile's V columns).
+  auto issue = [&](int64_t it, int64_t kc, int s) {
+    const int64_t k0 = kb + it * kBN, keys = std::min<int64_t>(kBN, Skv - k0), d0 = kc * KC;
+    T* st = ring + s * L::stage;
+    cp_async_rows<T, KC, LDC>(st + L::q_at, q + d0, c.a.sq.s, rows, Dqk - d0, BM);
+    cp_async_rows<T, KC, LDC>(st + L::k_at, kp + k0 * c.a.sk.s + d0, c.a.sk.s, keys, Dqk - d0, kBN);
+    if (kc == 0)
+      cp_async_rows<T, kDO, LDO>(sV + (it & 1) * kBN * LDO, vp + k0 * c.a.sv.s, c.a.sv.s, keys, Dv - oc0, kBN);
+  };
+  if (n_kt > 0) issue(0, 0, 0);
+  cp_async_commit();
+
+  FwdRows R(c, b, q0 + warp * 16 + g, sink_logit(c, b, h));
+  float o[DN][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row[r] >= Sq) continue;
-    const bool any = l[r] != 0.0f;
-    const bool zero = !any || ri[r].hi <= ri[r].lo;
-    const float inv = any ? 1.0f / l[r] : 0.0f;
-    T* orow = out + row[r] * c.a.so.s;
+  for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+
+  int s = 0;
+  for (int64_t it = 0; it < n_kt; ++it) {
+    float sc[NT][4];
 #pragma unroll
-    for (int dn = 0; dn < DT; ++dn) {
-      const int col = dn * 8 + 2 * t;
-      if (col < Dv) orow[col] = from_f<T>(zero ? 0.0f : o[dn][2 * r] * inv);
-      if (col + 1 < Dv) orow[col + 1] = from_f<T>(zero ? 0.0f : o[dn][2 * r + 1] * inv);
+    for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+    for (int64_t kc = 0; kc < n_kc; ++kc) {
+      cp_async_wait<0>();
+      __syncthreads();  // chunk kc landed; every warp is done with stage s ^ 1 (and the last V)
+      if (kc + 1 < n_kc) issue(it, kc + 1, s ^ 1);
+      else if (it + 1 < n_kt) issue(it + 1, 0, s ^ 1);
+      cp_async_commit();
+      const T* st = ring + s * L::stage;
+      mma_abt<T, LDC, kBN, KC, EXACT>(sc, st + L::q_at + warp * 16 * LDC, st + L::k_at, lane);  // S += Q_w K^T
+      s ^= 1;
     }
-    if (t == 0) c.a.lse[b * c.a.slse.b + h * c.a.slse.h + row[r] * c.a.slse.s] = any ? m[r] + logf(l[r]) : -kInf;
-    local_max = nan_max(local_max, mx[r]);
+    float alpha[2];
+    softmax_tile<T, NT, DROP>(sc, alpha, R, c, kb + it * kBN, t, bias, drop);
+    rescale_add_pv<T, LDO, kDO, EXACT>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
   }
-  if (tile_max) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) local_max = nan_max(local_max, __shfl_xor_sync(0xffffffffu, local_max, off));
-    if (lane == 0) sWmax[warp] = local_max;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float tm = -kInf;
-      for (int w = 0; w < kWarps; ++w) tm = nan_max(tm, sWmax[w]);
-      tile_max[task] = tm;
-    }
-  }
+  cp_async_wait<0>();
+
+  const float local_max = finish_rows<T, DN>(o, R, c, b, h, t, oc0, oc == 0);
+  if (tile_max && oc == 0) block_max(local_max, sWmax, tile_max + (b * Hq + h) * n_qt + qt, warp, lane);
 }
 
 template <class T, int D, bool EXACT, bool DROP>
@@ -229,6 +352,18 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
+}
+
+template <class T, bool EXACT, bool DROP>
+Status launch_wide_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
+  const AttnParams& p = c.p;
+  const int64_t n_oc = (p.head_dim_v + kDO - 1) / kDO;
+  const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM) * n_oc;
+  const size_t smem = WideSmem<T>::total;
+  auto kernel = wide_fwd_kernel<T, EXACT, DROP>;
+  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
+  return cuda_status(cudaGetLastError(), "the flash forward (mma, head dims > 128)");
 }
 
 size_t fwd_smem(int elem, int64_t d) {
@@ -254,14 +389,19 @@ bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
 }
 
 bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
-  if (std::max(p.head_dim_qk, p.head_dim_v) > 128) return false;
-  return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v},
-                      fwd_smem(p.dtype == FA_FLOAT32 ? 4 : 2, mma_head_dim_tile(p)));
+  const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
+  const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
+  if (d > kMaxDim) return false;
+  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float>::total : WideSmem<__half>::total)
+                              : fwd_smem(elem, mma_head_dim_tile(p));
+  return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, smem);
 }
 
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const bool drop = c.p.is_training && c.p.dropout > 0.0f;  // Drop's rule
+  if (std::max(c.p.head_dim_qk, c.p.head_dim_v) > 128)
+    return drop ? launch_wide_fwd<T, EXACT, true>(c, tile_max, stream) : launch_wide_fwd<T, EXACT, false>(c, tile_max, stream);
   if (mma_head_dim_tile(c.p) == 64)
     return drop ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
   return drop ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
