@@ -260,14 +260,18 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 // of 128 rows, output chunk oc of kDO = 128 columns of v), 8 warps of 16 rows; per key tile
 // S = Q K^T over the whole q/k head dim in chunks of KC columns (Q and K chunks through two
 // cp.async buffers), then O[:, oc] += P V[:, oc] (V's columns per key tile, two buffers).
-// S is thus computed once per output chunk: the price of O staying in registers. Only the
-// first chunk's block writes lse and the tile's max. Shared memory: 90 KiB for 16-bit
-// inputs (two blocks per H100 SM), 123 KiB for float32 (KC = 32), whatever the head dim.
-constexpr int kDO = 128, kMaxDim = 512;
+// S is thus computed once per output chunk of 256 columns (16-bit without dropout; else
+// 128): the price of O staying in registers. Only the first chunk's block writes lse and
+// the tile's max. Shared memory: 123 KiB for 16-bit inputs (90 KiB with dropout), 123 KiB
+// for float32 (KC = 32), whatever the head dim; one block of 8 warps per SM (registers).
+constexpr int kMaxDim = 512;
 
-template <class T>
+// kDO: the output chunk, 256 columns for 16-bit inputs without dropout (O's 128 registers
+// fit beside the rest; with dropout's state they spill), else 128.
+template <class T, bool DROP>
 struct WideSmem {
   static constexpr int KC = sizeof(T) == 4 ? 32 : 64, kPad = 16 / int(sizeof(T));
+  static constexpr int kDO = sizeof(T) == 4 || DROP ? 128 : 256;
   static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
   static constexpr int stage = (kMmaBM + kBN) * LDC, q_at = 0, k_at = kMmaBM * LDC;  // elements
   static constexpr size_t v = size_t(2) * stage * sizeof(T), wmax = v + size_t(2) * kBN * LDO * sizeof(T),
@@ -276,8 +280,8 @@ struct WideSmem {
 
 template <class T, bool EXACT, bool DROP>
 __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
-  constexpr int BM = kMmaBM, NT = kBN / 8, DN = kDO / 8;
-  using L = WideSmem<T>;
+  using L = WideSmem<T, DROP>;
+  constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);
@@ -357,9 +361,10 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
 template <class T, bool EXACT, bool DROP>
 Status launch_wide_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
-  const int64_t n_oc = (p.head_dim_v + kDO - 1) / kDO;
+  using L = WideSmem<T, DROP>;
+  const int64_t n_oc = (p.head_dim_v + L::kDO - 1) / L::kDO;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM) * n_oc;
-  const size_t smem = WideSmem<T>::total;
+  const size_t smem = L::total;
   auto kernel = wide_fwd_kernel<T, EXACT, DROP>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
@@ -392,7 +397,7 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
   const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
   const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
   if (d > kMaxDim) return false;
-  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float>::total : WideSmem<__half>::total)
+  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float, false>::total : WideSmem<__half, false>::total)
                               : fwd_smem(elem, mma_head_dim_tile(p));
   return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, smem);
 }

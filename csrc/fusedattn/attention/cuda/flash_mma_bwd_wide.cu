@@ -160,7 +160,10 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
                                         sc + L::v_at + warp * 16 * LDC, sc + L::do_at, lane);
 
     if (kc == n_kc - 1) {
-      cp_async_wait<0>();
+      // The half's Q, dO columns came with chunk 0's group: with more chunks than one, the
+      // newest group (the next chunk's) may stay in flight.
+      if (n_kc > 1) cp_async_wait<1>();
+      else cp_async_wait<0>();
       __syncthreads();  // the half's Q, dO columns and the tile's rows are in
       const Drop drop(c, b, h);
       const int64_t bs = c.a.bias_s, i0 = q0 + hq * kQH + 2 * t;
