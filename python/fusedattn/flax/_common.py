@@ -209,6 +209,14 @@ def cache_update(cached, new, index):
                                         (zero, index.astype(jnp.int32), zero, zero))
 
 
+def check_inputs_kv(x, batch: int, where: str):
+    """Cross-attention's inputs_kv: [B, Skv, E_kv] with the queries' batch."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3 or shape[0] != batch:
+        raise ValueError(f"{where}: inputs_kv must be [B, Skv, E_kv] with the inputs' batch "
+                         f"B = {batch}; got shape {shape}")
+
+
 def check_cache_room(length: int, n: int, where: str):
     if n > length:
         raise ValueError(f"{where}: {n} new tokens do not fit a KV cache of {length} slots")

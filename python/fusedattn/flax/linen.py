@@ -98,23 +98,30 @@ def _kernel_init():
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head self-attention on DotProductAttention.
+    """Multi-head self- or cross-attention on DotProductAttention.
 
-    Call: (inputs [B, S, E], *, positions=None, sequence_descriptor=None, bias=None,
-    deterministic=False) -> [B, S, out_features or E].
+    Call: (inputs [B, S, E], inputs_kv=None, *, positions=None, kv_positions=None,
+    sequence_descriptor=None, bias=None, deterministic=False) -> [B, S, out_features or E].
+    inputs_kv [B, Skv, E_kv]: cross-attention (queries from inputs, keys and values from
+    inputs_kv; pick the mask with attn_mask_type, e.g. NO_MASK or PADDING_MASK with a
+    descriptor); None: self-attention.
 
     num_attention_heads, head_dim (None: E // heads), num_gqa_groups (None: no GQA).
-    fused_qkv: one kernel 'qkv' [E, 3, Hq, D] (with GQA: 'query' [E, Hq, D] and a fused
-      'kv' [E, 2, Hkv, D]); False: 'query', 'key', 'value'. Output kernel 'out' [Hq, D, E].
-    enable_rotary_pos_emb: RoPE (rotate-half) on q and k at positions (None: 0 .. S-1, or
-      the cache index onwards when decoding), int [S] or [B, S]; rotary_base its base.
+    fused_qkv: one kernel 'qkv' [E, 3, Hq, D] (with GQA or cross-attention: 'query'
+      [E, Hq, D] and a fused 'kv' [E_kv, 2, Hkv, D]); False: 'query', 'key', 'value'.
+      Output kernel 'out' [Hq, D, E].
+    enable_rotary_pos_emb: RoPE (rotate-half) on q at positions (None: 0 .. S-1, or the
+      cache index onwards when decoding) and on k at positions (self-attention) or
+      kv_positions (cross-attention; None: 0 .. Skv-1), int [S] or [B, S]; rotary_base its
+      base.
     attention_dropout: on the attention probabilities; dropout_rate: on the output.
     decode: a KV cache in the 'cache' collection (as flax's own decode=True): init with
       the full-length input creates it; then each call appends its tokens (one or more)
       and attends to everything cached, causally (the bottom-right padding-causal mask: no
       dense mask is built). Apply with mutable=['cache']. The index is traced, so a call
       past the last slot is not caught (as in Flax's own cache); one longer than the cache
-      is an error.
+      is an error. Cross-attention keeps no cache: its keys and values are inputs_kv's,
+      passed with every call (an encoder's output).
     The other attributes go to DotProductAttention.
     """
 
@@ -156,8 +163,8 @@ class MultiHeadAttention(nn.Module):
         return y
 
     @nn.compact
-    def __call__(self, inputs, *, positions=None, sequence_descriptor=None, bias=None,
-                 deterministic: bool = False):
+    def __call__(self, inputs, inputs_kv=None, *, positions=None, kv_positions=None,
+                 sequence_descriptor=None, bias=None, deterministic: bool = False):
         where = type(self).__name__
         B, S, E = inputs.shape
         hq = _common.positive_int(self.num_attention_heads, "num_attention_heads", where)
@@ -165,7 +172,17 @@ class MultiHeadAttention(nn.Module):
         hkv = hq if self.num_gqa_groups is None else self.num_gqa_groups
         _common.heads(_Heads(hq, hkv, d), where)
         act = ("batch", "length", "heads", "kv")
-        if self.fused_qkv and hq == hkv:
+        cross = inputs_kv is not None
+        if cross:
+            _common.check_inputs_kv(inputs_kv, B, where)
+            q = self._proj("query", inputs, (hq, d), ("heads", "kv"))
+            if self.fused_qkv:
+                kv = self._proj("kv", inputs_kv, (2, hkv, d), ("qkv", "heads", "kv"))
+                k, v = kv[:, :, 0], kv[:, :, 1]
+            else:
+                k = self._proj("key", inputs_kv, (hkv, d), ("heads", "kv"))
+                v = self._proj("value", inputs_kv, (hkv, d), ("heads", "kv"))
+        elif self.fused_qkv and hq == hkv:
             qkv = self._proj("qkv", inputs, (3, hq, d), ("qkv", "heads", "kv"))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         elif self.fused_qkv:
@@ -177,16 +194,19 @@ class MultiHeadAttention(nn.Module):
             k = self._proj("key", inputs, (hkv, d), ("heads", "kv"))
             v = self._proj("value", inputs, (hkv, d), ("heads", "kv"))
 
-        decoding = self.decode and self.has_variable("cache", "cached_key")
-        if self.decode:
+        caching = self.decode and not cross
+        decoding = caching and self.has_variable("cache", "cached_key")
+        if caching:
             cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
             cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
             index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
         if positions is None:
             positions = jnp.arange(S) + (index.value if decoding else 0)
+        if cross and kv_positions is None:
+            kv_positions = jnp.arange(k.shape[1])
         if self.enable_rotary_pos_emb:
             q = _common.rotary(q, positions, self.rotary_base)
-            k = _common.rotary(k, positions, self.rotary_base)
+            k = _common.rotary(k, kv_positions if cross else positions, self.rotary_base)
         q, k, v = (nn.with_logical_constraint(x, act) for x in (q, k, v))
 
         mask_override = None

@@ -123,11 +123,14 @@ def _param(rngs, init, shape, axes, dtype, fan_in_dims=1):
 
 
 class MultiHeadAttention(nnx.Module):
-    """Multi-head self-attention on DotProductAttention (fusedattn.flax.linen's
+    """Multi-head self- or cross-attention on DotProductAttention (fusedattn.flax.linen's
     MultiHeadAttention documents the arguments; the parameters have the same names).
 
-    __call__(inputs [B, S, E], *, positions=None, sequence_descriptor=None, bias=None,
-    deterministic=False, rngs=None, decode=None) -> [B, S, out_features or E].
+    __call__(inputs [B, S, E], inputs_kv=None, *, positions=None, kv_positions=None,
+    sequence_descriptor=None, bias=None, deterministic=False, rngs=None, decode=None)
+    -> [B, S, out_features or E]. in_kv_features (constructor) makes it cross-attention:
+    keys and values from inputs_kv [B, Skv, in_kv_features], given with every call (no
+    cache); kernels 'query' and 'kv' (fused_qkv) or 'key' / 'value' [in_kv_features, ...].
     Decoding: init_cache(input_shape [B, L, E], dtype) makes the cache of L tokens; calls
     with decode=True (or decode=True in the constructor) append their tokens and attend
     to everything cached, causally (past the last slot is not caught: the index is traced)."""
@@ -145,10 +148,13 @@ class MultiHeadAttention(nnx.Module):
                  enable_rotary_pos_emb: bool = False, rotary_base: float = 10000.0,
                  decode: bool = False, dtype: Any = None, param_dtype: Any = jnp.float32,
                  kernel_init: Callable = nnx.initializers.lecun_normal(),
-                 record_max_logit: bool = False, rngs: nnx.Rngs):
+                 record_max_logit: bool = False, in_kv_features: int | None = None,
+                 rngs: nnx.Rngs):
         where = type(self).__name__
         hq = _common.positive_int(num_attention_heads, "num_attention_heads", where)
         e = _common.positive_int(in_features, "in_features", where)
+        self.cross = in_kv_features is not None
+        e_kv = _common.positive_int(in_kv_features, "in_kv_features", where) if self.cross else e
         d = _common.head_dim_of(e, hq, head_dim, where)
         hkv = hq if num_gqa_groups is None else num_gqa_groups
         self.attention = DotProductAttention(
@@ -168,7 +174,7 @@ class MultiHeadAttention(nnx.Module):
                                                       param_dtype, fan_in_dims)
         z = lambda shape, axes: nnx.Param(jnp.zeros(shape, param_dtype), out_sharding=axes,
                                           eager_sharding=False)
-        if fused_qkv and hq == hkv:
+        if fused_qkv and hq == hkv and not self.cross:
             shapes = {"qkv": ((3, hq, d), ("qkv", "heads", "kv"))}
         elif fused_qkv:
             shapes = {"query": ((hq, d), ("heads", "kv")),
@@ -176,7 +182,9 @@ class MultiHeadAttention(nnx.Module):
         else:
             shapes = {name: ((h, d), ("heads", "kv"))
                       for name, h in (("query", hq), ("key", hkv), ("value", hkv))}
-        self.kernels = nnx.Dict({n: p((e,) + s, ("embed",) + a) for n, (s, a) in shapes.items()})
+        # Each kernel's input features: cross-attention's keys and values read inputs_kv.
+        self.kernels = nnx.Dict({n: p((e if n == "query" else e_kv,) + s, ("embed",) + a)
+                                 for n, (s, a) in shapes.items()})
         self.biases = nnx.Dict({n: z(s, a) for n, (s, a) in shapes.items()}) \
             if use_bias else nnx.data(None)
         self.out = p((hq, d, e_out), ("heads", "kv", "embed"), 2)
@@ -199,11 +207,26 @@ class MultiHeadAttention(nnx.Module):
             y = y + self.biases[name][...].astype(dt)
         return y
 
-    def __call__(self, inputs, *, positions=None, sequence_descriptor=None, bias=None,
-                 deterministic: bool = False, rngs=None, decode: bool | None = None):
+    def __call__(self, inputs, inputs_kv=None, *, positions=None, kv_positions=None,
+                 sequence_descriptor=None, bias=None, deterministic: bool = False, rngs=None,
+                 decode: bool | None = None):
         where = type(self).__name__
         B, S, _ = inputs.shape
-        if "qkv" in self.kernels:
+        if self.cross != (inputs_kv is not None):
+            raise ValueError(
+                f"{where}: inputs_kv is cross-attention's, which the constructor's "
+                f"in_kv_features selects; this module was built for "
+                f"{'cross' if self.cross else 'self'}-attention and got inputs_kv="
+                f"{'None' if inputs_kv is None else getattr(inputs_kv, 'shape', inputs_kv)}")
+        if self.cross:
+            _common.check_inputs_kv(inputs_kv, B, where)
+            q = self._project("query", inputs)
+            if "kv" in self.kernels:
+                kv = self._project("kv", inputs_kv)
+                k, v = kv[:, :, 0], kv[:, :, 1]
+            else:
+                k, v = self._project("key", inputs_kv), self._project("value", inputs_kv)
+        elif "qkv" in self.kernels:
             qkv = self._project("qkv", inputs)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         elif "kv" in self.kernels:
@@ -212,15 +235,17 @@ class MultiHeadAttention(nnx.Module):
             k, v = kv[:, :, 0], kv[:, :, 1]
         else:
             q, k, v = (self._project(n, inputs) for n in ("query", "key", "value"))
-        decode = self.decode if decode is None else decode
+        decode = (self.decode if decode is None else decode) and not self.cross
         if decode and self.cached_key is None:
             raise ValueError(f"{where}: decode=True needs init_cache(input_shape) first")
         index = self.cache_index[...] if decode else 0
         if positions is None:
             positions = jnp.arange(S) + index
+        if self.cross and kv_positions is None:
+            kv_positions = jnp.arange(k.shape[1])
         if self.enable_rotary_pos_emb:
             q = _common.rotary(q, positions, self.rotary_base)
-            k = _common.rotary(k, positions, self.rotary_base)
+            k = _common.rotary(k, kv_positions if self.cross else positions, self.rotary_base)
         mask_override = None
         if decode:
             _common.check_cache_room(self.cached_key.shape[1], S, where)

@@ -44,23 +44,26 @@ def rotary(x, positions, base=10000.0):
 
 
 def mha(params, x, *, heads, kv_heads, head_dim, causal=True, rope_positions=None,
-        sink=None):
+        sink=None, x_kv=None, kv_rope_positions=None):
     """The multi-head block from its parameters (fusedattn.flax's names):
     'qkv' [E, 3, H, D] or 'query' [E, Hq, D] + 'kv' [E, 2, Hkv, D] or 'query' / 'key' /
-    'value'; 'out' [Hq, D, E]."""
+    'value'; 'out' [Hq, D, E]. x_kv: cross-attention's keys / values input (their kernels
+    [E_kv, ...]; RoPE at kv_rope_positions)."""
+    xkv = x if x_kv is None else x_kv
     if "qkv" in params:
         qkv = jnp.einsum("bse,ethd->bsthd", x, params["qkv"])
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
         q = jnp.einsum("bse,ehd->bshd", x, params["query"])
         if "kv" in params:
-            kv = jnp.einsum("bse,ethd->bsthd", x, params["kv"])
+            kv = jnp.einsum("bse,ethd->bsthd", xkv, params["kv"])
             k, v = kv[:, :, 0], kv[:, :, 1]
         else:
-            k = jnp.einsum("bse,ehd->bshd", x, params["key"])
-            v = jnp.einsum("bse,ehd->bshd", x, params["value"])
+            k = jnp.einsum("bse,ehd->bshd", xkv, params["key"])
+            v = jnp.einsum("bse,ehd->bshd", xkv, params["value"])
     if rope_positions is not None:
-        q, k = rotary(q, rope_positions), rotary(k, rope_positions)
+        q = rotary(q, rope_positions)
+        k = rotary(k, rope_positions if x_kv is None else kv_rope_positions)
     o = attention(q, k, v, causal=causal, sink=sink)
     return jnp.einsum("bshd,hde->bse", o, params["out"])
 

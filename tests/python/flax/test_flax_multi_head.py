@@ -1,7 +1,8 @@
 """fusedattn.flax MultiHeadAttention (linen and nnx) against the block written with plain
 jnp from its own parameters: forward and gradients (fused and separate projections, GQA,
-RoPE, the learnable offset), RoPE against a complex-number rotation, and decoding with the
-KV cache (token by token and in chunks) equal to the full causal forward."""
+RoPE, the learnable offset), cross-attention (its own kv input width and length), RoPE
+against a complex-number rotation, and decoding with the KV cache (token by token and in
+chunks) equal to the full causal forward."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from flax import nnx
 
 from conftest import normal
+from fusedattn import AttnMaskType
 from fusedattn.flax import _common
 from fusedattn.flax import linen as fl
 from fusedattn.flax import nnx as fn
@@ -154,3 +156,58 @@ def test_dropout_follows_the_rng_and_deterministic_turns_it_off(api, key):
     np.testing.assert_array_equal(a, b)
     assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
     assert np.abs(np.asarray(a) - np.asarray(exact)).max() > 1e-3
+
+
+@pytest.mark.parametrize("api,fused,groups,rope", [
+    ("linen", True, None, False), ("linen", False, 2, True), ("nnx", True, 2, True),
+    ("nnx", False, None, False)])
+def test_cross_attention_matches_the_plain_block(api, fused, groups, rope, key):
+    B, S, Skv, E_kv = 2, 12, 20, 24
+    kx, kk, kd = jax.random.split(key, 3)
+    x, x_kv, dy = normal(kx, (B, S, E)), normal(kk, (B, Skv, E_kv)), normal(kd, (B, S, E))
+    kw = dict(num_gqa_groups=groups, fused_qkv=fused, enable_rotary_pos_emb=rope,
+              attn_mask_type=AttnMaskType.NO_MASK)
+    if api == "linen":
+        m = fl.MultiHeadAttention(num_attention_heads=H, **kw)
+        params = nn.meta.unbox(m.init(jax.random.PRNGKey(1), x, x_kv))
+        apply = lambda p, x, x_kv: m.apply(p, x, x_kv, deterministic=True)
+        kernels = lambda p: {n: w for n, w in p["params"].items() if n != "attention"}
+        # decode=True keeps no cache for cross-attention: the same result, no 'cache'
+        md = fl.MultiHeadAttention(num_attention_heads=H, decode=True, **kw)
+        assert "cache" not in md.init(jax.random.PRNGKey(1), x, x_kv)
+        y, upd = md.apply(params, x, x_kv, deterministic=True, mutable=["cache"])
+        assert not upd.get("cache")
+        ref.assert_close("decode=True", y, apply(params, x, x_kv))
+    else:
+        m = fn.MultiHeadAttention(H, E, in_kv_features=E_kv, rngs=nnx.Rngs(1), **kw)
+        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+        apply = lambda p, x, x_kv: nnx.merge(graphdef, p, rest)(x, x_kv, deterministic=True)
+
+        def kernels(p):
+            d = {n: w[...] for n, w in p["kernels"].items()}
+            d["out"] = p["out"][...]
+            return d
+        with pytest.raises(ValueError, match="in_kv_features"):
+            m(x)                                          # a cross module wants inputs_kv
+        with pytest.raises(ValueError, match="in_kv_features"):
+            fn.MultiHeadAttention(H, E, rngs=nnx.Rngs(1))(x, x_kv)
+    with pytest.raises(ValueError, match="inputs_kv must be"):
+        apply(params, x, x_kv[:1])
+    names = {"query", "kv", "out"} if fused else {"query", "key", "value", "out"}
+    assert set(kernels(params)) == names
+    hkv = H if groups is None else groups
+
+    def plain(p, x, x_kv):
+        return ref.mha(kernels(p), x, heads=H, kv_heads=hkv, head_dim=E // H, causal=False,
+                       x_kv=x_kv, rope_positions=np.arange(S) if rope else None,
+                       kv_rope_positions=np.arange(Skv) if rope else None)
+
+    ref.assert_close("out", jax.jit(apply)(params, x, x_kv), plain(params, x, x_kv))
+    loss = lambda f: lambda p, x, x_kv: jnp.sum(f(p, x, x_kv) * dy)
+    g_got = jax.grad(loss(apply), argnums=(0, 1, 2))(params, x, x_kv)
+    g_want = jax.grad(loss(plain), argnums=(0, 1, 2))(params, x, x_kv)
+    ref.assert_close("dx", g_got[1], g_want[1])
+    ref.assert_close("dx_kv", g_got[2], g_want[2])
+    kg, kw_ = kernels(g_got[0]), kernels(g_want[0])
+    for name in names:
+        ref.assert_close(f"d {name}", kg[name], kw_[name])
