@@ -127,6 +127,8 @@ def _load() -> ctypes.CDLL:
                                    ctypes.c_int, ctypes.c_int, i32p, ctypes.c_int64,
                                    ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
+    lib.fa_masked_bias_value.restype = ctypes.c_float
+    lib.fa_masked_bias_value.argtypes = [ctypes.c_int]
     lib.fa_softmax_type_name.restype = ctypes.c_char_p
     lib.fa_softmax_type_name.argtypes = [ctypes.c_int]
     lib.fa_softmax_validate.argtypes = [ctypes.POINTER(SoftmaxParams), ctypes.c_char_p,
@@ -207,10 +209,13 @@ class BackendChoice(typing.NamedTuple):
 # BackendRequest's flags (attention/backend.h): the call's index_base must be honoured
 # (a block's positions, or a shard's base with dropout or a score_mod); cuDNN's graph
 # check rejected the call; float32 matmuls at float32 accuracy (the CUDA flash kernels'
-# 3xTF32 instead of TF32: jax's matmul precision asked for it).
+# 3xTF32 instead of TF32: jax's matmul precision asked for it); the bias is a folded
+# boolean mask holding masked_bias_value at the keys it drops (the CPU engine drops them
+# and skips the key tiles they fill; the other kernels add it as any bias).
 REQUEST_INDEX_BASE = 1
 REQUEST_CUDNN_REJECTED = 2
 REQUEST_F32_EXACT = 4
+REQUEST_MASK_BIAS = 8
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,
@@ -328,3 +333,9 @@ def set_num_threads(n: int) -> None:
 
 def num_threads() -> int:
     return int(lib.fa_num_threads())
+
+
+def masked_bias_value(dtype_name: str) -> float:
+    """The bias a folded boolean mask puts at the keys it drops, for an engine dtype
+    ("float32", "bfloat16", "float16"): exact in that dtype, finite (REQUEST_MASK_BIAS)."""
+    return float(lib.fa_masked_bias_value(DTYPE_CODES[dtype_name]))

@@ -56,6 +56,8 @@ class Config:
     # the name out, lse and max_logit are tagged with (jax.ad_checkpoint.checkpoint_name),
     # None: none
     checkpoint_name: str | None = "context"
+    # the bias is a folded boolean mask (dot_product_attention's): _lib.REQUEST_MASK_BIAS
+    mask_bias: bool = False
 
     @property
     def thd(self) -> bool:

@@ -68,7 +68,7 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
     attrs = cfg.ffi_attrs()
-    attrs["backend_flags"] = np.int32(flags)
+    attrs["backend_flags"] = np.int32(flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0))
     if sm is not None:
         attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
     return attrs
@@ -535,7 +535,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                context_parallel_axis="",
                context_parallel_causal_load_balanced=False,
                stripe_size=None,
-               context_checkpoint_name="context"):
+               context_checkpoint_name="context",
+               _mask_bias=False):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
@@ -624,6 +625,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     NaN (and max_logit, for a logit), and the gradients it touches; a row that keeps no
     key still gives 0 and lse -inf. A +inf softmax_offset takes all its head's mass:
     output 0, lse +inf, no gradient.
+
+    _mask_bias (internal: dot_product_attention's): the bias is a folded boolean mask that
+    holds _lib.masked_bias_value(dtype) at the keys it drops; the CPU engine then drops
+    them as a -inf bias does (a row that keeps none gives 0 and lse -inf, for the caller
+    to fix) and skips the key tiles they fill.
     """
     call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                    attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
@@ -657,7 +663,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
             scaling_factor=call.cfg.scale if call.traced_scale is None else call.traced_scale,
             dropout_probability=dropout_probability, is_training=is_training)
     call = dataclasses.replace(call, cfg=dataclasses.replace(
-        call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit)))
+        call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit),
+        mask_bias=bool(_mask_bias) and call.operands[3].size > 0))
     _warn_if_fallback(call, sm)
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
     out, lse, max_logit = _attention((call.cfg, call.dims, sm), False, *ops)

@@ -7,10 +7,13 @@ How jax's arguments map onto fused_attn:
 * local_window_size (left, right) >= 0 -> window_size (top-left, like jax's).
 * mask (boolean) and bias -> one POST_SCALE_BIAS: masked-out logits get a large
   negative number, -0.7 times the largest finite value of q's dtype (float32: jax's own
-  number; float16: -45850, no overflow to -inf), which the softmax turns into exactly 0
+  number; float16: -45856, no overflow to -inf), which the softmax turns into exactly 0
   as jax's does. Negative window sizes (which jax reads literally) go the same way.
-  A dense mask costs what a bias costs; is_causal, local_window_size and the sequence
-  lengths are much faster (the kernels skip the tiles they empty).
+  The call tells the engine the bias is a folded mask (_lib.REQUEST_MASK_BIAS): the CPU
+  engine drops those keys and skips the key tiles a query tile's rows all drop, so a
+  dense causal or window mask costs little more than the mask type; the GPU kernels add
+  it as a bias (is_causal, local_window_size and the sequence lengths are much faster
+  there).
 * A query row whose every key is masked: jax gives the plain average of all values (its
   masked logits are all the same finite number), zero for rows past query_seq_lengths.
   fusedattn gives 0 for such rows, so they are rebuilt here from the softmax statistics.
@@ -33,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _lib
 from ._args import ArgumentTypeError, got, is_traced, static_bool, static_float, static_int
 from .attention import fused_attn
 from .enums import AttnBiasType, AttnMaskType
@@ -52,7 +56,12 @@ _LARGE_NEGATIVE = float(np.float32(-0.7 * np.finfo(np.float32).max))
 
 def _large_negative(dtype) -> float:
     """The masked logit in dtype's bias: jax's number where dtype holds it, else -0.7
-    times dtype's largest finite value (float16: -45850.0, never -inf)."""
+    times dtype's largest finite value (float16: -45856.0, never -inf), exact in dtype:
+    for the engine's dtypes the engine's own value (_lib.masked_bias_value), which it
+    recognizes as a dropped key and skips the key tiles it fills."""
+    name = jnp.dtype(dtype).name
+    if name in _lib.DTYPE_CODES:
+        return _lib.masked_bias_value(name)
     return max(_LARGE_NEGATIVE, float(-0.7 * jnp.finfo(dtype).max))
 
 
@@ -169,7 +178,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         (q, k, v), bias, sd, None,
         attn_bias_type=AttnBiasType.NO_BIAS if bias is None else AttnBiasType.POST_SCALE_BIAS,
         attn_mask_type=mask_type, scaling_factor=scale, window_size=window,
-        return_aux=True)
+        return_aux=True, _mask_bias=mask is not None)
     lse = jnp.transpose(aux["softmax_aux"][..., 0], (0, 2, 1))  # [B, T, N]
 
     # Rows whose every key is masked: jax's softmax over equal logits averages all values;

@@ -53,6 +53,13 @@ struct BackendRequest {
 // at float32 accuracy (jax's matmul precision "highest" / "float32" when it was traced;
 // options.h's f32_tf32).
 constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2, kRequestF32Exact = 4;
+// Not a routing matter either: the bias is a folded boolean mask (fusedattn's
+// dot_product_attention): it holds cpu::masked_bias<T>() at the keys the mask drops. The
+// CPU engine then drops those keys as a -inf bias would and skips the key tiles whose
+// every kept key a query tile's rows drop so; the other kernels add the bias as any
+// other, which gives the same result (those keys' weights underflow to 0 in every row
+// that keeps a key; rows that keep none are the caller's, dot_product_attention's).
+constexpr int32_t kRequestMaskBias = 8;
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):

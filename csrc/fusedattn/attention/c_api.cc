@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/cpu/score_ops.h"
 #include "fusedattn/platform/cpu/thread_pool.h"
 #include "fusedattn/attention/validate.h"
 #include "fusedattn/core/messages.h"
@@ -152,5 +153,17 @@ const char* fa_backend_name(int backend) { return fusedattn::backend_name(backen
 
 void fa_set_num_threads(int n) { fusedattn::cpu::set_num_threads(n); }
 int fa_num_threads() { return fusedattn::cpu::max_slots(); }
+
+// The bias a folded boolean mask puts at dropped keys for an FaDType (cpu::masked_bias,
+// backend.h's kRequestMaskBias); 0 for an unknown code.
+float fa_masked_bias_value(int dtype) {
+  using namespace fusedattn::cpu;
+  switch (dtype) {
+    case FA_FLOAT32: return masked_bias<float>();
+    case FA_BFLOAT16: return masked_bias<bf16>();
+    case FA_FLOAT16: return masked_bias<fp16>();
+  }
+  return 0.0f;
+}
 
 }  // extern "C"

@@ -3,6 +3,7 @@
 //                    q_offsets, kv_offsets, index_base -> out, softmax_aux (lse), max_logit
 //   fa_cpu_attn_bwd: the same 11, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
 // Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
+#include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/ffi_decode.h"
@@ -48,6 +49,7 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   a.so = strides(t.so);
   a.slse = strides(t.slse);
   a.x = extras(t);
+  a.x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
   if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
   cpu::attention_fwd(p, a);
   return ffi::Error::Success();
@@ -115,6 +117,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   a.sdk = strides(t.sdk);
   a.sdv = strides(t.sdv);
   a.x = extras(t);
+  a.x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
   if (program) {
     a.x.score_mod = &smc.sm;
     a.x.score_mod_operands = smc.operands;

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "small_seq": "small-sequence cross attention vs jax xla / cudnn and fused_attn, bytes-based",
     "score_mod": "flex attention (softcap, ALiBi) vs plain fused_attn and vs XLA's materialized scores",
     "fallback": "the calls cuDNN declines (f32, PRE_SCALE bias, D 512, score_mod + bias) vs XLA, cuDNN",
+    "dense_mask": "a causal / window mask passed densely vs the same mask type, and vs jax xla",
     "cp_ring": "the context-parallel ring's schedule simulated on one device (efficiency, speedup)",
     "multi": "fused_attn sharded over every local device (dp, tp, cp) vs one device",
 }

@@ -19,7 +19,7 @@ import numpy as np
 from .._args import ArgumentTypeError, got, is_bool
 from .._prepare import enum
 from ..attention import fused_attn
-from ..dot_product import _LARGE_NEGATIVE, dot_product_attention
+from ..dot_product import _large_negative, dot_product_attention
 from ..enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from ..sequence import SequenceDescriptor
 
@@ -289,7 +289,7 @@ def flax_attention(query, key, value, bias=None, mask=None, *, dropout_rng=None,
         mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
         base = jnp.zeros((), dt) if bias is None else bias
         # jax's masked logit, or -0.7 x the dtype's max where it cannot hold that (float16).
-        masked = max(_LARGE_NEGATIVE, float(-0.7 * jnp.finfo(dt).max))
+        masked = _large_negative(dt)
         bias = jnp.where(mask, base, jnp.asarray(masked, dt))
     if bias is not None:
         bias = jnp.broadcast_to(bias, jnp.broadcast_shapes(bias.shape, (1, 1, T, S)))

@@ -179,3 +179,92 @@ def test_same_argument_errors_as_jax(kwargs, message):
     for f in (fusedattn.dot_product_attention, jax.nn.dot_product_attention):
         with pytest.raises(ValueError, match=message):
             f(q, k, k, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Dense masks over many key tiles: dot_product_attention tells the engine its bias is a
+# folded mask (_lib.REQUEST_MASK_BIAS), and the CPU engine drops the masked keys and
+# skips the 64 x 64 tiles a mask empties. Results: jax's, and the mask type's where one
+# exists.
+
+TB, SB = 200, 264  # several query and key tiles, the last ones partial
+
+
+def _dense(name, T=TB, S=SB):
+    i, j = np.arange(T)[:, None], np.arange(S)[None, :]
+    if name == "causal":
+        m = j <= i
+    elif name == "window":
+        m = (j >= i - 20) & (j <= i + 5)
+    elif name == "padding":  # batch 1 keeps 150 keys and 180 rows; batch 0 everything
+        m = np.stack([np.ones((T, S), bool), (i < 180) & (j < 150)])[:, None]
+        return jnp.asarray(m)
+    else:  # "holes": random keys dropped over a causal band, two rows that keep nothing
+        rng = np.random.default_rng(0)
+        m = (j <= i + 30) & (rng.random((T, S)) < 0.8)
+        m[7] = False
+        m[150] = False
+    return jnp.asarray(m)[None, None]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["causal", "window", "padding", "holes"])
+def test_dense_masks_over_many_tiles(key, name, dtype):
+    q, k, v, dout = inputs(key, dtype, T=TB, S=SB)
+    mask = _dense(name)
+
+    def run(f, **kw):
+        def loss(q, k, v):
+            return jnp.sum(f(q, k, v, **kw).astype(jnp.float32) * dout.astype(jnp.float32))
+        out, res = f(q, k, v, **kw, return_residual=True)
+        return out, res, jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    ours = jax.jit(lambda q, k, v: run(fusedattn.dot_product_attention, mask=mask))(q, k, v)
+    theirs = jax.jit(lambda q, k, v: run(
+        lambda *a, **kw: jax.nn.dot_product_attention(*a, **kw, implementation="xla"),
+        mask=mask))(q, k, v)
+    tol = _tol(dtype)
+    for what, a, b in zip(("out", "residual", "dq", "dk", "dv"), jax.tree.leaves(ours),
+                          jax.tree.leaves(theirs)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert not np.isnan(a).any(), what
+        scale = 1.0 if what == "residual" else max(1.0, float(np.abs(b).max()))
+        rtol = max(tol["rtol"], tol["atol"] / 2) if what == "residual" else tol["rtol"]
+        np.testing.assert_allclose(a / scale, b / scale, rtol=rtol, atol=tol["atol"], err_msg=what)
+    if name in ("causal", "window"):  # the same engine through the mask type: float32
+        # rounding apart (the backward's tasks sum dq in another order when a dbias
+        # plane is shared), one unit of bfloat16's
+        kw = dict(is_causal=True) if name == "causal" else dict(local_window_size=(20, 5))
+        typed = jax.jit(lambda q, k, v: run(fusedattn.dot_product_attention, **kw))(q, k, v)
+        ulp = 1e-6 if dtype == jnp.float32 else 2.0 ** -8
+        for what, a, b in zip(("out", "residual", "dq", "dk", "dv"), jax.tree.leaves(ours),
+                              jax.tree.leaves(typed)):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            np.testing.assert_allclose(a, b, rtol=ulp, atol=ulp * max(1.0, float(np.abs(b).max())),
+                                       err_msg=what)
+
+
+def test_dense_causal_skips_the_tiles_it_empties(key):
+    # A NaN in the values of key 100 reaches every row of the tiles that are computed
+    # (0 x NaN in P V), and no row of those skipped: rows 0..63 see only key tile 0 under
+    # a causal mask, dense or typed alike (jax's own einsum would spread it to every row).
+    q, k, v, _ = inputs(key, jnp.float32, T=TB, S=TB)
+    v = v.at[:, 100].set(jnp.nan)
+    dense = fusedattn.dot_product_attention(q, k, v, mask=_dense("causal", TB, TB))
+    typed = fusedattn.dot_product_attention(q, k, v, is_causal=True)
+    nan = np.isnan(np.asarray(dense))
+    np.testing.assert_array_equal(nan, np.isnan(np.asarray(typed)))
+    assert not nan[:, :64].any() and nan[:, 100:].all()
+    np.testing.assert_allclose(np.asarray(dense)[~nan], np.asarray(typed)[~nan], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_masked_bias_value(dtype):
+    # The engine's value (fa_masked_bias_value): exact in the dtype, finite, about -0.7 x
+    # its largest value; float32's is jax's own masked logit.
+    from fusedattn.dot_product import _LARGE_NEGATIVE, _large_negative
+    v = _large_negative(dtype)
+    assert np.isfinite(v) and float(jnp.asarray(v, dtype)) == v
+    assert -0.71 * float(jnp.finfo(dtype).max) <= v <= -0.69 * min(float(jnp.finfo(dtype).max), 3.4e38)
+    if dtype == jnp.float32:
+        assert v == _LARGE_NEGATIVE

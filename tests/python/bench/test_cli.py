@@ -114,3 +114,16 @@ def test_tiny_fallback_bench_names_each_rows_backend(tmp_path, capsys):
     assert [r["kind"] for r in rows] == ["f32", "alibi"]
     for r in rows:
         assert r["backend"] == "cpu_flash" and r["ratio_reference"] > 0 and r["ratio_jax_xla"] > 0
+
+
+def test_tiny_dense_mask_bench(tmp_path, capsys):
+    argv = ["dense_mask", "--seq", "128", "--window", "16", "--repeats", "1",
+            "--out-dir", str(tmp_path), "--no-plot"]
+    assert cli.main(["bench"] + argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("summary: typed mask / dense mask geomean")
+    rows = json.loads((tmp_path / "bench-dense_mask.json").read_text())["rows"]
+    assert [(r["kind"], r["mode"]) for r in rows] == [
+        ("causal", "fwd"), ("causal", "fwd+bwd"), ("window", "fwd"), ("window", "fwd+bwd")]
+    for r in rows:
+        assert r["ratio_typed"] > 0 and r["ratio_jax"] > 0

@@ -63,6 +63,9 @@ struct Extras {
   // score_mod (null: none) and its array operands [slices, score_mod->total_size()] f32.
   const ScoreMod* score_mod = nullptr;
   const float* score_mod_operands = nullptr;
+  // The bias is a folded boolean mask (backend.h: kRequestMaskBias): its masked_bias<T>()
+  // entries drop their keys, and tiles they fill are skipped.
+  bool mask_bias = false;
 };
 
 inline bool is_block(const Extras& x) { return x.index_base && x.index_cols > 2; }

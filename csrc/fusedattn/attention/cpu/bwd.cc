@@ -129,6 +129,8 @@ void backward(const AttnParams& p, const BwdArgs& a) {
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
       const float* dl = delta.data() + (b * Hq + h) * Sq;
       const T* bias = bias_plane<T>(p, a.x, b, h);
+      const bool mask_bias = bias && a.x.mask_bias;
+      const float mv = mask_bias ? masked_bias<T>() : 0.0f;
       float* dbias = dbias_acc ? dbias_acc + (b / bs) * sdb.slice + (b % bs) * sdb.b + h * sdb.h : nullptr;
       const Dropout dropout(p, a.x, b, h);
       ScoreModRows score_mod(p, a.x, ranges, b, h);
@@ -137,6 +139,14 @@ void backward(const AttnParams& p, const BwdArgs& a) {
         const int64_t t = ranges.tile_index(b, qt);
         if (std::max<int64_t>(ranges.tile_lo[t], k0) >= std::min<int64_t>(ranges.tile_hi[t], k0 + cols)) continue;
         const int64_t q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
+        if (mask_bias) {  // a folded mask that drops every kept key of the tile's rows: no share
+          int64_t lo[kBq], hi[kBq];
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t row = ranges.row(b, q0 + r);
+            lo[r] = ranges.lo[row], hi[r] = ranges.hi[row];
+          }
+          if (tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv)) continue;
+        }
 
         load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, 1.0f, qf.data(), kBq, Dp);
         load_rows(dout + b * a.sdo.b + q0 * a.sdo.s + h * a.sdo.h, a.sdo.s, rows, Dv, 1.0f, dof.data(), kBq, Dvp);
@@ -190,7 +200,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
           if (bias && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
             const T* brow = bias + (q0 + r) * a.x.sbias.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c)
-              if (to_float(brow[c]) == kNegInf) sr[c] = dr[c] = 0.0f;
+              if (to_float(brow[c]) == kNegInf || (mask_bias && to_float(brow[c]) == mv)) sr[c] = dr[c] = 0.0f;
           }
           if (modded) {  // a score fn set to -inf keeps nothing; dS of the raw logits
             if (!nan_row)

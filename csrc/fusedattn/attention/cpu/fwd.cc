@@ -52,6 +52,8 @@ void forward(const AttnParams& p, const FwdArgs& a) {
     const int64_t hk = h / group, q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
     const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
     const T* bias = bias_plane<T>(p, a.x, b, h);
+    const bool mask_bias = bias && a.x.mask_bias;
+    const float mv = mask_bias ? masked_bias<T>() : 0.0f;
     const Dropout dropout(p, a.x, b, h);
     ScoreModRows score_mod(p, a.x, ranges, b, h);
 
@@ -77,6 +79,8 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 
     for (int64_t k0 = tile_lo / kBk * kBk; k0 < tile_hi; k0 += kBk) {
       const int64_t cols = std::min(kBk, Skv - k0);
+      // A folded mask that drops every kept key of the tile's rows: nothing to add.
+      if (mask_bias && tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv)) continue;
       load_rows_transposed(k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h, a.sk.s, cols, D, kt.data(), Dp, kBk);
       load_rows(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, 1.0f, vf.data(), kBk, Dvp);
       gemm<false>(kBq, kBk, Dp, qf.data(), Dp, kt.data(), kBk, s.data(), kBk);
@@ -88,6 +92,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
         if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
         if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
+        if (mask_bias) drop_masked(bias + (q0 + r) * a.x.sbias.s + k0, mv, sr, c_lo, c_hi);
         float row_max = kNegInf;
         bool nan = false;  // an OR of compares, not a branch: the loop stays vectorized
         for (int64_t c = 0; c < kBk; ++c) {

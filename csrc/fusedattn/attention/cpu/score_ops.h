@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "fusedattn/attention/params.h"
@@ -44,6 +45,42 @@ inline const T* bias_plane(const AttnParams& p, const Extras& x, int64_t b, int6
   const int64_t bs = slice_batch(p);
   return static_cast<const T*>(x.bias) + (b / bs) * x.sbias.slice + (b % bs) * x.sbias.b +
          h * x.sbias.h;
+}
+
+// The bias a folded boolean mask puts at the keys it drops (kRequestMaskBias), as a
+// float: the larger of jax's masked logit (-0.7 x float32's max, in float32) and -0.7 x
+// T's largest finite value, rounded to T (bf16 -2.37e38, fp16 -45856; never -inf, so that
+// jax.debug_infs stays quiet). fusedattn.dot_product_attention takes it from here
+// (fa_masked_bias_value).
+template <class T>
+inline float masked_bias() {
+  constexpr float kF32Max = std::numeric_limits<float>::max();
+  float t_max = kF32Max;
+  if constexpr (std::is_same_v<T, bf16>) t_max = to_float(bf16{0x7f7f});
+  if constexpr (std::is_same_v<T, fp16>) t_max = to_float(fp16{0x7bff});
+  return to_float(from_float<T>(std::max(-0.7f * kF32Max, -0.7f * t_max)));
+}
+
+// Whether every kept key of rows [0, rows) of a query tile at q0 in the key tile at k0
+// carries the masked bias mv (row r keeps [lo[r], hi[r]); brow0: the bias row of q0 at
+// k0, rows sb elements apart): such a tile adds nothing to any of them.
+template <class T>
+inline bool tile_masked(const T* brow0, int64_t sb, int64_t rows, const int64_t* lo, const int64_t* hi,
+                        int64_t k0, int64_t cols, float mv) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, cols), c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, cols);
+    const T* brow = brow0 + r * sb;
+    bool all = true;  // an AND of compares, not a branch: the loop stays vectorized
+    for (int64_t c = c_lo; c < c_hi; ++c) all &= to_float(brow[c]) == mv;
+    if (!all) return false;
+  }
+  return true;
+}
+
+// sr[c] = -inf where the bias is the masked bias mv, for c in [c_lo, c_hi).
+template <class T>
+inline void drop_masked(const T* brow, float mv, float* sr, int64_t c_lo, int64_t c_hi) {
+  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = to_float(brow[c]) == mv ? -std::numeric_limits<float>::infinity() : sr[c];
 }
 
 // sr[c] += mul * brow[c] for c in [c_lo, c_hi).

@@ -1,0 +1,96 @@
+"""python -m fusedattn bench dense_mask: a mask passed densely against the same mask as a type.
+
+Model libraries pass causal, sliding-window and padding masks as one dense boolean array
+(jax.nn.dot_product_attention(mask=...)). fusedattn.dot_product_attention folds it into a
+bias and tells the engine so (_lib.REQUEST_MASK_BIAS): the CPU engine drops the masked keys
+and skips the key tiles a mask empties. Each row times, on the same inputs, forward and
+forward+backward (gradients of q, k, v):
+  dense   fusedattn.dot_product_attention(mask=the dense mask)
+  typed   the same call with the mask type (is_causal=True, local_window_size=(W, 0))
+  jax     jax.nn.dot_product_attention(mask=the dense mask, implementation="xla")
+ratio typed / dense (the issue's goal: the dense mask at most 1.3x the type's time, i.e.
+>= 0.77) and jax / dense (> 1: fusedattn is faster). Defaults: B 1, S 2048 (--seq), H 8,
+D 64, float32 on the CPU (bf16 with --dtype bfloat16). On a GPU the bias is added by the
+kernels (no tile skipping there yet): the ratio shows what that costs.
+Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fusedattn
+
+from . import report
+from .common import run_info, time_fn
+
+
+def _mask(kind: str, S: int, window: int):
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    m = j <= i
+    if kind == "window":
+        m &= j >= i - window
+    return jnp.asarray(m)[None, None]
+
+
+def run(args):
+    rows = []
+    dt = jnp.dtype(args.dtype)
+    B, S, H, D = 1, args.seq, 8, 64
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, do = (jax.random.normal(x, (B, S, H, D), jnp.float32).astype(dt) for x in ks)
+    for kind in args.kinds:
+        mask = _mask(kind, S, args.window)
+        typed_kw = dict(is_causal=True) if kind == "causal" else dict(
+            is_causal=True, local_window_size=(args.window, 0))
+        impls = {
+            "dense": lambda q, k, v: fusedattn.dot_product_attention(q, k, v, mask=mask),
+            "typed": lambda q, k, v: fusedattn.dot_product_attention(q, k, v, **typed_kw),
+            "jax": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                                                implementation="xla"),
+        }
+        for mode in args.modes:
+            row = dict(kind=kind, dtype=dt.name, B=B, S=S, H=H, D=D, mode=mode)
+            for name, f in impls.items():
+                if mode == "fwd+bwd":
+                    g = jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) *
+                                                            do.astype(jnp.float32)), (0, 1, 2))
+                    fn = jax.jit(g)
+                else:
+                    fn = jax.jit(f)
+                row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
+            row["ratio_typed"] = row["typed_ms"] / row["dense_ms"]
+            row["ratio_jax"] = row["jax_ms"] / row["dense_ms"]
+            rows.append(row)
+            print(f"{kind:7} {dt.name:9} {S:6d} {mode:8} | {row['dense_ms']:9.2f} "
+                  f"{row['typed_ms']:9.2f} {row['jax_ms']:9.2f} | {row['ratio_typed']:7.2f} "
+                  f"{row['ratio_jax']:7.2f}", flush=True)
+    return rows
+
+
+RATIOS = {"typed mask / dense mask": "ratio_typed", "jax xla / fusedattn dense": "ratio_jax"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusedattn bench dense_mask", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", nargs="+", default=["causal", "window"], choices=["causal", "window"])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--window", type=int, default=256, help="the window's left size (default 256)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=int, default=5)
+    report.add_output_args(p)
+    args = p.parse_args(argv)
+    info = run_info()
+    print(" ".join(f"{k}={v}" for k, v in info.items()))
+    print(f"{'kind':7} {'dtype':9} {'S':>6} {'mode':8} | {'dense ms':>9} {'typed ms':>9} "
+          f"{'jax ms':>9} | {'typed/d':>7} {'jax/d':>7}")
+    rows = run(args)
+    report.finish("dense_mask", args, dict(info=info, rows=rows), rows, RATIOS,
+                  lambda r: f"{r['kind']} {r['dtype']} S{r['S']} {r['mode']}")
+    return 0
