@@ -37,7 +37,8 @@ __all__ = ["fused_attn"]
 # more, its array operands concatenated (f32 [N], score_mod.py) -> (out, lse, max_logit
 # per batch entry). Differentiable in q, k, v (as the layout packs them), bias,
 # softmax_offset and the score_mod operands. The CPU engine runs every call (a score_mod
-# as its lowered programs); on the GPU cuDNN runs what it serves, XLA's reference the rest.
+# as its lowered programs); on the GPU cuDNN runs what it serves, the CUDA flash kernels
+# the rest (a score_mod by their interpreter), XLA's reference what neither can.
 
 
 def _fwd_results(ops, cfg: Config, dims: Dims):
@@ -94,15 +95,17 @@ def _ffi_fwd(*ops, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags: 
     return _partition.vary_like(tuple(call(*ops, **_attrs(cfg, sm, cuda, flags))[:3]), *ops)
 
 
-def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags: int = 0):
+def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags: int = 0,
+             sm_grads: bool = True):
     """The backward handler: ops, out, dout, lse -> dq, dk, dv, dbias, d softmax_offset and,
-    with a score_mod, d of its operands (the CUDA handler has none: XLA's reference vjp
-    gives it, and XLA drops it when nothing uses it). The CUDA handler returns one more
-    result, its workspace."""
+    with a score_mod, d of its operands (computed in the kernels: the CPU engine's and the
+    CUDA flash ones; behind cuDNN, sm_grads=False, the handler returns zeros and XLA's
+    reference vjp gives it, which XLA drops when nothing uses it). The CUDA handler
+    returns one more result, its workspace."""
     n = N_OPS if sm is None else N_OPS + 1
     ops, dout = args[:n], args[n + 1]
     results = _bwd_results(ops, dims)
-    if sm is not None and not cuda:
+    if sm is not None:
         results += (jax.ShapeDtypeStruct(ops[N_OPS].shape, jnp.float32),)
     if cuda:
         results += (_workspace(ops[:N_OPS], cfg, dims, True, _sm_key(sm), flags),)
@@ -112,7 +115,7 @@ def _ffi_bwd(*args, cfg: Config, dims: Dims, sm=None, cuda: bool = False, flags:
     grads_out = (dq, dk, dv, dbias, _offset_grad(doffset))
     if sm is None:
         return grads_out
-    return grads_out + ((_sm_operand_grad(ops, dout, cfg, dims, sm),) if cuda else (grads[5],))
+    return grads_out + ((grads[5],) if sm_grads else (_sm_operand_grad(ops, dout, cfg, dims, sm),))
 
 
 def _sm_operand_grad(ops, dout, cfg: Config, dims: Dims, sm: _sm.ScoreMod):
@@ -235,7 +238,7 @@ def _backward(args, cfg: Config, dims: Dims, sm):
         # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod
         # operand grads sum
         batched = _batch_args(args[:N_OPS + (sm is not None)], dims, len(args))
-        gpu = _chunked(functools.partial(_ffi_bwd, cuda=True, flags=flags),
+        gpu = _chunked(functools.partial(_ffi_bwd, cuda=True, flags=flags, sm_grads=False),
                        _cudnn_chunk(ops, dims, sm), batched,
                        sums=(4, 5) if 3 in batched else (3, 4, 5))
         if not cfg.thd and _nan_rows.enabled():  # NaN rows: the reference's gradients

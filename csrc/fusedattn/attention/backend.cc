@@ -5,6 +5,7 @@
 
 #include "fusedattn/attention/cuda/flash_rules.h"
 #include "fusedattn/attention/validate.h"
+#include "fusedattn/score_mod/device_program_host.h"
 
 namespace fusedattn {
 namespace {
@@ -90,6 +91,7 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 ScoreModForm recognize_score_mod(const ScoreMod* sm) {
   ScoreModForm f;
   if (!sm) return f;
+  device_score_mod_fits(*sm, &f.device_limit);
   if (sm->n_operands == 0 && match_softcap(sm->fwd, &f.softcap_k1, &f.softcap_k2))
     f.kind = ScoreModKind::kSoftcap;
   else if (match_alibi(*sm, &f.alibi))
@@ -144,7 +146,17 @@ std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& 
        << info.sm % 10;
     return os.str();
   }
-  if (req.score_mod.kind != ScoreModKind::kNone) return "they run no score_mod yet";
+  if (req.score_mod.kind != ScoreModKind::kNone) {
+    // The register-resident kernels run it; the wmma ones (rows not of 16-byte chunks) not.
+    const int64_t v = p.dtype == FA_FLOAT32 ? 4 : 8;
+    if (p.head_dim_qk % v || p.head_dim_v % v || std::max(p.head_dim_qk, p.head_dim_v) > 512) {
+      os << "they run a score_mod only for head dims up to 512 that are multiples of " << v << " in "
+         << dtype_name(p.dtype) << "; got " << p.head_dim_qk << " and " << p.head_dim_v;
+      return os.str();
+    }
+    if (!req.score_mod.device_limit.empty())
+      return "its score_mod program does not fit them: " + req.score_mod.device_limit;
+  }
   if (p.seqlen_q >= (int64_t{1} << 31) || p.seqlen_kv >= (int64_t{1} << 31))
     return "their kept-key table holds int32 token indices";
   const int64_t blocks = std::max(p.batch * p.heads_q * ((p.seqlen_q + 31) / 32),

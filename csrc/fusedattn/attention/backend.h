@@ -31,6 +31,9 @@ struct ScoreModForm {
   ScoreModKind kind = ScoreModKind::kNone;
   float softcap_k1 = 0.0f, softcap_k2 = 0.0f;  // kSoftcap
   AlibiForm alibi;                              // kAlibi
+  // Why the CUDA flash kernels cannot take the program (device_program_host.h's limits);
+  // empty: they can.
+  std::string device_limit;
 };
 
 // The form of sm (null: no score_mod).

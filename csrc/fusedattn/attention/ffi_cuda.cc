@@ -8,15 +8,18 @@
 //   every custom call)
 //   fa_cuda_attn_fwd_sm / fa_cuda_attn_bwd_sm: the same with score_mod (flex attention):
 //   one more operand after the eleven (the concatenated score_mod operands, f32) and the
-//   program attribute; the kernel runs the program (cudnn/sdpa_graph.cc, or the Hopper
-//   forward's own softcap / ALiBi). The operands' gradient is not computed here
-//   (fusedattn/attention.py takes it from XLA).
+//   program attribute; the kernel runs the program (cudnn/sdpa_graph.cc, the Hopper
+//   forward's own softcap / ALiBi, or the CUDA flash kernels' interpreter). The backward
+//   returns one more result before the workspace, the operands' gradient (f32, their
+//   size): the CUDA flash backward computes it in-kernel; behind cuDNN it is zeros and
+//   fusedattn/attention.py takes it from XLA.
 // Each decodes one AttnParams and AttnTensors (the same code as the CPU) and runs the
 // kernels select_backend() chose (backend.h): the Hopper flash forward (attention/hopper),
 // or a cached cuDNN graph (cudnn/sdpa_config.h) that takes every temporary from the
 // workspace; everything is enqueued on XLA's stream.
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <unordered_map>
 
 #include "fusedattn/attention/backend.h"
@@ -28,6 +31,7 @@
 #include "fusedattn/attention/ffi_decode.h"
 #include "fusedattn/attention/ffi_cuda.h"
 #include "fusedattn/platform/cuda/platform_info.h"
+#include "fusedattn/score_mod/device_program_host.h"
 
 namespace fusedattn::ffi_glue {
 namespace {
@@ -87,13 +91,14 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
 }
 
 // Bytes of the flash kernels' workspace result (with the slack to align its start).
-size_t flash_workspace(const AttnParams& p, bool backward) {
-  return cuda::flash::workspace_bytes(p, backward) + 255;
+size_t flash_workspace(const AttnParams& p, bool backward, bool score_mod) {
+  return cuda::flash::workspace_bytes(p, backward, score_mod) + 255;
 }
 
 // The flash kernels' workspace, aligned to 256 bytes.
-Status flash_workspace_at(const AttnParams& p, bool backward, ffi::AnyBuffer* workspace, void** at) {
-  const size_t need = flash_workspace(p, backward);
+Status flash_workspace_at(const AttnParams& p, bool backward, bool score_mod, ffi::AnyBuffer* workspace,
+                          void** at) {
+  const size_t need = flash_workspace(p, backward, score_mod);
   if (workspace->size_bytes() < need)
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the CUDA flash kernels need " + std::to_string(need));
@@ -181,13 +186,27 @@ struct SmArgs {
 };
 
 Status make_sm_args(const AttnParams& p, const ffi::Span<const int32_t>* program,
-                    const ffi::AnyBuffer* operands, ScoreModCall* call, SmArgs* out) {
+                    const ffi::AnyBuffer* operands, ScoreModCall* call, SmArgs* out,
+                    ffi::AnyBuffer* doperands = nullptr) {
   if (!program) return Status::Ok();
-  FA_RETURN_IF_NOT_OK(decode_score_mod_call(p, *program, *operands, nullptr, call));
+  FA_RETURN_IF_NOT_OK(decode_score_mod_call(p, *program, *operands, doperands, call));
   out->call = call;
   out->spec = {program->begin(), static_cast<int64_t>(program->size())};
   return Status::Ok();
 }
+
+// The program packed for the CUDA flash kernels (none without a score_mod).
+struct FlashSm {
+  std::unique_ptr<DeviceScoreMod> program;
+  cuda::flash::ScoreModArgs args;
+  Status pack(const SmArgs& sm) {
+    if (!sm.call) return Status::Ok();
+    program = std::make_unique<DeviceScoreMod>();
+    FA_RETURN_IF_NOT_OK(pack_device_score_mod(sm.call->sm, program.get()));
+    args = {program.get(), sm.call->operands, sm.call->doperands};
+    return Status::Ok();
+  }
+};
 
 // Binds slice s's score_mod operands (their graph uids) into the pack.
 void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
@@ -272,8 +291,11 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
   if (choice.forward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
-    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, workspace, &ws));
-    return cuda::flash::forward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws, stream);
+    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, sm.call != nullptr, workspace, &ws));
+    FlashSm fs;
+    FA_RETURN_IF_NOT_OK(fs.pack(sm));
+    return cuda::flash::forward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
+                                stream, fs.args);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
@@ -363,9 +385,16 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
-    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, workspace, &ws));
-    return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws, stream);
+    FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, sm.call != nullptr, workspace, &ws));
+    FlashSm fs;
+    FA_RETURN_IF_NOT_OK(fs.pack(sm));
+    return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
+                                 stream, fs.args);
   }
+  if (sm.call && sm.call->doperands)  // cuDNN computes no operand gradient: attention.py takes XLA's
+    FA_RETURN_IF_NOT_OK(cuda::cuda_status(
+        cudaMemsetAsync(sm.call->doperands, 0, size_t(p.num_slices * sm.call->sm.total_size()) * 4, stream),
+        "cudaMemsetAsync(dscore_mod_operands)"));
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
@@ -500,6 +529,7 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
                             ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                             ffi::Result<ffi::AnyBuffer> dbias,
                             ffi::Result<ffi::AnyBuffer> dsoftmax_offset,
+                            ffi::Result<ffi::AnyBuffer> dsm_operands,
                             ffi::Result<ffi::AnyBuffer> workspace, AttnScoreModAttrs attrs) {
   const AttnOperands in{&q, &k, &v, &bias, &softmax_offset, &seed,
                         &q_seqlens, &kv_seqlens, &q_offsets, &kv_offsets, &index_base};
@@ -508,7 +538,7 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
   FA_RETURN_IF_ERROR(decode_operands(in, attrs.base(), &p, &t));
   ScoreModCall call;
   SmArgs sm;
-  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm));
+  FA_RETURN_IF_ERROR(make_sm_args(p, &attrs.score_mod, &sm_operands, &call, &sm, &*dsm_operands));
   return to_ffi_error(attn_bwd(stream, device, in, out, dout, lse, &*dq, &*dk, &*dv, &*dbias,
                                &*dsoftmax_offset, &*workspace, attrs.base(), sm));
 }
@@ -518,15 +548,15 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                             bool backward, int32_t backend_flags, int64_t* bytes,
                             const cudnn::ScoreModSpec* sm) {
-  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none), so the
-  // score_mod's form does not matter here, only that there is one (select_backend sends a
-  // score_mod with a bias to the reference).
+  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none) or the
+  // flash kernels' tables and program, so the score_mod's form does not matter here, only
+  // that there is one.
   BackendRequest req;
   if (sm) req.score_mod.kind = ScoreModKind::kOther;
   BackendChoice choice;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice));
   if (choice.backend == FA_BACKEND_CUDA_FLASH) {
-    *bytes = static_cast<int64_t>(flash_workspace(p, backward));
+    *bytes = static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr));
     return Status::Ok();
   }
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
@@ -583,5 +613,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fa_cuda_attn_bwd_sm, fusedattn::ffi_glue::attn_bwd
                                   FA_ATTN_BIND_SM_OPERANDS
                                   FA_ATTN_BIND_BWD_INPUTS
                                   FA_ATTN_BIND_BWD_RESULTS
+                                  .Ret<ffi::AnyBuffer>()  // dscore_mod_operands (f32)
                                   .Ret<ffi::AnyBuffer>()  // workspace (uint8)
                                   .Attrs<AttnScoreModAttrs>());

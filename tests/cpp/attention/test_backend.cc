@@ -78,17 +78,16 @@ TEST(SelectBackend, OtherScoreModsRunCudnn) {
   EXPECT_FALSE(has(c.reason, "Hopper")) << c.reason;
 }
 
-TEST(SelectBackend, ScoreModWithABiasRunsTheReferenceOnCuda) {
-  // cuDNN would add the bias after the score_mod; the CPU engine applies it before.
+TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
+  // cuDNN would add the bias after the score_mod; the CPU engine (and the CUDA flash
+  // kernels) apply it before.
   for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kOther}) {
     AttnParams p = hopper_params();
     p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
     const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
                                            BackendOptions{});
-    expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,
-                   FA_BACKEND_XLA_REFERENCE);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "bias after the score_mod")) << c.reason;
-    EXPECT_TRUE(has(c.reason, "no score_mod yet")) << c.reason;
     expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
                    FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
   }
@@ -96,6 +95,24 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheReferenceOnCuda) {
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+}
+
+// Where the CUDA flash kernels cannot run a score_mod (the wmma kernels' head dims, a
+// program past the device limits), XLA's reference does.
+TEST(SelectBackend, ScoreModsTheFlashKernelsCannotRunGoToTheReference) {
+  AttnParams p = hopper_params();
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+  p.head_dim_qk = p.head_dim_v = 100;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kOther),
+                                   BackendOptions{});
+  expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_TRUE(has(c.reason, "multiples of 8")) << c.reason;
+  p.head_dim_qk = p.head_dim_v = 128;
+  BackendRequest req = with(ScoreModKind::kOther);
+  req.score_mod.device_limit = "the programs hold 2000 instructions; the limit is 1024";
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
+  EXPECT_TRUE(has(c.reason, "1024")) << c.reason;
 }
 
 // Every call cuDNN declines runs the CUDA flash kernels, forward and backward.

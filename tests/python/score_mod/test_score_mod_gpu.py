@@ -2,7 +2,13 @@
 program runs inside the cuDNN graph (the compiled program must call the _sm_cuda targets,
 not the reference), forward and gradients of q, k, v and the operands against the float32
 reference with fn over the materialized scores, in bf16 and fp16, with padding, causal and
-THD masks built inside the score_mod graph."""
+THD masks built inside the score_mod graph.
+
+The CUDA flash kernels ("cuda_flash") run the program too, with its derivative and the
+operands' gradients in-kernel: the calls cuDNN declines (a score_mod with a bias, a shard's
+index_base) go there, and the tests below force every other case there as well (as if
+cuDNN had rejected the graph), in bf16, fp16 and float32, head dims 64 and 256, THD,
+masks and GQA; the compiled gradient holds no [S, S] array."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +17,7 @@ import pytest
 
 import fusedattn
 from conftest import normal
-from fusedattn import AttnMaskType
+from fusedattn import AttnBiasType, AttnMaskType, _gpu_route, _lib, backends
 from test_score_mod import (CASES, HQ, T, array_operands, causal, ref_call, softcap,
                             thd_call)
 
@@ -96,3 +102,147 @@ def test_get_backend_reports_cudnn(key):
     info = fusedattn.get_backend((bf, bf, bf), score_mod=CASES["alibi"][0], platform="gpu",
                                  score_mod_operands=(slopes,), is_training=True)
     assert info.name == "cudnn", info
+
+
+# ---------------------------------------------------------------------------
+# The CUDA flash kernels' interpreter
+
+_choice = _gpu_route._gpu_choice
+
+
+def _rejected(fields, want_lse, want_max_logit, training, score_mod=None, flags=0):
+    return _choice(fields, want_lse, want_max_logit, training, score_mod,
+                   flags | _lib.REQUEST_CUDNN_REJECTED)
+
+
+@pytest.fixture
+def flash_forced(monkeypatch):
+    """Every call traced in the test goes as if cuDNN had rejected its graph: to cuda_flash."""
+    monkeypatch.setattr(_gpu_route, "_gpu_choice", _rejected)
+    monkeypatch.setattr(backends, "_gpu_choice", _rejected)
+
+
+FLASH_TOL = {jnp.bfloat16: 3e-2, jnp.float16: 3e-2, jnp.float32: 1e-4}
+
+
+def flash_backend(q, k, v, fn, ops, bias=None, **kw):
+    shapes = lambda xs: tuple(jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype)
+                              if not isinstance(x, float) else x for x in xs)
+    return fusedattn.get_backend(shapes((q, k, v)), None if bias is None else shapes((bias,))[0],
+                                 score_mod=fn, score_mod_operands=shapes(ops), platform="gpu",
+                                 is_training=True, **kw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32],
+                         ids=["bf16", "fp16", "f32"])
+@pytest.mark.parametrize("name", ["softcap", "alibi", "relpos", "causal", "learnable",
+                                  "two_arrays"])
+def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
+    fn, make_ops = CASES[name]
+    kop = jax.random.fold_in(key, 1)
+    ops = {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
+           "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
+               name, lambda: make_ops(kop))()
+    q, k, v, dout = gpu_inputs(key, dtype)
+    assert flash_backend(q, k, v, fn, ops).name == "cuda_flash"
+    arr_idx, full = array_operands(ops)
+    ours = lambda q, k, v, *arr: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                                      score_mod_operands=full(arr))
+    ref = lambda q, k, v, *arr: ref_call(q, k, v, fn, full(arr))[0]
+    with jax.default_matmul_precision("highest"):
+        check_tol(ours, ref, (q, k, v, *[ops[i] for i in arr_idx]), dout, FLASH_TOL[dtype])
+
+
+def check_tol(ours, ref, args, dout, tol):
+    loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * dout.astype(jnp.float32))
+    argnums = tuple(range(len(args)))
+    grad = jax.jit(jax.grad(loss(ours), argnums=argnums))
+    hlo = grad.lower(*args).compile().as_text()
+    for t in ("fusedattn_attn_fwd_sm_cuda", "fusedattn_attn_bwd_sm_cuda"):
+        assert f'custom_call_target="{t}"' in hlo, f"{t} missing: the reference ran instead"
+    close("out", jax.jit(ours)(*args), ref(*args), tol)
+    for i, (a, b) in enumerate(zip(grad(*args), jax.grad(loss(ref), argnums=argnums)(*args))):
+        close(("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}", a, b, tol)
+
+
+@pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
+                         ids=["post", "pre"])
+@pytest.mark.parametrize("name", ["alibi", "relpos", "two_arrays"])
+def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
+    """cuDNN would add the bias after the score_mod: these calls go to cuda_flash unforced,
+    the bias, its gradient and the operands' gradients from the kernels."""
+    fn, make_ops = CASES[name]
+    kop = jax.random.fold_in(key, 1)
+    ops = {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
+           "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
+               name, lambda: make_ops(kop))()
+    q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
+    bias = normal(jax.random.fold_in(key, 2), (1, HQ, S, S), jnp.bfloat16)
+    info = flash_backend(q, k, v, fn, ops, bias, attn_bias_type=bias_type,
+                         attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    assert info.name == "cuda_flash" and "bias after the score_mod" in info.reason, info
+    arr_idx, full = array_operands(ops)
+    kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    ours = lambda q, k, v, b, *arr: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,
+                                                         score_mod_operands=full(arr), **kw)
+    ref = lambda q, k, v, b, *arr: ref_call(q, k, v, fn, full(arr), bias=b, **kw)[0]
+    check_tol(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, 3e-2)
+
+
+@pytest.mark.parametrize("mask", [AttnMaskType.CAUSAL_MASK, AttnMaskType.PADDING_MASK,
+                                  AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK])
+def test_flash_kernels_with_masks_gqa_and_cross_lengths(key, mask, flash_forced):
+    fn = CASES["two_arrays"][0]
+    ops = (CASES["alibi"][1](key)[0], normal(jax.random.fold_in(key, 1), (2, 1, 96, 1)))
+    q, k, v, dout = gpu_inputs(key, jnp.bfloat16, Sq=96, Skv=128)
+    lens = (jnp.array([96, 40]), jnp.array([128, 77]))
+    sd = fusedattn.SequenceDescriptor.from_seqlens(lens) if mask.is_padding() else None
+    ours = lambda q, k, v, a, b: fusedattn.fused_attn((q, k, v), None, sd, None, score_mod=fn,
+                                                      score_mod_operands=(a, b),
+                                                      attn_mask_type=mask)
+    kw = dict(q_seqlens=lens[0], kv_seqlens=lens[1]) if mask.is_padding() else {}
+    ref = lambda q, k, v, a, b: ref_call(q, k, v, fn, (a, b), attn_mask_type=mask, **kw)[0]
+    check_tol(ours, ref, (q, k, v, *ops), dout, 3e-2)
+
+
+def test_flash_kernels_thd_segments(key, flash_forced):
+    """THD: positions and operand reads restart in every segment in the kernels too."""
+    fn, make_ops = CASES["alibi"]
+    ops = make_ops(key)
+    ours, ref, arrs = thd_call(fn, AttnMaskType.PADDING_CAUSAL_MASK, ops)
+    q, k, v, dout = gpu_inputs(key, jnp.bfloat16, Sq=T, Skv=T)
+    first = lambda f: lambda *a: f(*a)[0]
+    check_tol(first(ours), first(ref), (q, k, v, *arrs), dout, 3e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_flash_kernels_head_dim_256(key, dtype, flash_forced):
+    """Head dims past 128: the wide kernels (output in column chunks; chunk 0 adds the
+    operands' gradients)."""
+    fn = CASES["two_arrays"][0]
+    ops = (CASES["alibi"][1](key)[0], normal(jax.random.fold_in(key, 1), (2, 1, S, 1)))
+    ks = jax.random.split(key, 4)
+    q, k, v = (normal(ks[i], (2, S, HQ if i == 0 else 2, 256), dtype) for i in range(3))
+    dout = normal(ks[3], (2, S, HQ, 256), dtype)
+    ours = lambda q, k, v, a, b: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                                      score_mod_operands=(a, b),
+                                                      attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    ref = lambda q, k, v, a, b: ref_call(q, k, v, fn, (a, b),
+                                         attn_mask_type=AttnMaskType.CAUSAL_MASK)[0]
+    with jax.default_matmul_precision("highest"):
+        check_tol(ours, ref, (q, k, v, *ops), dout, FLASH_TOL[dtype])
+
+
+def test_flash_operand_gradients_hold_no_score_matrix(key, flash_forced):
+    """Learnable ALiBi slopes at S 2048: the gradient's program has no [.., S, S] array (the
+    slopes' gradient used to be XLA's vjp of the reference)."""
+    Sl = 2048
+    fn, make_ops = CASES["alibi"]
+    slopes = make_ops(key)[0]
+    q, k, v, _ = gpu_inputs(key, jnp.bfloat16, Sq=Sl, Skv=Sl)
+    loss = lambda q, k, v, s: jnp.sum(fusedattn.fused_attn(
+        (q, k, v), None, None, None, score_mod=fn, score_mod_operands=(s,),
+        attn_mask_type=AttnMaskType.CAUSAL_MASK).astype(jnp.float32))
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 3))).lower(q, k, v, slopes).compile().as_text()
+    assert 'custom_call_target="fusedattn_attn_bwd_sm_cuda"' in hlo
+    assert f"{Sl},{Sl}]" not in hlo, "a [.., S, S] array in the compiled gradient"

@@ -599,8 +599,8 @@ int64_t rounded(int64_t d) { return round16(d); }
 // Workspace regions, in order, 256-byte aligned.
 struct Plan {
   size_t rows = 0, fwd_tiles = 0, bwd_tiles = 0, segs = 0, tile_max = 0, delta = 0, dq = 0,
-         dbias = 0, total = 0;
-  Plan(const AttnParams& p, bool backward) {
+         dbias = 0, program = 0, total = 0;
+  Plan(const AttnParams& p, bool backward, bool score_mod) {
     auto take = [&](size_t bytes) { const size_t r = total; total += (bytes + 255) / 256 * 256; return r; };
     const int64_t B = p.batch, Sq = p.seqlen_q;
     const int64_t bm = std::min<int64_t>(16 * fwd_warps(p), kMmaBM);  // the smaller tile: more tiles
@@ -616,11 +616,20 @@ struct Plan {
       if (p.bias_type != FA_NO_BIAS && p.dtype != FA_FLOAT32)
         dbias = take(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
     }
+    if (score_mod) program = take(sizeof(DeviceScoreMod));
   }
 };
 
+// The score_mod program into the workspace (a kernel parameter: captured with the launch).
+__global__ void store_program_kernel(const __grid_constant__ DeviceScoreMod sm, DeviceScoreMod* dst) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(&sm);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (size_t i = threadIdx.x; i < sizeof(DeviceScoreMod) / 4; i += blockDim.x) out[i] = src[i];
+}
+static_assert(sizeof(DeviceScoreMod) % 4 == 0, "copied in words");
+
 Call make_call(const AttnParams& p, const AttnTensors& a, void* ws, const Plan& plan,
-               bool backward) {
+               bool backward, const ScoreModArgs& sm) {
   Call c;
   c.p = p;
   c.a = a;
@@ -637,7 +646,23 @@ Call make_call(const AttnParams& p, const AttnTensors& a, void* ws, const Plan& 
   c.rows = reinterpret_cast<RowInfo*>(w + plan.rows);
   c.tiles = reinterpret_cast<TileRange*>(w + (backward ? plan.bwd_tiles : plan.fwd_tiles));
   if (p.bias_type == FA_NO_BIAS) c.a.bias = nullptr;
+  if (sm.program) {
+    c.sm = reinterpret_cast<const DeviceScoreMod*>(w + plan.program);
+    c.sm_ops = sm.operands;
+    c.sm_dops = backward ? sm.doperands : nullptr;
+    c.sm_local_ops = a.index_base && a.index_cols > 2 && !is_thd(p.layout);
+  }
   return c;
+}
+
+// The program into the workspace and the operands' gradients zeroed (a score_mod call).
+Status prepare_score_mod(const Call& c, const ScoreModArgs& sm, cudaStream_t stream) {
+  if (!sm.program) return Status::Ok();
+  store_program_kernel<<<1, 256, 0, stream>>>(*sm.program, const_cast<DeviceScoreMod*>(c.sm));
+  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (c.sm_dops)
+    FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.sm_dops, 0, size_t(c.p.num_slices * sm.program->total) * 4, stream));
+  return Status::Ok();
 }
 
 Status build_tables(const Call& c, const Plan& plan, void* ws, int tile, cudaStream_t stream) {
@@ -705,14 +730,20 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(ceil_div(n, 256
 
 }  // namespace
 
-size_t workspace_bytes(const AttnParams& p, bool backward) { return Plan(p, backward).total; }
+size_t workspace_bytes(const AttnParams& p, bool backward, bool score_mod) {
+  return Plan(p, backward, score_mod).total;
+}
 
 Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
-               cudaStream_t stream) {
-  const Plan plan(p, false);
-  const Call c = make_call(p, a, workspace, plan, false);
+               cudaStream_t stream, const ScoreModArgs& sm) {
+  const Plan plan(p, false, sm.program != nullptr);
+  const Call c = make_call(p, a, workspace, plan, false, sm);
   // Query tile of the kernel that runs (the tables and the maxima are per tile).
   const bool mma = mma_fwd_fits(p, a);
+  if (sm.program && !mma)
+    return Status::Unimplemented("the CUDA flash forward runs a score_mod only on rows of whole 16-byte "
+                                 "chunks (head dims and strides multiples of 16 bytes, aligned pointers)");
+  FA_RETURN_IF_NOT_OK(prepare_score_mod(c, sm, stream));
   const int bm = mma ? kMmaBM : 16 * fwd_warps(p);
   FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
   float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
@@ -729,9 +760,13 @@ Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* w
 }
 
 Status backward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
-                cudaStream_t stream) {
-  const Plan plan(p, true);
-  const Call c = make_call(p, a, workspace, plan, true);
+                cudaStream_t stream, const ScoreModArgs& sm) {
+  const Plan plan(p, true, sm.program != nullptr);
+  const Call c = make_call(p, a, workspace, plan, true, sm);
+  if (sm.program && !mma_bwd_fits(p, a) && !mma_wide_bwd_fits(p, a))
+    return Status::Unimplemented("the CUDA flash backward runs a score_mod only on rows of whole 16-byte "
+                                 "chunks (head dims and strides multiples of 16 bytes, aligned pointers)");
+  FA_RETURN_IF_NOT_OK(prepare_score_mod(c, sm, stream));
   char* w = static_cast<char*>(workspace);
   float* delta = reinterpret_cast<float*>(w + plan.delta);
   float* dq = reinterpret_cast<float*>(w + plan.dq);

@@ -38,14 +38,28 @@
 #include "fusedattn/attention/params.h"
 #include "fusedattn/attention/tensors.h"
 #include "fusedattn/core/status.h"
+#include "fusedattn/score_mod/device_program.h"
 
 namespace fusedattn::cuda::flash {
 
 // Which calls the kernels serve: backend.cc's flash_unsupported_reason (flash_rules.h's
 // shapes against the device's shared memory).
 
-// Workspace bytes of a call (forward or backward).
-size_t workspace_bytes(const AttnParams& p, bool backward);
+// A score_mod (flex attention) of a call: the packed program (host memory; null: none),
+// the operands [V, total] and, in the backward, their gradients (float32 [V, total],
+// overwritten; null: not wanted). The register-resident kernels run the program on each
+// kept score (after scale and bias, as the CPU engine), its derivative in the backward and
+// the operands' gradients in-kernel (a thread sums its elements' gradients while they go
+// to the same operand element, then one float32 atomic); the wmma kernels run none, so a
+// call whose rows they would take fails with Unimplemented.
+struct ScoreModArgs {
+  const DeviceScoreMod* program = nullptr;
+  const float* operands = nullptr;
+  float* doperands = nullptr;
+};
+
+// Workspace bytes of a call (forward or backward; score_mod: it has one).
+size_t workspace_bytes(const AttnParams& p, bool backward, bool score_mod = false);
 
 // p must have passed validate(); t holds its tensors as ffi_decode.h decodes them (the
 // forward writes out, lse and max_logit; the backward dq, dk, dv and, where t has them,
@@ -53,8 +67,8 @@ size_t workspace_bytes(const AttnParams& p, bool backward);
 // bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32, else 3xTF32 (options.h). The workspace
 // must have workspace_bytes(p, ...) bytes, 256-byte aligned.
 Status forward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
-               cudaStream_t stream);
+               cudaStream_t stream, const ScoreModArgs& sm = {});
 Status backward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
-                cudaStream_t stream);
+                cudaStream_t stream, const ScoreModArgs& sm = {});
 
 }  // namespace fusedattn::cuda::flash

@@ -15,6 +15,7 @@
 #include "fusedattn/attention/cuda/mma.cuh"
 #include "fusedattn/core/fast_math.h"
 #include "fusedattn/core/philox.h"
+#include "fusedattn/score_mod/device_program.h"
 
 namespace fusedattn::cuda::flash::detail {
 
@@ -63,6 +64,12 @@ struct Call {
   float inv_keep;
   RowInfo* rows;        // [B, Sq]
   TileRange* tiles;     // [B, n_tiles]
+  // score_mod (flash.h's ScoreModArgs; sm null: none): the program (in the workspace), the
+  // operands [V, total] and, in the backward, their float32 gradients (null: not wanted).
+  const DeviceScoreMod* sm = nullptr;
+  const float* sm_ops = nullptr;
+  float* sm_dops = nullptr;
+  bool sm_local_ops = false;  // a BSHD block: operands indexed by local tokens
 };
 
 // Dropout's keep factor of query i, key j (local tokens) of folded batch entry b, head h:
@@ -102,6 +109,115 @@ struct Drop {
     return w.v[gj % 4] >= threshold ? inv_keep : 0.0f;
   }
 };
+
+// ---- score_mod (attention/cpu/score_ops.h's ScoreModRows, one element at a time) ------
+
+// The score_mod of folded batch entry b, q head h: the program's batch / head inputs
+// (global: index_base added), the operands' local indices, the maps from local to global
+// tokens (a block of a bigger call) and this slice's operands.
+struct SmHead {
+  const DeviceScoreMod* prog = nullptr;  // null: no score_mod
+  const float* ops = nullptr;            // this slice's operands
+  float* dops = nullptr;                 // their gradients (null: not wanted)
+  const RowInfo* rows = nullptr;         // batch entry b's rows: q_base, kv_base
+  int64_t b = 0, h = 0;                  // local: the operands' indices
+  float b_in = 0.0f, h_in = 0.0f;        // global: the program's inputs
+  StripeMap q{0, 1, 1}, kv{0, 1, 1};
+  bool local_ops = false;  // a BSHD block: operands indexed by local tokens
+};
+
+__device__ __forceinline__ SmHead sm_head(const Call& c, int64_t bb, int64_t hh) {
+  SmHead x;
+  if (!c.sm) return x;
+  const int64_t slice = bb / c.bs;
+  x.prog = c.sm;
+  x.ops = c.sm_ops + slice * c.sm->total;
+  x.dops = c.sm_dops ? c.sm_dops + slice * c.sm->total : nullptr;
+  x.rows = c.rows + bb * c.p.seqlen_q;
+  x.b = bb % c.bs;
+  x.h = hh;
+  int64_t gb = 0, gh = 0;
+  if (c.a.index_base) {
+    const int32_t* r = c.a.index_base + c.a.index_cols * slice;
+    gb = r[0], gh = r[1];
+    if (c.a.index_cols > 2) {
+      const BlockPos pos = block_pos(r, c.a.index_cols);
+      x.q = pos.q, x.kv = pos.kv;
+      x.local_ops = c.sm_local_ops;
+    }
+  }
+  x.b_in = float(x.b + gb);
+  x.h_in = float(hh + gh);
+  return x;
+}
+
+// A thread's running sums of operand gradients, one per operand: an element's gradient
+// joins its operand's sum while it goes to the same element (a broadcast operand: whole
+// tiles), else the sum is added to memory (a float32 atomic) and a new one starts.
+struct SmGradSums {
+  float* at[kMaxScoreModOperands];  // the element the sum goes to; null: none
+  float sum[kMaxScoreModOperands];
+};
+
+__device__ __forceinline__ void sm_sums_init(SmGradSums& g) {
+  for (int k = 0; k < kMaxScoreModOperands; ++k) g.at[k] = nullptr, g.sum[k] = 0.0f;
+}
+
+__device__ __noinline__ void sm_sums_flush(SmGradSums& g) {
+  for (int k = 0; k < kMaxScoreModOperands; ++k)
+    if (g.at[k]) atomicAdd(g.at[k], g.sum[k]), g.at[k] = nullptr, g.sum[k] = 0.0f;
+}
+
+// The program's inputs for query i, key j (local tokens): score, batch, head, the q and kv
+// positions in the row's sequence, the operands' elements, ds; returns operand k's element
+// index into regs[kDevMaxInputs + k] (as floats' bits would lose it: in idx).
+__device__ __forceinline__ void sm_inputs(const SmHead& x, int64_t i, int64_t j, float s, float ds, float* regs,
+                                          int64_t* idx) {
+  const DeviceScoreMod& sm = *x.prog;
+  const RowInfo ri = x.rows[i];
+  const int64_t qi = global_token(x.q, i) - ri.q_base, kj = global_token(x.kv, j) - ri.kv_base;
+  regs[0] = s;
+  regs[1] = x.b_in;
+  regs[2] = x.h_in;
+  regs[3] = float(qi);
+  regs[4] = float(kj);
+  const int64_t oi = x.local_ops ? i : qi, oj = x.local_ops ? j : kj;
+  for (int k = 0; k < sm.n_operands; ++k) {
+    idx[k] = operand_element(sm, k, x.b, x.h, oi, oj);
+    regs[kScoreModIndexInputs + k] = x.ops[idx[k]];
+  }
+  regs[kScoreModIndexInputs + sm.n_operands] = ds;
+}
+
+// fn(s) for query i, key j (a kept key).
+__device__ __noinline__ float sm_forward(const SmHead& x, int64_t i, int64_t j, float s) {
+  float regs[kDevMaxRegs];
+  int64_t idx[kMaxScoreModOperands];
+  sm_inputs(x, i, j, s, 0.0f, regs, idx);
+  return eval_program_regs(*x.prog, x.prog->fwd, regs);
+}
+
+// ds (of the modified score, != 0) -> ds of the raw score s_raw; each operand's gradient
+// joins g (when x.dops).
+__device__ __noinline__ float sm_backward(const SmHead& x, int64_t i, int64_t j, float s_raw, float ds,
+                                          SmGradSums& g) {
+  float regs[kDevMaxRegs];
+  int64_t idx[kMaxScoreModOperands];
+  sm_inputs(x, i, j, s_raw, ds, regs, idx);
+  const DeviceScoreMod& sm = *x.prog;
+  if (x.dops) {
+    for (int k = 0; k < sm.n_operands; ++k) {
+      const float d = eval_program_regs(sm, sm.grad[k], regs);
+      float* at = x.dops + idx[k];
+      if (g.at[k] != at) {
+        if (g.at[k]) atomicAdd(g.at[k], g.sum[k]);
+        g.at[k] = at, g.sum[k] = 0.0f;
+      }
+      g.sum[k] += d;
+    }
+  }
+  return eval_program_regs(sm, sm.bwd, regs);
+}
 
 template <class T>
 __device__ __forceinline__ const T* bias_plane(const Call& c, int64_t b, int64_t h) {
@@ -170,11 +286,14 @@ __device__ __forceinline__ uint32_t bwd_drop_bits(const Drop& drop, int64_t q0, 
 // (lse +-inf) and where the bias is -inf (the rule). bq / dbq: the bias / dbias element
 // of query col0 + 2t, key j0 (bias row stride bs; null without), stepped 8 queries per
 // n-tile; zbits: bwd_drop_bits's, shifted so that bit 4 n + e is this call's element.
-template <class T, int NH>
+// SM: the score_mod sm (the tile's first query q0): P from fn(s), the rule that a score fn
+// sets to -inf keeps nothing, dS^T of the raw score, operand gradients into sums.
+template <class T, int NH, bool SM>
 __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH][4], const Call& c, int j0,
                                              int col0, int t, const int2* kept, const float* lse_rows,
                                              const float* dl_rows, const T* bq, float* dbq, int64_t bs,
-                                             bool drop_on, float inv_keep, uint32_t zbits) {
+                                             bool drop_on, float inv_keep, uint32_t zbits,
+                                             const SmHead& sm, int64_t q0, SmGradSums& sums) {
 #pragma unroll
   for (int n = 0; n < NH; ++n) {
 #pragma unroll
@@ -191,6 +310,8 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
           float s = st[n][e] * c.p.scale;
           float bv = 0.0f;
           if (bq) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
+          const float s_raw = s;
+          if constexpr (SM) s = sm_forward(sm, q0 + col, j, s);
           const float pr = mma::exp_approx(s - lse);
           const float dp = dpt[n][e];
           if (drop_on) {
@@ -202,6 +323,10 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
             ds = pr * (dp - dl);
           }
           if (bq && bv == -kInf && lse == lse) pt = ds = 0.0f;
+          if constexpr (SM) {
+            if (s == -kInf && lse == lse) pt = ds = 0.0f;
+            if (ds != 0.0f) ds = sm_backward(sm, q0 + col, j, s_raw, ds, sums);
+          }
           if (dbq) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
         }
         st[n][e] = pt;

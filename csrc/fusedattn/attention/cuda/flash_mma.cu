@@ -69,16 +69,18 @@ struct FwdRows {
 // Key tile [k0, k0 + kBN) of rows R (fwd.cc's row loop): the raw scores s (mma C layout, n-tile
 // n: keys 8 n ..) become P (masked, biased, exponentiated against the new running max,
 // dropped out), R's m, l, mx move on, alpha = the factor O must be rescaled by. A tile that
-// every row of the warp keeps whole skips the per-key mask test.
-template <class T, int NT, bool DROP>
+// every row of the warp keeps whole skips the per-key mask test. FULL: dropout (drop.on)
+// and the score_mod (sm.prog, applied to each kept score after scale and bias) run.
+template <class T, int NT, bool FULL>
 __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2], FwdRows& R, const Call& c,
-                                             int64_t k0, int t, const T* bias, const Drop& drop) {
+                                             int64_t k0, int t, const T* bias, const Drop& drop,
+                                             const SmHead& sm) {
   const float scale = c.p.scale;
   const int jt = int(k0) + 2 * t;  // this thread's first key (keys fit int32: RowInfo)
   const bool whole = __all_sync(0xffffffffu, R.ri[0].lo <= k0 && R.ri[0].hi >= k0 + kBN &&
                                                  R.ri[1].lo <= k0 && R.ri[1].hi >= k0 + kBN);
   float rmax[2] = {-kInf, -kInf};
-  if (whole && !bias) {
+  if (whole && !bias && !(FULL && sm.prog)) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -92,6 +94,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
         const bool keep = j >= R.ri[r].lo && j < R.ri[r].hi;
         float x = s[n][e] * scale;
         if (bias && keep) x += c.bmul * to_f(bias[R.row[r] * c.a.bias_s + j]);
+        if constexpr (FULL)
+          if (sm.prog && keep) x = sm_forward(sm, R.row[r], j, x);
         x = keep ? x : -kInf;  // a masked key's NaN does not count
         s[n][e] = x;
         rmax[r] = max_nan(rmax[r], x);
@@ -123,8 +127,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
       // exp(-inf) = 0: masked keys; a dead row's probabilities are 0.
       float pr = live[r] ? exp_approx(s[n][e] - R.m[r]) : 0.0f;
       sum[r] += pr;
-      if constexpr (DROP)
-        if (pr != 0.0f) pr *= drop.z(R.row[r], jt + 8 * n + (e & 1));
+      if constexpr (FULL)
+        if (drop.on && pr != 0.0f) pr *= drop.z(R.row[r], jt + 8 * n + (e & 1));
       s[n][e] = pr;
     }
   }
@@ -188,8 +192,9 @@ __device__ __forceinline__ void block_max(float local_max, float* sWmax, float* 
   }
 }
 
-// DROP: dropout on (a kernel of its own: the per-key Philox code out of the hot loop).
-template <class T, int D, bool EXACT, bool DROP>
+// FULL: the full per-element step, dropout and score_mod (a kernel of its own: their
+// per-key Philox and interpreter code out of the hot loop).
+template <class T, int D, bool EXACT, bool FULL>
 __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* tile_max) {
   constexpr int BM = kMmaBM, NT = kBN / 8, DT = D / 8;
   using L = Smem<T, D>;
@@ -211,6 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + hk * c.a.sv.h;
   const T* bias = bias_plane<T>(c, b, h);
   const Drop drop(c, b, h);
+  const SmHead sm = sm_head(c, b, h);
 
   cp_async_rows<T, D, L::LD>(sQ, q, c.a.sq.s, std::min<int64_t>(BM, Sq - q0), p.head_dim_qk, BM);
   cp_async_commit();
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     mma_abt<T, L::LD, kBN, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);  // S = Q_w K^T
     float alpha[2];
-    softmax_tile<T, NT, DROP>(s, alpha, R, c, k0, t, bias, drop);
+    softmax_tile<T, NT, FULL>(s, alpha, R, c, k0, t, bias, drop, sm);
     rescale_add_pv<T, L::LD, D, EXACT>(o, alpha, s, sV + buf * kBN * L::LD, lane);  // O = alpha O + P V
     __syncthreads();  // the next iteration loads into this buffer
   }
@@ -266,21 +272,21 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 // for float32 (KC = 32), whatever the head dim; one block of 8 warps per SM (registers).
 constexpr int kMaxDim = 512;
 
-// kDO: the output chunk, 256 columns for 16-bit inputs without dropout (O's 128 registers
-// fit beside the rest; with dropout's state they spill), else 128.
-template <class T, bool DROP>
+// kDO: the output chunk, 256 columns for 16-bit inputs without dropout and score_mod (O's
+// 128 registers fit beside the rest; with their state they spill), else 128.
+template <class T, bool FULL>
 struct WideSmem {
   static constexpr int KC = sizeof(T) == 4 ? 32 : 64, kPad = 16 / int(sizeof(T));
-  static constexpr int kDO = sizeof(T) == 4 || DROP ? 128 : 256;
+  static constexpr int kDO = sizeof(T) == 4 || FULL ? 128 : 256;
   static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
   static constexpr int stage = (kMmaBM + kBN) * LDC, q_at = 0, k_at = kMmaBM * LDC;  // elements
   static constexpr size_t v = size_t(2) * stage * sizeof(T), wmax = v + size_t(2) * kBN * LDO * sizeof(T),
                           total = wmax + kWarps * 4;
 };
 
-template <class T, bool EXACT, bool DROP>
+template <class T, bool EXACT, bool FULL>
 __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
-  using L = WideSmem<T, DROP>;
+  using L = WideSmem<T, FULL>;
   constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -300,6 +306,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
   const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + hk * c.a.sv.h + oc0;
   const T* bias = bias_plane<T>(c, b, h);
   const Drop drop(c, b, h);
+  const SmHead sm = sm_head(c, b, h);
   const int64_t rows = std::min<int64_t>(BM, Sq - q0);
 
   const TileRange tr = c.tiles[b * n_qt + qt];
@@ -338,7 +345,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
       s ^= 1;
     }
     float alpha[2];
-    softmax_tile<T, NT, DROP>(sc, alpha, R, c, kb + it * kBN, t, bias, drop);
+    softmax_tile<T, NT, FULL>(sc, alpha, R, c, kb + it * kBN, t, bias, drop, sm);
     rescale_add_pv<T, LDO, kDO, EXACT>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
   }
   cp_async_wait<0>();
@@ -347,25 +354,25 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
   if (tile_max && oc == 0) block_max(local_max, sWmax, tile_max + (b * Hq + h) * n_qt + qt, warp, lane);
 }
 
-template <class T, int D, bool EXACT, bool DROP>
+template <class T, int D, bool EXACT, bool FULL>
 Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM);
   const size_t smem = Smem<T, D>::total;
-  auto kernel = fwd_kernel<T, D, EXACT, DROP>;
+  auto kernel = fwd_kernel<T, D, EXACT, FULL>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
 }
 
-template <class T, bool EXACT, bool DROP>
+template <class T, bool EXACT, bool FULL>
 Status launch_wide_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
-  using L = WideSmem<T, DROP>;
+  using L = WideSmem<T, FULL>;
   const int64_t n_oc = (p.head_dim_v + L::kDO - 1) / L::kDO;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM) * n_oc;
   const size_t smem = L::total;
-  auto kernel = wide_fwd_kernel<T, EXACT, DROP>;
+  auto kernel = wide_fwd_kernel<T, EXACT, FULL>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma, head dims > 128)");
@@ -404,12 +411,12 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
 
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
-  const bool drop = c.p.is_training && c.p.dropout > 0.0f;  // Drop's rule
+  const bool full = (c.p.is_training && c.p.dropout > 0.0f) || c.sm;  // Drop's rule, or a score_mod
   if (std::max(c.p.head_dim_qk, c.p.head_dim_v) > 128)
-    return drop ? launch_wide_fwd<T, EXACT, true>(c, tile_max, stream) : launch_wide_fwd<T, EXACT, false>(c, tile_max, stream);
+    return full ? launch_wide_fwd<T, EXACT, true>(c, tile_max, stream) : launch_wide_fwd<T, EXACT, false>(c, tile_max, stream);
   if (mma_head_dim_tile(c.p) == 64)
-    return drop ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
-  return drop ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
+    return full ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
+  return full ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
 }
 
 template Status mma_fwd<__nv_bfloat16, false>(const Call&, float*, cudaStream_t);

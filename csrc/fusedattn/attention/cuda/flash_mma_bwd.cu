@@ -59,7 +59,9 @@ struct BwdSmem {
 // q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
 // dk, dv [B, Skv, Hkv, D|Dv] written.
-template <class T, int D, bool EXACT>
+// SM: a score_mod (c.sm) runs in the element step (a kernel of its own: the interpreter's
+// calls out of the hot loop's registers).
+template <class T, int D, bool EXACT, bool SM>
 __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const float* delta, float* dq_acc,
                                                           float* dbias_acc) {
   using L = BwdSmem<T, D>;
@@ -110,6 +112,9 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
 
+  SmGradSums sums;  // score_mod operand gradients (c.sm_dops)
+  if (SM && c.sm_dops) sm_sums_init(sums);
+
   int64_t u = next(0);
   if (u < n_u) issue(u, 0);
   for (int it = 0; u < n_u; ++it) {
@@ -124,6 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     float* dbias = nullptr;
     if (dbias_acc) dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
     const Drop drop(c, b, h);
+    const SmHead sm = sm_head(c, b, h);
     T* sQb = sQ + buf * BMQ * LD;
     T* sDOb = sDO + buf * BMQ * LD;
     const int2* kept = sKeys + buf * BMQ;
@@ -158,8 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       // dbias at query i, key j through pointers stepped by 8 queries per n.
       const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
       float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
-      bwd_elements<T, NH>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on, drop.inv_keep,
-                          zbits >> (4 * hq * NH));
+      bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on, drop.inv_keep,
+                          zbits >> (4 * hq * NH), sm, q0, sums);
       mma_pb<T, LD, QH, D, EXACT>(dv, st, sDOh, lane);   // dV += P^T dO
       mma_pb<T, LD, QH, D, EXACT>(dk, dpt, sQh, lane);   // dK += dS^T Q
 
@@ -225,6 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     u = un;
   }
   cp_async_wait<0>();  // K, V when no tile kept a key
+  if (SM && c.sm_dops) sm_sums_flush(sums);
 
   // dK = scale dK_acc, dV = dV_acc for keys < Skv, columns < the real dims.
   T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h;
@@ -245,12 +252,12 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   }
 }
 
-template <class T, int D, bool EXACT>
+template <class T, int D, bool EXACT, bool SM>
 Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
   const AttnParams& p = c.p;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys);
   const size_t smem = BwdSmem<T, D>::total;
-  auto kernel = bwd_kernel<T, D, EXACT>;
+  auto kernel = bwd_kernel<T, D, EXACT, SM>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
   return cuda_status(cudaGetLastError(), "the flash backward (mma)");
@@ -271,8 +278,11 @@ bool mma_bwd_fits(const AttnParams& p, const AttnTensors& a) {
 
 template <class T, bool EXACT>
 Status mma_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
-  if (mma_head_dim_tile(c.p) == 64) return launch_bwd<T, 64, EXACT>(c, delta, dq_acc, dbias_acc, stream);
-  return launch_bwd<T, 128, EXACT>(c, delta, dq_acc, dbias_acc, stream);
+  if (mma_head_dim_tile(c.p) == 64)
+    return c.sm ? launch_bwd<T, 64, EXACT, true>(c, delta, dq_acc, dbias_acc, stream)
+                : launch_bwd<T, 64, EXACT, false>(c, delta, dq_acc, dbias_acc, stream);
+  return c.sm ? launch_bwd<T, 128, EXACT, true>(c, delta, dq_acc, dbias_acc, stream)
+              : launch_bwd<T, 128, EXACT, false>(c, delta, dq_acc, dbias_acc, stream);
 }
 
 template Status mma_bwd<__nv_bfloat16, false>(const Call&, const float*, float*, float*, cudaStream_t);

@@ -63,7 +63,8 @@ struct WideSmem {
 // q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
 // dk, dv [B, Skv, Hkv, D|Dv] written (the block's columns).
-template <class T, bool EXACT>
+// SM: a score_mod (c.sm) runs in the element step (a kernel of its own).
+template <class T, bool EXACT, bool SM>
 __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, const float* delta, float* dq_acc,
                                                                float* dbias_acc) {
   using L = WideSmem<T>;
@@ -127,6 +128,8 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   uint32_t zbits = 0;
   const bool do_dk = oc0 < Dqk, do_dv = oc0 < Dv;
   const int j0 = int(k0) + warp * 16 + g;  // keys fit int32 (RowInfo's)
+  SmGradSums sums;  // score_mod operand gradients (c.sm_dops; chunk 0's)
+  if (SM && c.sm_dops) sm_sums_init(sums);
 
   // The steps: (work item u, half hq, head-dim chunk kc), in order; `cur` computes, `pf`
   // loads P = NST - 1 steps ahead.
@@ -189,8 +192,11 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
       float* dbias = nullptr;
       if (dbias_acc && oc == 0)
         dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
-      bwd_elements<T, NH>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
-                          dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH));
+      SmHead sm = sm_head(c, b, h);
+      if (oc != 0) sm.dops = nullptr;  // chunk 0 adds the operands' gradients (as dbias)
+      bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
+                          dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH),
+                          sm, q0, sums);
       if (do_dv) mma_pb<T, LDO, kQH, kDO, EXACT>(dv, st, sDOo, lane);  // dV += P^T dO
       if (do_dk) mma_pb<T, LDO, kQH, kDO, EXACT>(dk, dpt, sQo, lane);  // dK += dS^T Q
 
@@ -238,6 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
     s = (s + 1) % L::NST;
   }
   cp_async_wait<0>();  // K's columns when no tile kept a key
+  if (SM && c.sm_dops && oc == 0) sm_sums_flush(sums);
 
   // dK = scale dK_acc, dV = dV_acc for keys < Skv, columns < the real dims.
   T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h + oc0;
@@ -273,7 +280,7 @@ Status mma_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbi
   const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + kDO - 1) / kDO;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys) * n_oc;
   const size_t smem = WideSmem<T>::total;
-  auto kernel = wide_bwd_kernel<T, EXACT>;
+  auto kernel = c.sm ? wide_bwd_kernel<T, EXACT, true> : wide_bwd_kernel<T, EXACT, false>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
   return cuda_status(cudaGetLastError(), "the flash backward (mma, head dims > 128)");
