@@ -391,10 +391,11 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
                                  stream, fs.args);
   }
-  if (sm.call && sm.call->doperands)  // cuDNN computes no operand gradient: attention.py takes XLA's
+  // cuDNN computes no operand gradient: zeros (attention.py takes XLA's).
+  const int64_t n_dop = sm.call && sm.call->doperands ? p.num_slices * sm.call->sm.total_size() : 0;
+  if (n_dop > 0)
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
-        cudaMemsetAsync(sm.call->doperands, 0, size_t(p.num_slices * sm.call->sm.total_size()) * 4, stream),
-        "cudaMemsetAsync(dscore_mod_operands)"));
+        cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "

@@ -15,7 +15,8 @@ the same run, forward and forward+backward (gradients of q, k, v):
            dim 256 (the nearest it serves: half the FLOPs; TF/s in the table)
   alibi    bf16 score_mod s + slope_h * (k - q) with a learnable slope operand [1, H, 1, 1],
            plus a POST_SCALE bias [1, H, S, S], causal, B 2, S 4096, H 8, D 128 vs XLA on
-           materialized scores
+           materialized scores and vs jax's cuDNN with the bias alone (the nearest call it
+           serves: cuDNN would add the bias after the score_mod)
 Every row also has the reference anchor: fusedattn.attention_reference under jit, what
 fused_attn ran before (the score_mod row: the same, with the fn over the scores).
 ratio = anchor time / fusedattn time (> 1: fusedattn is faster). Without a GPU the same
@@ -114,7 +115,7 @@ def _impls(c, bias, slope):
     same = lambda *a: a
     impls = {"fusedattn": (ours, same), "reference": (reference, same),
              "jax_xla": (jax_xla, same)}
-    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512"):
+    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512", "alibi"):
         def jax_cudnn(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True,
                                                 implementation="cudnn")

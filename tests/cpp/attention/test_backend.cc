@@ -78,6 +78,12 @@ TEST(SelectBackend, OtherScoreModsRunCudnn) {
   EXPECT_FALSE(has(c.reason, "Hopper")) << c.reason;
 }
 
+BackendOptions flash_score_mod() {
+  BackendOptions o;
+  o.flash_score_mod = true;
+  return o;
+}
+
 TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
   // cuDNN would add the bias after the score_mod; the CPU engine (and the CUDA flash
   // kernels) apply it before.
@@ -85,9 +91,15 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
     AttnParams p = hopper_params();
     p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
     const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
-                                           BackendOptions{});
+                                           flash_score_mod());
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "bias after the score_mod")) << c.reason;
+    // Off (the default until the GPU tests ran): XLA's reference, saying how to turn it on.
+    const BackendChoice off = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
+                                             BackendOptions{});
+    expect_kernels(off, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,
+                   FA_BACKEND_XLA_REFERENCE);
+    EXPECT_TRUE(has(off.reason, "FUSEDATTN_FLASH_SCORE_MOD=1")) << off.reason;
     expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
                    FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
   }
@@ -104,13 +116,13 @@ TEST(SelectBackend, ScoreModsTheFlashKernelsCannotRunGoToTheReference) {
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
   p.head_dim_qk = p.head_dim_v = 100;
   BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kOther),
-                                   BackendOptions{});
+                                   flash_score_mod());
   expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
   EXPECT_TRUE(has(c.reason, "multiples of 8")) << c.reason;
   p.head_dim_qk = p.head_dim_v = 128;
   BackendRequest req = with(ScoreModKind::kOther);
   req.score_mod.device_limit = "the programs hold 2000 instructions; the limit is 1024";
-  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
   expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
   EXPECT_TRUE(has(c.reason, "1024")) << c.reason;
 }
@@ -352,12 +364,19 @@ BackendOptions parse(const std::map<std::string, std::string>& env) {
 TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   const BackendOptions o = parse({});
   EXPECT_TRUE(o.hopper_fwd);
+  EXPECT_FALSE(o.flash_score_mod);
   EXPECT_EQ(o.cudnn_heur, CudnnHeur::kA);
   EXPECT_FALSE(o.cudnn_plan.has_value());
   EXPECT_FALSE(o.cudnn_engine.has_value());
   EXPECT_FALSE(o.cudnn_kernel_cfg.has_value());
   EXPECT_FALSE(o.cudnn_plan_log);
   EXPECT_EQ(o.f32_matmul, F32Matmul::kAsCalled);
+}
+
+TEST(ParseBackendOptions, FlashScoreModOnlyWithOne) {
+  EXPECT_TRUE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "1"}}).flash_score_mod);
+  EXPECT_FALSE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "0"}}).flash_score_mod);
+  EXPECT_FALSE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "yes"}}).flash_score_mod);
 }
 
 TEST(ParseBackendOptions, Float32MatmulFollowsTheCallUnlessForced) {

@@ -660,7 +660,7 @@ Status prepare_score_mod(const Call& c, const ScoreModArgs& sm, cudaStream_t str
   if (!sm.program) return Status::Ok();
   store_program_kernel<<<1, 256, 0, stream>>>(*sm.program, const_cast<DeviceScoreMod*>(c.sm));
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (c.sm_dops)
+  if (c.sm_dops && sm.program->total > 0)
     FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.sm_dops, 0, size_t(c.p.num_slices * sm.program->total) * 4, stream));
   return Status::Ok();
 }

@@ -163,7 +163,7 @@ __device__ __forceinline__ void sm_sums_init(SmGradSums& g) {
   for (int k = 0; k < kMaxScoreModOperands; ++k) g.at[k] = nullptr, g.sum[k] = 0.0f;
 }
 
-__device__ __noinline__ void sm_sums_flush(SmGradSums& g) {
+static __device__ __noinline__ void sm_sums_flush(SmGradSums& g) {
   for (int k = 0; k < kMaxScoreModOperands; ++k)
     if (g.at[k]) atomicAdd(g.at[k], g.sum[k]), g.at[k] = nullptr, g.sum[k] = 0.0f;
 }
@@ -190,7 +190,7 @@ __device__ __forceinline__ void sm_inputs(const SmHead& x, int64_t i, int64_t j,
 }
 
 // fn(s) for query i, key j (a kept key).
-__device__ __noinline__ float sm_forward(const SmHead& x, int64_t i, int64_t j, float s) {
+static __device__ __noinline__ float sm_forward(const SmHead& x, int64_t i, int64_t j, float s) {
   float regs[kDevMaxRegs];
   int64_t idx[kMaxScoreModOperands];
   sm_inputs(x, i, j, s, 0.0f, regs, idx);
@@ -199,7 +199,7 @@ __device__ __noinline__ float sm_forward(const SmHead& x, int64_t i, int64_t j, 
 
 // ds (of the modified score, != 0) -> ds of the raw score s_raw; each operand's gradient
 // joins g (when x.dops).
-__device__ __noinline__ float sm_backward(const SmHead& x, int64_t i, int64_t j, float s_raw, float ds,
+static __device__ __noinline__ float sm_backward(const SmHead& x, int64_t i, int64_t j, float s_raw, float ds,
                                           SmGradSums& g) {
   float regs[kDevMaxRegs];
   int64_t idx[kMaxScoreModOperands];
