@@ -90,7 +90,8 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   const T* v = static_cast<const T*>(a.v);
   const T* dout = static_cast<const T*>(a.dout);
   const float bmul = bias_mul(p);
-  const RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
+  RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
+  narrow_to_mask<T>(ranges, p, a.x);
   const std::vector<float> delta = row_deltas<T>(p, a);
 
   // dbias [slices, bias_batch, bias_heads, Sq, Skv], accumulated in float32.

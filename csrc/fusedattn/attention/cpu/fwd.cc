@@ -44,7 +44,8 @@ void forward(const AttnParams& p, const FwdArgs& a) {
   const T* v = static_cast<const T*>(a.v);
   T* out = static_cast<T*>(a.out);
   const float bmul = bias_mul(p);
-  const RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
+  RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
+  narrow_to_mask<T>(ranges, p, a.x);
   std::vector<float> tile_max(B * Hq * n_qt, kNegInf);
 
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {

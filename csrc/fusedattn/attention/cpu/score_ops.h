@@ -15,6 +15,7 @@
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/platform/cpu/dtypes.h"
+#include "fusedattn/platform/cpu/thread_pool.h"
 #include "fusedattn/attention/cpu/row_ranges.h"
 #include "fusedattn/attention/cpu/philox_lanes.h"
 #include "fusedattn/attention/cpu/tiles.h"
@@ -75,6 +76,54 @@ inline bool tile_masked(const T* brow0, int64_t sb, int64_t rows, const int64_t*
     if (!all) return false;
   }
   return true;
+}
+
+// A folded mask the same for every head (bias_heads == 1): each row's kept range narrowed
+// to the first and the last key the mask keeps in it (the keys between stay, dropped one by
+// one by drop_masked; a row the mask empties keeps nothing), the tiles' unions recomputed.
+// Then the tile loops never reach the key tiles a causal, window or padding mask passed
+// densely empties, as with the mask types; each distinct bias plane is read once.
+template <class T>
+void narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
+  if (!x.bias || !x.mask_bias || p.bias_heads != 1) return;
+  const int64_t B = p.batch, Sq = p.seqlen_q, Skv = p.seqlen_kv, sb = x.sbias.s;
+  const float mv = masked_bias<T>();
+  std::vector<const T*> planes;  // distinct planes, in order of first use
+  std::vector<int64_t> plane_of(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const T* pl = bias_plane<T>(p, x, b, 0);
+    const auto it = std::find(planes.begin(), planes.end(), pl);
+    plane_of[b] = it - planes.begin();
+    if (it == planes.end()) planes.push_back(pl);
+  }
+  // first[plane * Sq + i], last: the first key row i keeps and one past its last (first ==
+  // last: none).
+  std::vector<int32_t> first(planes.size() * Sq), last(planes.size() * Sq);
+  parallel_for(int64_t(planes.size()) * Sq, [&](int64_t t, int) {
+    const T* row = planes[t / Sq] + (t % Sq) * sb;
+    int64_t lo = 0, hi = Skv;
+    while (lo < hi && to_float(row[lo]) == mv) ++lo;
+    while (hi > lo && to_float(row[hi - 1]) == mv) --hi;
+    first[t] = int32_t(lo), last[t] = int32_t(hi);
+  });
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < Sq; ++i) {
+      const int64_t t = plane_of[b] * Sq + i, row = r.row(b, i);
+      const int32_t lo = std::max(r.lo[row], first[t]), hi = std::min(r.hi[row], last[t]);
+      r.lo[row] = lo;
+      r.hi[row] = std::max(lo, hi);
+    }
+    for (int64_t qt = 0; qt < r.n_qt; ++qt) {
+      int32_t lo = int32_t(Skv), hi = 0;
+      for (int64_t i = qt * r.tile; i < std::min(Sq, (qt + 1) * r.tile); ++i) {
+        if (r.lo[r.row(b, i)] >= r.hi[r.row(b, i)]) continue;
+        lo = std::min(lo, r.lo[r.row(b, i)]);
+        hi = std::max(hi, r.hi[r.row(b, i)]);
+      }
+      r.tile_lo[r.tile_index(b, qt)] = lo;
+      r.tile_hi[r.tile_index(b, qt)] = hi;
+    }
+  }
 }
 
 // sr[c] = -inf where the bias is the masked bias mv, for c in [c_lo, c_hi).
