@@ -30,8 +30,14 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+
+
+def _zero(t) -> bool:
+    """A symbolic zero tangent (custom_jvp's symbolic_zeros)."""
+    return isinstance(t, SymbolicZero) or type(t) is ad.Zero
 
 
 def _vmapped(fn, n_batch: int):
@@ -45,13 +51,17 @@ class Differentiable:
     `self(static, training, *ops) -> (out, *stats)`. diff(static, n_ops) gives the
     positions of the differentiable operands (floating arrays), in bwd's order."""
 
-    def __init__(self, name: str, fwd, bwd, ref, diff, checkpoint_name=None):
+    def __init__(self, name: str, fwd, bwd, ref, diff, checkpoint_name=None, specialize=None):
         self.fwd, self.bwd, self.ref, self.diff = fwd, bwd, ref, diff
         # checkpoint_name(static) -> str | None: the name the forward's results (the
         # backward's residuals) carry, so a remat policy naming it keeps them.
         self.checkpoint_name = checkpoint_name
+        # specialize(static, live) -> static: the static of a call whose differentiable
+        # operands at positions `live` have tangents (the others' are symbolic zeros: no
+        # gradient is wanted for them, so the kernels may skip computing it).
+        self.specialize = specialize
         self.call = jax.custom_jvp(self._primal, nondiff_argnums=(0, 1))
-        self.call.defjvp(self._jvp)
+        self.call.defjvp(self._jvp, symbolic_zeros=True)
         self.backward = jax.custom_jvp(self._bwd_primal, nondiff_argnums=(0, 1))
         self.backward.defjvp(self._bwd_jvp)
 
@@ -73,12 +83,15 @@ class Differentiable:
         return self.fwd(static, training, *ops)
 
     def _jvp(self, static, training, primals, tangents):
+        idx = self.diff(static, len(primals))
+        if self.specialize is not None:
+            static = self.specialize(static, tuple(i for i in idx if not _zero(tangents[i])))
         results = self.call(static, True, *primals)  # differentiable at an outer level too
         label = self.checkpoint_name(static) if self.checkpoint_name else None
         if label is not None:
             results = tuple(checkpoint_name(x, label) for x in results)
         out = results[0]
-        lin = [ad.instantiate_zeros(tangents[i]) for i in self.diff(static, len(primals))]
+        lin = [jnp.zeros_like(primals[i]) if _zero(tangents[i]) else tangents[i] for i in idx]
         t_out = self.tangent_p.bind(*primals, out, *results[1:], *lin, static=static,
                                     n_ops=len(primals), n_stats=len(results) - 1, n_batch=0)
         return results, (t_out, *(jnp.zeros_like(s) for s in results[1:]))
@@ -119,7 +132,10 @@ class Differentiable:
         ops, out, stats = res[:n_ops], res[n_ops], res[n_ops + 1:]
         bwd = _vmapped(lambda *a: self.backward(static, n_stats, *a), n_batch)
         grads = bwd(*ops, out, ct, *stats)
-        return [None] * n_res + [g.astype(x.aval.dtype) for g, x in zip(grads, lin)]
+        # An operand without a tangent (its zeros a constant, not linear) gets none: the
+        # kernels may have skipped its gradient (specialize).
+        return [None] * n_res + [g.astype(x.aval.dtype) if ad.is_undefined_primal(x) else None
+                                 for g, x in zip(grads, lin)]
 
     def _tangent_batch(self, args, dims, *, static, n_ops, n_stats, n_batch):
         # Every operand gets the vmap dim in front (as the fused primitives' vmap does).

@@ -58,6 +58,9 @@ class Config:
     checkpoint_name: str | None = "context"
     # the bias is a folded boolean mask (dot_product_attention's): _lib.REQUEST_MASK_BIAS
     mask_bias: bool = False
+    # the backward's dbias is wanted: False when the bias has no tangent (a constant, a
+    # folded mask; _autodiff's specialize): _lib.REQUEST_NO_DBIAS, the kernels skip it
+    want_dbias: bool = True
 
     @property
     def thd(self) -> bool:

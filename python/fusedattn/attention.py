@@ -69,7 +69,8 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
     attrs = cfg.ffi_attrs()
-    attrs["backend_flags"] = np.int32(flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0))
+    attrs["backend_flags"] = np.int32(flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
+                                      | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS))
     if sm is not None:
         attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
     return attrs
@@ -279,13 +280,23 @@ def _differentiable_ops(static, n_ops: int) -> tuple:
     return (0, 1, 2, 3, 4) + ((N_OPS,) if n_ops > N_OPS else ())
 
 
+def _specialize(static, live: tuple):
+    """The static of a call differentiated in the operands at positions `live` (the others'
+    tangents are symbolic zeros): a bias without one needs no dbias from the kernels."""
+    cfg, dims, sm = static
+    if 3 not in live and cfg.want_dbias:
+        return dataclasses.replace(cfg, want_dbias=False), dims, sm
+    return static
+
+
 # grad: the fused forward and backward; jvp and higher orders: the reference's
 # derivatives around them (_autodiff.py).
 # context_checkpoint_name tags out, lse and max_logit (the backward's residuals): a remat
 # policy naming it saves them, so the forward does not run again.
 _attention = _autodiff.Differentiable("fusedattn_attention", _fused_fwd, _fused_bwd,
                                       _reference_out, _differentiable_ops,
-                                      checkpoint_name=lambda static: static[0].checkpoint_name)
+                                      checkpoint_name=lambda static: static[0].checkpoint_name,
+                                      specialize=_specialize)
 
 
 # ---------------------------------------------------------------------------

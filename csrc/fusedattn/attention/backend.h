@@ -63,6 +63,12 @@ constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2, kRequestF32E
 // other, which gives the same result (those keys' weights underflow to 0 in every row
 // that keeps a key; rows that keep none are the caller's, dot_product_attention's).
 constexpr int32_t kRequestMaskBias = 8;
+// Not a routing matter: the caller wants no dbias (the bias has no tangent: a constant or
+// a folded mask; fusedattn/_autodiff.py's specialize). The CPU engine and the CUDA flash
+// kernels skip it and write zeros (one memset: the result is never read, but an unwritten
+// buffer could hold NaN bits that jax_debug_nans would see); cuDNN's graph computes it
+// regardless.
+constexpr int32_t kRequestNoDbias = 16;
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):

@@ -3,6 +3,8 @@
 //                    q_offsets, kv_offsets, index_base -> out, softmax_aux (lse), max_logit
 //   fa_cpu_attn_bwd: the same 11, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
 // Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
+#include <cstring>
+
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/score_mod/program.h"
@@ -106,6 +108,10 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   a.dk = t.dk;
   a.dv = t.dv;
   a.dbias = t.dbias;
+  if (t.dbias && (attrs.backend_flags & kRequestNoDbias)) {  // not wanted (backend.h): zeros
+    std::memset(t.dbias, 0, dbias->size_bytes());
+    a.dbias = nullptr;
+  }
   a.dsoftmax_offset = t.dsoftmax_offset;
   a.sq = strides(t.sq);
   a.sk = strides(t.sk);

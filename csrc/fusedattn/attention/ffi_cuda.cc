@@ -386,6 +386,11 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, sm.call != nullptr, workspace, &ws));
+    if (t.dbias && (attrs.backend_flags & kRequestNoDbias)) {  // not wanted (backend.h): zeros
+      FA_RETURN_IF_NOT_OK(cuda::cuda_status(cudaMemsetAsync(t.dbias, 0, dbias->size_bytes(), stream),
+                                            "cudaMemsetAsync(dbias)"));
+      t.dbias = nullptr;
+    }
     FlashSm fs;
     FA_RETURN_IF_NOT_OK(fs.pack(sm));
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,

@@ -1,6 +1,8 @@
 """PRE_SCALE_BIAS / POST_SCALE_BIAS with bias [1|B, 1|Hq, Sq, Skv]: forward and dbias (summed
 over the broadcast dims) against the reference, with padding and with -inf entries."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,3 +70,40 @@ def test_minus_inf_bias_masks(key):
     for g in grads:
         assert np.isfinite(np.asarray(g)).all()
     assert not np.asarray(grads[3])[:, :, :, 15:].any()
+
+
+def _bwd_flags(hlo: str) -> list:
+    """backend_flags of every backward custom call in a lowered (StableHLO) text."""
+    calls = list(re.finditer(r"custom_call @fusedattn_attn_bwd[^\n]*", hlo))
+    return [int(re.search(r"backend_flags = (\d+)", m.group(0)).group(1)) for m in calls]
+
+
+def test_dbias_is_skipped_only_when_the_bias_has_no_tangent(key):
+    """A bias nobody differentiates (a constant, a folded mask) has no tangent: the
+    backward asks the kernels for no dbias (_lib.REQUEST_NO_DBIAS) and the other gradients
+    are unchanged; differentiating the bias asks for it, and it matches the reference."""
+    from fusedattn import _lib
+    q, k, v = qkv(key, 2, 40, 40, 4, 2, 32)
+    bias = jax.random.normal(jax.random.fold_in(key, 7), (1, 4, 40, 40), jnp.float32)
+    dout = jax.random.normal(jax.random.fold_in(key, 8), q.shape, jnp.float32)
+    kw = dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    loss = lambda q, k, v, b: jnp.sum(fusedattn.fused_attn((q, k, v), b, None, None, **kw) * dout)
+    ref = lambda q, k, v, b: jnp.sum(fusedattn.attention_reference(
+        q, k, v, bias=b, **{"attn_bias_type": kw["attn_bias_type"],
+                            "attn_mask_type": kw["attn_mask_type"]})[0] * dout)
+    no_bias_grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    with_bias_grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    flags = _bwd_flags(no_bias_grad.lower(q, k, v, bias).as_text())
+    assert flags and all(f & _lib.REQUEST_NO_DBIAS for f in flags), flags
+    flags = _bwd_flags(with_bias_grad.lower(q, k, v, bias).as_text())
+    assert flags and not any(f & _lib.REQUEST_NO_DBIAS for f in flags), flags
+    got3, got4 = no_bias_grad(q, k, v, bias), with_bias_grad(q, k, v, bias)
+    want = jax.grad(ref, argnums=(0, 1, 2, 3))(q, k, v, bias)
+    for a, b, w in zip(got3, got4, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same kernels
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(got4[3]), np.asarray(want[3]), rtol=2e-5, atol=2e-5)
+    # grad of grad through the same call (the backward's derivative) still works
+    hvp = jax.grad(lambda q: jnp.sum(jax.grad(loss)(q, k, v, bias) ** 2))(q)
+    hvp_ref = jax.grad(lambda q: jnp.sum(jax.grad(ref)(q, k, v, bias) ** 2))(q)
+    np.testing.assert_allclose(np.asarray(hvp), np.asarray(hvp_ref), rtol=1e-4, atol=1e-4)

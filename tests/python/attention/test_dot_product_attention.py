@@ -258,6 +258,30 @@ def test_dense_causal_skips_the_tiles_it_empties(key):
     np.testing.assert_allclose(np.asarray(dense)[~nan], np.asarray(typed)[~nan], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("bias", ["zero", "random"])
+@pytest.mark.parametrize("name", ["window", "holes"])
+def test_dense_mask_with_a_differentiated_bias(key, name, bias):
+    """The mask folded with a bias whose gradient is wanted: a zero bias leaves the mask's
+    kept tiles clean (the engine adds no bias there) and dbias must still come out whole;
+    a random one is added everywhere. Forward and every gradient against jax's."""
+    q, k, v, dout = inputs(key, jnp.float32, T=TB, S=SB)
+    mask = _dense(name)
+    b = (jnp.zeros((1, 1, TB, SB)) if bias == "zero"
+         else jax.random.normal(jax.random.fold_in(key, 9), (1, 1, TB, SB)))
+
+    def grads(f):
+        loss = lambda q, k, v, b: jnp.sum(f(q, k, v, bias=b, mask=mask) * dout)
+        return (f(q, k, v, bias=b, mask=mask),) + jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, b)
+
+    ours = jax.jit(lambda: grads(fusedattn.dot_product_attention))()
+    theirs = jax.jit(lambda: grads(
+        lambda *a, **kw: jax.nn.dot_product_attention(*a, **kw, implementation="xla")))()
+    for what, a, w in zip(("out", "dq", "dk", "dv", "dbias"), ours, theirs):
+        a, w = np.asarray(a), np.asarray(w)
+        scale = max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(a / scale, w / scale, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_masked_bias_value(dtype):
     # The engine's value (fa_masked_bias_value): exact in the dtype, finite, about -0.7 x

@@ -91,7 +91,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   const T* dout = static_cast<const T*>(a.dout);
   const float bmul = bias_mul(p);
   RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
-  narrow_to_mask<T>(ranges, p, a.x);
+  const MaskTiles mask_tiles = narrow_to_mask<T>(ranges, p, a.x);
   const std::vector<float> delta = row_deltas<T>(p, a);
 
   // dbias [slices, bias_batch, bias_heads, Sq, Skv], accumulated in float32.
@@ -140,7 +140,11 @@ void backward(const AttnParams& p, const BwdArgs& a) {
         const int64_t t = ranges.tile_index(b, qt);
         if (std::max<int64_t>(ranges.tile_lo[t], k0) >= std::min<int64_t>(ranges.tile_hi[t], k0 + cols)) continue;
         const int64_t q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
-        if (mask_bias) {  // a folded mask that drops every kept key of the tile's rows: no share
+        // A folded mask: a tile whose kept keys it keeps with bias 0 adds no bias (tb null);
+        // one that drops every kept key of the tile's rows has no share.
+        const bool clean = mask_bias && mask_tiles(b, qt, kt_i);
+        const T* tb = clean ? nullptr : bias;
+        if (mask_bias && !clean) {
           int64_t lo[kBq], hi[kBq];
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t row = ranges.row(b, q0 + r);
@@ -167,8 +171,8 @@ void backward(const AttnParams& p, const BwdArgs& a) {
           const int64_t c_hi = live ? std::clamp<int64_t>(ranges.hi[row] - k0, c_lo, kBk) : 0;
           const float row_delta = r < rows ? dl[q0 + r] : 0.0f;
           float sc = p.scale;
-          if (bias && c_lo < c_hi) {  // full logits in sr, so the exp below takes scale 1
-            const T* brow = bias + (q0 + r) * a.x.sbias.s + k0;
+          if (tb && c_lo < c_hi) {  // full logits in sr, so the exp below takes scale 1
+            const T* brow = tb + (q0 + r) * a.x.sbias.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = sr[c] * p.scale + bmul * to_float(brow[c]);
             sc = 1.0f;
           }
@@ -198,8 +202,8 @@ void backward(const AttnParams& p, const BwdArgs& a) {
               dr[c] = keep ? pr * (zc * dr[c] - row_delta) : 0.0f;
             }
           }
-          if (bias && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
-            const T* brow = bias + (q0 + r) * a.x.sbias.s + k0;
+          if (tb && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
+            const T* brow = tb + (q0 + r) * a.x.sbias.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c)
               if (to_float(brow[c]) == kNegInf || (mask_bias && to_float(brow[c]) == mv)) sr[c] = dr[c] = 0.0f;
           }

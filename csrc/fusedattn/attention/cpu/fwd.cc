@@ -45,7 +45,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
   T* out = static_cast<T*>(a.out);
   const float bmul = bias_mul(p);
   RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
-  narrow_to_mask<T>(ranges, p, a.x);
+  const MaskTiles mask_tiles = narrow_to_mask<T>(ranges, p, a.x);
   std::vector<float> tile_max(B * Hq * n_qt, kNegInf);
 
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
@@ -80,8 +80,13 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 
     for (int64_t k0 = tile_lo / kBk * kBk; k0 < tile_hi; k0 += kBk) {
       const int64_t cols = std::min(kBk, Skv - k0);
-      // A folded mask that drops every kept key of the tile's rows: nothing to add.
-      if (mask_bias && tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv)) continue;
+      // A folded mask: a tile whose kept keys it keeps with bias 0 adds no bias (tb null);
+      // one that drops every kept key of the tile's rows adds nothing.
+      const bool clean = mask_bias && mask_tiles(b, qt, k0 / kBk);
+      const T* tb = clean ? nullptr : bias;
+      if (mask_bias && !clean &&
+          tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv))
+        continue;
       load_rows_transposed(k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h, a.sk.s, cols, D, kt.data(), Dp, kBk);
       load_rows(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, 1.0f, vf.data(), kBk, Dvp);
       gemm<false>(kBq, kBk, Dp, qf.data(), Dp, kt.data(), kBk, s.data(), kBk);
@@ -91,9 +96,9 @@ void forward(const AttnParams& p, const FwdArgs& a) {
         // Kept columns of this row in this tile: [c_lo, c_hi), inside [0, cols).
         const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, kBk);
         const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
-        if (bias) add_bias(bias + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
+        if (tb) add_bias(tb + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
         if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
-        if (mask_bias) drop_masked(bias + (q0 + r) * a.x.sbias.s + k0, mv, sr, c_lo, c_hi);
+        if (mask_bias && tb) drop_masked(tb + (q0 + r) * a.x.sbias.s + k0, mv, sr, c_lo, c_hi);
         float row_max = kNegInf;
         bool nan = false;  // an OR of compares, not a branch: the loop stays vectorized
         for (int64_t c = 0; c < kBk; ++c) {

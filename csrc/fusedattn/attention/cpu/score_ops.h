@@ -78,37 +78,64 @@ inline bool tile_masked(const T* brow0, int64_t sb, int64_t rows, const int64_t*
   return true;
 }
 
+// The key tiles (kBq x kBk) of a folded mask's planes whose kept elements add nothing: every
+// element in its rows' kept keys is 0 (a pure mask; a bias folded with the mask is not).
+// The tile loops treat such a tile as one without bias: no bias read, no masked-key test.
+struct MaskTiles {
+  int64_t n_qt = 0, n_kt = 0;
+  std::vector<int64_t> plane_of;  // [B]: the batch entry's plane
+  std::vector<uint8_t> clean;     // [planes, n_qt, n_kt]; empty: none
+  bool operator()(int64_t b, int64_t qt, int64_t kt) const {
+    return !clean.empty() && clean[(plane_of[b] * n_qt + qt) * n_kt + kt] != 0;
+  }
+};
+
 // A folded mask the same for every head (bias_heads == 1): each row's kept range narrowed
 // to the first and the last key the mask keeps in it (the keys between stay, dropped one by
-// one by drop_masked; a row the mask empties keeps nothing), the tiles' unions recomputed.
-// Then the tile loops never reach the key tiles a causal, window or padding mask passed
-// densely empties, as with the mask types; each distinct bias plane is read once.
+// one by drop_masked; a row the mask empties keeps nothing), the tiles' unions recomputed,
+// and the clean tiles (MaskTiles) found. Then the tile loops never reach the key tiles a
+// causal, window or padding mask passed densely empties, and add no bias in the tiles it
+// keeps whole, as with the mask types; each distinct bias plane is read once, by query tiles
+// in parallel.
 template <class T>
-void narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
-  if (!x.bias || !x.mask_bias || p.bias_heads != 1) return;
+MaskTiles narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
+  MaskTiles mt;
+  if (!x.bias || !x.mask_bias || p.bias_heads != 1) return mt;
   const int64_t B = p.batch, Sq = p.seqlen_q, Skv = p.seqlen_kv, sb = x.sbias.s;
   const float mv = masked_bias<T>();
   std::vector<const T*> planes;  // distinct planes, in order of first use
-  std::vector<int64_t> plane_of(B);
+  mt.plane_of.resize(B);
   for (int64_t b = 0; b < B; ++b) {
     const T* pl = bias_plane<T>(p, x, b, 0);
     const auto it = std::find(planes.begin(), planes.end(), pl);
-    plane_of[b] = it - planes.begin();
+    mt.plane_of[b] = it - planes.begin();
     if (it == planes.end()) planes.push_back(pl);
   }
+  const int64_t n_qt = (Sq + kBq - 1) / kBq, n_kt = (Skv + kBk - 1) / kBk;
+  mt.n_qt = n_qt, mt.n_kt = n_kt;
+  mt.clean.assign(planes.size() * n_qt * n_kt, 1);
   // first[plane * Sq + i], last: the first key row i keeps and one past its last (first ==
   // last: none).
   std::vector<int32_t> first(planes.size() * Sq), last(planes.size() * Sq);
-  parallel_for(int64_t(planes.size()) * Sq, [&](int64_t t, int) {
-    const T* row = planes[t / Sq] + (t % Sq) * sb;
-    int64_t lo = 0, hi = Skv;
-    while (lo < hi && to_float(row[lo]) == mv) ++lo;
-    while (hi > lo && to_float(row[hi - 1]) == mv) --hi;
-    first[t] = int32_t(lo), last[t] = int32_t(hi);
+  parallel_for(int64_t(planes.size()) * n_qt, [&](int64_t task, int) {
+    const int64_t pl = task / n_qt, qt = task % n_qt;
+    uint8_t* clean = mt.clean.data() + task * n_kt;
+    for (int64_t i = qt * kBq; i < std::min(Sq, (qt + 1) * kBq); ++i) {
+      const T* row = planes[pl] + i * sb;
+      int64_t lo = 0, hi = Skv;
+      while (lo < hi && to_float(row[lo]) == mv) ++lo;
+      while (hi > lo && to_float(row[hi - 1]) == mv) --hi;
+      first[pl * Sq + i] = int32_t(lo), last[pl * Sq + i] = int32_t(hi);
+      for (int64_t k0 = lo / kBk * kBk; k0 < hi; k0 += kBk) {
+        bool zero = true;  // an AND of compares: the loop stays vectorized
+        for (int64_t j = std::max(lo, k0); j < std::min(hi, k0 + kBk); ++j) zero &= to_float(row[j]) == 0.0f;
+        if (!zero) clean[k0 / kBk] = 0;
+      }
+    }
   });
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < Sq; ++i) {
-      const int64_t t = plane_of[b] * Sq + i, row = r.row(b, i);
+      const int64_t t = mt.plane_of[b] * Sq + i, row = r.row(b, i);
       const int32_t lo = std::max(r.lo[row], first[t]), hi = std::min(r.hi[row], last[t]);
       r.lo[row] = lo;
       r.hi[row] = std::max(lo, hi);
@@ -124,6 +151,7 @@ void narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
       r.tile_hi[r.tile_index(b, qt)] = hi;
     }
   }
+  return mt;
 }
 
 // sr[c] = -inf where the bias is the masked bias mv, for c in [c_lo, c_hi).
