@@ -328,7 +328,10 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
             if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
                                  f"[B, M + 1] = [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
-            offs = None if offs is None else jnp.asarray(offs, jnp.int32)
+            # Trailing -1 entries are padding at this width too: such an offset (TE's
+            # start-only form has no end column) bounds nothing, as the compaction's fill. A
+            # negative offset before a valid one stays an invalid entry (clamped to 0).
+            offs = None if offs is None else _trailing_negatives_to(jnp.asarray(offs, jnp.int32), S)
         else:  # TransformerEngine's -1-padded arrays: compacted to M
             if offs is not None and tuple(offs.shape) != (dims.B, W + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
@@ -342,6 +345,12 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
     out = dataclasses.replace(sd, **fields, runs_of="seqlens" if compacted else sd.runs_of)
     _warn_dropped(out, M)
     return out
+
+
+def _trailing_negatives_to(x, fill):
+    """x int32 [B, W] with each row's run of negative entries at its end set to fill."""
+    trailing = jnp.flip(jnp.cumprod(jnp.flip(x < 0, -1).astype(jnp.int32), -1), -1) > 0
+    return jnp.where(trailing, jnp.int32(fill), x)
 
 
 def warn_past_sequence(sd: SequenceDescriptor, dims: Dims, layout: QKVLayout) -> None:

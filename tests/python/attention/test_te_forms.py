@@ -185,6 +185,19 @@ def test_offsets_with_the_end_column_and_minus_one_padding(key):
                                6, 6, M=M)
 
 
+def test_start_only_offsets_at_the_calls_width(key):
+    # TE's Seqlens form at width exactly M: starts only, -1 padded (no end column), so the
+    # last real segment's bound is a -1; it must run to its length, not be cut at 0.
+    ids = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]], np.int32)
+    lens = jnp.array([[2, 3, -1], [4, -1, -1]], jnp.int32)
+    offs = jnp.array([[0, 2, -1, -1], [0, -1, -1, -1]], jnp.int32)
+    sd = SequenceDescriptor.from_seqlens_and_offsets(lens, offs)
+    pos = np.broadcast_to(np.arange(6), ids.shape)
+    for M in (2, 3, 4):
+        _check_against_oracles(key, sd, AttnMaskType.PADDING_CAUSAL_MASK, (ids, ids), (pos, pos),
+                               6, 6, M=M)
+
+
 def test_from_seqlens_with_minus_one_entries_packs_the_compacted_lengths(key):
     padded = SequenceDescriptor.from_seqlens(jnp.array([[5, -1, 7, -1, -1, -1, -1, -1]]))
     plain = SequenceDescriptor.from_seqlens(jnp.array([[5, 7, 0]]))
