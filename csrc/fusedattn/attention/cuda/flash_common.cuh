@@ -168,9 +168,9 @@ static __device__ __noinline__ void sm_sums_flush(SmGradSums& g) {
     if (g.at[k]) atomicAdd(g.at[k], g.sum[k]), g.at[k] = nullptr, g.sum[k] = 0.0f;
 }
 
-// The program's inputs for query i, key j (local tokens): score, batch, head, the q and kv
-// positions in the row's sequence, the operands' elements, ds; returns operand k's element
-// index into regs[kDevMaxInputs + k] (as floats' bits would lose it: in idx).
+// The program's inputs for query i, key j (local tokens) into regs: score, batch, head, the
+// q and kv positions in the row's sequence, the operands' elements, ds; operand k's
+// element index (into this slice's operands and their gradients) into idx[k].
 __device__ __forceinline__ void sm_inputs(const SmHead& x, int64_t i, int64_t j, float s, float ds, float* regs,
                                           int64_t* idx) {
   const DeviceScoreMod& sm = *x.prog;
