@@ -217,6 +217,7 @@ REQUEST_CUDNN_REJECTED = 2
 REQUEST_F32_EXACT = 4
 REQUEST_MASK_BIAS = 8
 REQUEST_NO_DBIAS = 16
+REQUEST_SCORE_MOD_GRADS = 32
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,

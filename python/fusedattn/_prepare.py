@@ -61,6 +61,9 @@ class Config:
     # the backward's dbias is wanted: False when the bias has no tangent (a constant, a
     # folded mask; _autodiff's specialize): _lib.REQUEST_NO_DBIAS, the kernels skip it
     want_dbias: bool = True
+    # the score_mod's array operands' gradient is wanted (_autodiff's specialize):
+    # _lib.REQUEST_SCORE_MOD_GRADS, a routing matter on the GPU (backend.h)
+    sm_grads: bool = False
 
     @property
     def thd(self) -> bool:

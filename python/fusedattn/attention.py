@@ -69,8 +69,10 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
     attrs = cfg.ffi_attrs()
-    attrs["backend_flags"] = np.int32(flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
-                                      | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS))
+    attrs["backend_flags"] = np.int32(
+        flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
+        | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS)
+        | (_lib.REQUEST_SCORE_MOD_GRADS if cfg.sm_grads and sm is not None else 0))
     if sm is not None:
         attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
     return attrs
@@ -282,11 +284,15 @@ def _differentiable_ops(static, n_ops: int) -> tuple:
 
 def _specialize(static, live: tuple):
     """The static of a call differentiated in the operands at positions `live` (the others'
-    tangents are symbolic zeros): a bias without one needs no dbias from the kernels."""
+    tangents are symbolic zeros): a bias without one needs no dbias from the kernels; a
+    score_mod's array operands with one want their gradient (cuDNN computes none)."""
     cfg, dims, sm = static
+    changes = {}
     if 3 not in live and cfg.want_dbias:
-        return dataclasses.replace(cfg, want_dbias=False), dims, sm
-    return static
+        changes["want_dbias"] = False
+    if sm is not None and N_OPS in live and sm.operand_shapes and not cfg.sm_grads:
+        changes["sm_grads"] = True  # the GPU route may pick the kernels that compute it
+    return (dataclasses.replace(cfg, **changes), dims, sm) if changes else static
 
 
 # grad: the fused forward and backward; jvp and higher orders: the reference's

@@ -195,6 +195,11 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (why_not.empty() && sm_call && p.bias_type != FA_NO_BIAS)
         why_not = "it would apply the bias after the score_mod";
       if (why_not.empty() && req.cudnn_rejected) why_not = "its graph support check rejected the call";
+      // (With the flash kernels' score_mod path on: else cuDNN runs it and XLA's reference
+      // gives the operands' gradient.)
+      if (why_not.empty() && sm_call && req.score_mod_grads && opts.flash_score_mod)
+        why_not = "its backward computes no gradient of the score_mod's operands (XLA's reference "
+                  "would, over the materialized scores)";
       if (!why_not.empty()) {
         std::string flash_no = flash_unsupported_reason(p, req, info);
         if (flash_no.empty() && sm_call && !opts.flash_score_mod)

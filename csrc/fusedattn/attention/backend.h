@@ -49,6 +49,10 @@ struct BackendRequest {
   bool index_base = false;
   // cuDNN's own support check (the graph build) rejected the call's graphs.
   bool cudnn_rejected = false;
+  // The caller takes the gradient of the score_mod's array operands (a learnable ALiBi
+  // slope, a bias table): cuDNN's backward computes none (XLA's reference would, over the
+  // materialized scores); the CUDA flash kernels compute it in-kernel.
+  bool score_mod_grads = false;
 };
 
 // BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
@@ -56,6 +60,8 @@ struct BackendRequest {
 // at float32 accuracy (jax's matmul precision "highest" / "float32" when it was traced;
 // options.h's f32_tf32).
 constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2, kRequestF32Exact = 4;
+// BackendRequest::score_mod_grads.
+constexpr int32_t kRequestScoreModGrads = 32;
 // Not a routing matter either: the bias is a folded boolean mask (fusedattn's
 // dot_product_attention): it holds cpu::masked_bias<T>() at the keys the mask drops. The
 // CPU engine then drops those keys as a -inf bias would and skips the key tiles whose

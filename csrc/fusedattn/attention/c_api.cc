@@ -62,6 +62,7 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
   req.want_max_logit = want_max_logit != 0;
   req.index_base = (flags & fusedattn::kRequestIndexBase) != 0;
   req.cudnn_rejected = (flags & fusedattn::kRequestCudnnRejected) != 0;
+  req.score_mod_grads = (flags & fusedattn::kRequestScoreModGrads) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;

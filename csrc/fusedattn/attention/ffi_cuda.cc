@@ -82,6 +82,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   req.index_base = (flags & kRequestIndexBase) != 0;
   req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
+  req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (!c->status.ok()) return c->status;
   if (c->backend != FA_BACKEND_CUDNN && c->backend != FA_BACKEND_CUDA_FLASH)

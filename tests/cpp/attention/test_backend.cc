@@ -109,6 +109,21 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
 }
 
+// A score_mod whose array operands' gradient the caller takes: cuDNN's backward computes
+// none, so the CUDA flash kernels take the call once their score_mod path is on.
+TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
+  BackendRequest req = with(ScoreModKind::kOther);
+  req.score_mod_grads = true;
+  BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "gradient of the score_mod's operands")) << c.reason;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  req.score_mod_grads = false;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+}
+
 // Where the CUDA flash kernels cannot run a score_mod (the wmma kernels' head dims, a
 // program past the device limits), XLA's reference does.
 TEST(SelectBackend, ScoreModsTheFlashKernelsCannotRunGoToTheReference) {

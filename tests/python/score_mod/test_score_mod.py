@@ -320,3 +320,28 @@ def test_operands_may_be_shapes_only():
     assert arrays4 == [jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)]
     real, _ = sm_mod.make_score_mod(alibi, (jnp.ones((HQ, 1, 1)),), None, (B, HQ, S, S))
     assert m.fwd == real.fwd and m.bwd == real.bwd
+
+
+def _bwd_flags(hlo: str) -> list:
+    """backend_flags of every backward custom call in a lowered (StableHLO) text."""
+    import re
+    return [int(re.search(r"backend_flags = (\d+)", m.group(0)).group(1))
+            for m in re.finditer(r"custom_call @fusedattn_attn_bwd[^\n]*", hlo)]
+
+
+def test_the_call_says_whether_the_operands_gradient_is_taken(key):
+    """jax.grad in the operands marks the call (_lib.REQUEST_SCORE_MOD_GRADS: on the GPU
+    cuDNN computes no operand gradient, the CUDA flash kernels do); jax.grad in q alone
+    does not, and the gradients are the same either way."""
+    from fusedattn import _lib
+    fn, make_ops = CASES["alibi"]
+    slopes = make_ops(key)[0]
+    q, k, v, dout = inputs(key)
+    loss = lambda q, s: jnp.sum(fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
+                                                     score_mod_operands=(s,)) * dout)
+    both, q_only = jax.jit(jax.grad(loss, argnums=(0, 1))), jax.jit(jax.grad(loss))
+    flags = _bwd_flags(both.lower(q, slopes).as_text())
+    assert flags and all(f & _lib.REQUEST_SCORE_MOD_GRADS for f in flags), flags
+    flags = _bwd_flags(q_only.lower(q, slopes).as_text())
+    assert flags and not any(f & _lib.REQUEST_SCORE_MOD_GRADS for f in flags), flags
+    np.testing.assert_array_equal(np.asarray(both(q, slopes)[0]), np.asarray(q_only(q, slopes)))

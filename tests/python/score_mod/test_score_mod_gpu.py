@@ -239,9 +239,10 @@ def test_flash_kernels_head_dim_256(key, dtype, flash_forced):
         check_tol(ours, ref, (q, k, v, *ops), dout, FLASH_TOL[dtype])
 
 
-def test_flash_operand_gradients_hold_no_score_matrix(key, flash_forced):
-    """Learnable ALiBi slopes at S 2048: the gradient's program has no [.., S, S] array (the
-    slopes' gradient used to be XLA's vjp of the reference)."""
+def test_flash_operand_gradients_hold_no_score_matrix(key):
+    """Learnable ALiBi slopes at S 2048, unforced: a gradient in the slopes routes the call
+    to the CUDA flash kernels (REQUEST_SCORE_MOD_GRADS), and its program has no [.., S, S]
+    array (the slopes' gradient used to be XLA's vjp of the reference, beside cuDNN)."""
     Sl = 2048
     fn, make_ops = CASES["alibi"]
     slopes = make_ops(key)[0]
