@@ -17,6 +17,11 @@ the same run, forward and forward+backward (gradients of q, k, v):
            plus a POST_SCALE bias [1, H, S, S], causal, B 2, S 4096, H 8, D 128 vs XLA on
            materialized scores and vs jax's cuDNN with the bias alone (the nearest call it
            serves: cuDNN would add the bias after the score_mod)
+  slopes   the same score_mod without the bias, forward+backward taking the slopes'
+           gradient too (cuDNN computes none: XLA's reference vjp gives it unless the CUDA
+           flash kernels' score_mod path is on, FUSEDATTN_FLASH_SCORE_MOD=1, which routes the
+           call there; the backend column is get_backend's, which does not know that the
+           slopes' gradient is taken) vs XLA and vs jax's cuDNN on the plain causal call
 Every row also has the reference anchor: fusedattn.attention_reference under jit, what
 fused_attn ran before (the score_mod row: the same, with the fn over the scores).
 ratio = anchor time / fusedattn time (> 1: fusedattn is faster). Without a GPU the same
@@ -47,6 +52,7 @@ def _cases(gpu: bool, divisor: int):
         dict(kind="pre_bias", dtype="bfloat16", B=2, S=4096, H=8, D=128),
         dict(kind="d512", dtype="bfloat16", B=1, S=4096, H=8, D=512),
         dict(kind="alibi", dtype="bfloat16", B=2, S=4096, H=8, D=128),
+        dict(kind="slopes", dtype="bfloat16", B=2, S=4096, H=8, D=128),
     ]
     if not gpu:
         for c in cases:
@@ -67,7 +73,7 @@ def _inputs(c, key):
     q, k, v, do = (n(kk, (B, S, H, D)) for kk in ks[:4])
     bias = n(ks[4], (1, H, S, S)) if c["kind"] in ("pre_bias", "alibi") else None
     slope = (-jax.random.uniform(ks[5], (1, H, 1, 1), minval=0.01, maxval=0.1)
-             if c["kind"] == "alibi" else None)
+             if c["kind"] in ("alibi", "slopes") else None)
     return q, k, v, do, bias, slope
 
 
@@ -76,34 +82,40 @@ def _causal_mask(S):
 
 
 def _impls(c, bias, slope):
-    """name -> (fn(q, k, v), inputs(q, k, v, dout) -> its own): fusedattn, the reference
-    fallback, jax xla, jax cudnn."""
+    """name -> (fn(q, k, v, *extra), inputs(q, k, v, dout) -> its own (q, k, v, *extra,
+    dout)): fusedattn, the reference fallback, jax xla, jax cudnn. extra: the slopes of the
+    "slopes" row (differentiated too), else nothing."""
     kind, D, S = c["kind"], c["D"], c["S"]
     scale = D ** -0.5
     bias_type = {"pre_bias": AttnBiasType.PRE_SCALE_BIAS,
                  "alibi": AttnBiasType.POST_SCALE_BIAS}.get(kind, AttnBiasType.NO_BIAS)
-    sm = dict(score_mod=alibi, score_mod_operands=(slope,)) if kind == "alibi" else {}
+    learn = kind == "slopes"
+    sm = (dict(score_mod=alibi, score_mod_operands=(slope,)) if kind in ("alibi", "slopes")
+          else {})
 
-    def ours(q, k, v):
+    def ours(q, k, v, *extra):
+        kw = dict(sm, score_mod_operands=extra) if learn else sm
         return fusedattn.fused_attn((q, k, v), bias, None, None, attn_bias_type=bias_type,
-                                    attn_mask_type=CAUSAL, **sm)
+                                    attn_mask_type=CAUSAL, **kw)
 
-    def reference(q, k, v):
+    def reference(q, k, v, *extra):
         score_mod = None
-        if kind == "alibi":
-            m, arrays4 = _sm.make_score_mod(alibi, (slope,), None, (c["B"], c["H"], S, S))
+        slope_ = extra[0] if learn else slope
+        if kind in ("alibi", "slopes"):
+            m, arrays4 = _sm.make_score_mod(alibi, (slope_,), None, (c["B"], c["H"], S, S))
             score_mod = lambda s, qp, kp, index_base=None: _sm.apply_reference(
                 m.fn, s, arrays4, index_base=index_base)
         return fusedattn.attention_reference(
             q, k, v, attn_mask_type=CAUSAL, bias=bias, attn_bias_type=bias_type
             if bias is not None else AttnBiasType.POST_SCALE_BIAS, score_mod=score_mod)[0]
 
-    def jax_xla(q, k, v):
-        if kind == "alibi":  # materialized scores, fn over the grid
+    def jax_xla(q, k, v, *extra):
+        if kind in ("alibi", "slopes"):  # materialized scores, fn over the grid
             s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
-            s = s + bias.astype(jnp.float32)
+            if bias is not None:
+                s = s + bias.astype(jnp.float32)
             rel = (jnp.arange(S)[None, :] - jnp.arange(S)[:, None]).astype(jnp.float32)
-            s = s + slope * rel
+            s = s + (extra[0] if learn else slope) * rel
             s = jnp.where(_causal_mask(S), s, -jnp.inf)
             p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
             return jnp.einsum("bhqk,bkhd->bqhd", p, v)
@@ -112,23 +124,24 @@ def _impls(c, bias, slope):
             b = (bias.astype(jnp.float32) * scale).astype(bias.dtype)
         return jax.nn.dot_product_attention(q, k, v, bias=b, is_causal=True, implementation="xla")
 
-    same = lambda *a: a
+    same = (lambda q, k, v, do: (q, k, v, slope, do)) if learn else (lambda *a: a)
     impls = {"fusedattn": (ours, same), "reference": (reference, same),
              "jax_xla": (jax_xla, same)}
-    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512", "alibi"):
+    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512", "alibi", "slopes"):
         def jax_cudnn(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True,
                                                 implementation="cudnn")
         # d512: the nearest cuDNN serves is head dim 256 (inputs cut before timing)
-        cut = (lambda *a: tuple(x[..., :256] for x in a)) if kind == "d512" else same
+        cut = (lambda *a: tuple(x[..., :256] for x in a)) if kind == "d512" else (lambda *a: a)
         impls["jax_cudnn"] = (jax_cudnn, cut)
     return impls, bias_type, sm
 
 
-def _fwd_bwd(f):
-    def loss(q, k, v, dout):
-        return jnp.sum(f(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
-    return jax.grad(loss, argnums=(0, 1, 2))
+def _fwd_bwd(f, n: int):
+    """The gradients of sum(f(*a) * dout) in f's n arguments."""
+    def loss(*a):
+        return jnp.sum(f(*a[:-1]).astype(jnp.float32) * a[-1].astype(jnp.float32))
+    return jax.grad(loss, argnums=tuple(range(n)))
 
 
 def _backend(c, q, bias, bias_type, sm, training):
@@ -155,8 +168,8 @@ def run(args):
                 fargs = jax.block_until_ready(inputs(q, k, v, do))
                 D = fargs[0].shape[-1]
                 flops = 4.0 * c["B"] * c["H"] * D * pairs * (3.5 if backward else 1.0)
-                fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
-                fargs = fargs if backward else fargs[:3]
+                fn = jax.jit(_fwd_bwd(f, len(fargs) - 1)) if backward else jax.jit(f)
+                fargs = fargs if backward else fargs[:-1]
                 try:
                     sec, _ = time_fn(fn, fargs, repeats=args.repeats)
                 except Exception as e:  # out of memory, a shape an anchor rejects: in the row
@@ -200,7 +213,7 @@ def _label(r) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusedattn bench fallback", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", choices=["f32", "pre_bias", "d512", "alibi"],
+    p.add_argument("--kinds", nargs="+", choices=["f32", "pre_bias", "d512", "alibi", "slopes"],
                    help="only these rows (default: all)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--skip", nargs="+", default=[],
