@@ -15,6 +15,10 @@ An op is three functions of a hashable `static` and its operands:
 * grad of grad, `hessian`, jvp of grad: the fused backward's own derivative is the
   reference's (jax.jvp of the reference's VJP), so every higher order is exact.
 * `vmap`, `jit`, `checkpoint`, sharding: as the fused functions allow.
+* Gradients nobody takes: the rule sees which operands' tangents are symbolic zeros
+  (custom_jvp's symbolic_zeros) and gives `specialize(static, live)` the others, so the
+  op can ask its kernels for less (attention: no dbias for a constant bias, and on the GPU
+  the kernels that compute a score_mod operand's gradient only when it is taken).
 
 How: a `custom_jvp` whose rule returns the fused forward's output and, as its tangent, a
 primitive that is linear in the operands' tangents. Its evaluation is the reference's
