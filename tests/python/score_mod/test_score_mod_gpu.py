@@ -46,28 +46,32 @@ def gpu_inputs(key, dtype, Sq=S, Skv=S, B=2, hkv=2):
             normal(ks[2], (B, Skv, hkv, D), dtype), normal(ks[3], (B, Sq, HQ, D), dtype))
 
 
+def gpu_operands(name, kop):
+    """CASES[name]'s operands at this file's S (relpos' table, two_arrays' second array)."""
+    return {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
+            "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
+                name, lambda: CASES[name][1](kop))()
+
+
 def check(ours, ref, args, dout, targets=("fusedattn_attn_fwd_sm_cuda",
-                                          "fusedattn_attn_bwd_sm_cuda")):
+                                          "fusedattn_attn_bwd_sm_cuda"), tol=3e-2):
     loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * dout.astype(jnp.float32))
     argnums = tuple(range(len(args)))
     grad = jax.jit(jax.grad(loss(ours), argnums=argnums))
     hlo = grad.lower(*args).compile().as_text()
     for t in targets:
         assert f'custom_call_target="{t}"' in hlo, f"{t} missing: the reference ran instead"
-    close("out", jax.jit(ours)(*args), ref(*args))
+    close("out", jax.jit(ours)(*args), ref(*args), tol)
     for i, (a, b) in enumerate(zip(grad(*args), jax.grad(loss(ref), argnums=argnums)(*args))):
-        close(("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}", a, b)
+        close(("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}", a, b, tol)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", ["softcap", "alibi", "relpos", "causal", "learnable",
                                   "two_arrays"])
 def test_matches_the_reference(key, name, dtype):
-    fn, make_ops = CASES[name]
-    kop = jax.random.fold_in(key, 1)
-    ops = {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
-           "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
-               name, lambda: make_ops(kop))()
+    fn = CASES[name][0]
+    ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, dtype)
     arr_idx, full = array_operands(ops)
     ours = lambda q, k, v, *arr: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
@@ -144,11 +148,8 @@ def flash_backend(q, k, v, fn, ops, bias=None, **kw):
 @pytest.mark.parametrize("name", ["softcap", "alibi", "relpos", "causal", "learnable",
                                   "two_arrays"])
 def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
-    fn, make_ops = CASES[name]
-    kop = jax.random.fold_in(key, 1)
-    ops = {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
-           "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
-               name, lambda: make_ops(kop))()
+    fn = CASES[name][0]
+    ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, dtype)
     assert flash_backend(q, k, v, fn, ops).name == "cuda_flash"
     arr_idx, full = array_operands(ops)
@@ -156,19 +157,7 @@ def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
                                                       score_mod_operands=full(arr))
     ref = lambda q, k, v, *arr: ref_call(q, k, v, fn, full(arr))[0]
     with jax.default_matmul_precision("highest"):
-        check_tol(ours, ref, (q, k, v, *[ops[i] for i in arr_idx]), dout, FLASH_TOL[dtype])
-
-
-def check_tol(ours, ref, args, dout, tol):
-    loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * dout.astype(jnp.float32))
-    argnums = tuple(range(len(args)))
-    grad = jax.jit(jax.grad(loss(ours), argnums=argnums))
-    hlo = grad.lower(*args).compile().as_text()
-    for t in ("fusedattn_attn_fwd_sm_cuda", "fusedattn_attn_bwd_sm_cuda"):
-        assert f'custom_call_target="{t}"' in hlo, f"{t} missing: the reference ran instead"
-    close("out", jax.jit(ours)(*args), ref(*args), tol)
-    for i, (a, b) in enumerate(zip(grad(*args), jax.grad(loss(ref), argnums=argnums)(*args))):
-        close(("dq", "dk", "dv")[i] if i < 3 else f"d operand {i - 3}", a, b, tol)
+        check(ours, ref, (q, k, v, *[ops[i] for i in arr_idx]), dout, tol=FLASH_TOL[dtype])
 
 
 @pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
@@ -177,11 +166,8 @@ def check_tol(ours, ref, args, dout, tol):
 def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     """cuDNN would add the bias after the score_mod: these calls go to cuda_flash unforced,
     the bias, its gradient and the operands' gradients from the kernels."""
-    fn, make_ops = CASES[name]
-    kop = jax.random.fold_in(key, 1)
-    ops = {"relpos": lambda: (normal(kop, (1, 1, S, S)), 0.5),
-           "two_arrays": lambda: (CASES["alibi"][1](kop)[0], normal(kop, (2, 1, S, 1)))}.get(
-               name, lambda: make_ops(kop))()
+    fn = CASES[name][0]
+    ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
     bias = normal(jax.random.fold_in(key, 2), (1, HQ, S, S), jnp.bfloat16)
     info = flash_backend(q, k, v, fn, ops, bias, attn_bias_type=bias_type,
@@ -192,7 +178,7 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     ours = lambda q, k, v, b, *arr: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,
                                                          score_mod_operands=full(arr), **kw)
     ref = lambda q, k, v, b, *arr: ref_call(q, k, v, fn, full(arr), bias=b, **kw)[0]
-    check_tol(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, 3e-2)
+    check(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, tol=3e-2)
 
 
 @pytest.mark.parametrize("mask", [AttnMaskType.CAUSAL_MASK, AttnMaskType.PADDING_MASK,
@@ -208,7 +194,7 @@ def test_flash_kernels_with_masks_gqa_and_cross_lengths(key, mask, flash_forced)
                                                       attn_mask_type=mask)
     kw = dict(q_seqlens=lens[0], kv_seqlens=lens[1]) if mask.is_padding() else {}
     ref = lambda q, k, v, a, b: ref_call(q, k, v, fn, (a, b), attn_mask_type=mask, **kw)[0]
-    check_tol(ours, ref, (q, k, v, *ops), dout, 3e-2)
+    check(ours, ref, (q, k, v, *ops), dout, tol=3e-2)
 
 
 def test_flash_kernels_thd_segments(key, flash_forced):
@@ -218,7 +204,7 @@ def test_flash_kernels_thd_segments(key, flash_forced):
     ours, ref, arrs = thd_call(fn, AttnMaskType.PADDING_CAUSAL_MASK, ops)
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16, Sq=T, Skv=T)
     first = lambda f: lambda *a: f(*a)[0]
-    check_tol(first(ours), first(ref), (q, k, v, *arrs), dout, 3e-2)
+    check(first(ours), first(ref), (q, k, v, *arrs), dout, tol=3e-2)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
@@ -236,7 +222,7 @@ def test_flash_kernels_head_dim_256(key, dtype, flash_forced):
     ref = lambda q, k, v, a, b: ref_call(q, k, v, fn, (a, b),
                                          attn_mask_type=AttnMaskType.CAUSAL_MASK)[0]
     with jax.default_matmul_precision("highest"):
-        check_tol(ours, ref, (q, k, v, *ops), dout, FLASH_TOL[dtype])
+        check(ours, ref, (q, k, v, *ops), dout, tol=FLASH_TOL[dtype])
 
 
 def test_flash_operand_gradients_hold_no_score_matrix(key):

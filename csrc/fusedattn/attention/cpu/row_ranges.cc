@@ -50,18 +50,22 @@ RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile
         }
       }
     }
-    for (int64_t qt = 0; qt < r.n_qt; ++qt) {
-      int32_t lo = int32_t(p.seqlen_kv), hi = 0;
-      for (int64_t i = qt * tile; i < std::min(Sq, (qt + 1) * tile); ++i) {
-        if (r.lo[r.row(b, i)] >= r.hi[r.row(b, i)]) continue;
-        lo = std::min(lo, r.lo[r.row(b, i)]);
-        hi = std::max(hi, r.hi[r.row(b, i)]);
-      }
-      r.tile_lo[r.tile_index(b, qt)] = lo;
-      r.tile_hi[r.tile_index(b, qt)] = hi;
-    }
+    set_tile_unions(r, b, p.seqlen_kv);
   });
   return r;
+}
+
+void set_tile_unions(RowRanges& r, int64_t b, int64_t seqlen_kv) {
+  for (int64_t qt = 0; qt < r.n_qt; ++qt) {
+    int32_t lo = int32_t(seqlen_kv), hi = 0;
+    for (int64_t i = qt * r.tile; i < std::min(r.seqlen_q, (qt + 1) * r.tile); ++i) {
+      if (r.lo[r.row(b, i)] >= r.hi[r.row(b, i)]) continue;
+      lo = std::min(lo, r.lo[r.row(b, i)]);
+      hi = std::max(hi, r.hi[r.row(b, i)]);
+    }
+    r.tile_lo[r.tile_index(b, qt)] = lo;
+    r.tile_hi[r.tile_index(b, qt)] = hi;
+  }
 }
 
 }  // namespace fusedattn::cpu

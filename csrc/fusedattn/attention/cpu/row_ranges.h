@@ -31,4 +31,7 @@ struct RowRanges {
 // (mask.h); tile: query rows per tile of the kernel that will read the table.
 RowRanges build_row_ranges(const AttnParams& p, const SeqArgs& seq, int64_t tile);
 
+// Batch entry b's tile unions (tile_lo, tile_hi) from its rows' lo, hi.
+void set_tile_unions(RowRanges& r, int64_t b, int64_t seqlen_kv);
+
 }  // namespace fusedattn::cpu

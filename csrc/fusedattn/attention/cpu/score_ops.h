@@ -140,16 +140,7 @@ MaskTiles narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
       r.lo[row] = lo;
       r.hi[row] = std::max(lo, hi);
     }
-    for (int64_t qt = 0; qt < r.n_qt; ++qt) {
-      int32_t lo = int32_t(Skv), hi = 0;
-      for (int64_t i = qt * r.tile; i < std::min(Sq, (qt + 1) * r.tile); ++i) {
-        if (r.lo[r.row(b, i)] >= r.hi[r.row(b, i)]) continue;
-        lo = std::min(lo, r.lo[r.row(b, i)]);
-        hi = std::max(hi, r.hi[r.row(b, i)]);
-      }
-      r.tile_lo[r.tile_index(b, qt)] = lo;
-      r.tile_hi[r.tile_index(b, qt)] = hi;
-    }
+    set_tile_unions(r, b, Skv);
   }
   return mt;
 }
