@@ -7,7 +7,9 @@
 #      so a CUDA build break fails here without a GPU; FUSEDATTN_CUDA_CHECK=0 skips it;
 #   3. the GoogleTest suite (build/cpptests, reused between runs; ctest prints only failures
 #      and its summary);
-#   4. the pytest suite (extra arguments go to pytest; skips are listed with their reasons);
+#   4. the pytest suite, spread over one worker per core (pytest-xdist; FUSEDATTN_TEST_WORKERS
+#      sets the count, 0 runs it in this process; extra arguments go to pytest; skips are
+#      listed with their reasons);
 #   5. the sanitizer job (scripts/sanitize.sh: ctest and a pytest selection under ASan + UBSan;
 #      a report fails it; FUSEDATTN_SANITIZE=0 skips it).
 set -euo pipefail
@@ -42,7 +44,9 @@ step "C++ tests (build/cpptests, log: build/cpptests.log)"
    grep --line-buffered -v -e '^ *Start ' -e ' Passed ')
 
 step "Python tests"
-.venv/bin/python -m pytest tests/python -q -rs "$@"
+# Most of the suite's time is tracing and compiling, one core per process: two workers on the
+# 2-core CI machine take about half the time of one.
+.venv/bin/python -m pytest tests/python -q -rs -n "${FUSEDATTN_TEST_WORKERS:-auto}" --dist worksteal "$@"
 
 if [ "${FUSEDATTN_SANITIZE:-1}" != 0 ]; then
   step "sanitizer job (scripts/sanitize.sh)"
