@@ -3,7 +3,7 @@
 # its GPU tests (the file turns FUSEDATTN_FLASH_SCORE_MOD on), the flash kernels' existing
 # dropout / bias / context-parallel tests (the FULL variant and REQUEST_NO_DBIAS changed
 # under them), compute-sanitizer memcheck of score_mod calls on the flash kernels, and
-# `bench fallback --kinds alibi slopes` with the path on. Carry .whl/ (scripts/gpu_env.sh).
+# `bench fallback --kinds alibi slopes` (the path is on by default). Carry .whl/ (scripts/gpu_env.sh).
 #   OUT=... bash dev/cuda_flash/verify_score_mod.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,15 +15,26 @@ status=0
 scripts/gpu_shards.sh \
   "$SM -k 'flash_kernels_match and bf16'" "$SM -k 'flash_kernels_match and fp16'" \
   "$SM -k 'flash_kernels_match and f32'" "$SM -k 'not flash_kernels_match'" \
-  "$A/test_cuda_flash_gpu.py -k 'dropout or index or block or bias'" || status=1
+  "$A/test_cuda_flash_gpu.py -k 'dropout or index'" "$A/test_cuda_flash_gpu.py -k 'block or bias'" ||
+  status=1
 source scripts/gpu_env.sh
-export XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false
+timeout 240 "$PY" -m fusedattn bench fallback --kinds alibi slopes --out-dir "$OUT" \
+  > "$OUT/bench-fallback.log" 2>&1 || status=1
+# A/B: BASE=<dir with an older wheel> times the same rows with that library (no anchors).
+if [ -n "${BASE:-}" ]; then
+  rm -rf /tmp/fusedattn-base && "$PY" -m pip install -q --no-index --no-deps \
+    --target /tmp/fusedattn-base "$BASE"/fusedattn-*.whl &&
+  FUSEDATTN_FLASH_SCORE_MOD=1 PYTHONPATH=/tmp/fusedattn-base timeout 200 "$PY" -m fusedattn bench \
+    fallback --kinds alibi slopes --skip reference jax_xla jax_cudnn --out-dir "$OUT/base" \
+    > "$OUT/bench-fallback-base.log" 2>&1 || status=1
+  echo "base ($BASE):"; grep -E "^(alibi|slopes) " "$OUT/bench-fallback-base.log"
+fi
+echo "this tree:"; grep -E "^(case|alibi|slopes) " "$OUT/bench-fallback.log"
+# memcheck last (its own allocator setting: one cudaMalloc per buffer)
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-"$CS" --tool memcheck --error-exitcode 97 --log-file "$OUT/cs-memcheck-sm.log" \
+XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  "$CS" --tool memcheck --error-exitcode 97 --log-file "$OUT/cs-memcheck-sm.log" \
   "$PY" -m pytest -q -p no:cacheprovider "$SM" -k "(flash_kernels_match and f32 and (alibi or two_arrays)) or thd_segments and flash or with_a_bias and pre" \
   > "$OUT/cs-memcheck-sm.pytest.log" 2>&1 || status=1
 echo "memcheck score_mod: $(tail -1 "$OUT/cs-memcheck-sm.pytest.log"), $(grep -ho 'ERROR SUMMARY: [0-9]* error' "$OUT/cs-memcheck-sm.log" | tail -1)"
-FUSEDATTN_FLASH_SCORE_MOD=1 timeout 240 "$PY" -m fusedattn bench fallback --kinds alibi slopes \
-  > "$OUT/bench-fallback.log" 2>&1 || status=1
-tail -20 "$OUT/bench-fallback.log"
 exit $status

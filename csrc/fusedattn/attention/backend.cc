@@ -203,8 +203,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (!why_not.empty()) {
         std::string flash_no = flash_unsupported_reason(p, req, info);
         if (flash_no.empty() && sm_call && !opts.flash_score_mod)
-          flash_no = "their score_mod path is off until it has run its GPU tests "
-                     "(FUSEDATTN_FLASH_SCORE_MOD=1 turns it on)";
+          flash_no = "their score_mod path is off (FUSEDATTN_FLASH_SCORE_MOD=0)";
         if (flash_no.empty()) {
           choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDA_FLASH;
           choice.reason = "cuda_flash: fusedattn's CUDA flash kernels, O(S) memory (cuDNN "

@@ -18,7 +18,7 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   const char* hopper = env("FUSEDATTN_HOPPER_FWD");
   o.hopper_fwd = !hopper || std::strcmp(hopper, "0") != 0;
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
-  o.flash_score_mod = flash_sm && std::strcmp(flash_sm, "1") == 0;
+  o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
   const char* f32 = env("FUSEDATTN_F32_MATMUL");
   if (f32 && std::strcmp(f32, "tf32") == 0) o.f32_matmul = F32Matmul::kTf32;
   if (f32 && std::strcmp(f32, "float32") == 0) o.f32_matmul = F32Matmul::kExact;

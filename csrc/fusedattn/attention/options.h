@@ -7,15 +7,14 @@
 //                                   would take (softcap / ALiBi score_mod, head dim 128,
 //                                   sm_90) run cuDNN's forward graph instead. Any other
 //                                   value, or unset: the Hopper forward takes them.
-//   FUSEDATTN_FLASH_SCORE_MOD=1     flash_score_mod = true: the CUDA flash kernels take the
-//                                   score_mod calls cuDNN declines (a bias, a shard's
-//                                   index_base, a rejected graph): the program interpreted
-//                                   in their tiles, the operands' gradients in-kernel.
-//                                   Unset (or anything else): those calls run XLA's
-//                                   reference, as before. Off by default until the kernels'
-//                                   score_mod path has run its GPU tests
-//                                   (tests/python/score_mod/test_score_mod_gpu.py, which set
-//                                   it); it was compiled but not yet run on a GPU.
+//   FUSEDATTN_FLASH_SCORE_MOD=0     flash_score_mod = false: the score_mod calls cuDNN
+//                                   declines (a bias, a shard's index_base, a rejected
+//                                   graph, the operands' gradient taken) run XLA's reference
+//                                   (materialized scores) instead of the CUDA flash kernels
+//                                   (the program interpreted in their tiles, the operands'
+//                                   gradients in-kernel, O(S) memory). Any other value, or
+//                                   unset: the CUDA flash kernels take them
+//                                   (tests/python/score_mod/test_score_mod_gpu.py).
 //   FUSEDATTN_F32_MATMUL=tf32|float32
 //                                   f32_matmul: how the CUDA flash kernels multiply float32
 //                                   inputs, whatever the call asks. Unset (or anything
@@ -53,7 +52,7 @@ enum class F32Matmul : int32_t { kAsCalled = 0, kTf32 = 1, kExact = 2 };
 
 struct BackendOptions {
   bool hopper_fwd = true;
-  bool flash_score_mod = false;
+  bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;
   std::optional<int64_t> cudnn_plan;

@@ -78,9 +78,9 @@ TEST(SelectBackend, OtherScoreModsRunCudnn) {
   EXPECT_FALSE(has(c.reason, "Hopper")) << c.reason;
 }
 
-BackendOptions flash_score_mod() {
+BackendOptions flash_score_mod(bool on = true) {
   BackendOptions o;
-  o.flash_score_mod = true;
+  o.flash_score_mod = on;
   return o;
 }
 
@@ -94,12 +94,14 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
                                            flash_score_mod());
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "bias after the score_mod")) << c.reason;
-    // Off (the default until the GPU tests ran): XLA's reference, saying how to turn it on.
+    // The default is on; turned off, XLA's reference, saying why.
+    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{}),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     const BackendChoice off = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
-                                             BackendOptions{});
+                                             flash_score_mod(false));
     expect_kernels(off, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,
                    FA_BACKEND_XLA_REFERENCE);
-    EXPECT_TRUE(has(off.reason, "FUSEDATTN_FLASH_SCORE_MOD=1")) << off.reason;
+    EXPECT_TRUE(has(off.reason, "FUSEDATTN_FLASH_SCORE_MOD=0")) << off.reason;
     expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
                    FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
   }
@@ -110,7 +112,8 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
 }
 
 // A score_mod whose array operands' gradient the caller takes: cuDNN's backward computes
-// none, so the CUDA flash kernels take the call once their score_mod path is on.
+// none, so the CUDA flash kernels take the call while their score_mod path is on (the
+// default).
 TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
   BackendRequest req = with(ScoreModKind::kOther);
   req.score_mod_grads = true;
@@ -118,6 +121,8 @@ TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
   expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "gradient of the score_mod's operands")) << c.reason;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod(false));
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
   req.score_mod_grads = false;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
@@ -379,7 +384,7 @@ BackendOptions parse(const std::map<std::string, std::string>& env) {
 TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   const BackendOptions o = parse({});
   EXPECT_TRUE(o.hopper_fwd);
-  EXPECT_FALSE(o.flash_score_mod);
+  EXPECT_TRUE(o.flash_score_mod);
   EXPECT_EQ(o.cudnn_heur, CudnnHeur::kA);
   EXPECT_FALSE(o.cudnn_plan.has_value());
   EXPECT_FALSE(o.cudnn_engine.has_value());
@@ -388,10 +393,10 @@ TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   EXPECT_EQ(o.f32_matmul, F32Matmul::kAsCalled);
 }
 
-TEST(ParseBackendOptions, FlashScoreModOnlyWithOne) {
+TEST(ParseBackendOptions, FlashScoreModOffOnlyWithZero) {
   EXPECT_TRUE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "1"}}).flash_score_mod);
   EXPECT_FALSE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "0"}}).flash_score_mod);
-  EXPECT_FALSE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "yes"}}).flash_score_mod);
+  EXPECT_TRUE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "yes"}}).flash_score_mod);
 }
 
 TEST(ParseBackendOptions, Float32MatmulFollowsTheCallUnlessForced) {

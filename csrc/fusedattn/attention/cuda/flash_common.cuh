@@ -168,55 +168,105 @@ static __device__ __noinline__ void sm_sums_flush(SmGradSums& g) {
     if (g.at[k]) atomicAdd(g.at[k], g.sum[k]), g.at[k] = nullptr, g.sum[k] = 0.0f;
 }
 
-// The program's inputs for query i, key j (local tokens) into regs: score, batch, head, the
-// q and kv positions in the row's sequence, the operands' elements, ds; operand k's
-// element index (into this slice's operands and their gradients) into idx[k].
-__device__ __forceinline__ void sm_inputs(const SmHead& x, int64_t i, int64_t j, float s, float ds, float* regs,
-                                          int64_t* idx) {
+// Four elements of a thread's tile at once (one mma n-tile fragment): the interpreter
+// decodes each instruction once for the four, its scratch moves as float4 (one local load
+// or store for four values) and the four evaluations' latencies overlap, where one call
+// per element serialized them. Element e: query i[e], key j[e] (local tokens), its score
+// s[e] and ds[e] (bwd / grad programs); bit e of live: evaluated (the others get zero
+// inputs, their results unused: a masked key's operand element is never read).
+struct Sm4 {
+  int64_t i[4], j[4];
+  float s[4], ds[4];
+  uint32_t live;
+};
+
+__device__ __forceinline__ float& lane4(float4& v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ float lane4(const float4& v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+
+// The program's inputs for the four elements into regs: score, batch, head, the q and kv
+// positions in the row's sequence, the operands' elements, ds; operand k's element index
+// (into this slice's operands and their gradients) of element e into idx[k][e].
+__device__ __forceinline__ void sm_inputs4(const SmHead& x, const Sm4& q, float4* regs,
+                                           int64_t (*idx)[4]) {
   const DeviceScoreMod& sm = *x.prog;
-  const RowInfo ri = x.rows[i];
-  const int64_t qi = global_token(x.q, i) - ri.q_base, kj = global_token(x.kv, j) - ri.kv_base;
-  regs[0] = s;
-  regs[1] = x.b_in;
-  regs[2] = x.h_in;
-  regs[3] = float(qi);
-  regs[4] = float(kj);
-  const int64_t oi = x.local_ops ? i : qi, oj = x.local_ops ? j : kj;
-  for (int k = 0; k < sm.n_operands; ++k) {
-    idx[k] = operand_element(sm, k, x.b, x.h, oi, oj);
-    regs[kScoreModIndexInputs + k] = x.ops[idx[k]];
+  const int n_in = kScoreModIndexInputs + sm.n_operands + 1;
+  for (int r = 0; r < n_in; ++r) regs[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (!((q.live >> e) & 1u)) continue;
+    const int64_t i = q.i[e], j = q.j[e];
+    const RowInfo ri = x.rows[i];
+    const int64_t qi = global_token(x.q, i) - ri.q_base, kj = global_token(x.kv, j) - ri.kv_base;
+    lane4(regs[0], e) = q.s[e];
+    lane4(regs[1], e) = x.b_in;
+    lane4(regs[2], e) = x.h_in;
+    lane4(regs[3], e) = float(qi);
+    lane4(regs[4], e) = float(kj);
+    const int64_t oi = x.local_ops ? i : qi, oj = x.local_ops ? j : kj;
+    for (int k = 0; k < sm.n_operands; ++k) {
+      idx[k][e] = operand_element(sm, k, x.b, x.h, oi, oj);
+      lane4(regs[kScoreModIndexInputs + k], e) = x.ops[idx[k][e]];
+    }
+    lane4(regs[kScoreModIndexInputs + sm.n_operands], e) = q.ds[e];
   }
-  regs[kScoreModIndexInputs + sm.n_operands] = ds;
 }
 
-// fn(s) for query i, key j (a kept key).
-static __device__ __noinline__ float sm_forward(const SmHead& x, int64_t i, int64_t j, float s) {
-  float regs[kDevMaxRegs];
-  int64_t idx[kMaxScoreModOperands];
-  sm_inputs(x, i, j, s, 0.0f, regs, idx);
-  return eval_program_regs(*x.prog, x.prog->fwd, regs);
+// eval_program_regs (device_program.h) over four elements: regs[n_inputs, n_regs()).
+__device__ __forceinline__ float4 eval_program4(const DeviceScoreMod& sm, const DeviceProgram& prog,
+                                                float4* regs) {
+  const DeviceInstr* code = sm.instr + prog.start;
+  float4* out = regs + prog.n_inputs;
+  for (int32_t i = 0; i < prog.n_instr; ++i) {
+    const DeviceInstr ins = code[i];
+    float4 x;
+    if (ins.op == SM_CONST) {
+      const float k = sm.consts[ins.a];
+      x = make_float4(k, k, k, k);
+    } else {
+      x = regs[ins.a];
+    }
+    const float4 y = regs[ins.b], z = regs[ins.c];
+    out[i] = make_float4(score_mod_op(ins.op, x.x, y.x, z.x), score_mod_op(ins.op, x.y, y.y, z.y),
+                         score_mod_op(ins.op, x.z, y.z, z.z), score_mod_op(ins.op, x.w, y.w, z.w));
+  }
+  return regs[prog.out_reg];
 }
 
-// ds (of the modified score, != 0) -> ds of the raw score s_raw; each operand's gradient
-// joins g (when x.dops).
-static __device__ __noinline__ float sm_backward(const SmHead& x, int64_t i, int64_t j, float s_raw, float ds,
-                                          SmGradSums& g) {
-  float regs[kDevMaxRegs];
-  int64_t idx[kMaxScoreModOperands];
-  sm_inputs(x, i, j, s_raw, ds, regs, idx);
+// fn(s) of the four elements (the live ones' results are meaningful).
+static __device__ __noinline__ float4 sm_forward4(const SmHead& x, const Sm4& q) {
+  float4 regs[kDevMaxRegs];
+  int64_t idx[kMaxScoreModOperands][4];
+  sm_inputs4(x, q, regs, idx);
+  return eval_program4(*x.prog, x.prog->fwd, regs);
+}
+
+// ds (of the modified score; the live elements', != 0) -> ds of the raw score s; each
+// operand's gradient of a live element joins g (when x.dops), in element order.
+static __device__ __noinline__ float4 sm_backward4(const SmHead& x, const Sm4& q, SmGradSums& g) {
+  float4 regs[kDevMaxRegs];
+  int64_t idx[kMaxScoreModOperands][4];
+  sm_inputs4(x, q, regs, idx);
   const DeviceScoreMod& sm = *x.prog;
   if (x.dops) {
     for (int k = 0; k < sm.n_operands; ++k) {
-      const float d = eval_program_regs(sm, sm.grad[k], regs);
-      float* at = x.dops + idx[k];
-      if (g.at[k] != at) {
-        if (g.at[k]) atomicAdd(g.at[k], g.sum[k]);
-        g.at[k] = at, g.sum[k] = 0.0f;
+      float4 d = eval_program4(sm, sm.grad[k], regs);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!((q.live >> e) & 1u)) continue;
+        float* at = x.dops + idx[k][e];
+        if (g.at[k] != at) {
+          if (g.at[k]) atomicAdd(g.at[k], g.sum[k]);
+          g.at[k] = at, g.sum[k] = 0.0f;
+        }
+        g.sum[k] += lane4(d, e);
       }
-      g.sum[k] += d;
     }
   }
-  return eval_program_regs(sm, sm.bwd, regs);
+  return eval_program4(sm, sm.bwd, regs);
 }
 
 template <class T>
@@ -294,47 +344,110 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
                                              const float* dl_rows, const T* bq, float* dbq, int64_t bs,
                                              bool drop_on, float inv_keep, uint32_t zbits,
                                              const SmHead& sm, int64_t q0, SmGradSums& sums) {
+  if constexpr (!SM) {  // one element at a time (the kernels' codegen as before score_mod)
 #pragma unroll
-  for (int n = 0; n < NH; ++n) {
+    for (int n = 0; n < NH; ++n) {
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {
-      const int col = col0 + 8 * n + 2 * t + cc;
-      const float lse = lse_rows[col], dl = dl_rows[col];
-      const bool live = lse != -kInf && lse != kInf;
-      const int2 kr = kept[col];
+      for (int cc = 0; cc < 2; ++cc) {
+        const int col = col0 + 8 * n + 2 * t + cc;
+        const float lse = lse_rows[col], dl = dl_rows[col];
+        const bool live = lse != -kInf && lse != kInf;
+        const int2 kr = kept[col];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int e = 2 * r + cc, j = j0 + 8 * r;
-        float pt = 0.0f, ds = 0.0f;
-        if (live && j >= kr.x && j < kr.y) {
-          float s = st[n][e] * c.p.scale;
-          float bv = 0.0f;
-          if (bq) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
-          const float s_raw = s;
-          if constexpr (SM) s = sm_forward(sm, q0 + col, j, s);
-          const float pr = mma::exp_approx(s - lse);
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + cc, j = j0 + 8 * r;
+          float pt = 0.0f, ds = 0.0f;
+          if (live && j >= kr.x && j < kr.y) {
+            float s = st[n][e] * c.p.scale;
+            float bv = 0.0f;
+            if (bq) bv = to_f(bq[cc * bs + 8 * r]), s += c.bmul * bv;
+            const float pr = mma::exp_approx(s - lse);
+            const float dp = dpt[n][e];
+            if (drop_on) {
+              const float z = (zbits >> (4 * n + e)) & 1u ? inv_keep : 0.0f;
+              pt = z != 0.0f ? z * pr : 0.0f;
+              ds = pr * (z * dp - dl);
+            } else {
+              pt = pr;
+              ds = pr * (dp - dl);
+            }
+            if (bq && bv == -kInf && lse == lse) pt = ds = 0.0f;
+            if (dbq) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
+          }
+          st[n][e] = pt;
+          dpt[n][e] = ds;
+        }
+      }
+      if (bq) bq += 8 * bs;
+      if (dbq) dbq += 8 * bs;
+    }
+  } else {  // SM: the n-tile's four elements through the programs at once (Sm4)
+#pragma unroll
+    for (int n = 0; n < NH; ++n) {
+      // Element e = 2 r + cc: query col0 + 8 n + 2 t + cc, key j0 + 8 r.
+      float s[4], s_raw[4], lse[4], dl[4], bv[4];
+      bool keep[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int cc = e & 1, r = e >> 1;
+        const int col = col0 + 8 * n + 2 * t + cc, j = j0 + 8 * r;
+        lse[e] = lse_rows[col], dl[e] = dl_rows[col];
+        const int2 kr = kept[col];
+        keep[e] = lse[e] != -kInf && lse[e] != kInf && j >= kr.x && j < kr.y;
+        s[e] = st[n][e] * c.p.scale;
+        bv[e] = 0.0f;
+        if (bq && keep[e]) bv[e] = to_f(bq[cc * bs + 8 * r]), s[e] += c.bmul * bv[e];
+        s_raw[e] = s[e];
+      }
+      Sm4 q;
+      q.live = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
+        q.s[e] = s_raw[e], q.live |= uint32_t(keep[e]) << e;
+      }
+      if (q.live) {
+        const float4 f = sm_forward4(sm, q);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[e] = lane4(f, e);
+      }
+      float pt[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pt[e] = ds[e] = 0.0f;
+        if (keep[e]) {
+          const float pr = mma::exp_approx(s[e] - lse[e]);
           const float dp = dpt[n][e];
           if (drop_on) {
             const float z = (zbits >> (4 * n + e)) & 1u ? inv_keep : 0.0f;
-            pt = z != 0.0f ? z * pr : 0.0f;
-            ds = pr * (z * dp - dl);
+            pt[e] = z != 0.0f ? z * pr : 0.0f;
+            ds[e] = pr * (z * dp - dl[e]);
           } else {
-            pt = pr;
-            ds = pr * (dp - dl);
+            pt[e] = pr;
+            ds[e] = pr * (dp - dl[e]);
           }
-          if (bq && bv == -kInf && lse == lse) pt = ds = 0.0f;
-          if constexpr (SM) {
-            if (s == -kInf && lse == lse) pt = ds = 0.0f;
-            if (ds != 0.0f) ds = sm_backward(sm, q0 + col, j, s_raw, ds, sums);
-          }
-          if (dbq) atomicAdd(dbq + cc * bs + 8 * r, c.bmul * ds);
+          if (bq && bv[e] == -kInf && lse[e] == lse[e]) pt[e] = ds[e] = 0.0f;
+          if (s[e] == -kInf && lse[e] == lse[e]) pt[e] = ds[e] = 0.0f;
         }
-        st[n][e] = pt;
-        dpt[n][e] = ds;
       }
+      q.live = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q.ds[e] = ds[e], q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
+      if (q.live) {
+        const float4 d = sm_backward4(sm, q, sums);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if ((q.live >> e) & 1u) ds[e] = lane4(d, e);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (dbq && keep[e]) atomicAdd(dbq + (e & 1) * bs + 8 * (e >> 1), c.bmul * ds[e]);
+        st[n][e] = pt[e];
+        dpt[n][e] = ds[e];
+      }
+      if (bq) bq += 8 * bs;
+      if (dbq) dbq += 8 * bs;
     }
-    if (bq) bq += 8 * bs;
-    if (dbq) dbq += 8 * bs;
   }
 }
 

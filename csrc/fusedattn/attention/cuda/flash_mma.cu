@@ -88,17 +88,34 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
   } else {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
+      bool keep[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1, j = jt + 8 * n + (e & 1);
-        const bool keep = j >= R.ri[r].lo && j < R.ri[r].hi;
-        float x = s[n][e] * scale;
-        if (bias && keep) x += c.bmul * to_f(bias[R.row[r] * c.a.bias_s + j]);
-        if constexpr (FULL)
-          if (sm.prog && keep) x = sm_forward(sm, R.row[r], j, x);
-        x = keep ? x : -kInf;  // a masked key's NaN does not count
-        s[n][e] = x;
-        rmax[r] = max_nan(rmax[r], x);
+        keep[e] = j >= R.ri[r].lo && j < R.ri[r].hi;
+        s[n][e] *= scale;
+        if (bias && keep[e]) s[n][e] += c.bmul * to_f(bias[R.row[r] * c.a.bias_s + j]);
+      }
+      if constexpr (FULL) {
+        if (sm.prog) {  // the n-tile's four scores through the program at once
+          Sm4 q;
+          q.live = 0;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            q.i[e] = R.row[e >> 1], q.j[e] = jt + 8 * n + (e & 1), q.s[e] = s[n][e];
+            q.live |= uint32_t(keep[e]) << e;
+          }
+          if (q.live) {
+            const float4 f = sm_forward4(sm, q);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = lane4(f, e);
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = keep[e] ? s[n][e] : -kInf;  // a masked key's NaN does not count
+        rmax[e >> 1] = max_nan(rmax[e >> 1], s[n][e]);
       }
     }
   }
