@@ -13,7 +13,7 @@
 //   kDevMaxRegs   128   per program: n_inputs + n_instr (the scratch a thread holds)
 //   kDevMaxInstr  1024  all programs' instructions together (fwd, bwd, every grad)
 //   kDevMaxConsts 128   distinct constants of all programs together
-// sizeof(DeviceScoreMod) is 5560 bytes (static_assert below): well under the 32764
+// sizeof(DeviceScoreMod) is 5576 bytes (static_assert below): well under the 32764
 // bytes of kernel parameters CUDA 12.1+ allows on sm_70+.
 //
 // Semantics: eval_program_element computes what eval_score_mod (program.cc) computes,
@@ -62,8 +62,22 @@ struct DeviceProgram {
   FA_HOST_DEVICE int32_t n_regs() const { return n_inputs + n_instr; }
 };
 
+// Program families the kernels run as compiled code instead of interpreting them:
+// pack_device_score_mod sets DeviceScoreMod::form when the forward program matches the
+// family (program.h's match_softcap / match_alibi) and its backward and gradient programs
+// compute the family's derivatives (checked on probe inputs: a custom score_mod_bprop that
+// differs keeps the interpreter).
+//   kDevFormSoftcap  fn(s) = form_a * tanh(form_b * s); ds_raw = ds * a * b * (1 - tanh^2)
+//   kDevFormAlibi    fn(s) = s + form_a * slope * d, d = kv - q (|kv - q| with form_abs),
+//                    slope = operand 0 ([1, Hq | 1, 1, 1]), form_a = +-1; ds_raw = ds,
+//                    d slope = sum of ds * form_a * d
+enum : int32_t { kDevFormNone = 0, kDevFormSoftcap = 1, kDevFormAlibi = 2 };
+
 struct DeviceScoreMod {
   int32_t n_operands = 0;
+  int32_t form = kDevFormNone;
+  float form_a = 0.0f, form_b = 0.0f;
+  int32_t form_abs = 0;
   int32_t n_instr = 0;   // of the pool in use
   int32_t n_consts = 0;  // of the pool in use
   int32_t max_regs = 0;  // the largest n_regs() of the programs: the scratch a thread needs
@@ -74,7 +88,7 @@ struct DeviceScoreMod {
   DeviceInstr instr[kDevMaxInstr] = {};
   float consts[kDevMaxConsts] = {};
 };
-static_assert(sizeof(DeviceScoreMod) == 5560, "update the size in the comment above");
+static_assert(sizeof(DeviceScoreMod) == 5576, "update the size in the comment above");
 static_assert(sizeof(DeviceScoreMod) <= 16384, "a kernel parameter: keep it small");
 
 // The element of operand k read at (b, h, q, kv) (broadcast over its size-1 dims), as an

@@ -2,6 +2,7 @@
 #include "fusedattn/score_mod/device_program_host.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -17,6 +18,56 @@ uint32_t bits_of(float f) {
 
 std::string program_name(int k) {  // k: -2 forward, -1 backward, else operand k's gradient
   return k == -2 ? "forward" : k == -1 ? "backward" : "operand " + std::to_string(k) + " gradient";
+}
+
+// Whether got is expected up to float32 rounding of a few operations (the traced
+// derivative multiplies in its own order); a different derivative is off by far more.
+bool near(float got, float expected, float scale) {
+  return std::fabs(got - expected) <= 1e-5f * (std::fabs(expected) + scale) + 1e-30f;
+}
+
+// DeviceScoreMod::form: the forward matches a family and, on probe inputs, the packed
+// backward and gradient programs give the family's derivatives.
+void set_closed_form(const ScoreMod& sm, DeviceScoreMod* out) {
+  out->form = kDevFormNone, out->form_a = out->form_b = 0.0f, out->form_abs = 0;
+  float k1 = 0.0f, k2 = 0.0f;
+  AlibiForm alibi;
+  int32_t form = kDevFormNone;
+  if (sm.n_operands == 0 && match_softcap(sm.fwd, &k1, &k2))
+    form = kDevFormSoftcap;
+  else if (match_alibi(sm, &alibi))
+    form = kDevFormAlibi;
+  if (form == kDevFormNone) return;
+  const float scores[] = {-9.75f, -2.5f, -0.3125f, 0.0f, 0.4375f, 1.75f, 11.5f};
+  const float positions[][2] = {{0.0f, 0.0f}, {3.0f, 17.0f}, {17.0f, 5.0f}, {250.0f, 4.0f}};
+  const float slopes[] = {-0.375f, 0.0625f}, dss[] = {1.5f, -0.6875f};
+  float in[kDevMaxInputs] = {}, regs[kDevMaxRegs];
+  for (float s : scores)
+    for (const auto& qk : positions)
+      for (float slope : slopes)
+        for (float ds : dss) {
+          in[0] = s, in[3] = qk[0], in[4] = qk[1];
+          in[kScoreModIndexInputs] = slope;
+          in[kScoreModIndexInputs + sm.n_operands] = ds;
+          float fwd, bwd, grad = 0.0f, scale;
+          if (form == kDevFormSoftcap) {
+            const float t = fast_tanh(k2 * s);
+            fwd = k1 * t, bwd = ds * k1 * k2 * (1.0f - t * t), scale = std::fabs(ds * k1 * k2);
+          } else {
+            const float d = alibi.abs ? std::fabs(qk[1] - qk[0]) : qk[1] - qk[0];
+            fwd = s + alibi.sign * slope * d, bwd = ds, grad = ds * alibi.sign * d;
+            scale = std::fabs(s) + std::fabs(slope * d) + std::fabs(ds * d);
+          }
+          if (!near(eval_program_element(*out, out->fwd, in, regs), fwd, scale) ||
+              !near(eval_program_element(*out, out->bwd, in, regs), bwd, scale) ||
+              (form == kDevFormAlibi &&
+               !near(eval_program_element(*out, out->grad[0], in, regs), grad, scale)))
+            return;
+        }
+  out->form = form;
+  out->form_a = form == kDevFormSoftcap ? k1 : alibi.sign;
+  out->form_b = k2;
+  out->form_abs = alibi.abs ? 1 : 0;
 }
 
 }  // namespace
@@ -96,6 +147,7 @@ Status pack_device_score_mod(const ScoreMod& sm, DeviceScoreMod* out) {
   for (int32_t i = pos; i < kDevMaxInstr; ++i) out->instr[i] = DeviceInstr{0, 0, 0, 0};
   out->n_instr = pos;
   out->max_regs = max_regs;
+  set_closed_form(sm, out);
   return Status::Ok();
 }
 

@@ -273,6 +273,45 @@ TEST(DeviceProgram, PacksTheLayout) {
   EXPECT_EQ(dev->shape[3][0], 0);
 }
 
+// The closed forms the kernels run compiled (DeviceScoreMod::form): softcap and ALiBi when
+// the backward and gradient programs are the family's derivatives; a custom derivative
+// (score_mod_bprop) that differs keeps the interpreter.
+int32_t form_of(const std::vector<int32_t>& attr, DeviceScoreMod* dev) {
+  ScoreMod sm;
+  EXPECT_TRUE(decode_score_mod(attr.data(), int64_t(attr.size()), kExt, &sm).ok());
+  EXPECT_TRUE(pack_device_score_mod(sm, dev).ok());
+  return dev->form;
+}
+
+TEST(DeviceProgram, ClosedFormsOnlyWithTheirDerivatives) {
+  auto dev = std::make_unique<DeviceScoreMod>();
+  // 50 tanh(s / 50); ds (1 - t^2) (ds: register 5)
+  const auto cap = program(5, {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 5, 0}, {SM_TANH, 6, 0, 0},
+                               {SM_MUL, 7, 5, 0}}, {50.0f});
+  const auto dcap = program(6, {{SM_CONST, 0, 0, 0}, {SM_DIV, 0, 6, 0}, {SM_TANH, 7, 0, 0},
+                                {SM_MUL, 8, 8, 0}, {SM_CONST, 1, 0, 0}, {SM_SUB, 10, 9, 0},
+                                {SM_MUL, 5, 11, 0}}, {50.0f, 1.0f});
+  EXPECT_EQ(form_of(attr_of({}, {cap, dcap}), dev.get()), kDevFormSoftcap);
+  EXPECT_EQ(dev->form_a, 50.0f);
+  EXPECT_FLOAT_EQ(dev->form_b, 0.02f);
+  const auto straight = program(6, {{SM_NEG, 5, 0, 0}}, {}, 5);  // ds itself
+  EXPECT_EQ(form_of(attr_of({}, {cap, straight}), dev.get()), kDevFormNone);
+  // s - slopes * (q - kv); ds; -ds (q - kv) (slopes: register 5, ds: 6)
+  const auto alibi = program(6, {{SM_SUB, 3, 4, 0}, {SM_MUL, 5, 6, 0}, {SM_SUB, 0, 7, 0}}, {});
+  const auto ident = program(7, {{SM_NEG, 6, 0, 0}}, {}, 6);
+  const auto dslope = program(7, {{SM_SUB, 3, 4, 0}, {SM_MUL, 6, 7, 0}, {SM_NEG, 8, 0, 0}}, {});
+  EXPECT_EQ(form_of(attr_of({{1, 4, 1, 1}}, {alibi, ident, dslope}), dev.get()), kDevFormAlibi);
+  EXPECT_EQ(dev->form_a, 1.0f);
+  EXPECT_EQ(dev->form_abs, 0);
+  const auto wrong = program(7, {{SM_SUB, 3, 4, 0}, {SM_MUL, 6, 7, 0}}, {});  // sign lost
+  EXPECT_EQ(form_of(attr_of({{1, 4, 1, 1}}, {alibi, ident, wrong}), dev.get()), kDevFormNone);
+  const auto twice = program(7, {{SM_ADD, 6, 6, 0}}, {});
+  EXPECT_EQ(form_of(attr_of({{1, 4, 1, 1}}, {alibi, twice, dslope}), dev.get()), kDevFormNone);
+  // Neither family: the interpreter.
+  EXPECT_EQ(form_of(attr_of({}, {program(5, {{SM_NEG, 0, 0, 0}}, {}), straight}), dev.get()),
+            kDevFormNone);
+}
+
 // Limits: a program's registers, the instruction pool, the constant pool; at the limit
 // it packs.
 std::vector<std::vector<int32_t>> negs(int32_t n_inputs, int n) {

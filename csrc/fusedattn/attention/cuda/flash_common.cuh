@@ -124,6 +124,12 @@ struct SmHead {
   float b_in = 0.0f, h_in = 0.0f;        // global: the program's inputs
   StripeMap q{0, 1, 1}, kv{0, 1, 1};
   bool local_ops = false;  // a BSHD block: operands indexed by local tokens
+  // The program's closed form (DeviceScoreMod::form), run as compiled code: softcap's
+  // a, b; ALiBi's sign * slope of this head (a) and its gradient's element (dslope).
+  int32_t form = kDevFormNone;
+  float fa = 0.0f, fb = 0.0f;
+  bool fabs_d = false;
+  float* dslope = nullptr;
 };
 
 __device__ __forceinline__ SmHead sm_head(const Call& c, int64_t bb, int64_t hh) {
@@ -148,6 +154,16 @@ __device__ __forceinline__ SmHead sm_head(const Call& c, int64_t bb, int64_t hh)
   }
   x.b_in = float(x.b + gb);
   x.h_in = float(hh + gh);
+  x.form = c.sm->form;
+  if (x.form == kDevFormSoftcap) {
+    x.fa = c.sm->form_a, x.fb = c.sm->form_b;
+  } else if (x.form == kDevFormAlibi) {
+    const int64_t at = operand_element(*c.sm, 0, x.b, x.h, 0, 0);
+    x.fa = c.sm->form_a * x.ops[at];
+    x.fb = c.sm->form_a;
+    x.fabs_d = c.sm->form_abs != 0;
+    x.dslope = x.dops ? x.dops + at : nullptr;
+  }
   return x;
 }
 
@@ -234,6 +250,58 @@ __device__ __forceinline__ float4 eval_program4(const DeviceScoreMod& sm, const 
                          score_mod_op(ins.op, x.z, y.z, z.z), score_mod_op(ins.op, x.w, y.w, z.w));
   }
   return regs[prog.out_reg];
+}
+
+// ALiBi's distance of query i, key j (local tokens): kv - q in the row's sequence (|kv - q|).
+__device__ __forceinline__ float sm_alibi_d(const SmHead& x, int64_t i, int64_t j) {
+  const RowInfo ri = x.rows[i];
+  const float d = float(global_token(x.kv, j) - ri.kv_base) - float(global_token(x.q, i) - ri.q_base);
+  return x.fabs_d ? fabsf(d) : d;
+}
+
+// fn(s) of the live elements by the program's closed form, inline (true), or false: it has
+// none (the interpreter runs it). Results as eval_program's up to float32 rounding.
+__device__ __forceinline__ bool sm_closed_forward(const SmHead& x, Sm4& q) {
+  if (x.form == kDevFormSoftcap) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q.s[e] = x.fa * fast_tanh(x.fb * q.s[e]);
+    return true;
+  }
+  if (x.form == kDevFormAlibi) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if ((q.live >> e) & 1u) q.s[e] += x.fa * sm_alibi_d(x, q.i[e], q.j[e]);
+    return true;
+  }
+  return false;
+}
+
+// The backward by the closed form: q.s the raw scores, q.ds the modified ones' ds (live
+// elements) -> ds of the raw scores in q.ds; ALiBi's slope gradient joins g (operand 0).
+__device__ __forceinline__ bool sm_closed_backward(const SmHead& x, Sm4& q, SmGradSums& g) {
+  if (x.form == kDevFormSoftcap) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float t = fast_tanh(x.fb * q.s[e]);
+      q.ds[e] = q.ds[e] * x.fa * x.fb * (1.0f - t * t);
+    }
+    return true;
+  }
+  if (x.form == kDevFormAlibi) {
+    if (x.dslope) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if ((q.live >> e) & 1u) sum += q.ds[e] * x.fb * sm_alibi_d(x, q.i[e], q.j[e]);
+      if (g.at[0] != x.dslope) {
+        if (g.at[0]) atomicAdd(g.at[0], g.sum[0]);
+        g.at[0] = x.dslope, g.sum[0] = 0.0f;
+      }
+      g.sum[0] += sum;
+    }
+    return true;
+  }
+  return false;
 }
 
 // fn(s) of the four elements (the live ones' results are meaningful).
@@ -407,9 +475,15 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
         q.s[e] = s_raw[e], q.live |= uint32_t(keep[e]) << e;
       }
       if (q.live) {
-        const float4 f = sm_forward4(sm, q);
+        Sm4 f = q;
+        if (sm_closed_forward(sm, f)) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[e] = lane4(f, e);
+          for (int e = 0; e < 4; ++e) s[e] = f.s[e];
+        } else {
+          const float4 r = sm_forward4(sm, q);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[e] = lane4(r, e);
+        }
       }
       float pt[4], ds[4];
 #pragma unroll
@@ -434,10 +508,16 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
 #pragma unroll
       for (int e = 0; e < 4; ++e) q.ds[e] = ds[e], q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
       if (q.live) {
-        const float4 d = sm_backward4(sm, q, sums);
+        if (sm_closed_backward(sm, q, sums)) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if ((q.live >> e) & 1u) ds[e] = lane4(d, e);
+          for (int e = 0; e < 4; ++e)
+            if ((q.live >> e) & 1u) ds[e] = q.ds[e];
+        } else {
+          const float4 d = sm_backward4(sm, q, sums);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if ((q.live >> e) & 1u) ds[e] = lane4(d, e);
+        }
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

@@ -105,7 +105,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
             q.i[e] = R.row[e >> 1], q.j[e] = jt + 8 * n + (e & 1), q.s[e] = s[n][e];
             q.live |= uint32_t(keep[e]) << e;
           }
-          if (q.live) {
+          if (q.live && sm_closed_forward(sm, q)) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = q.s[e];
+          } else if (q.live) {
             const float4 f = sm_forward4(sm, q);
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = lane4(f, e);

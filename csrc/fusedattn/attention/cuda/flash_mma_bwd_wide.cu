@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
       if (dbias_acc && oc == 0)
         dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
       SmHead sm = sm_head(c, b, h);
-      if (oc != 0) sm.dops = nullptr;  // chunk 0 adds the operands' gradients (as dbias)
+      if (oc != 0) sm.dops = nullptr, sm.dslope = nullptr;  // chunk 0 adds the operands' gradients (as dbias)
       bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
                           dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH),
                           sm, q0, sums);
