@@ -21,7 +21,7 @@ from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 __all__ = ["get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
 
-def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
+def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, flags=0):
     if _platform_code(platform) == _lib.PLATFORM_CPU:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
@@ -29,12 +29,12 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit):
     d = call.dims
     sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
     key = _sm_key(sm)
-    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit)
+    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
     if choice.name != "cudnn":
         return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
     if _has_gpu():  # the graphs themselves are asked
         name, reason, _ = _gpu_choice(_fields(call.params), False, want_max_logit, training,
-                                      key)
+                                      key, flags)
         if name != "cudnn":
             return BackendInfo(name, name in _FUSED_BACKENDS, reason)
         return BackendInfo(name, True, choice.reason, choice.forward, choice.backward)
@@ -106,10 +106,15 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 return_max_logit=False,
                 platform: str | None = None,
                 score_mod=None,
-                score_mod_operands=()) -> BackendInfo:
+                score_mod_operands=(),
+                score_mod_grads=False) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
-    score_mod / score_mod_operands: as fused_attn's (on the GPU, a score_mod with a bias
-    runs XLA's reference; otherwise cuDNN's graph, when it builds).
+    score_mod / score_mod_operands: as fused_attn's (on the GPU: cuDNN's graph, where it
+    builds and no bias comes with the score_mod; else fusedattn's CUDA flash kernels).
+    score_mod_grads: the caller takes the gradient of the score_mod's array operands (a
+    learnable ALiBi slope; fused_attn learns it from the jvp rule, so a call can only say
+    it here): with is_training, the GPU answer is then the CUDA flash kernels' (cuDNN
+    computes no operand gradient).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
     jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
@@ -127,8 +132,9 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
     if score_mod is not None:
+        flags = _lib.REQUEST_SCORE_MOD_GRADS if score_mod_grads and is_training else 0
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
-                                  bool(is_training), bool(return_max_logit))
+                                  bool(is_training), bool(return_max_logit), flags)
     if not return_max_logit:
         served, reason = _small_seq_route(call.params, qkv, call.sequence_descriptor,
                                           platform)

@@ -18,10 +18,9 @@ the same run, forward and forward+backward (gradients of q, k, v):
            materialized scores and vs jax's cuDNN with the bias alone (the nearest call it
            serves: cuDNN would add the bias after the score_mod)
   slopes   the same score_mod without the bias, forward+backward taking the slopes'
-           gradient too (cuDNN computes none: XLA's reference vjp gives it unless the CUDA
-           flash kernels' score_mod path is on, FUSEDATTN_FLASH_SCORE_MOD=1, which routes the
-           call there; the backend column is get_backend's, which does not know that the
-           slopes' gradient is taken) vs XLA and vs jax's cuDNN on the plain causal call
+           gradient too (cuDNN computes none: the CUDA flash kernels run that call, or
+           with FUSEDATTN_FLASH_SCORE_MOD=0 cuDNN and XLA's reference vjp over the
+           materialized scores) vs XLA and vs jax's cuDNN on the plain causal call
 Every row also has the reference anchor: fusedattn.attention_reference under jit, what
 fused_attn ran before (the score_mod row: the same, with the fn over the scores).
 ratio = anchor time / fusedattn time (> 1: fusedattn is faster). Without a GPU the same
@@ -145,8 +144,9 @@ def _fwd_bwd(f, n: int):
 
 
 def _backend(c, q, bias, bias_type, sm, training):
+    grads = dict(score_mod_grads=True) if c["kind"] == "slopes" else {}
     info = fusedattn.get_backend((q, q, q), bias, None, None, attn_bias_type=bias_type,
-                                 attn_mask_type=CAUSAL, is_training=training, **sm)
+                                 attn_mask_type=CAUSAL, is_training=training, **sm, **grads)
     return info.name if info.forward == info.backward else f"{info.forward}/{info.backward}"
 
 

@@ -299,6 +299,11 @@ def test_get_backend_names_the_score_mod_path():
     x = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
     info = fusedattn.get_backend((x, x, x), score_mod=softcap, platform="cpu")
     assert (info.name, info.fused) == ("cpu_flash", True), info
+    # the CPU engine computes the operands' gradient in-kernel too
+    slopes = jnp.ones((1, 2, 1, 1))
+    info = fusedattn.get_backend((x, x, x), score_mod=alibi, score_mod_operands=(slopes,),
+                                 platform="cpu", is_training=True, score_mod_grads=True)
+    assert (info.name, info.fused) == ("cpu_flash", True), info
     # On the GPU a score_mod call goes where the plain call goes (cuDNN for bf16) ...
     bf = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.bfloat16)
     plain = fusedattn.get_backend((bf, bf, bf), platform="gpu")
@@ -312,6 +317,11 @@ def test_get_backend_names_the_score_mod_path():
     assert info.name != "cudnn", info
     if plain.name == "cudnn":  # the CUDA flash kernels run it, the program in their tiles
         assert info.name == "cuda_flash" and "bias after the score_mod" in info.reason, info
+        # ... and with the gradient of an operand taken (cuDNN computes none)
+        info = fusedattn.get_backend((bf, bf, bf), score_mod=alibi, platform="gpu",
+                                     score_mod_operands=(jnp.ones((1, 2, 1, 1)),),
+                                     is_training=True, score_mod_grads=True)
+        assert info.name == "cuda_flash", info
 
 def test_operands_may_be_shapes_only():
     """get_backend lowers the score_mod with ShapeDtypeStruct operands (no values)."""

@@ -128,6 +128,17 @@ def test_get_backend_reports_cudnn(key):
     assert info.name == "cudnn", info
 
 
+def test_get_backend_knows_operand_gradients():
+    """The slopes' gradient taken: cuDNN computes none, the CUDA flash kernels run it."""
+    bf = jax.ShapeDtypeStruct((2, S, HQ, D), jnp.bfloat16)
+    slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)
+    kw = dict(score_mod=CASES["alibi"][0], platform="gpu", score_mod_operands=(slopes,),
+              score_mod_grads=True)
+    info = fusedattn.get_backend((bf, bf, bf), is_training=True, **kw)
+    assert info.name == "cuda_flash" and "score_mod's operands" in info.reason, info
+    assert fusedattn.get_backend((bf, bf, bf), is_training=False, **kw).name == "cudnn"
+
+
 # ---------------------------------------------------------------------------
 # The CUDA flash kernels' interpreter
 
