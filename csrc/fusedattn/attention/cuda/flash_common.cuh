@@ -252,56 +252,35 @@ __device__ __forceinline__ float4 eval_program4(const DeviceScoreMod& sm, const 
   return regs[prog.out_reg];
 }
 
-// ALiBi's distance of query i, key j (local tokens): kv - q in the row's sequence (|kv - q|).
-__device__ __forceinline__ float sm_alibi_d(const SmHead& x, int64_t i, int64_t j) {
-  const RowInfo ri = x.rows[i];
-  const float d = float(global_token(x.kv, j) - ri.kv_base) - float(global_token(x.q, i) - ri.q_base);
+// The closed forms (DeviceScoreMod::form), inline on one score: no call, nothing in local
+// memory (the interpreter's Sm4 is built only where it runs). Results as eval_program's up
+// to float32 rounding.
+// ALiBi's distance kv - q (|kv - q|) in the row's sequence: qpos = the query's position
+// there, kv_base = its row's first key (RowInfo); j a local key.
+__device__ __forceinline__ float sm_alibi_dist(const SmHead& x, int64_t qpos, int64_t kv_base,
+                                               int64_t j) {
+  const float d = float(global_token(x.kv, j) - kv_base) - float(qpos);
   return x.fabs_d ? fabsf(d) : d;
 }
-
-// fn(s) of the live elements by the program's closed form, inline (true), or false: it has
-// none (the interpreter runs it). Results as eval_program's up to float32 rounding.
-__device__ __forceinline__ bool sm_closed_forward(const SmHead& x, Sm4& q) {
-  if (x.form == kDevFormSoftcap) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) q.s[e] = x.fa * fast_tanh(x.fb * q.s[e]);
-    return true;
-  }
-  if (x.form == kDevFormAlibi) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if ((q.live >> e) & 1u) q.s[e] += x.fa * sm_alibi_d(x, q.i[e], q.j[e]);
-    return true;
-  }
-  return false;
+__device__ __forceinline__ int64_t sm_qpos(const SmHead& x, int64_t i, const RowInfo& ri) {
+  return global_token(x.q, i) - ri.q_base;
 }
-
-// The backward by the closed form: q.s the raw scores, q.ds the modified ones' ds (live
-// elements) -> ds of the raw scores in q.ds; ALiBi's slope gradient joins g (operand 0).
-__device__ __forceinline__ bool sm_closed_backward(const SmHead& x, Sm4& q, SmGradSums& g) {
-  if (x.form == kDevFormSoftcap) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float t = fast_tanh(x.fb * q.s[e]);
-      q.ds[e] = q.ds[e] * x.fa * x.fb * (1.0f - t * t);
-    }
-    return true;
+// softcap: a tanh(b s), and the factor its derivative puts on ds.
+__device__ __forceinline__ float sm_softcap(const SmHead& x, float s) {
+  return x.fa * fast_tanh(x.fb * s);
+}
+__device__ __forceinline__ float sm_softcap_grad(const SmHead& x, float s) {
+  const float t = fast_tanh(x.fb * s);
+  return x.fa * x.fb * (1.0f - t * t);
+}
+// An ALiBi slope gradient's part (sum of ds * sign * d over some scores) joins g's sum
+// for operand 0 (one element: the head's slope).
+__device__ __forceinline__ void sm_alibi_grad_add(const SmHead& x, float part, SmGradSums& g) {
+  if (g.at[0] != x.dslope) {
+    if (g.at[0]) atomicAdd(g.at[0], g.sum[0]);
+    g.at[0] = x.dslope, g.sum[0] = 0.0f;
   }
-  if (x.form == kDevFormAlibi) {
-    if (x.dslope) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if ((q.live >> e) & 1u) sum += q.ds[e] * x.fb * sm_alibi_d(x, q.i[e], q.j[e]);
-      if (g.at[0] != x.dslope) {
-        if (g.at[0]) atomicAdd(g.at[0], g.sum[0]);
-        g.at[0] = x.dslope, g.sum[0] = 0.0f;
-      }
-      g.sum[0] += sum;
-    }
-    return true;
-  }
-  return false;
+  g.sum[0] += part;
 }
 
 // fn(s) of the four elements (the live ones' results are meaningful).
@@ -467,19 +446,27 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
         if (bq && keep[e]) bv[e] = to_f(bq[cc * bs + 8 * r]), s[e] += c.bmul * bv[e];
         s_raw[e] = s[e];
       }
-      Sm4 q;
-      q.live = 0;
+      float dist[4];  // ALiBi's distances (its slope gradient reuses them)
+      if (sm.form == kDevFormSoftcap) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
-        q.s[e] = s_raw[e], q.live |= uint32_t(keep[e]) << e;
-      }
-      if (q.live) {
-        Sm4 f = q;
-        if (sm_closed_forward(sm, f)) {
+        for (int e = 0; e < 4; ++e) s[e] = sm_softcap(sm, s_raw[e]);
+      } else if (sm.form == kDevFormAlibi) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[e] = f.s[e];
-        } else {
+        for (int e = 0; e < 4; ++e) {
+          const int64_t i = q0 + col0 + 8 * n + 2 * t + (e & 1);
+          const RowInfo ri = sm.rows[i];
+          dist[e] = keep[e] ? sm_alibi_dist(sm, sm_qpos(sm, i, ri), ri.kv_base, j0 + 8 * (e >> 1)) : 0.0f;
+          s[e] = s_raw[e] + sm.fa * dist[e];
+        }
+      } else {
+        Sm4 q;
+        q.live = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
+          q.s[e] = s_raw[e], q.live |= uint32_t(keep[e]) << e;
+        }
+        if (q.live) {
           const float4 r = sm_forward4(sm, q);
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[e] = lane4(r, e);
@@ -504,15 +491,27 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
           if (s[e] == -kInf && lse[e] == lse[e]) pt[e] = ds[e] = 0.0f;
         }
       }
-      q.live = 0;
+      if (sm.form == kDevFormSoftcap) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) q.ds[e] = ds[e], q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
-      if (q.live) {
-        if (sm_closed_backward(sm, q, sums)) {
+        for (int e = 0; e < 4; ++e)
+          if (keep[e]) ds[e] *= sm_softcap_grad(sm, s_raw[e]);
+      } else if (sm.form == kDevFormAlibi) {  // ds passes unchanged; the slope's gradient
+        if (sm.dslope) {
+          float part = 0.0f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if ((q.live >> e) & 1u) ds[e] = q.ds[e];
-        } else {
+          for (int e = 0; e < 4; ++e) part += ds[e] * sm.fb * dist[e];
+          sm_alibi_grad_add(sm, part, sums);
+        }
+      } else {
+        Sm4 q;
+        q.live = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
+          q.s[e] = s_raw[e], q.ds[e] = ds[e];
+          q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
+        }
+        if (q.live) {
           const float4 d = sm_backward4(sm, q, sums);
 #pragma unroll
           for (int e = 0; e < 4; ++e)

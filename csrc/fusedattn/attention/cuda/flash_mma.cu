@@ -86,6 +86,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] *= scale, rmax[e >> 1] = max_nan(rmax[e >> 1], s[n][e]);
   } else {
+    int64_t qpos[2] = {0, 0};  // ALiBi: the rows' query positions in their sequences
+    if constexpr (FULL)
+      if (sm.form == kDevFormAlibi)
+        for (int r = 0; r < 2; ++r) qpos[r] = sm_qpos(sm, R.row[r], R.ri[r]);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       bool keep[4];
@@ -97,7 +101,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
         if (bias && keep[e]) s[n][e] += c.bmul * to_f(bias[R.row[r] * c.a.bias_s + j]);
       }
       if constexpr (FULL) {
-        if (sm.prog) {  // the n-tile's four scores through the program at once
+        if (sm.form == kDevFormSoftcap) {  // closed forms inline (sm_head: none without sm)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = sm_softcap(sm, s[n][e]);
+        } else if (sm.form == kDevFormAlibi) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[n][e] += sm.fa * sm_alibi_dist(sm, qpos[e >> 1], R.ri[e >> 1].kv_base, jt + 8 * n + (e & 1));
+        } else if (sm.prog) {  // the interpreter: the n-tile's four scores at once
           Sm4 q;
           q.live = 0;
 #pragma unroll
@@ -105,10 +116,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
             q.i[e] = R.row[e >> 1], q.j[e] = jt + 8 * n + (e & 1), q.s[e] = s[n][e];
             q.live |= uint32_t(keep[e]) << e;
           }
-          if (q.live && sm_closed_forward(sm, q)) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = q.s[e];
-          } else if (q.live) {
+          if (q.live) {
             const float4 f = sm_forward4(sm, q);
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = lane4(f, e);
