@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _lib
 from . import score_mod as _sm
-from ._prepare import Config, Dims
+from ._prepare import N_OPS, Config, Dims
 
 
 def _sm_key(sm: _sm.ScoreMod | None) -> tuple | None:
@@ -42,12 +42,72 @@ def _has_gpu() -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------
+# Head dims on the GPU. cuDNN's graphs and the CUDA flash kernels' register-resident path
+# read each head's row in whole 16-byte chunks (8 bf16 / fp16 elements, 4 float32 ones).
+# A call whose head dims are not whole chunks runs on the GPU with q, k, v (and, in the
+# backward, out and dout) zero-padded to them, and the results cut back: exact, since the
+# zeros add nothing to q . k, the output's extra columns are dropped, and the scale is the
+# call's own (fixed from the true head dim before). Every GPU question (the decision, the
+# workspace, get_backend) is asked with the padded dims.
+_ROW_CHUNK_BYTES = 16
+
+
+def gpu_head_dim(d: int, itemsize: int) -> int:
+    """d rounded up to whole 16-byte chunks of itemsize-byte elements."""
+    n = _ROW_CHUNK_BYTES // itemsize
+    return -(-d // n) * n
+
+
+def gpu_dims(dims: Dims, dtype) -> Dims:
+    item = jnp.dtype(dtype).itemsize
+    return dataclasses.replace(dims, D=gpu_head_dim(dims.D, item),
+                               Dv=gpu_head_dim(dims.Dv, item))
+
+
+def gpu_params(params: _lib.AttnParams) -> _lib.AttnParams:
+    """params (a call's, as prepare builds them) with the head dims the GPU runs."""
+    item = 4 if params.dtype == _lib.DTYPE_CODES["float32"] else 2
+    padded = _lib.AttnParams(*_fields(params))
+    padded.head_dim_qk = gpu_head_dim(params.head_dim_qk, item)
+    padded.head_dim_v = gpu_head_dim(params.head_dim_v, item)
+    return padded
+
+
+def _pad_last(x, n: int):
+    if not x.size or x.shape[-1] == n:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1])])
+
+
+def heads_padded(fn, backward: bool = False):
+    """fn (a GPU per-device body: forward ops -> out, lse, max_logit; backward ops, out,
+    dout, lse -> dq, dk, dv, ...) run on operands padded to gpu_dims and cut back."""
+    def run(*args, cfg: Config, dims: Dims, sm=None):
+        pdims = gpu_dims(dims, args[0].dtype)
+        if pdims == dims:
+            return fn(*args, cfg=cfg, dims=dims, sm=sm)
+        # q and k (or the packed buffers, whose head dims are one) take D, v takes Dv
+        want = {0: pdims.D, 1: pdims.D, 2: pdims.Dv}
+        if backward:
+            n = N_OPS + (sm is not None)
+            want.update({n: pdims.Dv, n + 1: pdims.Dv})  # out, dout
+        padded = [_pad_last(x, want[i]) if i in want else x for i, x in enumerate(args)]
+        res = fn(*padded, cfg=cfg, dims=pdims, sm=sm)
+        if backward:  # dq, dk, dv back to the operands' widths
+            cut = tuple(r[..., :x.shape[-1]] for r, x in zip(res[:3], args[:3]))
+            return cut + tuple(res[3:])
+        return (res[0][..., :dims.Dv],) + tuple(res[1:])
+    return run
+
+
 def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
-    """The AttnParams the FFI handler will decode from these operands."""
+    """The AttnParams the CUDA handler will decode from these operands (padded: gpu_dims)."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
-    return cfg.params(ops[0].dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D,
-                      dims.Dv, ops[6].shape[-1], *extent)
+    d = gpu_dims(dims, ops[0].dtype)
+    return cfg.params(ops[0].dtype, d.B, d.Sq, d.Skv, d.Hq, d.Hkv, d.D,
+                      d.Dv, ops[6].shape[-1], *extent)
 
 
 def _fields(params: _lib.AttnParams) -> tuple:

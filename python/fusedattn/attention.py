@@ -27,7 +27,7 @@ from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
 from .sequence import check_descriptor
 from ._gpu_route import (_batch_args, _choice, _chunked, _cudnn_chunk, _gpu_fused, _has_gpu,
-                         _is_block, _params_of, _sm_key)
+                         _is_block, _params_of, _sm_key, heads_padded)
 
 __all__ = ["fused_attn"]
 
@@ -219,14 +219,20 @@ def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
     if _is_f64(ops):
         return _f64(ops, cfg, dims, sm, _reference,
                     lambda o: _forward(o, cfg, dims, sm, training))
-    gpu = _reference
+    gpu = heads_padded(functools.partial(_gpu_forward, training=training))
+    return _per_platform(ops, cfg, dims, sm, _ffi_fwd, gpu, _reference)
+
+
+def _gpu_forward(*ops, cfg: Config, dims: Dims, sm, training: bool):
+    """The forward on the GPU (head dims whole 16-byte chunks: heads_padded)."""
     name, flags = _gpu_fused(ops[:N_OPS], cfg, dims, training, sm)
     if name == "cudnn":
-        gpu = _chunked(functools.partial(_ffi_fwd, cuda=True, flags=flags),
-                       _cudnn_chunk(ops, dims, sm), _batch_args(ops, dims, len(ops)))
-    elif name == "cuda_flash":
-        gpu = functools.partial(_ffi_fwd, cuda=True, flags=flags)
-    return _per_platform(ops, cfg, dims, sm, _ffi_fwd, gpu, _reference)
+        return _chunked(functools.partial(_ffi_fwd, cuda=True, flags=flags),
+                        _cudnn_chunk(ops, dims, sm), _batch_args(ops, dims, len(ops)))(
+                            *ops, cfg=cfg, dims=dims, sm=sm)
+    if name == "cuda_flash":
+        return _ffi_fwd(*ops, cfg=cfg, dims=dims, sm=sm, cuda=True, flags=flags)
+    return _reference(*ops, cfg=cfg, dims=dims, sm=sm)
 
 
 def _backward(args, cfg: Config, dims: Dims, sm):
@@ -235,8 +241,15 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     ops = args[:N_OPS]
     if _is_f64(ops):
         return _f64(args, cfg, dims, sm, _bwd_reference, lambda a: _backward(a, cfg, dims, sm))
+    gpu = heads_padded(_gpu_backward, backward=True)
+    return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
+
+
+def _gpu_backward(*args, cfg: Config, dims: Dims, sm):
+    """The backward on the GPU (head dims whole 16-byte chunks: heads_padded)."""
+    ops = args[:N_OPS]
+    name, flags = _gpu_fused(ops, cfg, dims, True, sm)
     gpu = _bwd_reference
-    name, flags = _gpu_fused(ops[:N_OPS], cfg, dims, True, sm)
     if name == "cudnn":
         # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod
         # operand grads sum
@@ -248,7 +261,7 @@ def _backward(args, cfg: Config, dims: Dims, sm):
             gpu = _nan_rows.nan_exact(gpu)
     elif name == "cuda_flash":  # the CPU engine's NaN rules already
         gpu = functools.partial(_ffi_bwd, cuda=True, flags=flags)
-    return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
+    return gpu(*args, cfg=cfg, dims=dims, sm=sm)
 
 
 def _fused_fwd(static, training: bool, *ops):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from . import _lib
 from . import score_mod as _sm
-from ._gpu_route import _fields, _gpu_choice, _has_gpu, _sm_key
+from ._gpu_route import _fields, _gpu_choice, _has_gpu, _sm_key, gpu_params
 from ._args import ArgumentTypeError, static_bool, static_float, static_int
 from ._prepare import Config, enum, prepare, window
 from .attention import _small_seq_route
@@ -29,17 +29,19 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, f
     d = call.dims
     sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
     key = _sm_key(sm)
-    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
+    params = gpu_params(call.params)
+    note = _padding_note(call.params, params)
+    choice = _lib.backend_choice(params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
     if choice.name != "cudnn":
-        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
+        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note)
     if _has_gpu():  # the graphs themselves are asked
-        name, reason, _ = _gpu_choice(_fields(call.params), False, want_max_logit, training,
+        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training,
                                       key, flags)
         if name != "cudnn":
-            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
-        return BackendInfo(name, True, choice.reason, choice.forward, choice.backward)
+            return BackendInfo(name, name in _FUSED_BACKENDS, reason + note)
+        return BackendInfo(name, True, choice.reason + note, choice.forward, choice.backward)
     return BackendInfo("cudnn", True, "score_mod runs in the cuDNN graph as pointwise nodes "
-                       "(where cuDNN builds the graph; otherwise XLA's reference, with a warning)")
+                       "(where cuDNN builds the graph; otherwise the CUDA flash kernels)" + note)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +81,28 @@ def _platform_code(platform: str | None) -> int:
     raise ValueError(f"get_backend: platform={platform!r}; allowed 'cpu', 'gpu' or 'cuda'")
 
 
+def _padding_note(params: _lib.AttnParams, padded: _lib.AttnParams) -> str:
+    if (params.head_dim_qk, params.head_dim_v) == (padded.head_dim_qk, padded.head_dim_v):
+        return ""
+    return (f" [head dims {params.head_dim_qk} / {params.head_dim_v} run zero-padded to "
+            f"{padded.head_dim_qk} / {padded.head_dim_v}: the GPU kernels read rows of whole "
+            "16-byte chunks]")
+
+
 def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
                   want_max_logit: bool = False) -> BackendInfo:
     code = _platform_code(platform)
+    note = ""
+    if code == _lib.PLATFORM_CUDA:
+        padded = gpu_params(params)  # the head dims the GPU runs
+        params, note = padded, _padding_note(params, padded)
     choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
     if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
         name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training)
         if name != choice.name:
-            return BackendInfo(name, name in _FUSED_BACKENDS, reason)
-    return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason,
+            return BackendInfo(name, name in _FUSED_BACKENDS, reason + note)
+    return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note,
                        choice.forward, choice.backward)
 
 

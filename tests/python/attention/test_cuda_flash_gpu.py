@@ -224,16 +224,18 @@ def test_float32_against_reference(key, platform, name):
 # with max_logit). name -> (spec, the GPU backends accepted: cuDNN may serve some)
 
 LOWP_CASES = {
-    "d100_causal": (bshd(dtype=BF16, mask=CAUSAL, Sq=192, Skv=192, Hkv=2, D=100), None),
+    "d100_causal": (bshd(dtype=BF16, mask=CAUSAL, Sq=192, Skv=192, Hkv=2, D=100),
+                    ("cudnn", "cuda_flash")),  # zero-padded to 104: cuDNN serves it
     "d36_padding": (bshd(dtype=BF16, mask=PADDING, Sq=160, Skv=224, D=36,
-                         sd=lens([160, 41], [224, 97])), None),
+                         sd=lens([160, 41], [224, 97])), ("cudnn", "cuda_flash")),
     "d384": (bshd(dtype=BF16, Sq=128, Skv=160, Hq=2, Hkv=2, D=384), None),
     "d512_causal_gqa": (bshd(dtype=BF16, mask=CAUSAL, Sq=128, Skv=128, Hq=2, Hkv=1, D=512),
                         None),
     "d192_dv128": (bshd(dtype=BF16, mask=CAUSAL, Sq=128, Skv=128, Hkv=2, D=192, Dv=128),
                    ("cudnn", "cuda_flash")),
     "d320_dv200": (bshd(dtype=BF16, Sq=128, Skv=128, Hq=2, Hkv=2, D=320, Dv=200), None),
-    "d72_dv36": (bshd(dtype=BF16, mask=CAUSAL, Sq=128, Skv=192, D=72, Dv=36), None),
+    "d72_dv36": (bshd(dtype=BF16, mask=CAUSAL, Sq=128, Skv=192, D=72, Dv=36),
+                 ("cudnn", "cuda_flash")),
     # head dims past 128: flash_mma_bwd_wide.cu (output chunks of 128 columns; the first
     # chunk's block alone adds dbias; q/k and v dims apart, one of them past the other's chunks)
     "d256_pre_bias_dropout_padding": (bshd(dtype=BF16, mask=PADDING_CAUSAL, Sq=192, Skv=224, D=256,

@@ -289,7 +289,7 @@ def test_backend_reports_cudnn_and_why_not():
     assert info.name == "cuda_flash" and "bfloat16 or float16" in info.reason, info
     odd = jax.ShapeDtypeStruct((2, 128, 4, 60), BF16)
     info = fusedattn.get_backend((odd, odd, odd), platform="gpu")
-    assert info.name == "cuda_flash" and "multiples of 8" in info.reason, info
+    assert info.name == "cudnn" and "zero-padded to 64 / 64" in info.reason, info
     bias = jax.ShapeDtypeStruct((1, 4, 128, 128), BF16)
     info = fusedattn.get_backend((bf, bf, bf), bias, attn_bias_type=AttnBiasType.PRE_SCALE_BIAS,
                                  platform="gpu")

@@ -208,6 +208,30 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     check(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, tol=3e-2)
 
 
+@pytest.mark.parametrize("dims", [(60, 60), (36, 100), (12, 20)], ids=["d60", "d36_dv100",
+                                                                         "d12_dv20"])
+def test_head_dims_not_whole_chunks_run_padded(key, dims):
+    """Head dims that are not whole 16-byte chunks: q, k, v run zero-padded (heads_padded),
+    so a score_mod with a bias still runs the flash kernels (it ran XLA's reference)."""
+    fn = CASES["alibi"][0]
+    ops = CASES["alibi"][1](jax.random.fold_in(key, 1))
+    D, Dv = dims
+    ks = jax.random.split(key, 5)
+    q, k = normal(ks[0], (2, S, HQ, D), jnp.bfloat16), normal(ks[1], (2, S, 2, D), jnp.bfloat16)
+    v = normal(ks[2], (2, S, 2, Dv), jnp.bfloat16)
+    dout = normal(ks[3], (2, S, HQ, Dv), jnp.bfloat16)
+    bias = normal(ks[4], (1, HQ, S, S), jnp.bfloat16)
+    kw = dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+              attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    info = flash_backend(q, k, v, fn, ops, bias, **kw)
+    assert info.name == "cuda_flash" and "zero-padded" in info.reason, info
+    arr_idx, full = array_operands(ops)
+    ours = lambda q, k, v, b, *arr: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,
+                                                         score_mod_operands=full(arr), **kw)
+    ref = lambda q, k, v, b, *arr: ref_call(q, k, v, fn, full(arr), bias=b, **kw)
+    check(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, tol=3e-2)
+
+
 @pytest.mark.parametrize("mask", [AttnMaskType.CAUSAL_MASK, AttnMaskType.PADDING_MASK,
                                   AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK])
 def test_flash_kernels_with_masks_gqa_and_cross_lengths(key, mask, flash_forced):

@@ -125,7 +125,8 @@ struct SmHead {
   StripeMap q{0, 1, 1}, kv{0, 1, 1};
   bool local_ops = false;  // a BSHD block: operands indexed by local tokens
   // The program's closed form (DeviceScoreMod::form), run as compiled code: softcap's
-  // a, b; ALiBi's sign * slope of this head (a) and its gradient's element (dslope).
+  // a, b; ALiBi's sign * slope of this head (a), its sign (b) and its slope's gradient
+  // element (dslope).
   int32_t form = kDevFormNone;
   float fa = 0.0f, fb = 0.0f;
   bool fabs_d = false;
@@ -174,6 +175,15 @@ struct SmGradSums {
   float* at[kMaxScoreModOperands];  // the element the sum goes to; null: none
   float sum[kMaxScoreModOperands];
 };
+
+// v joins operand k's sum, which goes to at (a new element: the old sum is added first).
+__device__ __forceinline__ void sm_sum_add(SmGradSums& g, int k, float* at, float v) {
+  if (g.at[k] != at) {
+    if (g.at[k]) atomicAdd(g.at[k], g.sum[k]);
+    g.at[k] = at, g.sum[k] = 0.0f;
+  }
+  g.sum[k] += v;
+}
 
 __device__ __forceinline__ void sm_sums_init(SmGradSums& g) {
   for (int k = 0; k < kMaxScoreModOperands; ++k) g.at[k] = nullptr, g.sum[k] = 0.0f;
@@ -273,14 +283,15 @@ __device__ __forceinline__ float sm_softcap_grad(const SmHead& x, float s) {
   const float t = fast_tanh(x.fb * s);
   return x.fa * x.fb * (1.0f - t * t);
 }
-// An ALiBi slope gradient's part (sum of ds * sign * d over some scores) joins g's sum
-// for operand 0 (one element: the head's slope).
-__device__ __forceinline__ void sm_alibi_grad_add(const SmHead& x, float part, SmGradSums& g) {
-  if (g.at[0] != x.dslope) {
-    if (g.at[0]) atomicAdd(g.at[0], g.sum[0]);
-    g.at[0] = x.dslope, g.sum[0] = 0.0f;
-  }
-  g.sum[0] += part;
+
+// The backward's n-tile as an Sm4: element e is query q_first + e % 2, key j0 + 8 (e / 2),
+// raw score s[e]; nothing live yet.
+__device__ __forceinline__ Sm4 bwd_sm4(int64_t q_first, int j0, const float (&s)[4]) {
+  Sm4 q;
+  q.live = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) q.i[e] = q_first + (e & 1), q.j[e] = j0 + 8 * (e >> 1), q.s[e] = s[e];
+  return q;
 }
 
 // fn(s) of the four elements (the live ones' results are meaningful).
@@ -303,13 +314,7 @@ static __device__ __noinline__ float4 sm_backward4(const SmHead& x, const Sm4& q
       float4 d = eval_program4(sm, sm.grad[k], regs);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!((q.live >> e) & 1u)) continue;
-        float* at = x.dops + idx[k][e];
-        if (g.at[k] != at) {
-          if (g.at[k]) atomicAdd(g.at[k], g.sum[k]);
-          g.at[k] = at, g.sum[k] = 0.0f;
-        }
-        g.sum[k] += lane4(d, e);
+        if ((q.live >> e) & 1u) sm_sum_add(g, k, x.dops + idx[k][e], lane4(d, e));
       }
     }
   }
@@ -446,6 +451,7 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
         if (bq && keep[e]) bv[e] = to_f(bq[cc * bs + 8 * r]), s[e] += c.bmul * bv[e];
         s_raw[e] = s[e];
       }
+      const int64_t q_first = q0 + col0 + 8 * n + 2 * t;  // element e's query: + e % 2
       float dist[4];  // ALiBi's distances (its slope gradient reuses them)
       if (sm.form == kDevFormSoftcap) {
 #pragma unroll
@@ -453,19 +459,15 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
       } else if (sm.form == kDevFormAlibi) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t i = q0 + col0 + 8 * n + 2 * t + (e & 1);
+          const int64_t i = q_first + (e & 1);
           const RowInfo ri = sm.rows[i];
           dist[e] = keep[e] ? sm_alibi_dist(sm, sm_qpos(sm, i, ri), ri.kv_base, j0 + 8 * (e >> 1)) : 0.0f;
           s[e] = s_raw[e] + sm.fa * dist[e];
         }
       } else {
-        Sm4 q;
-        q.live = 0;
+        Sm4 q = bwd_sm4(q_first, j0, s_raw);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
-          q.s[e] = s_raw[e], q.live |= uint32_t(keep[e]) << e;
-        }
+        for (int e = 0; e < 4; ++e) q.live |= uint32_t(keep[e]) << e;
         if (q.live) {
           const float4 r = sm_forward4(sm, q);
 #pragma unroll
@@ -500,17 +502,12 @@ __device__ __forceinline__ void bwd_elements(float (&st)[NH][4], float (&dpt)[NH
           float part = 0.0f;
 #pragma unroll
           for (int e = 0; e < 4; ++e) part += ds[e] * sm.fb * dist[e];
-          sm_alibi_grad_add(sm, part, sums);
+          sm_sum_add(sums, 0, sm.dslope, part);  // the head's slope
         }
       } else {
-        Sm4 q;
-        q.live = 0;
+        Sm4 q = bwd_sm4(q_first, j0, s_raw);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          q.i[e] = q0 + col0 + 8 * n + 2 * t + (e & 1), q.j[e] = j0 + 8 * (e >> 1);
-          q.s[e] = s_raw[e], q.ds[e] = ds[e];
-          q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
-        }
+        for (int e = 0; e < 4; ++e) q.ds[e] = ds[e], q.live |= uint32_t(keep[e] && ds[e] != 0.0f) << e;
         if (q.live) {
           const float4 d = sm_backward4(sm, q, sums);
 #pragma unroll
