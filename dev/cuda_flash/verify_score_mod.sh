@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU machine, one call: the CUDA flash kernels' score_mod path (issue 24, session 19) --
+# GPU machine, one call: the CUDA flash kernels' score_mod path (issue 24, session 19) and
+# the head dims run zero-padded (session 21) --
 # its GPU tests (the file turns FUSEDATTN_FLASH_SCORE_MOD on), the flash kernels' existing
 # dropout / bias / context-parallel tests (the FULL variant and REQUEST_NO_DBIAS changed
 # under them), compute-sanitizer memcheck of score_mod calls on the flash kernels, and
@@ -15,7 +16,9 @@ status=0
 scripts/gpu_shards.sh \
   "$SM -k 'flash_kernels_match and bf16'" "$SM -k 'flash_kernels_match and fp16'" \
   "$SM -k 'flash_kernels_match and f32'" "$SM -k 'not flash_kernels_match'" \
-  "$A/test_cuda_flash_gpu.py -k 'dropout or index'" "$A/test_cuda_flash_gpu.py -k 'block or bias'" ||
+  "$A/test_cuda_flash_gpu.py -k 'dropout or index'" "$A/test_cuda_flash_gpu.py -k 'block or bias'" \
+  "$A/test_head_dim_padding.py $A/test_cuda_flash_gpu.py -k 'low_precision or padded or head_dims'" \
+  "$A/test_cudnn_gpu.py -k 'backend_reports or unserved'" ||
   status=1
 source scripts/gpu_env.sh
 timeout 240 "$PY" -m fusedattn bench fallback --kinds alibi slopes --out-dir "$OUT" \
