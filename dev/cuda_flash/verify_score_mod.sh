@@ -33,10 +33,14 @@ if [ -n "${BASE:-}" ]; then
   echo "base ($BASE):"; grep -E "^(alibi|slopes) " "$OUT/bench-fallback-base.log"
 fi
 echo "this tree:"; grep -E "^(case|alibi|slopes) " "$OUT/bench-fallback.log"
+# head dims not whole 16-byte chunks: zero-padded now (and with BASE: what ran them before)
+timeout 120 "$PY" dev/cuda_flash/odd_dims_probe.py > "$OUT/odd-dims.log" 2>&1 || status=1
+[ -n "${BASE:-}" ] && { PYTHONPATH=/tmp/fusedattn-base timeout 200 "$PY" \
+  dev/cuda_flash/odd_dims_probe.py > "$OUT/odd-dims-base.log" 2>&1 || status=1; }
 # memcheck last (its own allocator setting: one cudaMalloc per buffer)
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false \
-  "$CS" --tool memcheck --error-exitcode 97 --log-file "$OUT/cs-memcheck-sm.log" \
+  timeout "${MEMCHECK_TIMEOUT:-600}" "$CS" --tool memcheck --error-exitcode 97 --log-file "$OUT/cs-memcheck-sm.log" \
   "$PY" -m pytest -q -p no:cacheprovider "$SM" -k "(flash_kernels_match and f32 and (alibi or two_arrays)) or thd_segments and flash or with_a_bias and pre" \
   > "$OUT/cs-memcheck-sm.pytest.log" 2>&1 || status=1
 echo "memcheck score_mod: $(tail -1 "$OUT/cs-memcheck-sm.pytest.log"), $(grep -ho 'ERROR SUMMARY: [0-9]* error' "$OUT/cs-memcheck-sm.log" | tail -1)"
