@@ -43,10 +43,12 @@ def _has_gpu() -> bool:
 
 
 def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
-    """The AttnParams the FFI handler will decode from these operands."""
+    """The AttnParams the FFI handler will decode from these operands (float64 ones as
+    float32: the GPU runs float64 calls as float32, attention._f64)."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
-    return cfg.params(ops[0].dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D,
+    dtype = jnp.float32 if ops[0].dtype == jnp.float64 else ops[0].dtype
+    return cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D,
                       dims.Dv, ops[6].shape[-1], *extent)
 
 

@@ -21,19 +21,35 @@ from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 __all__ = ["get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
 
+def _gpu_params(params: _lib.AttnParams) -> _lib.AttnParams:
+    """params as the GPU's rules see them: a float64 call runs as float32 there
+    (attention._f64 casts; select_backend refuses float64 on CUDA)."""
+    if params.dtype != _lib.ATTN_DTYPE_CODES["float64"]:
+        return params
+    gpu = _lib.AttnParams.from_buffer_copy(params)
+    gpu.dtype = _lib.DTYPE_CODES["float32"]
+    return gpu
+
+
 def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, flags=0):
-    if _platform_code(platform) == _lib.PLATFORM_CPU:
+    f64 = call.params.dtype == _lib.ATTN_DTYPE_CODES["float64"]
+    if _platform_code(platform) == _lib.PLATFORM_CPU and not f64:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
-    # The engine reads the program: it decides the Hopper forward and the bias rule.
+    # The engine reads the program: it decides the Hopper forward and the bias rule (and
+    # on the CPU, that float64 with a score_mod runs the reference).
     d = call.dims
     sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
     key = _sm_key(sm)
-    choice = _lib.backend_choice(call.params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
+    if _platform_code(platform) == _lib.PLATFORM_CPU:
+        choice = _lib.backend_choice(call.params, _lib.PLATFORM_CPU, 0, key, want_max_logit)
+        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
+    params = _gpu_params(call.params)
+    choice = _lib.backend_choice(params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
     if choice.name != "cudnn":
         return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
     if _has_gpu():  # the graphs themselves are asked
-        name, reason, _ = _gpu_choice(_fields(call.params), False, want_max_logit, training,
+        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training,
                                       key, flags)
         if name != "cudnn":
             return BackendInfo(name, name in _FUSED_BACKENDS, reason)
@@ -82,6 +98,8 @@ def _platform_code(platform: str | None) -> int:
 def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
                   want_max_logit: bool = False) -> BackendInfo:
     code = _platform_code(platform)
+    if code == _lib.PLATFORM_CUDA:
+        params = _gpu_params(params)
     choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
     if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
@@ -140,10 +158,6 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                                           platform)
         if served:
             return BackendInfo("small_seq", True, reason)
-    if (jax.tree.leaves(qkv)[0].dtype == jnp.float64
-            and _platform_code(platform) != _lib.PLATFORM_CUDA):
-        return BackendInfo("xla_reference", False, "float64: the CPU engine computes in "
-                           "float32, so a float64 call runs the reference in float64")
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
 
 
@@ -170,8 +184,10 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
             raise
         except ValueError:  # past int64: no kernel serves it
             return False
-    if q_dtype != kv_dtype or q_dtype == jnp.float64:  # float64: no kernel computes in it
+    if q_dtype != kv_dtype:
         return False
+    if q_dtype == jnp.float64 and _platform_code(platform) == _lib.PLATFORM_CUDA:
+        return False  # no GPU kernel computes in float64 (the GPU runs it as float32)
     try:
         win = window(window_size, "window_size", where)
     except ArgumentTypeError:
