@@ -66,9 +66,13 @@ def gpu_dims(dims: Dims, dtype) -> Dims:
 
 
 def gpu_params(params: _lib.AttnParams) -> _lib.AttnParams:
-    """params (a call's, as prepare builds them) with the head dims the GPU runs."""
-    item = 4 if params.dtype == _lib.DTYPE_CODES["float32"] else 2
-    padded = _lib.AttnParams(*_fields(params))
+    """params (a call's, as prepare builds them) as the GPU runs them: the head dims
+    padded, a float64 call as float32 (attention._f64 casts; select_backend refuses
+    float64 on CUDA)."""
+    padded = _lib.AttnParams.from_buffer_copy(params)
+    if params.dtype == _lib.ATTN_DTYPE_CODES["float64"]:
+        padded.dtype = _lib.DTYPE_CODES["float32"]
+    item = 4 if padded.dtype == _lib.DTYPE_CODES["float32"] else 2
     padded.head_dim_qk = gpu_head_dim(params.head_dim_qk, item)
     padded.head_dim_v = gpu_head_dim(params.head_dim_v, item)
     return padded
@@ -102,11 +106,13 @@ def heads_padded(fn, backward: bool = False):
 
 
 def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
-    """The AttnParams the CUDA handler will decode from these operands (padded: gpu_dims)."""
+    """The AttnParams the CUDA handler will decode from these operands: padded (gpu_dims),
+    float64 ones as float32 (the GPU runs float64 calls as float32, attention._f64)."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
-    d = gpu_dims(dims, ops[0].dtype)
-    return cfg.params(ops[0].dtype, d.B, d.Sq, d.Skv, d.Hq, d.Hkv, d.D,
+    dtype = jnp.float32 if ops[0].dtype == jnp.float64 else ops[0].dtype
+    d = gpu_dims(dims, dtype)
+    return cfg.params(dtype, d.B, d.Sq, d.Skv, d.Hq, d.Hkv, d.D,
                       d.Dv, ops[6].shape[-1], *extent)
 
 

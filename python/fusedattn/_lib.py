@@ -19,6 +19,8 @@ _LIB_FILE = "libfusedattn.so"
 
 # FaDType codes (params.h).
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+# attention's: float64 too (the CPU engine computes it in double; the GPU runs it as float32)
+ATTN_DTYPE_CODES = {**DTYPE_CODES, "float64": 3}
 STATUS_OK, STATUS_INVALID, STATUS_UNIMPLEMENTED, STATUS_INTERNAL = 0, 1, 2, 3
 PLATFORM_CPU, PLATFORM_CUDA = 0, 1
 
@@ -339,5 +341,6 @@ def num_threads() -> int:
 
 def masked_bias_value(dtype_name: str) -> float:
     """The bias a folded boolean mask puts at the keys it drops, for an engine dtype
-    ("float32", "bfloat16", "float16"): exact in that dtype, finite (REQUEST_MASK_BIAS)."""
-    return float(lib.fa_masked_bias_value(DTYPE_CODES[dtype_name]))
+    ("float32", "bfloat16", "float16", "float64"): exact in that dtype, finite
+    (REQUEST_MASK_BIAS)."""
+    return float(lib.fa_masked_bias_value(ATTN_DTYPE_CODES[dtype_name]))

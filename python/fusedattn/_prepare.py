@@ -77,8 +77,8 @@ class Config:
         # Names and types match AttnAttrs in csrc/fusedattn/attention/ffi_decode.h.
         return dict(layout=np.int32(self.layout), mask_type=np.int32(self.mask_type),
                     bias_type=np.int32(self.bias_type), softmax_type=np.int32(self.softmax_type),
-                    is_training=np.int32(self.is_training), scale=np.float32(self.scale),
-                    dropout=np.float32(self.dropout), window_left=np.int64(self.window[0]),
+                    is_training=np.int32(self.is_training), scale=np.float64(self.scale),
+                    dropout=np.float64(self.dropout), window_left=np.int64(self.window[0]),
                     window_right=np.int64(self.window[1]), want_lse=np.int32(self.want_lse),
                     want_max_logit=np.int32(self.want_max_logit), backend_flags=np.int32(0))
 
@@ -89,7 +89,7 @@ class Config:
             heads_kv=heads_kv, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
             window_left=self.window[0], window_right=self.window[1], max_segments=max_segments,
             bias_batch=bias_batch, bias_heads=bias_heads, num_slices=1,
-            dtype=_lib.DTYPE_CODES.get(_engine_dtype(dtype), -1), layout=int(self.layout),
+            dtype=_lib.ATTN_DTYPE_CODES.get(jnp.dtype(dtype).name, -1), layout=int(self.layout),
             mask_type=int(self.mask_type), bias_type=int(self.bias_type),
             softmax_type=int(self.softmax_type), is_training=int(self.is_training),
             scale=self.scale, dropout=self.dropout)
@@ -206,16 +206,15 @@ def split_qkv(qkv, layout: QKVLayout):
     return q, k, v, Dims(B, Sq, k.shape[1], Hq, k.shape[2], D, v.shape[3])
 
 
-def _engine_dtype(dtype) -> str:
-    """The dtype the engine's checks and kernels see: float64 runs as float32 on the GPU
-    (and as float64 math on the CPU, attention._forward), with float32's limits."""
-    name = jnp.dtype(dtype).name
-    return "float32" if name == "float64" else name
+def stat_dtype(dtype):
+    """The dtype of the statistics (softmax_offset, lse, max_logit and their gradients)
+    of a call in dtype: float64 for float64 (the CPU engine's double form), else float32."""
+    return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
 
 
 def _check_dtypes(*xs):
     dtypes = {jnp.dtype(x.dtype).name for x in xs}
-    if len(dtypes) != 1 or _engine_dtype(next(iter(dtypes))) not in _lib.DTYPE_CODES:
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _lib.ATTN_DTYPE_CODES:
         got = ", ".join(str(x.dtype) for x in xs)
         raise ValueError(f"fused_attn: dtype: got {got}; q, k and v must share one dtype among "
                          "float32, bfloat16, float16 and float64")
@@ -504,8 +503,8 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         empty(dtype) if k_op is None else k_op,
         empty(dtype) if v_op is None else v_op,
         empty(dtype) if bias is None else jnp.asarray(bias).astype(dtype),
-        (empty(jnp.float32) if softmax_offset is None
-         else jnp.asarray(softmax_offset).astype(jnp.float32).reshape(dims.Hq)),
+        (empty(stat_dtype(dtype)) if softmax_offset is None
+         else jnp.asarray(softmax_offset).astype(stat_dtype(dtype)).reshape(dims.Hq)),
         seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),
         q_lens, kv_lens, q_offs, kv_offs,
         empty(jnp.int32))  # index_base: (0, 0), an unsharded call

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _autodiff, _lib, _nan_rows, _partition, context_parallel, small_seq
 from . import score_mod as _sm
-from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, prepare, unpack
+from ._prepare import KV_PACKED, N_OPS, QKV_PACKED, Config, Dims, prepare, stat_dtype, unpack
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .reference import attention_reference, nan_max
 from .sequence import check_descriptor
@@ -42,19 +42,20 @@ __all__ = ["fused_attn"]
 
 
 def _fwd_results(ops, cfg: Config, dims: Dims):
-    """out [B, Sq, Hq, Dv], lse ([B, Hq, Sq]; THD: [B, Sq, Hq]) and max_logit [B, Hq]."""
+    """out [B, Sq, Hq, Dv], lse ([B, Hq, Sq]; THD: [B, Sq, Hq]) and max_logit [B, Hq]
+    (float32; float64 for float64 operands)."""
     d = dims
     lse_shape = (d.B, d.Sq, d.Hq) if cfg.thd else (d.B, d.Hq, d.Sq)
+    stat = stat_dtype(ops[0].dtype)
     return (jax.ShapeDtypeStruct((d.B, d.Sq, d.Hq, d.Dv), ops[0].dtype),
-            jax.ShapeDtypeStruct(lse_shape, jnp.float32),
-            jax.ShapeDtypeStruct((d.B, d.Hq), jnp.float32))
+            jax.ShapeDtypeStruct(lse_shape, stat), jax.ShapeDtypeStruct((d.B, d.Hq), stat))
 
 
 def _bwd_results(ops, dims: Dims):
     """dq, dk, dv, dbias (the operands' shapes) and d softmax_offset per batch entry."""
     has_offset = ops[4].size > 0
     return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ops[:4]) + (
-        jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), jnp.float32),)
+        jax.ShapeDtypeStruct((dims.B, dims.Hq) if has_offset else (0,), ops[4].dtype),)
 
 
 def _offset_grad(doffset):
@@ -202,22 +203,25 @@ def _cast_floats(xs, dtype):
     return tuple(x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in xs)
 
 
-def _f64(ops, cfg: Config, dims: Dims, sm, reference, float32_call):
-    """A float64 call: float64 math on the CPU (the reference: the engine computes in
-    float32), the float32 path on the GPU (rounded in, widened back out) at float32
-    accuracy (its matmuls as under jax.default_matmul_precision("highest"): 3xTF32)."""
+def _f64(ops, cfg: Config, dims: Dims, sm, kernel, reference, float32_call):
+    """A float64 call: on the CPU the engine in double (kernel), or with a score_mod the
+    reference in float64 (the score_mod interpreter computes in float32; select_backend
+    says xla_reference); the float32 path on the GPU (rounded in, widened back out) at
+    float32 accuracy (its matmuls as under jax.default_matmul_precision("highest"):
+    3xTF32)."""
     def gpu(*o, cfg, dims, sm):
         want = jax.eval_shape(functools.partial(reference, cfg=cfg, dims=dims, sm=sm), *o)
         with jax.default_matmul_precision("highest"):
             got = float32_call(_cast_floats(o, jnp.float32))
         return tuple(g.astype(w.dtype) for g, w in zip(got, want))
-    return _per_platform(ops, cfg, dims, sm, reference, gpu, reference)
+    return _per_platform(ops, cfg, dims, sm, reference if sm is not None else kernel, gpu,
+                         reference)
 
 
 def _forward(ops, cfg: Config, dims: Dims, sm, training: bool):
     """One device's forward (the partitioned primitive's per-device body)."""
     if _is_f64(ops):
-        return _f64(ops, cfg, dims, sm, _reference,
+        return _f64(ops, cfg, dims, sm, _ffi_fwd, _reference,
                     lambda o: _forward(o, cfg, dims, sm, training))
     gpu = heads_padded(functools.partial(_gpu_forward, training=training))
     return _per_platform(ops, cfg, dims, sm, _ffi_fwd, gpu, _reference)
@@ -240,7 +244,8 @@ def _backward(args, cfg: Config, dims: Dims, sm):
     [Hq] (summed over the batch) and, with a score_mod, d of its operands."""
     ops = args[:N_OPS]
     if _is_f64(ops):
-        return _f64(args, cfg, dims, sm, _bwd_reference, lambda a: _backward(a, cfg, dims, sm))
+        return _f64(args, cfg, dims, sm, _ffi_bwd, _bwd_reference,
+                    lambda a: _backward(a, cfg, dims, sm))
     gpu = heads_padded(_gpu_backward, backward=True)
     return _per_platform(args, cfg, dims, sm, _ffi_bwd, gpu, _bwd_reference)
 
@@ -573,8 +578,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
-    jax_enable_x64 too: float64 math on the CPU (the reference: the engine computes in
-    float32), the float32 kernels on the GPU):
+    jax_enable_x64 too: on the CPU the engine in double, O(S) memory (with a score_mod the
+    reference in float64), the float32 kernels on the GPU):
       BSHD_BSHD_BSHD, THD_THD_THD: (q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv])
       BSHD_BS2HD, THD_T2HD: (q [B, Sq, Hq, D], kv [B, Skv, 2, Hkv, D])
       BS3HD, T3HD: qkv [B, S, 3, H, D] (or a 1-tuple of it)
@@ -650,7 +655,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     Returns out [B, Sq, Hq, Dv] in q's dtype, or (out, aux) when return_max_logit or
     return_aux is set: aux["max_logit"] f32 [Hq] (max over batch, queries and kept keys
     of the logits after scale and bias), aux["softmax_aux"] f32 [B, Hq, Sq, 1] ([B, Sq, Hq, 1]
-    for THD layouts): the log-sum-exp of each row (extra softmax logit included; -inf for
+    for THD layouts; both f64 for float64 qkv): the log-sum-exp of each row (extra softmax logit included; -inf for
     padding rows). Neither carries a gradient.
 
     NaN in, NaN out (reference.py is the spec): a NaN among a query's kept logits (from q,

@@ -22,13 +22,18 @@ __all__ = ["get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
 
 def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, flags=0):
-    if _platform_code(platform) == _lib.PLATFORM_CPU:
+    f64 = call.params.dtype == _lib.ATTN_DTYPE_CODES["float64"]
+    if _platform_code(platform) == _lib.PLATFORM_CPU and not f64:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
-    # The engine reads the program: it decides the Hopper forward and the bias rule.
+    # The engine reads the program: it decides the Hopper forward and the bias rule (and
+    # on the CPU, that float64 with a score_mod runs the reference).
     d = call.dims
     sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
     key = _sm_key(sm)
+    if _platform_code(platform) == _lib.PLATFORM_CPU:
+        choice = _lib.backend_choice(call.params, _lib.PLATFORM_CPU, 0, key, want_max_logit)
+        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
     params = gpu_params(call.params)
     note = _padding_note(call.params, params)
     choice = _lib.backend_choice(params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
@@ -154,10 +159,6 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                                           platform)
         if served:
             return BackendInfo("small_seq", True, reason)
-    if (jax.tree.leaves(qkv)[0].dtype == jnp.float64
-            and _platform_code(platform) != _lib.PLATFORM_CUDA):
-        return BackendInfo("xla_reference", False, "float64: the CPU engine computes in "
-                           "float32, so a float64 call runs the reference in float64")
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
 
 
@@ -184,8 +185,10 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
             raise
         except ValueError:  # past int64: no kernel serves it
             return False
-    if q_dtype != kv_dtype or q_dtype == jnp.float64:  # float64: no kernel computes in it
+    if q_dtype != kv_dtype:
         return False
+    if q_dtype == jnp.float64 and _platform_code(platform) == _lib.PLATFORM_CUDA:
+        return False  # no GPU kernel computes in float64 (the GPU runs it as float32)
     try:
         win = window(window_size, "window_size", where)
     except ArgumentTypeError:

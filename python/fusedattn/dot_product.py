@@ -60,7 +60,7 @@ def _large_negative(dtype) -> float:
     for the engine's dtypes the engine's own value (_lib.masked_bias_value), which it
     recognizes as a dropped key and skips the key tiles it fills."""
     name = jnp.dtype(dtype).name
-    if name in _lib.DTYPE_CODES:
+    if name in _lib.ATTN_DTYPE_CODES:
         return _lib.masked_bias_value(name)
     return max(_LARGE_NEGATIVE, float(-0.7 * jnp.finfo(dtype).max))
 

@@ -21,11 +21,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // --- storage -------------------------------------------------------------------
 
-inline int64_t elem_size(int32_t dtype) { return dtype == FA_FLOAT32 ? 4 : 2; }
+inline int64_t elem_size(int32_t dtype) {
+  return dtype == FA_FLOAT64 ? 8 : dtype == FA_FLOAT32 ? 4 : 2;
+}
 
 inline const char* short_name(int32_t dtype) {
-  return dtype == FA_FLOAT32 ? "f32" : dtype == FA_BFLOAT16 ? "bf16" : "f16";
+  return dtype == FA_FLOAT64 ? "f64" : dtype == FA_FLOAT32 ? "f32" : dtype == FA_BFLOAT16 ? "bf16" : "f16";
 }
+
+// The attention statistics' dtype (softmax_offset, lse, max_logit and their gradients):
+// float64 for float64 calls, else float32.
+inline int32_t stat_dtype(int32_t dtype) { return dtype == FA_FLOAT64 ? FA_FLOAT64 : FA_FLOAT32; }
 
 // n elements of one storage dtype. Reads go through decoders written here so the
 // test does not trust the engine's own conversions (test_dtypes.cc checks those).
@@ -38,6 +44,11 @@ class Tensor {
   const void* data() const { return words_.data(); }
 
   double get(int64_t i) const {
+    if (dtype_ == FA_FLOAT64) {
+      double f;
+      std::memcpy(&f, bytes() + 8 * i, 8);
+      return f;
+    }
     if (dtype_ == FA_FLOAT32) {
       float f;
       std::memcpy(&f, bytes() + 4 * i, 4);
@@ -56,9 +67,12 @@ class Tensor {
     return f;
   }
 
-  // Stores x rounded to nearest even in the storage dtype.
-  void set(int64_t i, float x) {
-    if (dtype_ == FA_FLOAT32) {
+  // Stores x rounded to nearest even in the storage dtype (to float32 first, but float64).
+  void set(int64_t i, double x64) {
+    const float x = static_cast<float>(x64);
+    if (dtype_ == FA_FLOAT64) {
+      std::memcpy(bytes() + 8 * i, &x64, 8);
+    } else if (dtype_ == FA_FLOAT32) {
       std::memcpy(bytes() + 4 * i, &x, 4);
     } else if (dtype_ == FA_FLOAT16) {
       const _Float16 h = static_cast<_Float16>(x);
@@ -72,10 +86,16 @@ class Tensor {
     }
   }
 
-  // All-ones bytes: a NaN in float32, bfloat16 and float16 alike.
+  // All-ones bytes: a NaN in float64, float32, bfloat16 and float16 alike.
   void poison() { std::memset(words_.data(), 0xff, words_.size() * 4); }
 
+  // Normal values (float64: not float32-representable, so float32 arithmetic shows).
   void fill_normal(std::mt19937& rng) {
+    if (dtype_ == FA_FLOAT64) {
+      std::normal_distribution<double> normal;
+      for (int64_t i = 0; i < n_; ++i) set(i, normal(rng));
+      return;
+    }
     std::normal_distribution<float> normal;
     for (int64_t i = 0; i < n_; ++i) set(i, normal(rng));
   }
@@ -111,6 +131,7 @@ struct Tol {
 
 inline Tol tol_for(int32_t dtype) {
   switch (dtype) {
+    case FA_FLOAT64: return {1e-12, 1e-11, 1e-14};
     case FA_FLOAT32: return {1e-5, 1e-4, 2e-6};
     case FA_BFLOAT16: return {1e-2, 2e-2, 2e-6};
     default: return {1e-2, 1e-2, 2e-6};
@@ -153,13 +174,17 @@ inline ::testing::AssertionResult close(const std::vector<double>& got, const st
   return ::testing::AssertionFailure() << msg.str();
 }
 
-// lse / max_logit: -inf exactly where the reference is -inf, relative 1e-5 elsewhere.
-inline ::testing::AssertionResult close_logits(const std::vector<double>& got, const std::vector<double>& ref) {
+// lse / max_logit: -inf exactly where the reference is -inf, relative rel (1e-5; 1e-12 for
+// float64 calls: logit_tol) elsewhere.
+inline double logit_tol(int32_t dtype) { return dtype == FA_FLOAT64 ? 1e-12 : 1e-5; }
+
+inline ::testing::AssertionResult close_logits(const std::vector<double>& got, const std::vector<double>& ref,
+                                               double rel = 1e-5) {
   for (size_t i = 0; i < got.size(); ++i) {
     if (ref[i] == -kInf) {
       if (got[i] != -kInf)
         return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want -inf";
-    } else if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > 1e-5 * std::max(1.0, std::fabs(ref[i]))) {
+    } else if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > rel * std::max(1.0, std::fabs(ref[i]))) {
       return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << ref[i];
     }
   }

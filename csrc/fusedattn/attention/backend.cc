@@ -183,10 +183,28 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
   }
   switch (platform) {
     case FA_PLATFORM_CPU:
+      if (p.dtype == FA_FLOAT64 && req.score_mod.kind != ScoreModKind::kNone) {
+        choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
+        choice.reason = "xla_reference: float64 with a score_mod: the CPU engine runs float64 in "
+                        "double, but its score_mod interpreter computes in float32, so XLA "
+                        "computes the plain-JAX reference in float64 (materialized scores)";
+        return choice;
+      }
       choice.backend = choice.forward = choice.backward = FA_BACKEND_CPU_FLASH;
+      if (p.dtype == FA_FLOAT64) {
+        choice.reason = "cpu_flash: the tiled online-softmax CPU engine, in double for float64";
+        return choice;
+      }
       choice.reason = "cpu_flash: the tiled online-softmax CPU engine serves every valid call";
       return choice;
     case FA_PLATFORM_CUDA: {
+      if (p.dtype == FA_FLOAT64) {  // Python casts float64 calls to float32 for the GPU
+        choice.status = Status::Unimplemented(
+            "dtype: float64 has no CUDA kernel; fused_attn runs float64 calls as float32 on the "
+            "GPU (cast in Python), so ask with float32");
+        choice.reason = "no backend serves this call: " + choice.status.message;
+        return choice;
+      }
       const bool sm_call = req.score_mod.kind != ScoreModKind::kNone;
       std::string why_not = cudnn_unsupported_reason(p, info);
       if (why_not.empty() && req.index_base)

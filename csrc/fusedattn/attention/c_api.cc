@@ -163,6 +163,7 @@ float fa_masked_bias_value(int dtype) {
     case FA_FLOAT32: return masked_bias<float>();
     case FA_BFLOAT16: return masked_bias<bf16>();
     case FA_FLOAT16: return masked_bias<fp16>();
+    case FA_FLOAT64: return masked_bias<double>();
   }
   return 0.0f;
 }

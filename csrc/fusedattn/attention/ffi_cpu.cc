@@ -15,16 +15,30 @@ namespace {
 
 cpu::Strides strides(const ViewStrides& s) { return {s.b, s.s, s.h}; }
 
-cpu::Extras extras(const AttnTensors& t) {
+// The engine's extra inputs; the statistics' pointers come untyped from the buffers
+// (float32, or float64 for a float64 call: ffi_decode.h's stat_dtype).
+cpu::Extras extras(const AttnOperands& in, const AttnAttrs& attrs, const AttnTensors& t) {
   cpu::Extras x;
   x.seq = {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets};
   x.bias = t.bias;
   x.sbias = {t.bias_slice, t.bias_b, t.bias_h, t.bias_s};
-  x.softmax_offset = t.softmax_offset;
+  x.softmax_offset = t.softmax_offset ? in.softmax_offset->untyped_data() : nullptr;
   x.seed = t.seed;
   x.index_base = t.index_base;
   x.index_cols = t.index_cols;
+  x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
+  x.scale64 = attrs.scale;
+  x.dropout64 = attrs.dropout;
   return x;
+}
+
+// A float64 call with a score_mod: its interpreter computes in float32, so Python runs
+// the reference in float64 (select_backend says so) and never sends one here.
+Status check_score_mod_dtype(const AttnParams& p) {
+  if (p.dtype != FA_FLOAT64) return Status::Ok();
+  return Status::Unimplemented("dtype: float64 with a score_mod is not served by the CPU engine "
+                               "(the score_mod interpreter computes in float32); fused_attn runs "
+                               "such calls by the reference in float64");
 }
 
 ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffer* out,
@@ -35,6 +49,7 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
   ScoreModCall smc;
+  if (program) FA_RETURN_IF_ERROR(check_score_mod_dtype(p));
   if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
   FA_RETURN_IF_ERROR(check_index_base(p, t, program ? &smc.sm : nullptr));
 
@@ -43,15 +58,14 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   a.k = t.k;
   a.v = t.v;
   a.out = t.out;
-  a.lse = t.lse;
-  a.max_logit = t.max_logit;
+  a.lse = lse->untyped_data();
+  a.max_logit = max_logit->untyped_data();
   a.sq = strides(t.sq);
   a.sk = strides(t.sk);
   a.sv = strides(t.sv);
   a.so = strides(t.so);
   a.slse = strides(t.slse);
-  a.x = extras(t);
-  a.x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
+  a.x = extras(in, attrs, t);
   if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
   cpu::attention_fwd(p, a);
   return ffi::Error::Success();
@@ -93,6 +107,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
                                         dsoftmax_offset, &t));
   ScoreModCall smc;
+  if (program) FA_RETURN_IF_ERROR(check_score_mod_dtype(p));
   if (program)
     FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, dsm_operands, &smc));
   FA_RETURN_IF_ERROR(check_index_base(p, t, program ? &smc.sm : nullptr));
@@ -103,7 +118,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   a.v = t.v;
   a.out = t.out;
   a.dout = t.dout;
-  a.lse = t.lse;
+  a.lse = lse.untyped_data();
   a.dq = t.dq;
   a.dk = t.dk;
   a.dv = t.dv;
@@ -112,7 +127,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
     std::memset(t.dbias, 0, dbias->size_bytes());
     a.dbias = nullptr;
   }
-  a.dsoftmax_offset = t.dsoftmax_offset;
+  a.dsoftmax_offset = t.dsoftmax_offset ? dsoftmax_offset->untyped_data() : nullptr;
   a.sq = strides(t.sq);
   a.sk = strides(t.sk);
   a.sv = strides(t.sv);
@@ -122,8 +137,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   a.sdq = strides(t.sdq);
   a.sdk = strides(t.sdk);
   a.sdv = strides(t.sdv);
-  a.x = extras(t);
-  a.x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
+  a.x = extras(in, attrs, t);
   if (program) {
     a.x.score_mod = &smc.sm;
     a.x.score_mod_operands = smc.operands;

@@ -48,12 +48,19 @@ Status expect_like(const char* name, const ffi::AnyBuffer& got, const char* like
                          dims_str(like.dimensions()));
 }
 
+constexpr const char* kDtypeError =
+    "dtype: q, k and v must share one dtype among float32, bfloat16, float16 and float64";
+
 Status shape_error(const char* name, const ffi::AnyBuffer& b, const std::string& expected) {
   return Status::Invalid(std::string(name) + ": got shape " + dims_str(b.dimensions()) +
                          "; expected " + expected);
 }
 
 }  // namespace
+
+ffi::DataType stat_dtype(const AttnParams& p) {
+  return p.dtype == FA_FLOAT64 ? ffi::DataType::F64 : ffi::DataType::F32;
+}
 
 Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParams* p,
                        AttnTensors* t) {
@@ -72,8 +79,7 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   const Dims lead = qd.first(nlead), vlead = qd.first(nlead - 1);
   const int32_t dt = fa_dtype(q.element_type());
   if (dt < 0)
-    return Status::Invalid("dtype: q, k and v must share one dtype among float32, bfloat16 and "
-                           "float16");
+    return Status::Invalid(kDtypeError);
 
   *p = AttnParams{};
   if (qkv_packed) {
@@ -117,12 +123,10 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
       p->heads_kv = kd[nlead + 1];
       p->head_dim_v = vd[nlead + 2];
       if (v.element_type() != q.element_type())
-        return Status::Invalid("dtype: q, k and v must share one dtype among float32, bfloat16 "
-                               "and float16");
+        return Status::Invalid(kDtypeError);
     }
     if (k.element_type() != q.element_type())
-      return Status::Invalid("dtype: q, k and v must share one dtype among float32, bfloat16 and "
-                             "float16");
+      return Status::Invalid(kDtypeError);
   }
 
   // Sequence descriptor: seqlens [L, M], offsets [L, M + 1].
@@ -161,15 +165,15 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   p->bias_type = attrs.bias_type;
   p->softmax_type = attrs.softmax_type;
   p->is_training = attrs.is_training;
-  p->scale = attrs.scale;
-  p->dropout = attrs.dropout;
+  p->scale = static_cast<float>(attrs.scale);
+  p->dropout = static_cast<float>(attrs.dropout);
   p->window_left = attrs.window_left;
   p->window_right = attrs.window_right;
   FA_RETURN_IF_NOT_OK(validate(*p));
 
   const ffi::AnyBuffer& offset = *in.softmax_offset;
   if (p->softmax_type == FA_LEARNABLE_SOFTMAX) {
-    FA_RETURN_IF_NOT_OK(expect_shape("softmax_offset", offset, ffi::DataType::F32, vlead, {p->heads_q}));
+    FA_RETURN_IF_NOT_OK(expect_shape("softmax_offset", offset, stat_dtype(*p), vlead, {p->heads_q}));
   } else {
     FA_RETURN_IF_NOT_OK(expect_empty("softmax_offset", offset,
                                     "only softmax_type=LEARNABLE_SOFTMAX reads softmax_offset"));
@@ -266,8 +270,8 @@ Status check_out_and_lse(const AttnParams& p, const AttnOperands& in, const ffi:
   FA_RETURN_IF_NOT_OK(expect_shape("out", out, in.q->element_type(), lead,
                                   {p.seqlen_q, p.heads_q, p.head_dim_v}));
   if (is_thd(p.layout))
-    return expect_shape("softmax_aux", lse, ffi::DataType::F32, lead, {p.seqlen_q, p.heads_q});
-  return expect_shape("softmax_aux", lse, ffi::DataType::F32, lead, {p.heads_q, p.seqlen_q});
+    return expect_shape("softmax_aux", lse, stat_dtype(p), lead, {p.seqlen_q, p.heads_q});
+  return expect_shape("softmax_aux", lse, stat_dtype(p), lead, {p.heads_q, p.seqlen_q});
 }
 
 }  // namespace
@@ -275,7 +279,7 @@ Status check_out_and_lse(const AttnParams& p, const AttnOperands& in, const ffi:
 Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,
                           ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, AttnTensors* t) {
   FA_RETURN_IF_NOT_OK(check_out_and_lse(p, in, *out, *lse));
-  FA_RETURN_IF_NOT_OK(expect_shape("max_logit", *max_logit, ffi::DataType::F32, lead_dims(p, in), {p.heads_q}));
+  FA_RETURN_IF_NOT_OK(expect_shape("max_logit", *max_logit, stat_dtype(p), lead_dims(p, in), {p.heads_q}));
   t->out = out->untyped_data();
   t->lse = static_cast<float*>(lse->untyped_data());
   t->max_logit = static_cast<float*>(max_logit->untyped_data());
@@ -293,7 +297,7 @@ Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi
   FA_RETURN_IF_NOT_OK(expect_like("dv", *dv, "v", *in.v));
   FA_RETURN_IF_NOT_OK(expect_like("dbias", *dbias, "bias", *in.bias));
   if (t->softmax_offset)
-    FA_RETURN_IF_NOT_OK(expect_shape("dsoftmax_offset", *dsoftmax_offset, ffi::DataType::F32,
+    FA_RETURN_IF_NOT_OK(expect_shape("dsoftmax_offset", *dsoftmax_offset, stat_dtype(p),
                                     lead_dims(p, in), {p.heads_q}));
   else
     FA_RETURN_IF_NOT_OK(expect_empty("dsoftmax_offset", *dsoftmax_offset, "there is no softmax_offset"));

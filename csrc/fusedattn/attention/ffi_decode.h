@@ -7,7 +7,7 @@
 //                BS3HD/T3HD:       q = qkv [L, S, 3, H, D], k and v empty
 //                BSHD_BS2HD/THD_T2HD: q [L, Sq, Hq, D], k = kv [L, Skv, 2, Hkv, D], v empty
 //   bias            [V, 1|B, 1|Hq, Sq, Skv] q's dtype, or empty   (V = L minus its last dim)
-//   softmax_offset  [V, Hq] f32 (LEARNABLE_SOFTMAX), or empty
+//   softmax_offset  [V, Hq] f32 (f64 for float64 q, k, v) (LEARNABLE_SOFTMAX), or empty
 //   seed            [V, 2] u32 (read only with dropout), or empty
 //   q_seqlens, kv_seqlens [L, M] int32;  q_offsets, kv_offsets [L, M + 1] int32
 //   index_base      [V, 2] int32 (batch_base, head_base) >= 0, or empty (0, 0): the
@@ -31,6 +31,9 @@
 // max_logit f32 [L, Hq]. Backward: the 11 operands, then out, dout, lse ->
 // dq, dk, dv, dbias (each the shape of its operand; empty for empty),
 // dsoftmax_offset f32 [L, Hq] (empty without softmax_offset).
+// float64 q, k, v (the CPU engine's double form; the CUDA handlers refuse them: Python
+// runs float64 as float32 on the GPU) take every f32 above (softmax_offset, lse,
+// max_logit, dsoftmax_offset) in f64: stat_dtype.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +54,10 @@ struct AttnAttrs {
   int32_t bias_type;
   int32_t softmax_type;
   int32_t is_training;
-  float scale;
-  float dropout;
+  // In double: a float64 call reads them so (cpu::Extras::scale64); AttnParams holds
+  // them rounded to float32.
+  double scale;
+  double dropout;
   int64_t window_left;
   int64_t window_right;
   // Which forward results the caller reads (a backend may skip the others): the lse
@@ -71,8 +76,8 @@ struct AttnScoreModAttrs {
   int32_t bias_type;
   int32_t softmax_type;
   int32_t is_training;
-  float scale;
-  float dropout;
+  double scale;
+  double dropout;
   int64_t window_left;
   int64_t window_right;
   int32_t want_lse;
@@ -100,6 +105,10 @@ struct AttnOperands {
   const ffi::AnyBuffer* kv_offsets;
   const ffi::AnyBuffer* index_base;
 };
+
+// The dtype of the statistics (softmax_offset, lse, max_logit, dsoftmax_offset): f32,
+// f64 for a float64 call.
+ffi::DataType stat_dtype(const AttnParams& p);
 
 // Shapes -> AttnParams (then validate()) and the input pointers of t. Reads no
 // buffer's contents (the CUDA handlers' buffers live on the device).
@@ -176,8 +185,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     fusedattn::ffi_glue::AttnAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
     ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),
     ::xla::ffi::StructMember<int32_t>("softmax_type"),
-    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
-    ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
+    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<double>("scale"),
+    ::xla::ffi::StructMember<double>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
     ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
     ::xla::ffi::StructMember<int32_t>("want_max_logit"),
     ::xla::ffi::StructMember<int32_t>("backend_flags"));
@@ -186,8 +195,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     fusedattn::ffi_glue::AttnScoreModAttrs, ::xla::ffi::StructMember<int32_t>("layout"),
     ::xla::ffi::StructMember<int32_t>("mask_type"), ::xla::ffi::StructMember<int32_t>("bias_type"),
     ::xla::ffi::StructMember<int32_t>("softmax_type"),
-    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<float>("scale"),
-    ::xla::ffi::StructMember<float>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
+    ::xla::ffi::StructMember<int32_t>("is_training"), ::xla::ffi::StructMember<double>("scale"),
+    ::xla::ffi::StructMember<double>("dropout"), ::xla::ffi::StructMember<int64_t>("window_left"),
     ::xla::ffi::StructMember<int64_t>("window_right"), ::xla::ffi::StructMember<int32_t>("want_lse"),
     ::xla::ffi::StructMember<int32_t>("want_max_logit"),
     ::xla::ffi::StructMember<int32_t>("backend_flags"),

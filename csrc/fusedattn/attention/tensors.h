@@ -12,6 +12,9 @@ struct ViewStrides {
   int64_t b = 0, s = 0, h = 0;
 };
 
+// The float pointers (softmax_offset, lse, max_logit, dsoftmax_offset) are float32 for
+// every call the CUDA handlers take; a float64 call's (CPU only) are float64, and the CPU
+// handler reads those from the buffers untyped (ffi_cpu.cc).
 struct AttnTensors {
   // Inputs. Packed layouts point q, k, v (and dq, dk, dv) into one buffer.
   const void* q = nullptr;

@@ -64,9 +64,10 @@ const char* backend_name(int32_t backend) {
 }
 
 Status validate(const AttnParams& p) {
-  if (p.dtype != FA_FLOAT32 && p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
+  if (p.dtype != FA_FLOAT32 && p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16 &&
+      p.dtype != FA_FLOAT64)
     return (Msg() << "dtype: got code " << p.dtype
-                  << "; q, k and v must all be float32, bfloat16 or float16")
+                  << "; q, k and v must all be float32, bfloat16, float16 or float64")
         .invalid();
   if (p.layout < FA_BS3HD || p.layout > FA_THD_THD_THD)
     return (Msg() << "qkv_layout: got code " << p.layout << ", not a QKVLayout").invalid();

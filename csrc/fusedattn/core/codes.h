@@ -9,7 +9,9 @@
 extern "C" {
 #endif
 
-enum FaDType { FA_FLOAT32 = 0, FA_BFLOAT16 = 1, FA_FLOAT16 = 2 };
+// FA_FLOAT64: attention on the CPU only (its engine computes in double; the GPU runs
+// float64 calls as float32, cast by Python).
+enum FaDType { FA_FLOAT32 = 0, FA_BFLOAT16 = 1, FA_FLOAT16 = 2, FA_FLOAT64 = 3 };
 
 enum FaPlatform { FA_PLATFORM_CPU = 0, FA_PLATFORM_CUDA = 1 };
 
@@ -29,6 +31,7 @@ inline const char* dtype_name(int32_t dtype) {
     case FA_FLOAT32: return "float32";
     case FA_BFLOAT16: return "bfloat16";
     case FA_FLOAT16: return "float16";
+    case FA_FLOAT64: return "float64";
   }
   return "unknown";
 }

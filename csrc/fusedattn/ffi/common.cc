@@ -17,6 +17,7 @@ int32_t fa_dtype(ffi::DataType t) {
     case ffi::DataType::F32: return FA_FLOAT32;
     case ffi::DataType::BF16: return FA_BFLOAT16;
     case ffi::DataType::F16: return FA_FLOAT16;
+    case ffi::DataType::F64: return FA_FLOAT64;
     default: return -1;
   }
 }
@@ -25,6 +26,7 @@ ffi::DataType ffi_dtype(int32_t fa) {
   switch (fa) {
     case FA_BFLOAT16: return ffi::DataType::BF16;
     case FA_FLOAT16: return ffi::DataType::F16;
+    case FA_FLOAT64: return ffi::DataType::F64;
     default: return ffi::DataType::F32;
   }
 }

@@ -10,7 +10,7 @@
 //
 // Inputs are random normals rounded to the storage dtype; the reference reads
 // those rounded values back (with decoders written here, not the engine's),
-// so the only differences are the engine's float32 arithmetic and the
+// so the only differences are the engine's float32 (float64: double) arithmetic and the
 // rounding of its outputs. Outputs are poisoned with NaN before each call.
 #include <gtest/gtest.h>
 
@@ -64,6 +64,7 @@ struct Problem {
     Extras x;
     x.seq.q_lens = q_lens.data();
     x.seq.kv_lens = kv_lens.data();
+    x.scale64 = p.scale, x.dropout64 = p.dropout;  // float64 calls read these
     return x;
   }
 
@@ -278,8 +279,7 @@ Inputs make_inputs(const Problem& pr, uint32_t seed) {
 }
 
 struct EngineFwd {
-  Tensor out;
-  std::vector<float> lse, max_logit;
+  Tensor out, lse, max_logit;  // lse, max_logit: float32 (float64 for float64 calls)
 };
 
 struct EngineBwd {
@@ -287,10 +287,9 @@ struct EngineBwd {
 };
 
 EngineFwd run_forward(const Problem& pr, const Inputs& in, bool with_max_logit = true) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  EngineFwd f{Tensor(pr.p.dtype, pr.n_o()), std::vector<float>(pr.n_lse(), nan),
-              std::vector<float>(pr.B() * pr.Hq(), nan)};
-  f.out.poison();
+  const int32_t st = stat_dtype(pr.p.dtype);
+  EngineFwd f{Tensor(pr.p.dtype, pr.n_o()), Tensor(st, pr.n_lse()), Tensor(st, pr.B() * pr.Hq())};
+  f.out.poison(), f.lse.poison(), f.max_logit.poison();
   FwdArgs a{in.q.data(), in.k.data(), in.v.data(), f.out.data(), f.lse.data(),
             with_max_logit ? f.max_logit.data() : nullptr,
             Strides::bshd(pr.Sq(), pr.Hq(), pr.D()), Strides::bshd(pr.Skv(), pr.Hkv(), pr.D()),
@@ -338,8 +337,8 @@ void check_problem(const Problem& pr, uint32_t seed) {
   const EngineFwd f = run_forward(pr, in);
   const std::vector<double> out = f.out.values();
   EXPECT_TRUE(close(out, ref.out, ref.out_mag, tol)) << "out";
-  EXPECT_TRUE(close_logits(values(f.lse), ref.lse)) << "lse";
-  EXPECT_TRUE(close_logits(values(f.max_logit), ref.max_logit)) << "max_logit";
+  EXPECT_TRUE(close_logits(f.lse.values(), ref.lse, logit_tol(pr.p.dtype))) << "lse";
+  EXPECT_TRUE(close_logits(f.max_logit.values(), ref.max_logit, logit_tol(pr.p.dtype))) << "max_logit";
 
   // Which query rows keep any key, and which keys any row keeps (the mask does
   // not depend on the head).
@@ -365,7 +364,7 @@ void check_problem(const Problem& pr, uint32_t seed) {
 
 // --- the grid --------------------------------------------------------------------
 
-constexpr int32_t kDtypes[] = {FA_FLOAT32, FA_BFLOAT16, FA_FLOAT16};
+constexpr int32_t kDtypes[] = {FA_FLOAT32, FA_BFLOAT16, FA_FLOAT16, FA_FLOAT64};
 constexpr int32_t kMasks[] = {FA_NO_MASK,
                               FA_PADDING_MASK,
                               FA_CAUSAL_MASK,
@@ -475,10 +474,10 @@ TEST_P(AttentionProperties, StridedTensorsMatchContiguous) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t d = 0; d < D; ++d) {
           const int64_t src = at(b, s, h, d, S, H, D);
-          qkv.set((((b * S + s) * 3 + 0) * H + h) * D + d, float(in.q.get(src)));
-          qkv.set((((b * S + s) * 3 + 1) * H + h) * D + d, float(in.k.get(src)));
-          qkv.set((((b * S + s) * 3 + 2) * H + h) * D + d, float(in.v.get(src)));
-          dout.set(src, float(in.dout.get(src)));
+          qkv.set((((b * S + s) * 3 + 0) * H + h) * D + d, in.q.get(src));
+          qkv.set((((b * S + s) * 3 + 1) * H + h) * D + d, in.k.get(src));
+          qkv.set((((b * S + s) * 3 + 2) * H + h) * D + d, in.v.get(src));
+          dout.set(src, in.dout.get(src));
         }
   const int64_t es = elem_size(dtype);
   auto at_elem = [&](Tensor& t, int64_t i) {
@@ -492,8 +491,8 @@ TEST_P(AttentionProperties, StridedTensorsMatchContiguous) {
   out.poison();
   dq.poison();
   dkv.poison();
-  std::vector<float> lse(pr.n_lse(), std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> max_logit(B * H, std::numeric_limits<float>::quiet_NaN());
+  Tensor lse(stat_dtype(dtype), pr.n_lse()), max_logit(stat_dtype(dtype), B * H);
+  lse.poison(), max_logit.poison();
   FwdArgs fa{at_elem(qkv, 0), at_elem(qkv, H * D), at_elem(qkv, 2 * H * D), out.data(), lse.data(),
              max_logit.data(), packed, packed, packed, gapped, lse_strides(pr.p), pr.extras()};
   attention_fwd(pr.p, fa);
@@ -532,8 +531,8 @@ TEST_P(AttentionProperties, StridedTensorsMatchContiguous) {
   }
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(gap_writes, 0) << "elements outside the tensors were written";
-  EXPECT_EQ(values(lse), values(f.lse));
-  EXPECT_EQ(values(max_logit), values(f.max_logit));
+  EXPECT_EQ(lse.values(), f.lse.values());
+  EXPECT_EQ(max_logit.values(), f.max_logit.values());
 }
 
 // max_logit is optional: a null pointer changes nothing else.
@@ -543,8 +542,8 @@ TEST_P(AttentionProperties, MaxLogitMayBeNull) {
   const EngineFwd with = run_forward(pr, in, true);
   const EngineFwd without = run_forward(pr, in, false);
   EXPECT_EQ(with.out.values(), without.out.values());
-  EXPECT_EQ(values(with.lse), values(without.lse));
-  for (float x : without.max_logit) EXPECT_TRUE(std::isnan(x)) << "max_logit written through null";
+  EXPECT_EQ(with.lse.values(), without.lse.values());
+  for (double x : without.max_logit.values()) EXPECT_TRUE(std::isnan(x)) << "max_logit written through null";
 }
 
 // Fixed thread count: the forward and dk, dv of the backward are deterministic.
@@ -555,8 +554,8 @@ TEST_P(AttentionProperties, RepeatedCallsAreBitwiseEqual) {
   for (int rep = 0; rep < 3; ++rep) {
     const EngineFwd f2 = run_forward(pr, in);
     EXPECT_EQ(f.out.values(), f2.out.values());
-    EXPECT_EQ(values(f.lse), values(f2.lse));
-    EXPECT_EQ(values(f.max_logit), values(f2.max_logit));
+    EXPECT_EQ(f.lse.values(), f2.lse.values());
+    EXPECT_EQ(f.max_logit.values(), f2.max_logit.values());
   }
   const EngineBwd a = run_backward(pr, in, f);
   for (int rep = 0; rep < 3; ++rep) {
@@ -591,8 +590,8 @@ TEST_P(AttentionProperties, ThreadCountDoesNotChangeResults) {
   const EngineBwd g4 = run_backward(pr, in, f1);
   set_num_threads(0);
   EXPECT_EQ(f1.out.values(), f4.out.values());
-  EXPECT_EQ(values(f1.lse), values(f4.lse));
-  EXPECT_EQ(values(f1.max_logit), values(f4.max_logit));
+  EXPECT_EQ(f1.lse.values(), f4.lse.values());
+  EXPECT_EQ(f1.max_logit.values(), f4.max_logit.values());
   EXPECT_EQ(g1.dk.values(), g4.dk.values());
   EXPECT_EQ(g1.dv.values(), g4.dv.values());
   const std::vector<double> dq1 = g1.dq.values();

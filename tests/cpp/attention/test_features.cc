@@ -3,7 +3,8 @@
 // THD segments (several per row, with gaps, length 0 and 1), sliding windows,
 // PRE/POST_SCALE_BIAS with broadcasting and dbias, OFF_BY_ONE / LEARNABLE
 // softmax with d softmax_offset, dropout (the keep rule of philox.h), and
-// vmap slices (per-slice seed, softmax_offset and bias).
+// vmap slices (per-slice seed, softmax_offset and bias); float64 cases at 1e-12 (the
+// engine in double: softmax_offset, lse, max_logit and d softmax_offset in float64).
 //
 // Shapes: q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv] contiguous;
 // bias [slices, bB, bH, Sq, Skv]; lse [B, Hq, Sq] (BSHD) or [B, Sq, Hq] (THD).
@@ -45,7 +46,7 @@ struct Problem {
   AttnParams p;
   std::vector<int32_t> q_lens, kv_lens, q_offs, kv_offs;  // flattened [B, M], [B, M + 1]
   std::vector<double> bias;                               // [slices, bB, bH, Sq, Skv]
-  std::vector<float> offset;                              // [slices, Hq]
+  std::vector<double> offset;                             // [slices, Hq]
   std::vector<uint32_t> seed;                             // [slices, 2]
   int64_t M = 1;
 
@@ -242,33 +243,38 @@ void check(const Case& c) {
   Tensor v(c.dtype, c.B * c.Skv * c.Hkv * c.Dv), dout(c.dtype, c.B * c.Sq * c.Hq * c.Dv);
   Tensor bias(c.dtype, int64_t(pr.bias.size()));
   q.fill_normal(rng), k.fill_normal(rng), v.fill_normal(rng), dout.fill_normal(rng);
-  for (size_t i = 0; i < pr.bias.size(); ++i) bias.set(int64_t(i), float(pr.bias[i]));
+  for (size_t i = 0; i < pr.bias.size(); ++i) bias.set(int64_t(i), pr.bias[i]);
   Problem rounded = pr;  // the reference reads the bias as stored
   rounded.bias = bias.values();
   const Ref ref = reference(rounded, q.values(), k.values(), v.values(), dout.values());
 
-  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int32_t sdt = stat_dtype(c.dtype);
+  Tensor offset(sdt, int64_t(pr.offset.size()));
+  for (size_t i = 0; i < pr.offset.size(); ++i) offset.set(int64_t(i), pr.offset[i]);
   Extras x;
   x.seq = {pr.q_lens.data(), pr.kv_lens.data(), pr.q_offs.data(), pr.kv_offs.data()};
   x.bias = c.bias_type != FA_NO_BIAS ? bias.data() : nullptr;
   x.sbias = BiasStrides::dense(pr.p);
-  x.softmax_offset = pr.offset.data();
+  x.softmax_offset = offset.data();
   x.seed = pr.seed.data();
+  x.scale64 = pr.p.scale, x.dropout64 = pr.p.dropout;
   const Strides sq = Strides::bshd(c.Sq, c.Hq, c.D), sk = Strides::bshd(c.Skv, c.Hkv, c.D);
   const Strides sv = Strides::bshd(c.Skv, c.Hkv, c.Dv), so = Strides::bshd(c.Sq, c.Hq, c.Dv);
   Tensor out(c.dtype, c.B * c.Sq * c.Hq * c.Dv);
   out.poison();
-  std::vector<float> lse(c.B * c.Sq * c.Hq, nan), max_logit(c.B * c.Hq, nan);
+  Tensor lse(sdt, c.B * c.Sq * c.Hq), max_logit(sdt, c.B * c.Hq);
+  lse.poison(), max_logit.poison();
   attention_fwd(pr.p, FwdArgs{q.data(), k.data(), v.data(), out.data(), lse.data(), max_logit.data(),
                               sq, sk, sv, so, lse_strides(pr.p), x});
   const Tol tol = tol_for(c.dtype);
   EXPECT_TRUE(close(out.values(), ref.out, ref.out_mag, tol)) << "out";
-  EXPECT_TRUE(close_logits(values(lse), ref.lse)) << "lse";
-  EXPECT_TRUE(close_logits(values(max_logit), ref.max_logit)) << "max_logit";
+  EXPECT_TRUE(close_logits(lse.values(), ref.lse, logit_tol(c.dtype))) << "lse";
+  EXPECT_TRUE(close_logits(max_logit.values(), ref.max_logit, logit_tol(c.dtype))) << "max_logit";
 
   Tensor dq(c.dtype, q.size()), dk(c.dtype, k.size()), dv(c.dtype, v.size()), dbias(c.dtype, bias.size());
   dq.poison(), dk.poison(), dv.poison(), dbias.poison();
-  std::vector<float> dsink(c.B * c.Hq, nan);
+  Tensor dsink(sdt, c.B * c.Hq);
+  dsink.poison();
   const bool learnable = c.softmax == FA_LEARNABLE_SOFTMAX;
   attention_bwd(pr.p, BwdArgs{q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
                               dq.data(), dk.data(), dv.data(), x.bias ? dbias.data() : nullptr,
@@ -280,7 +286,7 @@ void check(const Case& c) {
   EXPECT_TRUE(close(dk.values(), ref.dk, ref.dk_mag, tol)) << "dk";
   EXPECT_TRUE(close(dv.values(), ref.dv, ref.dv_mag, tol)) << "dv";
   if (x.bias) EXPECT_TRUE(close(dbias.values(), ref.dbias, ref.dbias_mag, tol)) << "dbias";
-  if (learnable) EXPECT_TRUE(close(values(dsink), ref.dsink, ref.dsink_mag, tol)) << "dsoftmax_offset";
+  if (learnable) EXPECT_TRUE(close(dsink.values(), ref.dsink, ref.dsink_mag, tol)) << "dsoftmax_offset";
 }
 
 class Features : public ::testing::TestWithParam<Case> {};
@@ -355,6 +361,16 @@ std::vector<Case> cases() {
   c.B = 4, c.slices = 2, c.q_lens = {{30}, {70}, {0}, {5}}, c.kv_lens = {{70}, {1}, {20}, {70}};
   c.dropout = 0.3f, c.softmax = FA_LEARNABLE_SOFTMAX;
   c.bias_type = FA_POST_SCALE_BIAS, c.bias_b = 1, c.bias_h = 4;
+  v.push_back(c);
+  // float64: the double engine, every feature at 1e-12 (cases above, in double).
+  const std::vector<Case> lowp = v;
+  for (const char* name : {"thd_everything_bf16", "thd_window_both_sides_f32", "POST_SCALE_BIAS_2x1",
+                           "PRE_SCALE_BIAS_1x4", "neg_inf_bias_f32", "off_by_one_br_sq_gt_skv_f32",
+                           "dropout_bias_f16", "sliding_window_sink_f32", "vmap_slices_f32"})
+    for (Case f : lowp)
+      if (f.name == name) f.name += "_as_f64", f.dtype = FA_FLOAT64, v.push_back(f);
+  c = bshd("head_dim_384_gqa_learnable_f64", FA_FLOAT64, FA_CAUSAL_MASK, 70, 80);
+  c.D = 384, c.Dv = 384, c.softmax = FA_LEARNABLE_SOFTMAX;
   v.push_back(c);
   return v;
 }

@@ -60,7 +60,7 @@ constexpr int32_t kInvalid = FA_INVALID_ARGUMENT;
 
 const Case kCases[] = {
     // Malformed calls.
-    {"dtype_unknown", [](AttnParams& p) { p.dtype = 3; }, kInvalid, {"dtype", "3"}},
+    {"dtype_unknown", [](AttnParams& p) { p.dtype = 4; }, kInvalid, {"dtype", "4"}},
     {"dtype_negative", [](AttnParams& p) { p.dtype = -1; }, kInvalid, {"dtype", "-1"}},
     {"layout_unknown", [](AttnParams& p) { p.layout = 6; }, kInvalid, {"qkv_layout", "6"}},
     {"layout_negative", [](AttnParams& p) { p.layout = -1; }, kInvalid, {"qkv_layout", "-1"}},

@@ -176,7 +176,6 @@ def test_kernel_available_on_the_gpu_with_cuda_flash():
 
 @pytest.mark.parametrize("overrides", [
     dict(kv_dtype=jnp.float16),
-    dict(q_dtype=jnp.float64, kv_dtype=jnp.float64),
     dict(q_num_heads=3, kv_num_heads=2),
     dict(head_dim_qk=600),
     dict(q_max_seqlen=2 ** 20 + 1),
@@ -284,10 +283,17 @@ def test_fallback_serves_every_feature(key, name, monkeypatch):
     assert r is not None
 
 
-def test_float64_names_the_reference_on_the_cpu():
+def test_float64_names_the_engine_on_the_cpu():
     with jax.enable_x64(True):
         info = fusedattn.get_backend(shapes(dtype=jnp.float64), platform="cpu")
-    assert (info.name, info.fused) == ("xla_reference", False) and "float64" in info.reason
+    assert (info.name, info.fused) == ("cpu_flash", True) and "float64" in info.reason
+
+
+def test_float64_kernel_available_on_the_cpu_only():
+    # The CPU engine computes float64 in double; no GPU kernel does (the GPU runs it as
+    # float32).
+    assert available(q_dtype=jnp.float64, kv_dtype=jnp.float64, platform="cpu") is True
+    assert available(q_dtype=jnp.float64, kv_dtype=jnp.float64, platform="gpu") is False
 
 
 @pytest.mark.parametrize("precision, exact", [

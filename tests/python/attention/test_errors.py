@@ -311,7 +311,7 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, i
     offs = jnp.tile(jnp.array([[0, Sq]], jnp.int32), (Bq, 1)) if offs is None else offs
     a = dict(layout=np.int32(QKVLayout.BSHD_BSHD_BSHD), mask_type=np.int32(0),
              bias_type=np.int32(0), softmax_type=np.int32(0), is_training=np.int32(0),
-             scale=np.float32(0.25), dropout=np.float32(0.0), window_left=np.int64(-1),
+             scale=np.float64(0.25), dropout=np.float64(0.0), window_left=np.int64(-1),
              window_right=np.int64(-1), want_lse=np.int32(1), want_max_logit=np.int32(1),
              backend_flags=np.int32(0))
     a.update(attrs)
@@ -330,7 +330,7 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, i
     (dict(bias=jnp.ones((1, 3, S, S)), bias_type=np.int32(1)), "head extent 3"),
     (dict(softmax_type=np.int32(2)), "softmax_offset"),
     (dict(offset=jnp.ones((H,))), "only softmax_type=LEARNABLE_SOFTMAX reads softmax_offset"),
-    (dict(is_training=np.int32(1), dropout=np.float32(0.5)), "seed"),
+    (dict(is_training=np.int32(1), dropout=np.float64(0.5)), "seed"),
     (dict(lens=jnp.ones((B, 2), jnp.int32)), "q_offsets"),
     (dict(layout=np.int32(QKVLayout.THD_THD_THD)), "need a padding mask"),
     (dict(layout=np.int32(QKVLayout.BS3HD)), "expected qkv [B, S, 3, H, D]"),

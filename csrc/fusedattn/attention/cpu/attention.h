@@ -1,18 +1,22 @@
-// The CPU flash-attention engine: tiled, online softmax, float32 accumulation,
-// O(S) extra memory, parallel over (batch, head, tile).
+// The CPU flash-attention engine: tiled, online softmax, float32 accumulation (double
+// for float64 storage: every score, sum, lse, max_logit and gradient in double), O(S)
+// extra memory, parallel over (batch, head, tile).
 //
 //   q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk], v [B, Skv, Hkv, Dv]: strided views
 //     (packed layouts point them into one tensor)
 //   out [B, Sq, Hq, Dv] (q's dtype)
-//   lse f32: [B, Hq, Sq] for BSHD layouts, [B, Sq, Hq] for THD ones (strided view)
-//   max_logit [B, Hq] f32 (may be null)
+//   lse f32 (f64 for float64): [B, Hq, Sq] for BSHD layouts, [B, Sq, Hq] for THD ones
+//     (strided view)
+//   max_logit [B, Hq] f32 (f64 for float64; may be null)
 //   bias [slices, 1|Bs, 1|Hq, Sq, Skv] in q's dtype (Bs = batch / slices; may be null)
-//   softmax_offset [slices, Hq] f32 (LEARNABLE_SOFTMAX only), seed [slices, 2] u32
-//     (dropout only), seqlens [B, M] and offsets [B, M + 1] int32 (attention/mask.h)
+//   softmax_offset [slices, Hq] f32 (f64 for float64; LEARNABLE_SOFTMAX only), seed
+//     [slices, 2] u32 (dropout only), seqlens [B, M] and offsets [B, M + 1] int32
+//     (attention/mask.h)
 //   index_base [slices, 2] int32 (batch_base, head_base) >= 0, or [slices, 6] (batch_base,
 //     head_base, q_pos, kv_pos, q_extent, kv_extent) or [slices, 8] (.., stripe, stride)
 //     of a block of a bigger call (mask.h); may be null: (0, 0)
-// Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias.
+// Element type is p.dtype for q, k, v, out, dout, dq, dk, dv, bias, dbias. A float64 call
+// takes no score_mod (its interpreter computes in float32: the reference serves those).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +54,7 @@ struct Extras {
   SeqArgs seq;
   const void* bias = nullptr;
   BiasStrides sbias{};
-  const float* softmax_offset = nullptr;
+  const void* softmax_offset = nullptr;  // float32; double for float64
   const uint32_t* seed = nullptr;
   // The global index of batch entry 0 (within the slice) and q head 0, for a call that is
   // one device's shard of a bigger one: dropout's Philox counter and score_mod's batch and
@@ -66,6 +70,9 @@ struct Extras {
   // The bias is a folded boolean mask (backend.h: kRequestMaskBias): its masked_bias<T>()
   // entries drop their keys, and tiles they fill are skipped.
   bool mask_bias = false;
+  // A float64 call's scale and dropout probability in double (AttnParams holds them
+  // rounded to float32): the float64 engine reads these, the float32 one p's.
+  double scale64 = 0.0, dropout64 = 0.0;
 };
 
 inline bool is_block(const Extras& x) { return x.index_base && x.index_cols > 2; }
@@ -82,8 +89,8 @@ struct FwdArgs {
   const void* k;
   const void* v;
   void* out;
-  float* lse;
-  float* max_logit;  // may be null
+  void* lse;        // float32; double for float64 (so are max_logit's)
+  void* max_logit;  // may be null
   Strides sq, sk, sv, so, slse;
   Extras x;
 };
@@ -94,12 +101,12 @@ struct BwdArgs {
   const void* v;
   const void* out;
   const void* dout;
-  const float* lse;
+  const void* lse;  // float32; double for float64 (so are dsoftmax_offset's)
   void* dq;
   void* dk;
   void* dv;
   void* dbias;             // bias's shape and strides; null: not computed
-  float* dsoftmax_offset;  // [B, Hq]; null: not computed
+  void* dsoftmax_offset;  // [B, Hq]; null: not computed
   Strides sq, sk, sv, so, sdo, slse, sdq, sdk, sdv;
   Extras x;
   float* dscore_mod_operands = nullptr;  // [slices, score_mod total_size] f32; null: not computed

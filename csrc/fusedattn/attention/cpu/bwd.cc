@@ -9,7 +9,8 @@
 //
 // One task = one (batch, kv head, 64-key tile): it owns its rows of dK and dV
 // (summed over the q heads of its GQA group) and adds its share of dQ into a
-// float32 accumulator. When dbias is reduced over a broadcast batch or head
+// float32 accumulator (A = acc_t<T>: every accumulator is double for float64 storage).
+// When dbias is reduced over a broadcast batch or head
 // dimension, one task takes every (batch, kv head) sharing its bias plane, so
 // it owns that part of dbias too. Tasks are dealt to chunks by a fixed rule
 // (task % chunks), each chunk has its own dQ accumulator, and the chunks are
@@ -42,26 +43,27 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // delta [B, Hq, Sq] = rowsum(dO * O), and d softmax_offset [B, Hq] when asked.
-template <class T>
-std::vector<float> row_deltas(const AttnParams& p, const BwdArgs& a) {
+template <class T, class A = acc_t<T>>
+std::vector<A> row_deltas(const AttnParams& p, const BwdArgs& a) {
   const int64_t B = p.batch, Sq = p.seqlen_q, Hq = p.heads_q, Dv = p.head_dim_v;
   const int64_t n_qt = (Sq + kBq - 1) / kBq;
   const T* o = static_cast<const T*>(a.out);
   const T* dout = static_cast<const T*>(a.dout);
   const bool dsink = a.dsoftmax_offset && p.softmax_type == FA_LEARNABLE_SOFTMAX;
-  std::vector<float> delta(B * Hq * Sq);
+  const A* lse_in = static_cast<const A*>(a.lse);
+  std::vector<A> delta(B * Hq * Sq);
   std::vector<double> sink_part(dsink ? B * Hq * n_qt : 0);
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
     const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
-    const float sink = dsink ? sink_logit(p, a.x, b / slice_batch(p), h) : 0.0f;
+    const A sink = dsink ? sink_logit<A>(p, a.x, b / slice_batch(p), h) : A(0);
     double part = 0.0;
     for (int64_t i = qt * kBq; i < std::min(Sq, (qt + 1) * kBq); ++i) {
       const T* orow = o + b * a.so.b + i * a.so.s + h * a.so.h;
       const T* drow = dout + b * a.sdo.b + i * a.sdo.s + h * a.sdo.h;
-      float sum = 0.0f;
-      for (int64_t c = 0; c < Dv; ++c) sum += to_float(orow[c]) * to_float(drow[c]);
+      A sum = A(0);
+      for (int64_t c = 0; c < Dv; ++c) sum += widen(orow[c]) * widen(drow[c]);
       delta[(b * Hq + h) * Sq + i] = sum;
-      const float lse = a.lse[b * a.slse.b + h * a.slse.h + i * a.slse.s];
+      const A lse = lse_in[b * a.slse.b + h * a.slse.h + i * a.slse.s];
       // Padding rows (lse -inf): none; a +inf sink has probability 1 (delta is 0 there).
       if (dsink && lse != kNegInf) part += (sink == lse ? 1.0 : std::exp(double(sink) - lse)) * sum;
     }
@@ -71,7 +73,7 @@ std::vector<float> row_deltas(const AttnParams& p, const BwdArgs& a) {
     for (int64_t bh = 0; bh < B * Hq; ++bh) {
       double sum = 0.0;
       for (int64_t qt = 0; qt < n_qt; ++qt) sum += sink_part[bh * n_qt + qt];
-      a.dsoftmax_offset[bh] = float(-sum);
+      static_cast<A*>(a.dsoftmax_offset)[bh] = A(-sum);
     }
   }
   return delta;
@@ -79,6 +81,8 @@ std::vector<float> row_deltas(const AttnParams& p, const BwdArgs& a) {
 
 template <class T>
 void backward(const AttnParams& p, const BwdArgs& a) {
+  using A = acc_t<T>;
+  constexpr bool kScoreMod = std::is_same_v<A, float>;  // the interpreter's type
   const int64_t B = p.batch, Sq = p.seqlen_q, Skv = p.seqlen_kv;
   const int64_t Hq = p.heads_q, Hkv = p.heads_kv, group = p.heads_q / p.heads_kv;
   const int64_t D = p.head_dim_qk, Dv = p.head_dim_v;
@@ -89,51 +93,52 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   const T* dout = static_cast<const T*>(a.dout);
-  const float bmul = bias_mul(p);
+  const A* lse_in = static_cast<const A*>(a.lse);
+  const A scale = attn_scale<A>(p, a.x), bmul = bias_mul<A>(p, a.x);
   RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
   const MaskTiles mask_tiles = narrow_to_mask<T>(ranges, p, a.x);
-  const std::vector<float> delta = row_deltas<T>(p, a);
+  const std::vector<A> delta = row_deltas<T>(p, a);
 
-  // dbias [slices, bias_batch, bias_heads, Sq, Skv], accumulated in float32.
+  // dbias [slices, bias_batch, bias_heads, Sq, Skv], accumulated in A (in place when
+  // that is the storage type).
   const bool want_dbias = a.dbias && a.x.bias;
   const BiasStrides sdb = BiasStrides::dense(p);
   const int64_t n_dbias = want_dbias ? p.num_slices * sdb.slice : 0;
-  std::vector<float> dbias_buf(std::is_same_v<T, float> ? 0 : n_dbias);
-  float* dbias_acc = !want_dbias ? nullptr
-                     : std::is_same_v<T, float> ? static_cast<float*>(a.dbias)
-                                                : dbias_buf.data();
-  if (dbias_acc && std::is_same_v<T, float>) std::memset(dbias_acc, 0, n_dbias * sizeof(float));
+  constexpr bool kInPlace = std::is_same_v<T, A>;
+  std::vector<A> dbias_buf(kInPlace ? 0 : n_dbias);
+  A* dbias_acc = !want_dbias ? nullptr : kInPlace ? static_cast<A*>(a.dbias) : dbias_buf.data();
+  if (dbias_acc && kInPlace) std::memset(dbias_acc, 0, n_dbias * sizeof(A));
   const bool merge_b = want_dbias && p.bias_batch == 1 && bs > 1;
   const bool merge_h = want_dbias && p.bias_heads == 1 && Hkv > 1;
   const int64_t b_owners = merge_b ? p.num_slices : B, b_members = merge_b ? bs : 1;
   const int64_t h_owners = merge_h ? 1 : Hkv, h_members = merge_h ? Hkv : 1;
 
-  // dq_acc[chunk] is [B, Hq, Sqp, Dp] float32.
+  // dq_acc[chunk] is [B, Hq, Sqp, Dp] in A.
   const int64_t n_tasks = b_owners * h_owners * n_kt, n_chunks = std::min<int64_t>(max_slots(), n_tasks);
-  std::vector<std::unique_ptr<Buffer>> dq_acc(n_chunks);
+  std::vector<std::unique_ptr<Buffer<A>>> dq_acc(n_chunks);
   // Per-chunk float32 accumulators of the score_mod operands' gradients [slices, total].
   const ScoreMod* sm = a.x.score_mod;
   const int64_t n_dop = sm && a.dscore_mod_operands ? p.num_slices * sm->total_size() : 0;
   std::vector<std::vector<float>> dop_acc(n_dop ? n_chunks : 0);
 
-  auto kv_tile = [&](int64_t b, int64_t hk, int64_t kt_i, float* dq_chunk, float* dop_chunk) {
+  auto kv_tile = [&](int64_t b, int64_t hk, int64_t kt_i, A* dq_chunk, float* dop_chunk) {
     const int64_t k0 = kt_i * kBk, cols = std::min(kBk, Skv - k0);
-    Buffer kf(kBk * Dp), kt(Dp * kBk), vt(Dvp * kBk), qf(kBq * Dp), dof(kBq * Dvp), z(kBk);
-    Buffer s(kBq * kBk), dp(kBq * kBk), pt(kBk * kBq), dst(kBk * kBq);
-    Buffer raw(kBk), smod(kBk);  // score_mod: the raw and the modified scores of a row
-    Buffer dk_acc(kBk * Dp), dv_acc(kBk * Dvp);
+    Buffer<A> kf(kBk * Dp), kt(Dp * kBk), vt(Dvp * kBk), qf(kBq * Dp), dof(kBq * Dvp), z(kBk);
+    Buffer<A> s(kBq * kBk), dp(kBq * kBk), pt(kBk * kBq), dst(kBk * kBq);
+    Buffer<A> raw(kBk), smod(kBk);  // score_mod: the raw and the modified scores of a row
+    Buffer<A> dk_acc(kBk * Dp), dv_acc(kBk * Dvp);
     const T* kbase = k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h;
-    load_rows(kbase, a.sk.s, cols, D, 1.0f, kf.data(), kBk, Dp);
+    load_rows(kbase, a.sk.s, cols, D, A(1), kf.data(), kBk, Dp);
     load_rows_transposed(kbase, a.sk.s, cols, D, kt.data(), Dp, kBk);
     load_rows_transposed(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, vt.data(), Dvp, kBk);
 
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-      const float* dl = delta.data() + (b * Hq + h) * Sq;
+      const A* dl = delta.data() + (b * Hq + h) * Sq;
       const T* bias = bias_plane<T>(p, a.x, b, h);
       const bool mask_bias = bias && a.x.mask_bias;
       const float mv = mask_bias ? masked_bias<T>() : 0.0f;
-      float* dbias = dbias_acc ? dbias_acc + (b / bs) * sdb.slice + (b % bs) * sdb.b + h * sdb.h : nullptr;
-      const Dropout dropout(p, a.x, b, h);
+      A* dbias = dbias_acc ? dbias_acc + (b / bs) * sdb.slice + (b % bs) * sdb.b + h * sdb.h : nullptr;
+      const Dropout<A> dropout(p, a.x, b, h);
       ScoreModRows score_mod(p, a.x, ranges, b, h);
       float* dop = dop_chunk ? dop_chunk + score_mod.slice() * sm->total_size() : nullptr;
       for (int64_t qt = 0; qt < n_qt; ++qt) {
@@ -153,68 +158,70 @@ void backward(const AttnParams& p, const BwdArgs& a) {
           if (tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv)) continue;
         }
 
-        load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, 1.0f, qf.data(), kBq, Dp);
-        load_rows(dout + b * a.sdo.b + q0 * a.sdo.s + h * a.sdo.h, a.sdo.s, rows, Dv, 1.0f, dof.data(), kBq, Dvp);
+        load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, A(1), qf.data(), kBq, Dp);
+        load_rows(dout + b * a.sdo.b + q0 * a.sdo.s + h * a.sdo.h, a.sdo.s, rows, Dv, A(1), dof.data(), kBq, Dvp);
         gemm<false>(kBq, kBk, Dp, qf.data(), Dp, kt.data(), kBk, s.data(), kBk);
         gemm<false>(kBq, kBk, Dvp, dof.data(), Dvp, vt.data(), kBk, dp.data(), kBk);
 
         for (int64_t r = 0; r < kBq; ++r) {
-          float* sr = s.data() + r * kBk;   // becomes Z * P
-          float* dr = dp.data() + r * kBk;  // becomes dS
+          A* sr = s.data() + r * kBk;   // becomes Z * P
+          A* dr = dp.data() + r * kBk;  // becomes dS
           const int64_t row = ranges.row(b, q0 + r);
-          const float row_lse = r < rows ? a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] : kNegInf;
+          const A row_lse = r < rows ? lse_in[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] : kNegInf;
           // A row with lse -inf kept nothing (padding, or every kept score -inf), one
           // with lse +inf gave everything to a +inf sink; a NaN lse is live (NaN out).
           const bool live = r < rows && row_lse != kNegInf && row_lse != -kNegInf;
           const bool nan_row = row_lse != row_lse;
           const int64_t c_lo = live ? std::clamp<int64_t>(ranges.lo[row] - k0, 0, kBk) : 0;
           const int64_t c_hi = live ? std::clamp<int64_t>(ranges.hi[row] - k0, c_lo, kBk) : 0;
-          const float row_delta = r < rows ? dl[q0 + r] : 0.0f;
-          float sc = p.scale;
+          const A row_delta = r < rows ? dl[q0 + r] : A(0);
+          A sc = scale;
           if (tb && c_lo < c_hi) {  // full logits in sr, so the exp below takes scale 1
             const T* brow = tb + (q0 + r) * a.x.sbias.s + k0;
-            for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = sr[c] * p.scale + bmul * to_float(brow[c]);
-            sc = 1.0f;
+            for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = sr[c] * scale + bmul * widen(brow[c]);
+            sc = A(1);
           }
-          const bool modded = score_mod.on() && c_lo < c_hi;
-          if (modded) {  // sr: the raw logits (kept in raw), then fn of them
-            for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= sc;
-            sc = 1.0f;
-            std::copy(sr + c_lo, sr + c_hi, raw.data() + c_lo);
-            score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
-            std::copy(sr + c_lo, sr + c_hi, smod.data() + c_lo);
-          }
+          const bool modded = kScoreMod && score_mod.on() && c_lo < c_hi;
+          if constexpr (kScoreMod)
+            if (modded) {  // sr: the raw logits (kept in raw), then fn of them
+              for (int64_t c = c_lo; c < c_hi; ++c) sr[c] *= sc;
+              sc = 1.0f;
+              std::copy(sr + c_lo, sr + c_hi, raw.data() + c_lo);
+              score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
+              std::copy(sr + c_lo, sr + c_hi, smod.data() + c_lo);
+            }
           const bool drop = dropout.on() && c_lo < c_hi;
           if (!drop) {
             for (int64_t c = 0; c < kBk; ++c) {
               const bool keep = c >= c_lo && c < c_hi;
-              const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
+              const A pr = keep ? acc_exp(sr[c] * sc - row_lse) : A(0);
               sr[c] = pr;
-              dr[c] = keep ? pr * (dr[c] - row_delta) : 0.0f;  // a NaN delta or dP stays out
+              dr[c] = keep ? pr * (dr[c] - row_delta) : A(0);  // a NaN delta or dP stays out
             }
           } else {
             dropout.fill_row(q0 + r, k0, z.data());
             for (int64_t c = 0; c < kBk; ++c) {
               const bool keep = c >= c_lo && c < c_hi;
-              const float pr = keep ? fast_exp(sr[c] * sc - row_lse) : 0.0f;
-              const float zc = keep ? z.data()[c] : 0.0f;
-              sr[c] = zc != 0.0f ? zc * pr : 0.0f;  // a dropped NaN stays dropped
-              dr[c] = keep ? pr * (zc * dr[c] - row_delta) : 0.0f;
+              const A pr = keep ? acc_exp(sr[c] * sc - row_lse) : A(0);
+              const A zc = keep ? z.data()[c] : A(0);
+              sr[c] = zc != A(0) ? zc * pr : A(0);  // a dropped NaN stays dropped
+              dr[c] = keep ? pr * (zc * dr[c] - row_delta) : A(0);
             }
           }
           if (tb && c_lo < c_hi && !nan_row) {  // a -inf bias keeps nothing; fast_exp would give ~1e-38
             const T* brow = tb + (q0 + r) * a.x.sbias.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c)
-              if (to_float(brow[c]) == kNegInf || (mask_bias && to_float(brow[c]) == mv)) sr[c] = dr[c] = 0.0f;
+              if (widen(brow[c]) == kNegInf || (mask_bias && widen(brow[c]) == mv)) sr[c] = dr[c] = A(0);
           }
-          if (modded) {  // a score fn set to -inf keeps nothing; dS of the raw logits
-            if (!nan_row)
-              for (int64_t c = c_lo; c < c_hi; ++c)
-                if (smod.data()[c] == kNegInf) sr[c] = dr[c] = 0.0f;
-            score_mod.backward(q0 + r, k0, raw.data(), dr, c_lo, c_hi, dop);
-          }
+          if constexpr (kScoreMod)
+            if (modded) {  // a score fn set to -inf keeps nothing; dS of the raw logits
+              if (!nan_row)
+                for (int64_t c = c_lo; c < c_hi; ++c)
+                  if (smod.data()[c] == kNegInf) sr[c] = dr[c] = 0.0f;
+              score_mod.backward(q0 + r, k0, raw.data(), dr, c_lo, c_hi, dop);
+            }
           if (dbias && c_lo < c_hi) {
-            float* dbr = dbias + (q0 + r) * sdb.s + k0;
+            A* dbr = dbias + (q0 + r) * sdb.s + k0;
             for (int64_t c = c_lo; c < c_hi; ++c) dbr[c] += bmul * dr[c];
           }
         }
@@ -230,17 +237,17 @@ void backward(const AttnParams& p, const BwdArgs& a) {
     T* dk = static_cast<T*>(a.dk);
     T* dv = static_cast<T*>(a.dv);
     for (int64_t c = 0; c < cols; ++c) {
-      store_row(dk_acc.data() + c * Dp, D, p.scale, dk + b * a.sdk.b + (k0 + c) * a.sdk.s + hk * a.sdk.h);
-      store_row(dv_acc.data() + c * Dvp, Dv, 1.0f, dv + b * a.sdv.b + (k0 + c) * a.sdv.s + hk * a.sdv.h);
+      store_row(dk_acc.data() + c * Dp, D, scale, dk + b * a.sdk.b + (k0 + c) * a.sdk.s + hk * a.sdk.h);
+      store_row(dv_acc.data() + c * Dvp, Dv, A(1), dv + b * a.sdv.b + (k0 + c) * a.sdv.s + hk * a.sdv.h);
     }
   };
-  auto task_fn = [&](int64_t task, float* dq_chunk, float* dop_chunk) {
+  auto task_fn = [&](int64_t task, A* dq_chunk, float* dop_chunk) {
     const int64_t kt_i = task % n_kt, oh = (task / n_kt) % h_owners, ob = task / (n_kt * h_owners);
     for (int64_t b = ob * b_members; b < (ob + 1) * b_members; ++b)
       for (int64_t hk = oh * h_members; hk < (oh + 1) * h_members; ++hk) kv_tile(b, hk, kt_i, dq_chunk, dop_chunk);
   };
   parallel_for(n_chunks, [&](int64_t chunk, int) {
-    dq_acc[chunk] = std::make_unique<Buffer>(B * Hq * Sqp * Dp);
+    dq_acc[chunk] = std::make_unique<Buffer<A>>(B * Hq * Sqp * Dp);
     if (n_dop) dop_acc[chunk].assign(n_dop, 0.0f);
     float* dop_chunk = n_dop ? dop_acc[chunk].data() : nullptr;
     for (int64_t task = chunk; task < n_tasks; task += n_chunks)
@@ -258,14 +265,14 @@ void backward(const AttnParams& p, const BwdArgs& a) {
   T* dq = static_cast<T*>(a.dq);
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
     const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
-    std::vector<float> row(Dp);
+    std::vector<A> row(Dp);
     for (int64_t i = qt * kBq; i < std::min(Sq, (qt + 1) * kBq); ++i) {
-      std::fill(row.begin(), row.end(), 0.0f);
+      std::fill(row.begin(), row.end(), A(0));
       for (auto& acc : dq_acc) {
-        const float* src = acc->data() + ((b * Hq + h) * Sqp + i) * Dp;
+        const A* src = acc->data() + ((b * Hq + h) * Sqp + i) * Dp;
         for (int64_t c = 0; c < Dp; ++c) row[c] += src[c];
       }
-      store_row(row.data(), D, p.scale, dq + b * a.sdq.b + i * a.sdq.s + h * a.sdq.h);
+      store_row(row.data(), D, scale, dq + b * a.sdq.b + i * a.sdq.s + h * a.sdq.h);
     }
   });
 
@@ -274,7 +281,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
     T* dbias = static_cast<T*>(a.dbias);
     parallel_for((n_rows + 255) / 256, [&](int64_t chunk, int) {
       for (int64_t r = chunk * 256; r < std::min(n_rows, (chunk + 1) * 256); ++r)
-        store_row(dbias_buf.data() + r * Skv, Skv, 1.0f, dbias + r * Skv);
+        store_row(dbias_buf.data() + r * Skv, Skv, A(1), dbias + r * Skv);
     });
   }
 }
@@ -282,7 +289,7 @@ void backward(const AttnParams& p, const BwdArgs& a) {
 }  // namespace
 
 void attention_bwd(const AttnParams& p, const BwdArgs& a) {
-  dispatch_dtype(p.dtype, [&](auto t) { backward<decltype(t)>(p, a); });
+  dispatch_dtype_f64(p.dtype, [&](auto t) { backward<decltype(t)>(p, a); });
 }
 
 }  // namespace fusedattn::cpu

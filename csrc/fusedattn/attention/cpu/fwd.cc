@@ -2,8 +2,9 @@
 //
 // One task = one (batch, q head, 64-row query tile). It streams the key tiles
 // its rows can see, keeps the running row max m and row sum l (online
-// softmax), and rescales its float32 output accumulator as m grows. Nothing of
-// size Sq x Skv is ever stored. The softmax's extra logit (OFF_BY_ONE /
+// softmax), and rescales its float32 output accumulator as m grows (A = acc_t<T>:
+// float32, or double throughout for float64 storage). Nothing of size Sq x Skv is
+// ever stored. The softmax's extra logit (OFF_BY_ONE /
 // LEARNABLE) enters as the starting state m = sink, l = 1 of every query row:
 // a key whose value is zero. Dropout scales the probabilities after they
 // entered l, so l stays the undropped normalizer.
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "fusedattn/attention/cpu/attention.h"
@@ -34,6 +36,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 template <class T>
 void forward(const AttnParams& p, const FwdArgs& a) {
+  using A = acc_t<T>;
+  constexpr bool kScoreMod = std::is_same_v<A, float>;  // the interpreter's type
   const int64_t B = p.batch, Sq = p.seqlen_q, Skv = p.seqlen_kv;
   const int64_t Hq = p.heads_q, group = p.heads_q / p.heads_kv;
   const int64_t D = p.head_dim_qk, Dv = p.head_dim_v;
@@ -43,23 +47,24 @@ void forward(const AttnParams& p, const FwdArgs& a) {
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   T* out = static_cast<T*>(a.out);
-  const float bmul = bias_mul(p);
+  A* lse_out = static_cast<A*>(a.lse);
+  const A bmul = bias_mul<A>(p, a.x);
   RowRanges ranges = build_row_ranges(p, seq_args(a.x), kBq);
   const MaskTiles mask_tiles = narrow_to_mask<T>(ranges, p, a.x);
-  std::vector<float> tile_max(B * Hq * n_qt, kNegInf);
+  std::vector<A> tile_max(B * Hq * n_qt, kNegInf);
 
   parallel_for(B * Hq * n_qt, [&](int64_t task, int) {
     const int64_t qt = task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
     const int64_t hk = h / group, q0 = qt * kBq, rows = std::min(kBq, Sq - q0);
-    const float sink = sink_logit(p, a.x, b / slice_batch(p), h);
+    const A sink = sink_logit<A>(p, a.x, b / slice_batch(p), h);
     const T* bias = bias_plane<T>(p, a.x, b, h);
     const bool mask_bias = bias && a.x.mask_bias;
     const float mv = mask_bias ? masked_bias<T>() : 0.0f;
-    const Dropout dropout(p, a.x, b, h);
+    const Dropout<A> dropout(p, a.x, b, h);
     ScoreModRows score_mod(p, a.x, ranges, b, h);
 
     int64_t lo[kBq], hi[kBq];
-    float m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys
+    A m[kBq], l[kBq], mx[kBq];  // running max (sink included), sum, max of real keys
     for (int64_t r = 0; r < kBq; ++r) {
       const int64_t row = ranges.row(b, q0 + r);
       const bool real = r < rows && ranges.real[row];
@@ -68,15 +73,16 @@ void forward(const AttnParams& p, const FwdArgs& a) {
       m[r] = real ? sink : kNegInf;
       // The sink's exp(sink - m) = 1. A NaN sink: m NaN, which poisons the row once
       // it keeps a key; a row that keeps none gives output 0 and lse NaN.
-      l[r] = real && sink != kNegInf ? 1.0f : 0.0f;
+      l[r] = real && sink != kNegInf ? A(1) : A(0);
       mx[r] = kNegInf;
     }
     const int64_t tile_lo = ranges.tile_lo[ranges.tile_index(b, qt)];
     const int64_t tile_hi = ranges.tile_hi[ranges.tile_index(b, qt)];
 
-    Buffer qf(kBq * Dp), kt(Dp * kBk), vf(kBk * Dvp), s(kBq * kBk), acc(kBq * Dvp), z(kBk);
+    Buffer<A> qf(kBq * Dp), kt(Dp * kBk), vf(kBk * Dvp), s(kBq * kBk), acc(kBq * Dvp), z(kBk);
     // The scale is folded into q so the scores come out of the gemm scaled.
-    load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, p.scale, qf.data(), kBq, Dp);
+    load_rows(q + b * a.sq.b + q0 * a.sq.s + h * a.sq.h, a.sq.s, rows, D, attn_scale<A>(p, a.x),
+              qf.data(), kBq, Dp);
 
     for (int64_t k0 = tile_lo / kBk * kBk; k0 < tile_hi; k0 += kBk) {
       const int64_t cols = std::min(kBk, Skv - k0);
@@ -88,44 +94,45 @@ void forward(const AttnParams& p, const FwdArgs& a) {
           tile_masked(bias + q0 * a.x.sbias.s + k0, a.x.sbias.s, rows, lo, hi, k0, cols, mv))
         continue;
       load_rows_transposed(k + b * a.sk.b + k0 * a.sk.s + hk * a.sk.h, a.sk.s, cols, D, kt.data(), Dp, kBk);
-      load_rows(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, 1.0f, vf.data(), kBk, Dvp);
+      load_rows(v + b * a.sv.b + k0 * a.sv.s + hk * a.sv.h, a.sv.s, cols, Dv, A(1), vf.data(), kBk, Dvp);
       gemm<false>(kBq, kBk, Dp, qf.data(), Dp, kt.data(), kBk, s.data(), kBk);
 
       for (int64_t r = 0; r < kBq; ++r) {
-        float* sr = s.data() + r * kBk;
+        A* sr = s.data() + r * kBk;
         // Kept columns of this row in this tile: [c_lo, c_hi), inside [0, cols).
         const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, kBk);
         const int64_t c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, kBk);
         if (tb) add_bias(tb + (q0 + r) * a.x.sbias.s + k0, bmul, sr, c_lo, c_hi);
-        if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
+        if constexpr (kScoreMod)
+          if (score_mod.on()) score_mod.forward(q0 + r, k0, sr, c_lo, c_hi);
         if (mask_bias && tb) drop_masked(tb + (q0 + r) * a.x.sbias.s + k0, mv, sr, c_lo, c_hi);
-        float row_max = kNegInf;
+        A row_max = kNegInf;
         bool nan = false;  // an OR of compares, not a branch: the loop stays vectorized
         for (int64_t c = 0; c < kBk; ++c) {
           sr[c] = (c >= c_lo && c < c_hi) ? sr[c] : kNegInf;
           row_max = std::max(row_max, sr[c]);
           nan |= sr[c] != sr[c];
         }
-        if (nan) row_max = std::numeric_limits<float>::quiet_NaN();
+        if (nan) row_max = std::numeric_limits<A>::quiet_NaN();
         mx[r] = nan_max(mx[r], row_max);
-        const float m_new = nan_max(m[r], row_max);
+        const A m_new = nan_max(m[r], row_max);
         if (!(m_new > kNegInf)) {  // nothing kept in this row so far (-inf), or a NaN
           if (m_new != m_new && c_lo < c_hi) m[r] = l[r] = m_new;  // poisoned for good
-          std::fill(sr, sr + kBk, 0.0f);
+          std::fill(sr, sr + kBk, A(0));
           continue;
         }
         // m[r] == m_new: alpha 1, also when both are +inf (a +inf sink).
-        const float alpha = m[r] == m_new ? 1.0f : m[r] == kNegInf ? 0.0f : fast_exp(m[r] - m_new);
-        float sum = 0.0f;
+        const A alpha = m[r] == m_new ? A(1) : m[r] == kNegInf ? A(0) : acc_exp(m[r] - m_new);
+        A sum = A(0);
         for (int64_t c = 0; c < kBk; ++c) {
-          const float d = sr[c] - m_new;  // -inf for masked keys, and for all under a +inf max
-          const float e = fast_exp(d);
-          sr[c] = d == kNegInf ? 0.0f : e;
+          const A d = sr[c] - m_new;  // -inf for masked keys, and for all under a +inf max
+          const A e = acc_exp(d);
+          sr[c] = d == kNegInf ? A(0) : e;
           sum += sr[c];
         }
         l[r] = l[r] * alpha + sum;
         m[r] = m_new;
-        float* ar = acc.data() + r * Dvp;
+        A* ar = acc.data() + r * Dvp;
         for (int64_t c = 0; c < Dvp; ++c) ar[c] *= alpha;
         if (dropout.on() && c_lo < c_hi) {
           dropout.fill_row(q0 + r, k0, z.data());
@@ -135,16 +142,16 @@ void forward(const AttnParams& p, const FwdArgs& a) {
       gemm<true>(kBq, Dvp, kBk, s.data(), kBk, vf.data(), Dvp, acc.data(), Dvp);
     }
 
-    float local_max = kNegInf;
+    A local_max = kNegInf;
     for (int64_t r = 0; r < rows; ++r) {
-      const bool any = l[r] != 0.0f;  // a NaN l is "any": its NaN reaches out and lse
+      const bool any = l[r] != A(0);  // a NaN l is "any": its NaN reaches out and lse
       // A row that keeps no key is exactly 0 (a sink may hold all its mass): its
       // accumulator may hold 0 * inf = NaN from a value row the tile's gemm met with
       // weight 0.
-      store_row(acc.data() + r * Dvp, Dv, any ? 1.0f / l[r] : 0.0f,
+      store_row(acc.data() + r * Dvp, Dv, any ? A(1) / l[r] : A(0),
                 out + b * a.so.b + (q0 + r) * a.so.s + h * a.so.h,
                 /*zero=*/!any || hi[r] <= lo[r]);
-      a.lse[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
+      lse_out[b * a.slse.b + h * a.slse.h + (q0 + r) * a.slse.s] = any ? m[r] + std::log(l[r]) : kNegInf;
       local_max = nan_max(local_max, mx[r]);
     }
     tile_max[task] = local_max;
@@ -152,9 +159,9 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 
   if (a.max_logit) {
     for (int64_t bh = 0; bh < B * Hq; ++bh) {
-      float mb = kNegInf;
+      A mb = kNegInf;
       for (int64_t t = 0; t < n_qt; ++t) mb = nan_max(mb, tile_max[bh * n_qt + t]);
-      a.max_logit[bh] = mb;
+      static_cast<A*>(a.max_logit)[bh] = mb;
     }
   }
 }
@@ -162,7 +169,7 @@ void forward(const AttnParams& p, const FwdArgs& a) {
 }  // namespace
 
 void attention_fwd(const AttnParams& p, const FwdArgs& a) {
-  dispatch_dtype(p.dtype, [&](auto t) { forward<decltype(t)>(p, a); });
+  dispatch_dtype_f64(p.dtype, [&](auto t) { forward<decltype(t)>(p, a); });
 }
 
 }  // namespace fusedattn::cpu

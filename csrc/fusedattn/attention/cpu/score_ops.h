@@ -23,20 +23,29 @@
 namespace fusedattn::cpu {
 
 // The extra logit of OFF_BY_ONE (0) and LEARNABLE (softmax_offset[slice, h])
-// softmax; -inf (no extra term) for VANILLA.
-inline float sink_logit(const AttnParams& p, const Extras& x, int64_t slice, int64_t h) {
+// softmax; -inf (no extra term) for VANILLA. A: the arithmetic type (the offset's).
+template <class A>
+inline A sink_logit(const AttnParams& p, const Extras& x, int64_t slice, int64_t h) {
   switch (p.softmax_type) {
-    case FA_OFF_BY_ONE_SOFTMAX: return 0.0f;
-    case FA_LEARNABLE_SOFTMAX: return x.softmax_offset[slice * p.heads_q + h];
+    case FA_OFF_BY_ONE_SOFTMAX: return A(0);
+    case FA_LEARNABLE_SOFTMAX: return static_cast<const A*>(x.softmax_offset)[slice * p.heads_q + h];
   }
-  return -std::numeric_limits<float>::infinity();
+  return -std::numeric_limits<A>::infinity();
+}
+
+// The scale in the arithmetic type: p's float32, or a float64 call's double.
+template <class A>
+inline A attn_scale(const AttnParams& p, const Extras& x) {
+  if constexpr (std::is_same_v<A, double>) return x.scale64;
+  else return p.scale;
 }
 
 // s = scale * q.k + bias_mul * bias:  POST_SCALE_BIAS adds the bias as is,
 // PRE_SCALE_BIAS (s = scale * (q.k + bias)) adds it scaled. Also the factor
 // of dS in dbias.
-inline float bias_mul(const AttnParams& p) {
-  return p.bias_type == FA_PRE_SCALE_BIAS ? p.scale : 1.0f;
+template <class A>
+inline A bias_mul(const AttnParams& p, const Extras& x) {
+  return p.bias_type == FA_PRE_SCALE_BIAS ? attn_scale<A>(p, x) : A(1);
 }
 
 // The bias plane [Sq, Skv] of folded batch entry b and q head h (null without bias).
@@ -52,14 +61,15 @@ inline const T* bias_plane(const AttnParams& p, const Extras& x, int64_t b, int6
 // float: the larger of jax's masked logit (-0.7 x float32's max, in float32) and -0.7 x
 // T's largest finite value, rounded to T (bf16 -2.37e38, fp16 -45856; never -inf, so that
 // jax.debug_infs stays quiet). fusedattn.dot_product_attention takes it from here
-// (fa_masked_bias_value).
+// (fa_masked_bias_value). float64: the float32 value (exact in double).
 template <class T>
 inline float masked_bias() {
   constexpr float kF32Max = std::numeric_limits<float>::max();
   float t_max = kF32Max;
   if constexpr (std::is_same_v<T, bf16>) t_max = to_float(bf16{0x7f7f});
   if constexpr (std::is_same_v<T, fp16>) t_max = to_float(fp16{0x7bff});
-  return to_float(from_float<T>(std::max(-0.7f * kF32Max, -0.7f * t_max)));
+  if constexpr (std::is_same_v<T, double>) return -0.7f * kF32Max;
+  else return to_float(from_float<T>(std::max(-0.7f * kF32Max, -0.7f * t_max)));
 }
 
 // Whether every kept key of rows [0, rows) of a query tile at q0 in the key tile at k0
@@ -72,7 +82,7 @@ inline bool tile_masked(const T* brow0, int64_t sb, int64_t rows, const int64_t*
     const int64_t c_lo = std::clamp<int64_t>(lo[r] - k0, 0, cols), c_hi = std::clamp<int64_t>(hi[r] - k0, c_lo, cols);
     const T* brow = brow0 + r * sb;
     bool all = true;  // an AND of compares, not a branch: the loop stays vectorized
-    for (int64_t c = c_lo; c < c_hi; ++c) all &= to_float(brow[c]) == mv;
+    for (int64_t c = c_lo; c < c_hi; ++c) all &= widen(brow[c]) == mv;
     if (!all) return false;
   }
   return true;
@@ -123,12 +133,12 @@ MaskTiles narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
     for (int64_t i = qt * kBq; i < std::min(Sq, (qt + 1) * kBq); ++i) {
       const T* row = planes[pl] + i * sb;
       int64_t lo = 0, hi = Skv;
-      while (lo < hi && to_float(row[lo]) == mv) ++lo;
-      while (hi > lo && to_float(row[hi - 1]) == mv) --hi;
+      while (lo < hi && widen(row[lo]) == mv) ++lo;
+      while (hi > lo && widen(row[hi - 1]) == mv) --hi;
       first[pl * Sq + i] = int32_t(lo), last[pl * Sq + i] = int32_t(hi);
       for (int64_t k0 = lo / kBk * kBk; k0 < hi; k0 += kBk) {
         bool zero = true;  // an AND of compares: the loop stays vectorized
-        for (int64_t j = std::max(lo, k0); j < std::min(hi, k0 + kBk); ++j) zero &= to_float(row[j]) == 0.0f;
+        for (int64_t j = std::max(lo, k0); j < std::min(hi, k0 + kBk); ++j) zero &= widen(row[j]) == 0.0f;
         if (!zero) clean[k0 / kBk] = 0;
       }
     }
@@ -146,15 +156,15 @@ MaskTiles narrow_to_mask(RowRanges& r, const AttnParams& p, const Extras& x) {
 }
 
 // sr[c] = -inf where the bias is the masked bias mv, for c in [c_lo, c_hi).
-template <class T>
-inline void drop_masked(const T* brow, float mv, float* sr, int64_t c_lo, int64_t c_hi) {
-  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = to_float(brow[c]) == mv ? -std::numeric_limits<float>::infinity() : sr[c];
+template <class T, class A>
+inline void drop_masked(const T* brow, float mv, A* sr, int64_t c_lo, int64_t c_hi) {
+  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] = widen(brow[c]) == mv ? -std::numeric_limits<A>::infinity() : sr[c];
 }
 
 // sr[c] += mul * brow[c] for c in [c_lo, c_hi).
-template <class T>
-inline void add_bias(const T* brow, float mul, float* sr, int64_t c_lo, int64_t c_hi) {
-  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * to_float(brow[c]);
+template <class T, class A>
+inline void add_bias(const T* brow, A mul, A* sr, int64_t c_lo, int64_t c_hi) {
+  for (int64_t c = c_lo; c < c_hi; ++c) sr[c] += mul * widen(brow[c]);
 }
 
 // The global index of vmap slice `slice`'s batch entry 0 and q head 0, and where its
@@ -178,7 +188,9 @@ inline IndexBase index_base(const Extras& x, int64_t slice) {
 // query i is kept, else 0; the rule is philox.h's, on the global batch, head, query and
 // key index (index_base added; in a block the global query and key tokens, of which
 // 4 local keys from a multiple of 4 are 4 global ones from a multiple of 4:
-// check_index_base).
+// check_index_base). A: the arithmetic type of z (1 / (1 - p) in it: a float64 call's
+// exact p in double).
+template <class A>
 class Dropout {
  public:
   Dropout(const AttnParams& p, const Extras& x, int64_t b, int64_t h) {
@@ -193,13 +205,14 @@ class Dropout {
     q_ = base.pos.q;
     kv_ = base.pos.kv;
     threshold_ = dropout_threshold(p.dropout);
-    inv_keep_ = 1.0f / (1.0f - p.dropout);
+    if constexpr (std::is_same_v<A, double>) inv_keep_ = 1.0 / (1.0 - x.dropout64);
+    else inv_keep_ = 1.0f / (1.0f - p.dropout);
   }
   bool on() const { return on_; }
 
   // z[c] = z(i, k0 + c) for the 64 keys c of the tile at k0 (a multiple of 4): one
   // row of a tile is 16 key groups, whose Philox calls run side by side (philox_lanes.h).
-  void fill_row(int64_t i, int64_t k0, float* z) const {
+  void fill_row(int64_t i, int64_t k0, A* z) const {
     static_assert(kPhiloxLanes * 4 == kBk, "one Philox batch covers one tile row of keys");
     alignas(32) uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
     const uint32_t qi = uint32_t(global_token(q_, i));
@@ -208,10 +221,10 @@ class Dropout {
       c3[l] = uint32_t(b_);
     philox_lanes(c0, c1, c2, c3, seed_[0], seed_[1]);
     for (int l = 0; l < kPhiloxLanes; ++l) {
-      z[4 * l + 0] = c0[l] >= threshold_ ? inv_keep_ : 0.0f;
-      z[4 * l + 1] = c1[l] >= threshold_ ? inv_keep_ : 0.0f;
-      z[4 * l + 2] = c2[l] >= threshold_ ? inv_keep_ : 0.0f;
-      z[4 * l + 3] = c3[l] >= threshold_ ? inv_keep_ : 0.0f;
+      z[4 * l + 0] = c0[l] >= threshold_ ? inv_keep_ : A(0);
+      z[4 * l + 1] = c1[l] >= threshold_ ? inv_keep_ : A(0);
+      z[4 * l + 2] = c2[l] >= threshold_ ? inv_keep_ : A(0);
+      z[4 * l + 3] = c3[l] >= threshold_ ? inv_keep_ : A(0);
     }
   }
 
@@ -221,7 +234,7 @@ class Dropout {
   int64_t b_ = 0, h_ = 0;
   StripeMap q_{0, 1, 1}, kv_{0, 1, 1};  // local -> global tokens
   uint32_t threshold_ = 0;
-  float inv_keep_ = 1.0f;
+  A inv_keep_ = A(1);
 };
 
 // score_mod on the rows of one (folded batch entry b, q head h): the forward program

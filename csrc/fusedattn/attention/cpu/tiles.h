@@ -1,4 +1,5 @@
-// Tile movement between tensors (any storage dtype) and float32 tile buffers.
+// Tile movement between tensors (any storage dtype) and tile buffers of the engine's
+// arithmetic type A (float32; double for float64 storage: dtypes.h's acc_t).
 // Tile buffers are padded: rows past `rows` and columns past `cols` are zero,
 // which is what the gemm micro-kernel needs.
 #pragma once
@@ -15,59 +16,61 @@ namespace fusedattn::cpu {
 constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
 
-// A 64-byte aligned float buffer, zero-initialized.
+// A 64-byte aligned buffer of A (float or double), zero-initialized.
+template <class A>
 class Buffer {
  public:
-  explicit Buffer(int64_t n) : v_(n + 16, 0.0f) {
+  explicit Buffer(int64_t n) : v_(n + 64 / sizeof(A), A(0)) {
     auto addr = reinterpret_cast<uintptr_t>(v_.data());
-    off_ = ((64 - addr % 64) % 64) / sizeof(float);
+    off_ = ((64 - addr % 64) % 64) / sizeof(A);
   }
-  float* data() { return v_.data() + off_; }
-  void zero(int64_t n) { std::memset(data(), 0, n * sizeof(float)); }
+  A* data() { return v_.data() + off_; }
+  void zero(int64_t n) { std::memset(data(), 0, n * sizeof(A)); }
 
  private:
-  std::vector<float> v_;
+  std::vector<A> v_;
   int64_t off_;
 };
 
 // dst[r][c] = src[r * row_stride + c] * mul for r < rows, c < cols; zero elsewhere
 // in the [rows_pad][ld] block.
-template <class T>
+template <class T, class A>
 inline void load_rows(const T* src, int64_t row_stride, int64_t rows, int64_t cols,
-                      float mul, float* dst, int64_t rows_pad, int64_t ld) {
+                      A mul, A* dst, int64_t rows_pad, int64_t ld) {
   for (int64_t r = 0; r < rows_pad; ++r) {
-    float* d = dst + r * ld;
+    A* d = dst + r * ld;
     if (r < rows) {
       const T* s = src + r * row_stride;
-      for (int64_t c = 0; c < cols; ++c) d[c] = to_float(s[c]) * mul;
-      for (int64_t c = cols; c < ld; ++c) d[c] = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) d[c] = widen(s[c]) * mul;
+      for (int64_t c = cols; c < ld; ++c) d[c] = A(0);
     } else {
-      for (int64_t c = 0; c < ld; ++c) d[c] = 0.0f;
+      for (int64_t c = 0; c < ld; ++c) d[c] = A(0);
     }
   }
 }
 
 // Transposed load: dst[c][r] = src[r * row_stride + c]; dst is [cols_pad][ld], ld >= rows.
-template <class T>
+template <class T, class A>
 inline void load_rows_transposed(const T* src, int64_t row_stride, int64_t rows, int64_t cols,
-                                 float* dst, int64_t cols_pad, int64_t ld) {
-  std::memset(dst, 0, cols_pad * ld * sizeof(float));
+                                 A* dst, int64_t cols_pad, int64_t ld) {
+  std::memset(dst, 0, cols_pad * ld * sizeof(A));
   for (int64_t r = 0; r < rows; ++r) {
     const T* s = src + r * row_stride;
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = to_float(s[c]);
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = widen(s[c]);
   }
 }
 
-// dst[c][r] = src[r][c] for float tiles: [rows][ld_src] -> [cols][ld_dst].
-inline void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
+// dst[c][r] = src[r][c] for tiles: [rows][ld_src] -> [cols][ld_dst].
+template <class A>
+inline void transpose(const A* src, int64_t rows, int64_t cols, int64_t ld_src, A* dst,
                       int64_t ld_dst) {
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = 0; r < rows; ++r) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
-template <class T>
-inline void store_row(const float* src, int64_t cols, float mul, T* dst, bool zero = false) {
-  for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<T>(zero ? 0.0f : src[c] * mul);
+template <class T, class A>
+inline void store_row(const A* src, int64_t cols, A mul, T* dst, bool zero = false) {
+  for (int64_t c = 0; c < cols; ++c) dst[c] = narrow<T>(zero ? A(0) : src[c] * mul);
 }
 
 }  // namespace fusedattn::cpu

@@ -1,9 +1,11 @@
-// Storage types of the CPU engine and their conversions to and from float32.
-// All arithmetic happens in float32; bf16/fp16 only live in memory.
+// Storage types of the CPU engine and their conversions to and from its arithmetic
+// type: float32 for float32, bf16 and fp16 storage (bf16/fp16 only live in memory),
+// double for float64 storage (the float64 engine computes in double throughout).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace fusedattn::cpu {
 
@@ -11,6 +13,8 @@ struct bf16 { uint16_t bits; };
 struct fp16 { uint16_t bits; };
 
 inline float to_float(float x) { return x; }
+// float64 storage never narrows to float32: widen() keeps it double.
+float to_float(double x) = delete;
 
 inline float to_float(bf16 x) {
   uint32_t u = uint32_t{x.bits} << 16;
@@ -75,6 +79,25 @@ inline fp16 from_float<fp16>(float f) {
   uint32_t mant_odd = (u >> 13) & 1u;
   u += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
   return fp16{uint16_t(sign | (u >> 13))};
+}
+
+// The engine's arithmetic type for storage type T: double for float64, else float.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Storage -> arithmetic type (acc_t<T>).
+template <class T>
+inline acc_t<T> widen(T x) {
+  if constexpr (std::is_same_v<T, double>) return x;
+  else return to_float(x);
+}
+
+// Arithmetic type -> storage (float32 values round to bf16 / fp16 as from_float does).
+template <class T, class A>
+inline T narrow(A x) {
+  static_assert(std::is_same_v<A, acc_t<T>>, "store the arithmetic type of T");
+  if constexpr (std::is_same_v<T, double>) return x;
+  else return from_float<T>(x);
 }
 
 }  // namespace fusedattn::cpu
