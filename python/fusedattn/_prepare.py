@@ -25,7 +25,7 @@ from . import _lib
 from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
                     static_bool, static_float, static_int)
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
-from .sequence import SequenceDescriptor, compact, packed_offsets
+from .sequence import SequenceDescriptor, compact, from_dense_mask, packed_offsets
 
 THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
@@ -445,6 +445,17 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         if tuple(softmax_offset.shape) not in ((dims.Hq,), (1, dims.Hq, 1, 1)):
             raise ValueError(f"fused_attn: softmax_offset: got shape {tuple(softmax_offset.shape)}"
                              f"; allowed [{dims.Hq}] or [1, {dims.Hq}, 1, 1] (one logit per head)")
+    if isinstance(sequence_descriptor, (jax.Array, np.ndarray)):  # TE's deprecated dense mask
+        warnings.warn("fused_attn: a dense mask as sequence_descriptor is TransformerEngine's "
+                      "deprecated form: only each row's lengths are read from it (padding at "
+                      "the end); pass a SequenceDescriptor", DeprecationWarning, stacklevel=3)
+        if layout in THD_LAYOUTS or max_segments_per_seq != 1:
+            raise ValueError(f"fused_attn: a dense mask as sequence_descriptor is only taken "
+                             f"with a BSHD layout and max_segments_per_seq=1 (as in "
+                             f"TransformerEngine); got qkv_layout={layout.name}, "
+                             f"max_segments_per_seq={max_segments_per_seq!r}")
+        sequence_descriptor = from_dense_mask(sequence_descriptor, mask_type, dims.B, dims.Sq,
+                                              dims.Skv)
     if mask_type.is_padding() and sequence_descriptor is None:
         raise ValueError(f"fused_attn: attn_mask_type={mask_type.name} needs a "
                          "sequence_descriptor (SequenceDescriptor.from_seqlens(...))")
