@@ -331,9 +331,11 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
             if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
                                  f"[B, M + 1] = [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
-            # Trailing -1 entries are padding at this width too: such an offset (TE's
-            # start-only form has no end column) bounds nothing, as the compaction's fill. A
-            # negative offset before a valid one stays an invalid entry (clamped to 0).
+            # Trailing -1 entries are padding at this width too, as the compaction's fill:
+            # such a length is an empty segment (0), such an offset (TE's start-only form
+            # has no end column) bounds nothing (the buffer's extent). A negative entry
+            # before a valid one stays an invalid entry (check_descriptors reports it).
+            lens = _trailing_negatives_to(lens, 0)
             offs = None if offs is None else _trailing_negatives_to(jnp.asarray(offs, jnp.int32), S)
         else:  # TransformerEngine's -1-padded arrays: compacted to M
             if offs is not None and tuple(offs.shape) != (dims.B, W + 1):

@@ -22,10 +22,10 @@ it at call time, as TransformerEngine resolves its descriptors:
     first, in order, then the fill (lengths 0, offsets the buffer's extent, so that the
     fill segments are empty), the entries past M dropped. Lengths built by from_seqlens
     (offsets packed from them) get their offsets packed again from the compacted lengths.
-    Arrays of width M are used as they are, but for their trailing -1 entries: a length of
-    -1 is an empty segment, a row's trailing negative offsets the buffer's extent (TE's
-    start-only offsets, -1 where the end column would be, then do not cut the last segment
-    short).
+    Arrays of width M are used as they are, but for each row's trailing -1 entries: such a
+    length is an empty segment (0, so check_descriptors takes it as it takes the compacted
+    fill), such an offset the buffer's extent (TE's start-only offsets, -1 where the end
+    column would be, then do not cut the last segment short).
   A descriptor whose rows hold more than M segments loses those past M; when the arrays
   are concrete at trace time fused_attn warns, and check_descriptors=True makes it an
   error.

@@ -196,6 +196,21 @@ def test_start_only_offsets_at_the_calls_width(key):
     for M in (2, 3, 4):
         _check_against_oracles(key, sd, AttnMaskType.PADDING_CAUSAL_MASK, (ids, ids), (pos, pos),
                                6, 6, M=M)
+    # check_descriptors takes TE's -1 padding at width M (trailing -1 lengths are empty
+    # segments, as the compaction's fill at other widths) and still reports a -1 before a
+    # real segment.
+    from jax.experimental import checkify
+    q, k, v, _ = _inputs(key, 2, 6, 6)
+    checked = checkify.checkify(jax.jit(lambda sd: _te_call(
+        sd, AttnMaskType.PADDING_CAUSAL_MASK, 3, check_descriptors=True)(q, k, v)))
+    err, out = checked(sd)
+    err.throw()
+    _close(out, _te_call(sd, AttnMaskType.PADDING_CAUSAL_MASK, 3)(q, k, v))
+    holey = SequenceDescriptor.from_seqlens_and_offsets(jnp.array([[2, -1, 3], [4, -1, -1]]),
+                                                        jnp.array([[0, 2, 2, -1], [0, -1, -1, -1]]))
+    err, _ = checked(holey)
+    with pytest.raises(Exception, match=r"q_seqlens\[0, 1\] = -1 is negative"):
+        err.throw()
 
 
 def test_from_seqlens_with_minus_one_entries_packs_the_compacted_lengths(key):
