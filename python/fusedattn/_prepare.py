@@ -331,12 +331,15 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
             if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
                                  f"[B, M + 1] = [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
-            # Trailing -1 entries are padding at this width too, as the compaction's fill:
-            # such a length is an empty segment (0), such an offset (TE's start-only form
-            # has no end column) bounds nothing (the buffer's extent). A negative entry
-            # before a valid one stays an invalid entry (check_descriptors reports it).
-            lens = _trailing_negatives_to(lens, 0)
-            offs = None if offs is None else _trailing_negatives_to(jnp.asarray(offs, jnp.int32), S)
+            # TE's trailing -1 padding at this width too, as the compaction's fill: such a
+            # length is an empty segment (0), a trailing negative offset (TE's start-only
+            # form has no end column) bounds nothing (the buffer's extent). Other negative
+            # lengths, and a -1 before a valid entry, stay invalid (check_descriptors
+            # reports them).
+            lens = _trailing_to(lens, lens == -1, 0)
+            if offs is not None:
+                offs = jnp.asarray(offs, jnp.int32)
+                offs = _trailing_to(offs, offs < 0, S)
         else:  # TransformerEngine's -1-padded arrays: compacted to M
             if offs is not None and tuple(offs.shape) != (dims.B, W + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
@@ -352,9 +355,9 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
     return out
 
 
-def _trailing_negatives_to(x, fill):
-    """x int32 [B, W] with each row's run of negative entries at its end set to fill."""
-    trailing = jnp.flip(jnp.cumprod(jnp.flip(x < 0, -1).astype(jnp.int32), -1), -1) > 0
+def _trailing_to(x, pad, fill):
+    """x int32 [B, W] with each row's run of pad entries (bool [B, W]) at its end set to fill."""
+    trailing = jnp.flip(jnp.cumprod(jnp.flip(pad, -1).astype(jnp.int32), -1), -1) > 0
     return jnp.where(trailing, jnp.int32(fill), x)
 
 
