@@ -25,7 +25,7 @@ from . import _lib
 from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
                     static_bool, static_float, static_int)
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
-from .sequence import SequenceDescriptor, compact, packed_offsets
+from .sequence import SequenceDescriptor, compact, from_dense_mask, packed_offsets
 
 THD_LAYOUTS = (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 QKV_PACKED = (QKVLayout.BS3HD, QKVLayout.T3HD)
@@ -330,10 +330,15 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
             if offs is not None and tuple(offs.shape) != (dims.B, M + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
                                  f"[B, M + 1] = [{dims.B}, {M + 1}]; got {tuple(offs.shape)}")
-            # Trailing -1 entries are padding at this width too: such an offset (TE's
-            # start-only form has no end column) bounds nothing, as the compaction's fill. A
-            # negative offset before a valid one stays an invalid entry (clamped to 0).
-            offs = None if offs is None else _trailing_negatives_to(jnp.asarray(offs, jnp.int32), S)
+            # TE's trailing -1 padding at this width too, as the compaction's fill: such a
+            # length is an empty segment (0), a trailing negative offset (TE's start-only
+            # form has no end column) bounds nothing (the buffer's extent). Other negative
+            # lengths, and a -1 before a valid entry, stay invalid (check_descriptors
+            # reports them).
+            lens = _trailing_to(lens, lens == -1, 0)
+            if offs is not None:
+                offs = jnp.asarray(offs, jnp.int32)
+                offs = _trailing_to(offs, offs < 0, S)
         else:  # TransformerEngine's -1-padded arrays: compacted to M
             if offs is not None and tuple(offs.shape) != (dims.B, W + 1):
                 raise ValueError(f"fused_attn: sequence_descriptor.{side}_offsets must have shape "
@@ -349,9 +354,9 @@ def resolve_descriptor(sd: SequenceDescriptor, dims: Dims, M: int) -> SequenceDe
     return out
 
 
-def _trailing_negatives_to(x, fill):
-    """x int32 [B, W] with each row's run of negative entries at its end set to fill."""
-    trailing = jnp.flip(jnp.cumprod(jnp.flip(x < 0, -1).astype(jnp.int32), -1), -1) > 0
+def _trailing_to(x, pad, fill):
+    """x int32 [B, W] with each row's run of pad entries (bool [B, W]) at its end set to fill."""
+    trailing = jnp.flip(jnp.cumprod(jnp.flip(pad, -1).astype(jnp.int32), -1), -1) > 0
     return jnp.where(trailing, jnp.int32(fill), x)
 
 
@@ -444,6 +449,17 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         if tuple(softmax_offset.shape) not in ((dims.Hq,), (1, dims.Hq, 1, 1)):
             raise ValueError(f"fused_attn: softmax_offset: got shape {tuple(softmax_offset.shape)}"
                              f"; allowed [{dims.Hq}] or [1, {dims.Hq}, 1, 1] (one logit per head)")
+    if isinstance(sequence_descriptor, (jax.Array, np.ndarray)):  # TE's deprecated dense mask
+        warnings.warn("fused_attn: a dense mask as sequence_descriptor is TransformerEngine's "
+                      "deprecated form: only each row's lengths are read from it (padding at "
+                      "the end); pass a SequenceDescriptor", DeprecationWarning, stacklevel=3)
+        if layout in THD_LAYOUTS or max_segments_per_seq != 1:
+            raise ValueError(f"fused_attn: a dense mask as sequence_descriptor is only taken "
+                             f"with a BSHD layout and max_segments_per_seq=1 (as in "
+                             f"TransformerEngine); got qkv_layout={layout.name}, "
+                             f"max_segments_per_seq={max_segments_per_seq!r}")
+        sequence_descriptor = from_dense_mask(sequence_descriptor, mask_type, dims.B, dims.Sq,
+                                              dims.Skv)
     if mask_type.is_padding() and sequence_descriptor is None:
         raise ValueError(f"fused_attn: attn_mask_type={mask_type.name} needs a "
                          "sequence_descriptor (SequenceDescriptor.from_seqlens(...))")

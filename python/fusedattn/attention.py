@@ -587,7 +587,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
       sequence_descriptor says (max_segments_per_seq of them), and need a padding mask.
     bias: None, or [1|B, 1|Hq, Sq, Skv] with attn_bias_type PRE_SCALE_BIAS / POST_SCALE_BIAS
       (cast to q's dtype); differentiable.
-    sequence_descriptor: SequenceDescriptor (required by the padding masks) or None.
+    sequence_descriptor: SequenceDescriptor (required by the padding masks) or None; a
+      dense mask [B, 1, Sq, Skv] (True = masked out) is TransformerEngine's deprecated form,
+      taken for BSHD layouts as TE takes it (a DeprecationWarning; only each row's lengths
+      are read from it: sequence.from_dense_mask).
     seed: dropout seed (None, an int, an integer scalar array, a raw uint32 [2] key or a
       typed PRNG key; its kind is checked always); read only when is_training and
       dropout_probability > 0.

@@ -33,6 +33,14 @@ class AttnMaskType(IntEnum):
                         AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
 
 
+class QKVFormat(IntEnum):
+    """TransformerEngine's memory formats of a layout (QKVLayout.get_qkv_format()); SBHD is
+    TE's [S, B, H, D], which no fusedattn layout uses."""
+    SBHD = 0
+    BSHD = 1
+    THD = 2
+
+
 class QKVLayout(IntEnum):
     BS3HD = 0
     BSHD_BS2HD = 1
@@ -40,6 +48,26 @@ class QKVLayout(IntEnum):
     T3HD = 3
     THD_T2HD = 4
     THD_THD_THD = 5
+
+    # TransformerEngine's queries of a layout.
+    def is_qkvpacked(self) -> bool:
+        """One qkv tensor [B, S, 3, H, D]."""
+        return self in (QKVLayout.BS3HD, QKVLayout.T3HD)
+
+    def is_kvpacked(self) -> bool:
+        """q and one kv tensor [B, S, 2, H, D]."""
+        return self in (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD)
+
+    def is_separate(self) -> bool:
+        """Three tensors q, k, v."""
+        return self in (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
+
+    def is_thd(self) -> bool:
+        """Several sequences packed per row (max_segments_per_seq)."""
+        return self in (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
+
+    def get_qkv_format(self) -> QKVFormat:
+        return QKVFormat.THD if self.is_thd() else QKVFormat.BSHD
 
 
 class SoftmaxType(IntEnum):

@@ -22,10 +22,10 @@ it at call time, as TransformerEngine resolves its descriptors:
     first, in order, then the fill (lengths 0, offsets the buffer's extent, so that the
     fill segments are empty), the entries past M dropped. Lengths built by from_seqlens
     (offsets packed from them) get their offsets packed again from the compacted lengths.
-    Arrays of width M are used as they are, but for their trailing -1 entries: a length of
-    -1 is an empty segment, a row's trailing negative offsets the buffer's extent (TE's
-    start-only offsets, -1 where the end column would be, then do not cut the last segment
-    short).
+    Arrays of width M are used as they are, but for each row's trailing -1 entries: such a
+    length is an empty segment (0, so check_descriptors takes it as it takes the compacted
+    fill), such an offset the buffer's extent (TE's start-only offsets, -1 where the end
+    column would be, then do not cut the last segment short).
   A descriptor whose rows hold more than M segments loses those past M; when the arrays
   are concrete at trace time fused_attn warns, and check_descriptors=True makes it an
   error.
@@ -44,6 +44,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._args import ArgumentTypeError, got, static_int
 
@@ -283,6 +284,52 @@ class SequenceDescriptor:
         return dataclasses.replace(self, q_seqlens=q_lens, kv_seqlens=kv_lens, q_offsets=q_offs,
                                    kv_offsets=kv_offs, q_runs=q_runs, kv_runs=kv_runs,
                                    offsets_packed=False, runs_of="segment ids")
+
+
+def make_swa_mask(segment_pos_q, segment_pos_kv, window_size=None, dtype=jnp.float32):
+    """TransformerEngine's sliding-window mask over token positions: [..., 1, Sq, Skv] of
+    dtype, 1 where query i may see key j, pos_kv[j] in [pos_q[i] - left, pos_q[i] + right]
+    (window_size = (left, right); a negative bound is unbounded; None: all ones).
+    segment_pos_q [..., Sq], segment_pos_kv [..., Skv]: positions, e.g. in each segment."""
+    pos_q = jnp.asarray(segment_pos_q)[..., :, None]
+    pos_kv = jnp.asarray(segment_pos_kv)[..., None, :]
+    keep = jnp.ones(jnp.broadcast_shapes(pos_q.shape, pos_kv.shape), jnp.bool_)
+    if window_size is not None:
+        if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool)
+                           for w in window_size)):
+            raise ArgumentTypeError(f"make_swa_mask: window_size must be None or a pair (left, "
+                                    f"right) of Python ints (negative: unbounded); got "
+                                    f"{got(window_size)}")
+        left, right = window_size
+        if left >= 0:
+            keep &= pos_kv >= pos_q - left
+        if right >= 0:
+            keep &= pos_kv <= pos_q + right
+    return jnp.expand_dims(keep, -3).astype(dtype)
+
+
+def from_dense_mask(mask, mask_type, batch: int, seqlen_q: int, seqlen_kv: int):
+    """TransformerEngine's deprecated sequence_descriptor form: a dense mask [B, 1 or H,
+    Sq, Skv] (True or nonzero = masked out) of a BSHD call, read as TE reads it: it gives
+    each row's lengths only (padding at the end of each sequence). The padding masks' q
+    length is the number of queries that keep key 0, the kv length the keys that query 0
+    keeps (PADDING_MASK) or the most keys any query keeps (the causal padding masks);
+    the other mask types ignore it (None: full lengths)."""
+    mask = _as_array(mask, "sequence_descriptor (a dense mask)", "fused_attn", "[B, 1, Sq, Skv]")
+    want = f"[{batch}, 1 or H, {seqlen_q}, {seqlen_kv}]"
+    if (mask.ndim != 4 or mask.shape[0] != batch or mask.shape[2:] != (seqlen_q, seqlen_kv)):
+        raise ValueError(f"fused_attn: a dense mask as sequence_descriptor (TransformerEngine's "
+                         f"deprecated form) must have shape {want} (True = masked out); got "
+                         f"shape {tuple(mask.shape)}")
+    if not mask_type.is_padding():
+        return None
+    keep = jnp.logical_not(mask.astype(jnp.bool_))
+    q_lens = jnp.sum(keep, axis=-2, dtype=jnp.int32)[:, 0, 0]
+    rows = jnp.sum(keep, axis=-1, dtype=jnp.int32)
+    kv_lens = (rows[:, 0, 0] if mask_type == mask_type.PADDING_MASK
+               else jnp.max(rows, axis=(-1, -2)))
+    return SequenceDescriptor.from_seqlens((q_lens, kv_lens))
 
 
 def _pos_array(pos, shape, ctor):

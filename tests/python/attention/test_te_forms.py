@@ -196,6 +196,21 @@ def test_start_only_offsets_at_the_calls_width(key):
     for M in (2, 3, 4):
         _check_against_oracles(key, sd, AttnMaskType.PADDING_CAUSAL_MASK, (ids, ids), (pos, pos),
                                6, 6, M=M)
+    # check_descriptors takes TE's -1 padding at width M (trailing -1 lengths are empty
+    # segments, as the compaction's fill at other widths) and still reports a -1 before a
+    # real segment.
+    from jax.experimental import checkify
+    q, k, v, _ = _inputs(key, 2, 6, 6)
+    checked = checkify.checkify(jax.jit(lambda sd: _te_call(
+        sd, AttnMaskType.PADDING_CAUSAL_MASK, 3, check_descriptors=True)(q, k, v)))
+    err, out = checked(sd)
+    err.throw()
+    _close(out, _te_call(sd, AttnMaskType.PADDING_CAUSAL_MASK, 3)(q, k, v))
+    holey = SequenceDescriptor.from_seqlens_and_offsets(jnp.array([[2, -1, 3], [4, -1, -1]]),
+                                                        jnp.array([[0, 2, 2, -1], [0, -1, -1, -1]]))
+    err, _ = checked(holey)
+    with pytest.raises(Exception, match=r"q_seqlens\[0, 1\] = -1 is negative"):
+        err.throw()
 
 
 def test_from_seqlens_with_minus_one_entries_packs_the_compacted_lengths(key):
@@ -384,3 +399,53 @@ def test_segment_ids_under_context_parallelism(key, strategy):
     want = _value_and_grads(lambda q, k, v: dense_oracle(q, k, v, ids, ids, pos, pos, True),
                             q, k, v, w)
     _close(got, want)
+
+
+def test_layout_queries_and_swa_mask_as_te_names_them():
+    # TE's tests ask the layout (is_thd, is_qkvpacked, ...) and build windows by make_swa_mask.
+    L = QKVLayout
+    assert [l for l in L if l.is_thd()] == [L.T3HD, L.THD_T2HD, L.THD_THD_THD]
+    assert [l for l in L if l.is_qkvpacked()] == [L.BS3HD, L.T3HD]
+    assert [l for l in L if l.is_kvpacked()] == [L.BSHD_BS2HD, L.THD_T2HD]
+    assert [l for l in L if l.is_separate()] == [L.BSHD_BSHD_BSHD, L.THD_THD_THD]
+    assert L.THD_T2HD.get_qkv_format() == fusedattn.QKVFormat.THD
+    assert L.BS3HD.get_qkv_format() == fusedattn.QKVFormat.BSHD
+    pos_q = jnp.array([[0, 1, 2, 3, 0, 1]])
+    pos_kv = jnp.array([[0, 1, 2, 0, 1, 2, 3]])
+    got = fusedattn.make_swa_mask(pos_q, pos_kv, (1, 0), jnp.bool_)
+    want = (pos_kv[:, None, :] <= pos_q[:, :, None]) & (pos_kv[:, None, :] >= pos_q[:, :, None] - 1)
+    assert got.shape == (1, 1, 6, 7) and got.dtype == jnp.bool_
+    np.testing.assert_array_equal(got[:, 0], want)
+    np.testing.assert_array_equal(fusedattn.make_swa_mask(pos_q, pos_kv, None), 1.0)
+    np.testing.assert_array_equal(fusedattn.make_swa_mask(pos_q, pos_kv, (-1, 2), jnp.int32)[:, 0],
+                                  pos_kv[:, None, :] <= pos_q[:, :, None] + 2)
+    with pytest.raises(TypeError, match="window_size must be None or a pair"):
+        fusedattn.make_swa_mask(pos_q, pos_kv, 3)
+
+
+@pytest.mark.parametrize("mask", [AttnMaskType.PADDING_MASK, AttnMaskType.PADDING_CAUSAL_MASK,
+                                  AttnMaskType.CAUSAL_MASK], ids=lambda m: m.name)
+def test_dense_mask_as_sequence_descriptor_gives_the_lengths(key, mask):
+    # TE's deprecated form: a dense mask [B, 1, Sq, Skv] (True = masked out) as the
+    # descriptor of a BSHD call; only the lengths are read (TE's rule), with a warning.
+    B, Sq, Skv = 2, 12, 16
+    q_valid, kv_valid = np.array([12, 7]), np.array([9, 16])
+    tq = np.arange(Sq)[None, :] < q_valid[:, None]
+    tk = np.arange(Skv)[None, :] < kv_valid[:, None]
+    keep = tq[:, :, None] & tk[:, None, :]
+    if mask.is_causal():
+        keep &= np.arange(Sq)[:, None] >= np.arange(Skv)[None, :]
+    dense = jnp.asarray(~keep[:, None])
+    q, k, v, w = _inputs(key, B, Sq, Skv)
+    call = lambda sd: lambda q, k, v: fusedattn.fused_attn(
+        (q, k, v), None, sd, None, attn_mask_type=mask, is_training=True)
+    with pytest.warns(DeprecationWarning, match="dense mask as sequence_descriptor"):
+        got = _value_and_grads(call(dense), q, k, v, w)
+    sd = (SequenceDescriptor.from_seqlens((jnp.asarray(q_valid), jnp.asarray(kv_valid)))
+          if mask.is_padding() else None)
+    _close(got, _value_and_grads(call(sd), q, k, v, w))
+    with pytest.raises(ValueError, match="must have shape \\[2, 1 or H, 12, 16\\]"):
+        call(dense[:, :, :5])(q, k, v)
+    with pytest.raises(ValueError, match="only taken with a BSHD layout"):
+        fusedattn.fused_attn((q, k, v), None, dense, None, attn_mask_type=mask,
+                             max_segments_per_seq=2)

@@ -211,3 +211,48 @@ def test_cross_attention_matches_the_plain_block(api, fused, groups, rope, key):
     kg, kw_ = kernels(g_got[0]), kernels(g_want[0])
     for name in names:
         ref.assert_close(f"d {name}", kg[name], kw_[name])
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_cross_attention_with_padding_matches_flax_own_module(api, key):
+    # Cross-attention (Sq != Skv, own kv width) with a padding descriptor against Flax's own
+    # unfused nn.MultiHeadDotProductAttention (same kernels, a dense padding mask), forward
+    # and gradients on the queries that are not padding.
+    from fusedattn import SequenceDescriptor
+    B, S, Skv, E_kv = 2, 12, 20, 24
+    q_lens, kv_lens = np.array([12, 7]), np.array([13, 20])
+    kx, kk, kd = jax.random.split(key, 3)
+    x, x_kv, dy = normal(kx, (B, S, E)), normal(kk, (B, Skv, E_kv)), normal(kd, (B, S, E))
+    q_ok = np.arange(S)[None] < q_lens[:, None]
+    dy = dy * q_ok[:, :, None]                       # padding queries: no output compared
+    sd = SequenceDescriptor.from_seqlens((jnp.asarray(q_lens), jnp.asarray(kv_lens)))
+    kw = dict(fused_qkv=False, attn_mask_type=AttnMaskType.PADDING_MASK)
+    if api == "linen":
+        m = fl.MultiHeadAttention(num_attention_heads=H, **kw)
+        params = nn.meta.unbox(m.init(jax.random.PRNGKey(1), x, x_kv, sequence_descriptor=sd))
+        apply = lambda p, x, x_kv: m.apply(p, x, x_kv, sequence_descriptor=sd, deterministic=True)
+        kernels = lambda p: dict(p["params"])
+    else:
+        m = fn.MultiHeadAttention(H, E, in_kv_features=E_kv, rngs=nnx.Rngs(1), **kw)
+        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+        apply = lambda p, x, x_kv: nnx.merge(graphdef, p, rest)(x, x_kv, sequence_descriptor=sd,
+                                                                deterministic=True)
+        kernels = lambda p: {**{n: w[...] for n, w in p["kernels"].items()}, "out": p["out"][...]}
+    flax_mha = nn.MultiHeadDotProductAttention(num_heads=H, use_bias=False)
+    mask = nn.make_attention_mask(q_ok, np.arange(Skv)[None] < kv_lens[:, None])
+
+    def flax_own(p, x, x_kv):
+        w = kernels(p)
+        fp = {"params": {n: {"kernel": w[n]} for n in ("query", "key", "value", "out")}}
+        return flax_mha.apply(fp, x, x_kv, mask=mask)
+
+    loss = lambda f: lambda p, x, x_kv: jnp.sum(f(p, x, x_kv) * dy)
+    ref.assert_close("out", jax.jit(apply)(params, x, x_kv) * q_ok[:, :, None],
+                     flax_own(params, x, x_kv) * q_ok[:, :, None])
+    g_got = jax.grad(loss(apply), argnums=(0, 1, 2))(params, x, x_kv)
+    g_want = jax.grad(loss(flax_own), argnums=(0, 1, 2))(params, x, x_kv)
+    ref.assert_close("dx", g_got[1], g_want[1])
+    ref.assert_close("dx_kv", g_got[2], g_want[2])
+    kg, kw_ = kernels(g_got[0]), kernels(g_want[0])
+    for name in ("query", "key", "value", "out"):
+        ref.assert_close(f"d {name}", kg[name], kw_[name])
