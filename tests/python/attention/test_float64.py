@@ -27,7 +27,8 @@ THD_OFFS = (jnp.array([[0, 32, 32, 73], [0, 12, 62, 71]], jnp.int32),
 
 @pytest.fixture(autouse=True)
 def _x64():
-    with jax.enable_x64(True):
+    # on the CPU engine also on a machine with a GPU (whose float64 runs as float32)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         yield
 
 
