@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--limit", type=int, default=None, help="at most N cases (after --shard)")
     ap.add_argument("--out", help="write one JSON line per case here")
     ap.add_argument("--merge", nargs="+", help="summarize these --out files instead of running")
+    ap.add_argument("--skip-done", nargs="+", default=[],
+                    help="skip the cases these --out files hold (to resume a stopped run)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case")
     args = ap.parse_args()
     by_id = {c.id: c for t in ("backward", "forward") for c in te_grid.cases(t)}
@@ -44,7 +46,11 @@ def main():
     tests = ["backward", "forward"] if args.test == "both" else [args.test]
     todo = [c for t in tests for c in te_grid.cases(t)]
     i, n = (int(x) for x in args.shard.split("/"))
-    todo = todo[i::n][:args.limit]
+    done = set()
+    for path in args.skip_done:
+        with open(path) as f:
+            done.update(json.loads(line)["id"] for line in f if line.strip())
+    todo = [c for c in todo[i::n] if c.id not in done][:args.limit]
     out = open(args.out, "w") if args.out else None
     results, start = [], time.time()
     for k, case in enumerate(todo):
