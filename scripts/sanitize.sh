@@ -28,6 +28,6 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # segments (the descriptor rule's index arithmetic), threads, and the fuzz test.
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
 FUSEDATTN_LIBRARY="$PWD/build/asan/libfusedattn.so" FUSEDATTN_FUZZ_EXAMPLES=8 \
-  "$PYTHON" -m pytest -q -p no:cacheprovider \
+  "$PYTHON" -m pytest -q -p no:cacheprovider -n "${FUSEDATTN_TEST_WORKERS:-auto}" --dist worksteal \
     tests/python/attention/test_thd.py tests/python/attention/test_threads.py \
     tests/python/attention/test_fuzz.py
