@@ -110,10 +110,8 @@ def _params_of(ops, cfg: Config, dims: Dims) -> _lib.AttnParams:
     float64 ones as float32 (the GPU runs float64 calls as float32, attention._f64)."""
     bias = ops[3]
     extent = tuple(bias.shape[:2]) if bias.size else (0, 0)
-    dtype = jnp.float32 if ops[0].dtype == jnp.float64 else ops[0].dtype
-    d = gpu_dims(dims, dtype)
-    return cfg.params(dtype, d.B, d.Sq, d.Skv, d.Hq, d.Hkv, d.D,
-                      d.Dv, ops[6].shape[-1], *extent)
+    return gpu_params(cfg.params(ops[0].dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv,
+                                 dims.D, dims.Dv, ops[6].shape[-1], *extent))
 
 
 def _fields(params: _lib.AttnParams) -> tuple:
