@@ -121,6 +121,7 @@ def _load() -> ctypes.CDLL:
         ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
     lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
+    lib.fa_set_hopper_fwd.argtypes = [ctypes.c_int]
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -320,6 +321,19 @@ def cudnn_graphs_built() -> int:
 def hopper_fwd_launches() -> int:
     """Launches of the Hopper flash forward (cuda/hopper) so far in this process."""
     return int(lib.fa_hopper_fwd_launches())
+
+
+_HOPPER_MODES = {"off": 0, "always": 1, "measured": 2, None: -1}
+
+
+def set_hopper_fwd(mode) -> None:
+    """Which calls the Hopper flash forward takes in this process from now on: "off",
+    "always" (every call it can run), "measured" (plain calls where hopper/measured.h found
+    it faster than cuDNN; its score_mods always), or None (FUSEDATTN_HOPPER_FWD's choice).
+    Decided when a call runs, so compiled functions follow it too."""
+    if mode not in _HOPPER_MODES:
+        raise ValueError(f"mode: got {mode!r}; allowed 'off', 'always', 'measured' or None")
+    lib.fa_set_hopper_fwd(_HOPPER_MODES[mode])
 
 
 def version() -> str:

@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "fusedattn/attention/cuda/flash_rules.h"
+#include "fusedattn/attention/hopper/band.h"
+#include "fusedattn/attention/hopper/measured.h"
 #include "fusedattn/attention/validate.h"
 #include "fusedattn/score_mod/device_program_host.h"
 
@@ -105,8 +107,7 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
                                           const PlatformInfo& info) {
   std::ostringstream os;
   const ScoreModKind kind = req.score_mod.kind;
-  if (kind != ScoreModKind::kSoftcap && kind != ScoreModKind::kAlibi)
-    return "it takes a softcap or ALiBi score_mod only";
+  if (kind == ScoreModKind::kOther) return "its score_mods are softcap and ALiBi only";
   if (kind == ScoreModKind::kAlibi && p.num_slices != 1)
     return "its ALiBi takes one vmap slice";
   if (req.want_max_logit) return "it does not return max_logit";
@@ -117,8 +118,8 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
     return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
   if (is_thd(p.layout)) return "it has no THD layouts";
   if (has_padding(p.mask_type)) return "it has no padding masks";
-  if (p.window_left != -1 || (p.window_right != -1 && !is_causal(p.mask_type)))
-    return "it has no sliding window";
+  if (const char* empty = hopper_rules::band_empty_rows(p, hopper_rules::band(p)); *empty)
+    return empty;
   if (p.head_dim_qk != kHopperHeadDim || p.head_dim_v != kHopperHeadDim) {
     os << "it takes head dim " << kHopperHeadDim << " only; got " << p.head_dim_qk << " and "
        << p.head_dim_v;
@@ -131,8 +132,30 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   }
   if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q * p.batch > kHopperMaxTiles)
     return "more than 2^30 tiles of 128 query rows (batch x heads x ceil(Sq / 128))";
-  if (is_causal_bottom_right(p.mask_type) && p.seqlen_q > p.seqlen_kv)
-    return "its bottom-right causal mask needs Sq <= Skv";
+  return "";
+}
+
+std::string hopper_plain_measured(const AttnParams& p) {
+  using namespace hopper_rules;
+  const Band b = band(p);
+  const int32_t mask = b.left_bound ? kWindow : b.causal ? kCausal : kFull;
+  const char* names[] = {"full", "causal", "windowed"};
+  const Measured* row = nullptr;  // the largest measured length <= Sq of the mask's class
+  for (int i = 0; i < kMeasuredRows; ++i)
+    if (kMeasured[i].mask == mask && kMeasured[i].seqlen <= p.seqlen_q &&
+        (!row || kMeasured[i].seqlen > row->seqlen))
+      row = &kMeasured[i];
+  std::ostringstream os;
+  if (!row) {
+    os << "no measurement of " << names[mask] << " calls at Sq <= " << p.seqlen_q
+       << " (hopper/measured.h: " << kMeasuredOn << ")";
+    return os.str();
+  }
+  if (row->ratio < 1.0) {
+    os << "cuDNN's forward measured faster on " << names[mask] << " calls at S " << row->seqlen
+       << " (Hopper " << row->ratio << "x cuDNN, " << kMeasuredOn << ")";
+    return os.str();
+  }
   return "";
 }
 
@@ -236,24 +259,33 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       }
       choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDNN;
       const std::string cudnn = "a cuDNN " + fmt_version(info.cudnn_version) + " SDPA graph";
+      // The Hopper forward takes the forward where it can: its score_mods always, plain
+      // calls where the measurement found it faster.
       const ScoreModKind kind = req.score_mod.kind;
-      if (kind != ScoreModKind::kSoftcap && kind != ScoreModKind::kAlibi) {
+      if (kind == ScoreModKind::kOther) {
         choice.reason = "cudnn: " + cudnn;
         return choice;
       }
-      // The Hopper forward's family: it takes the forward where it can.
-      const char* what = kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi";
-      const std::string hopper_no = hopper_fwd_unsupported_reason(p, req, info);
-      if (hopper_no.empty() && opts.hopper_fwd) {
+      const char* what = kind == ScoreModKind::kSoftcap ? "softcap"
+                         : kind == ScoreModKind::kAlibi ? "ALiBi" : "plain";
+      std::string hopper_no = hopper_fwd_unsupported_reason(p, req, info);
+      if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kOff)
+        hopper_no = "FUSEDATTN_HOPPER_FWD=0 keeps it off";
+      std::string measured;
+      if (hopper_no.empty() && kind == ScoreModKind::kNone)
+        measured = hopper_plain_measured(p);
+      if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kMeasured && !measured.empty())
+        hopper_no = measured;
+      if (hopper_no.empty()) {
         choice.forward = FA_BACKEND_HOPPER_FWD;
-        choice.reason = std::string("forward hopper: the Hopper flash forward runs the ") + what +
-                        " score_mod in its kernel (bench/RESULTS.md); backward cudnn: " + cudnn;
-      } else if (hopper_no.empty()) {
-        choice.reason = "cudnn: " + cudnn + " (FUSEDATTN_HOPPER_FWD=0 keeps the Hopper flash "
-                        "forward off)";
+        choice.reason = std::string("forward hopper: the Hopper flash forward runs this ") + what +
+                        " call" +
+                        (kind != ScoreModKind::kNone ? " with its score_mod in the kernel"
+                         : measured.empty() ? " (measured faster than cuDNN: hopper/measured.h)"
+                                            : " (FUSEDATTN_HOPPER_FWD=1)") +
+                        "; backward cudnn: " + cudnn;
       } else {
-        choice.reason = "cudnn: " + cudnn + " (the Hopper flash forward cannot run this " +
-                        what + " call: " + hopper_no + ")";
+        choice.reason = "cudnn: " + cudnn + " (not the Hopper flash forward: " + hopper_no + ")";
       }
       return choice;
     }

@@ -110,6 +110,10 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
 
+// Why a plain call (no score_mod) the Hopper forward can run stays on cuDNN by the
+// measurement (hopper/measured.h); empty when the Hopper forward was measured faster.
+std::string hopper_plain_measured(const AttnParams& p);
+
 // Why the generic CUDA flash kernels cannot serve p (empty when they can).
 std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                      const PlatformInfo& info);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/options.h"
 #include "fusedattn/attention/cpu/score_ops.h"
 #include "fusedattn/platform/cpu/thread_pool.h"
 #include "fusedattn/attention/validate.h"
@@ -149,6 +150,10 @@ int64_t fa_hopper_fwd_launches() {
   return 0;
 #endif
 }
+
+// options.h's set_hopper_fwd_override: 0 off, 1 always, 2 by the measurement, < 0 the
+// environment's (FUSEDATTN_HOPPER_FWD).
+void fa_set_hopper_fwd(int mode) { fusedattn::set_hopper_fwd_override(mode); }
 
 const char* fa_backend_name(int backend) { return fusedattn::backend_name(backend); }
 

@@ -27,6 +27,7 @@
 #include "fusedattn/attention/cudnn/fixup.h"
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/attention/cudnn/sdpa_config.h"
+#include "fusedattn/attention/hopper/band.h"
 #include "fusedattn/attention/hopper/flash_fwd.h"
 #include "fusedattn/attention/ffi_decode.h"
 #include "fusedattn/attention/ffi_cuda.h"
@@ -238,7 +239,7 @@ Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs
 }
 
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
-// ALiBi score_mod, form).
+// ALiBi score_mod, form, or none).
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
                   const ScoreModForm& form, int device, cudaStream_t stream) {
   PlatformInfo info;
@@ -253,15 +254,16 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.batch = p.batch, fp.seqlen_q = p.seqlen_q, fp.seqlen_kv = p.seqlen_kv;
   fp.heads_q = p.heads_q, fp.heads_kv = p.heads_kv, fp.head_dim = p.head_dim_qk;
   fp.bf16 = p.dtype == FA_BFLOAT16;
-  fp.causal = is_causal(p.mask_type);
-  fp.diag = is_causal_bottom_right(p.mask_type) ? p.seqlen_kv - p.seqlen_q : 0;
+  const hopper_rules::Band band = hopper_rules::band(p);
+  fp.causal = band.causal, fp.diag = band.diag;
+  fp.left_bound = band.left_bound, fp.lo_diag = band.lo_diag;
+  fp.scale = p.scale;
   if (form.kind == ScoreModKind::kSoftcap) {
     // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
     fp.softcap = form.softcap_k1;
     fp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
-  } else {
+  } else if (form.kind == ScoreModKind::kAlibi) {
     const ScoreMod& m = sm.call->sm;
-    fp.scale = p.scale;
     fp.alibi_slopes = sm.call->operands + m.offset(0);
     fp.alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
     fp.alibi_sign = form.alibi.sign;

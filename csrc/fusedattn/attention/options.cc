@@ -1,5 +1,6 @@
 #include "fusedattn/attention/options.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,7 +17,8 @@ std::optional<int64_t> number(const char* value) {
 BackendOptions parse_backend_options(const EnvLookup& env) {
   BackendOptions o;
   const char* hopper = env("FUSEDATTN_HOPPER_FWD");
-  o.hopper_fwd = !hopper || std::strcmp(hopper, "0") != 0;
+  if (hopper && std::strcmp(hopper, "0") == 0) o.hopper_fwd = HopperFwd::kOff;
+  if (hopper && std::strcmp(hopper, "1") == 0) o.hopper_fwd = HopperFwd::kAlways;
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
   o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
   const char* f32 = env("FUSEDATTN_F32_MATMUL");
@@ -33,10 +35,21 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   return o;
 }
 
-const BackendOptions& backend_options() {
+namespace {
+std::atomic<int32_t> hopper_override{-1};
+}  // namespace
+
+BackendOptions backend_options() {
   static const BackendOptions options =
       parse_backend_options([](const char* name) { return std::getenv(name); });
-  return options;
+  BackendOptions o = options;
+  const int32_t mode = hopper_override.load(std::memory_order_relaxed);
+  if (mode >= 0) o.hopper_fwd = static_cast<HopperFwd>(mode);
+  return o;
+}
+
+void set_hopper_fwd_override(int32_t mode) {
+  hopper_override.store(mode >= 0 && mode <= 2 ? mode : -1, std::memory_order_relaxed);
 }
 
 }  // namespace fusedattn

@@ -3,10 +3,14 @@
 // None of them but FUSEDATTN_F32_MATMUL changes a result; each picks among kernels or cuDNN plans that compute
 // the same attention, for comparisons and plan experiments (bench/, dev/cudnn/cudnn_plans.sh).
 //
-//   FUSEDATTN_HOPPER_FWD=0          hopper_fwd = false: the calls the Hopper flash forward
-//                                   would take (softcap / ALiBi score_mod, head dim 128,
-//                                   sm_90) run cuDNN's forward graph instead. Any other
-//                                   value, or unset: the Hopper forward takes them.
+//   FUSEDATTN_HOPPER_FWD=0|1        hopper_fwd: which calls the Hopper flash forward (head dim
+//                                   128, sm_90) takes. Unset (or anything else): kMeasured,
+//                                   its softcap / ALiBi score_mods always, plain calls where
+//                                   the checked-in measurement (hopper/measured.h, written by
+//                                   scripts/tune_hopper.py) found it faster than cuDNN's
+//                                   forward graph. 0: kOff, cuDNN's forward for all of them.
+//                                   1: kAlways, every call it can run (plain ones included).
+//                                   set_hopper_fwd_override() overrides it for the process.
 //   FUSEDATTN_FLASH_SCORE_MOD=0     flash_score_mod = false: the score_mod calls cuDNN
 //                                   declines (a bias, a shard's index_base, a rejected
 //                                   graph, the operands' gradient taken) run XLA's reference
@@ -48,10 +52,11 @@
 namespace fusedattn {
 
 enum class CudnnHeur : int32_t { kA = 0, kB = 1, kFallback = 2 };
+enum class HopperFwd : int32_t { kOff = 0, kAlways = 1, kMeasured = 2 };
 enum class F32Matmul : int32_t { kAsCalled = 0, kTf32 = 1, kExact = 2 };
 
 struct BackendOptions {
-  bool hopper_fwd = true;
+  HopperFwd hopper_fwd = HopperFwd::kMeasured;
   bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;
@@ -67,8 +72,15 @@ using EnvLookup = std::function<const char*(const char*)>;
 // The options the variables above set, read through `env` (tests pass a map).
 BackendOptions parse_backend_options(const EnvLookup& env);
 
-// The process's options: the environment, read on first use (thread-safe), then kept.
-const BackendOptions& backend_options();
+// The process's options: the environment, read on first use (thread-safe), then kept,
+// with the override below applied.
+BackendOptions backend_options();
+
+// Overrides FUSEDATTN_HOPPER_FWD for this process from now on (the measurement script and
+// tests compare kernels in one process); mode < 0 goes back to the environment's. Calls
+// decide at run time, so it applies to compiled functions too (their workspace is cuDNN's
+// either way).
+void set_hopper_fwd_override(int32_t mode);
 
 // Whether the CUDA flash kernels multiply a call's float32 inputs in plain TF32: the
 // options' f32_matmul, else the call's request (exact: backend.h's kRequestF32Exact set).

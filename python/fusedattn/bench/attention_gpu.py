@@ -1,6 +1,7 @@
 """python -m fusedattn bench attention (on a GPU): the GPU grid of docs/BENCH.md.
 
-fused_attn (cuDNN graphs driven from C++) beside jax.nn.dot_product_attention with
+fused_attn (cuDNN graphs driven from C++, the forward the Hopper kernel's where
+hopper/measured.h sends it: the "fwd" column names the kernel that ran) beside jax.nn.dot_product_attention with
 implementation="cudnn" (XLA's own cuDNN fusion) and "xla", in the same run, bf16:
 head dims 64/128/256, B*S = 16384 tokens with S in {1024, 4096, 16384}, H = 2048 / D,
 causal and not, forward and forward+backward; plus GQA (Hq = 4 Hkv), THD packed
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fusedattn
-from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor
+from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor, _lib
 
 from . import report
 from .common import copy_bandwidth, matmul_flops, run_info, time_fn
@@ -134,6 +135,7 @@ def run(args):
                     continue  # materializes B*H*S*S scores: out of memory or minutes
                 fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
                 fargs = inputs if backward else inputs[:3]
+                launches = _lib.hopper_fwd_launches()
                 try:
                     sec, _ = time_fn(fn, fargs, repeats=args.repeats)
                 except Exception as e:  # an anchor that rejects the shape: say so in the row
@@ -141,6 +143,9 @@ def run(args):
                     continue
                 row[f"{name}_ms"] = sec * 1e3
                 row[f"{name}_tflops"] = flops / sec / 1e12
+                if name == "fusedattn":  # the forward kernel that ran
+                    row["fwd_kernel"] = ("hopper" if _lib.hopper_fwd_launches() > launches
+                                         else "cudnn")
             if "jax_cudnn_ms" in row and "fusedattn_ms" in row:
                 row["ratio"] = row["jax_cudnn_ms"] / row["fusedattn_ms"]
             if "jax_xla_ms" in row and "fusedattn_ms" in row:
@@ -151,14 +156,15 @@ def run(args):
 
 
 _HEADER = (f"{'case':10} {'D':>4} {'S':>6} {'B':>3} {'causal':>6} {'mode':8} | {'ours TF/s':>9} | "
-           f"{'cudnn TF/s':>10} {'xla TF/s':>8} | {'ratio':>6}")
+           f"{'cudnn TF/s':>10} {'xla TF/s':>8} | {'ratio':>6} {'fwd':>6}")
 
 
 def _fmt(r):
     g = lambda k: f"{r[k]:.0f}" if k in r else "-"
     ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
     return (f"{r['kind']:10} {r['D']:4d} {r['S']:6d} {r['B']:3d} {str(r['causal']):>6} {r['mode']:8} | "
-            f"{g('fusedattn_tflops'):>9} | {g('jax_cudnn_tflops'):>10} {g('jax_xla_tflops'):>8} | {ratio:>6}")
+            f"{g('fusedattn_tflops'):>9} | {g('jax_cudnn_tflops'):>10} {g('jax_xla_tflops'):>8} | {ratio:>6}"
+            f" {r.get('fwd_kernel', '-'):>6}")
 
 
 def _plot(rows, path):

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <tuple>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/hopper/band.h"
+#include "fusedattn/attention/mask.h"
 #include "fusedattn/attention/options.h"
 #include "fusedattn/attention/params.h"
 #include "attention/plain_call.h"
@@ -62,13 +65,6 @@ TEST(SelectBackend, CudaWithoutCudnnRunsTheReferenceBothWays) {
   expect_kernels(c, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE);
   EXPECT_TRUE(has(c.reason, "xla_reference")) << c.reason;
   EXPECT_TRUE(has(c.reason, "no CUDA kernels")) << c.reason;
-}
-
-TEST(SelectBackend, PlainCudaCallRunsCudnnBothWays) {
-  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
-                                         BackendRequest{}, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
-  EXPECT_EQ(c.reason, "cudnn: a cuDNN 9.19.0 SDPA graph");
 }
 
 TEST(SelectBackend, OtherScoreModsRunCudnn) {
@@ -232,7 +228,7 @@ TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
 
 TEST(SelectBackend, OptionsForceCudnnOverHopper) {
   BackendOptions off;
-  off.hopper_fwd = false;
+  off.hopper_fwd = HopperFwd::kOff;
   const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
                                          with(ScoreModKind::kSoftcap), off);
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
@@ -258,7 +254,7 @@ TEST_P(HopperDeclines, CudnnRunsBothWays) {
   EXPECT_FALSE(hopper_fwd_unsupported_reason(p, req, info).empty());
   const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, info, req, BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
-  EXPECT_TRUE(has(c.reason, "Hopper flash forward cannot run")) << c.reason;
+  EXPECT_TRUE(has(c.reason, "not the Hopper flash forward")) << c.reason;
   EXPECT_TRUE(has(c.reason, GetParam().why)) << c.reason;
 }
 
@@ -281,10 +277,6 @@ const HopperCase kHopperDeclines[] = {
        p.mask_type = FA_PADDING_CAUSAL_MASK; }, "padding"},
     {"thd", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
        p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK; }, "THD"},
-    {"window", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.window_left = 64, p.window_right = 0; }, "sliding window"},
-    {"window_right_unmasked", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.mask_type = FA_NO_MASK, p.window_right = 4; }, "sliding window"},
     {"alibi_under_vmap", [](AttnParams& p, BackendRequest& r, PlatformInfo&) {
        r.score_mod.kind = ScoreModKind::kAlibi, p.batch = 4, p.num_slices = 2; },
      "one vmap slice"},
@@ -301,9 +293,84 @@ TEST(HopperFwdUnsupported, BottomRightCausalNeedsSqAtMostSkv) {
   AttnParams p = hopper_params();
   p.mask_type = FA_CAUSAL_BOTTOM_RIGHT_MASK, p.seqlen_q = 1024;
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kSoftcap), h100()),
-                  "Sq <= Skv"));
+                  "without keys (Sq > Skv)"));
   p.seqlen_q = 256;
   EXPECT_EQ(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kSoftcap), h100()), "");
+  p.mask_type = FA_NO_MASK, p.seqlen_q = 512, p.seqlen_kv = 256, p.window_left = 64;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, {}, h100()), "without keys")) << p.window_left;
+  p.window_left = 256;  // row 511 keeps keys from 255
+  EXPECT_EQ(hopper_fwd_unsupported_reason(p, {}, h100()), "");
+}
+
+// Plain calls (no score_mod): the Hopper forward where the measurement says so (kMeasured,
+// the default), wherever it can run (kAlways), never (kOff); a general score_mod: cuDNN.
+TEST(SelectBackend, HopperForwardTakesPlainCallsByTheMeasurement) {
+  const AttnParams p = hopper_params();
+  const std::string measured = hopper_plain_measured(p);
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, BackendOptions{});
+  if (measured.empty()) {
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    EXPECT_TRUE(has(c.reason, "measured faster than cuDNN")) << c.reason;
+  } else {
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+    EXPECT_TRUE(has(c.reason, measured)) << c.reason;
+  }
+  BackendOptions always;
+  always.hopper_fwd = HopperFwd::kAlways;
+  const BackendChoice a = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, always);
+  expect_kernels(a, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(a.reason, "plain call")) << a.reason;
+  BackendOptions off;
+  off.hopper_fwd = HopperFwd::kOff;
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), {}, off), FA_BACKEND_CUDNN,
+                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kOther), always),
+                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kOther), h100()),
+                  "softcap and ALiBi only"));
+}
+
+TEST(SelectBackend, HopperForwardTakesSlidingWindows) {
+  BackendOptions always;
+  always.hopper_fwd = HopperFwd::kAlways;
+  for (auto [mask, left, right] : {std::tuple{FA_CAUSAL_MASK, 64, 0},
+                                   std::tuple{FA_NO_MASK, -1, 4},
+                                   std::tuple{FA_NO_MASK, 100, 7},
+                                   std::tuple{FA_CAUSAL_BOTTOM_RIGHT_MASK, 300, -1}}) {
+    AttnParams p = hopper_params();
+    p.mask_type = mask, p.window_left = left, p.window_right = right;
+    for (ScoreModKind kind : {ScoreModKind::kNone, ScoreModKind::kSoftcap}) {
+      const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), always);
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    }
+  }
+}
+
+// The band (hopper/band.h) restates mask.h's rule as the kernel's two diagonals.
+TEST(HopperBand, AgreesWithSegmentKeys) {
+  for (int32_t mask : {FA_NO_MASK, FA_CAUSAL_MASK, FA_CAUSAL_BOTTOM_RIGHT_MASK})
+    for (auto [left, right] : {std::pair{-1, -1}, std::pair{0, 0}, std::pair{5, -1},
+                               std::pair{-1, 3}, std::pair{17, 2}, std::pair{1000, 1000}})
+      for (auto [sq, skv] : {std::pair{40, 40}, std::pair{13, 50}, std::pair{50, 13}}) {
+        AttnParams p = test::plain_call(1, sq, skv, 1, 1, 128, 128, 1.0f);
+        p.mask_type = mask, p.window_left = left, p.window_right = right;
+        const hopper_rules::Band b = hopper_rules::band(p);
+        const MaskRule r = mask_rule(mask, left, right);
+        const bool empty_rows = *hopper_rules::band_empty_rows(p, b) != 0;
+        bool any_empty = false;
+        for (int64_t i = 0; i < sq; ++i) {
+          const KeyRange k = segment_keys(r, i, sq, skv);
+          any_empty |= k.lo == k.hi;
+          for (int64_t j = 0; j < skv; ++j) {
+            const bool kept = (!b.causal || j <= i + b.diag) && (!b.left_bound || j >= i + b.lo_diag);
+            ASSERT_EQ(kept, j >= k.lo && j < k.hi)
+                << "mask " << mask << " window " << left << "," << right << " S " << sq << "/"
+                << skv << " i " << i << " j " << j;
+          }
+        }
+        EXPECT_EQ(empty_rows, any_empty) << "mask " << mask << " window " << left << "," << right
+                                         << " S " << sq << "/" << skv;
+      }
 }
 
 TEST(SelectBackend, InvalidCallsGetNoKernel) {
@@ -383,7 +450,7 @@ BackendOptions parse(const std::map<std::string, std::string>& env) {
 
 TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   const BackendOptions o = parse({});
-  EXPECT_TRUE(o.hopper_fwd);
+  EXPECT_EQ(o.hopper_fwd, HopperFwd::kMeasured);
   EXPECT_TRUE(o.flash_score_mod);
   EXPECT_EQ(o.cudnn_heur, CudnnHeur::kA);
   EXPECT_FALSE(o.cudnn_plan.has_value());
@@ -415,10 +482,23 @@ TEST(ParseBackendOptions, Float32MatmulFollowsTheCallUnlessForced) {
   EXPECT_FALSE(f32_tf32(exact, true));
 }
 
-TEST(ParseBackendOptions, HopperForwardIsOffOnlyForZero) {
-  EXPECT_FALSE(parse({{"FUSEDATTN_HOPPER_FWD", "0"}}).hopper_fwd);
-  for (const char* v : {"1", "", "off", "00"})
-    EXPECT_TRUE(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd) << v;
+TEST(ParseBackendOptions, HopperForwardOffAlwaysOrMeasured) {
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "0"}}).hopper_fwd, HopperFwd::kOff);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "1"}}).hopper_fwd, HopperFwd::kAlways);
+  for (const char* v : {"", "off", "00", "2"})
+    EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd, HopperFwd::kMeasured) << v;
+}
+
+TEST(BackendOptions, HopperOverrideAppliesAndResets) {
+  const HopperFwd env = backend_options().hopper_fwd;
+  set_hopper_fwd_override(1);
+  EXPECT_EQ(backend_options().hopper_fwd, HopperFwd::kAlways);
+  set_hopper_fwd_override(0);
+  EXPECT_EQ(backend_options().hopper_fwd, HopperFwd::kOff);
+  set_hopper_fwd_override(-1);
+  EXPECT_EQ(backend_options().hopper_fwd, env);
+  set_hopper_fwd_override(7);  // out of range: back to the environment's
+  EXPECT_EQ(backend_options().hopper_fwd, env);
 }
 
 TEST(ParseBackendOptions, CudnnHeuristics) {

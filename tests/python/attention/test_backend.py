@@ -308,3 +308,14 @@ def test_float32_matmul_precision_follows_jax(precision, exact):
         assert bool(_gpu_route._precision_flag(jnp.float32) & _lib.REQUEST_F32_EXACT) == exact
         assert _gpu_route._precision_flag(jnp.bfloat16) == 0
         assert _gpu_route._precision_flag(jnp.float16) == 0
+
+
+def test_set_hopper_fwd_takes_its_modes_only():
+    """_lib.set_hopper_fwd: "off", "always", "measured" or None (the environment's); any
+    other value is refused with the allowed ones named. (On the GPU,
+    test_hopper_fwd_gpu.py checks which kernel each mode runs.)"""
+    from fusedattn import _lib
+    for mode in ("off", "always", "measured", None):
+        _lib.set_hopper_fwd(mode)
+    with pytest.raises(ValueError, match="allowed 'off', 'always', 'measured' or None"):
+        _lib.set_hopper_fwd("on")

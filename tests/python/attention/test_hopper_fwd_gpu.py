@@ -1,9 +1,10 @@
 """The Hopper flash forward (csrc/fusedattn/attention/hopper) on an H100 (pytest -m gpu; skipped
 without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
-counter moves), other calls do not; forward, log-sum-exp and gradients (cuDNN's backward
-reads this forward's log-sum-exp) against the float32 reference with fn over the
-materialized scores, in bf16 and fp16, with and without causal masks, GQA, ragged lengths
-and the packed layout."""
+counter moves), and plain calls (no score_mod) where the measurement (hopper/measured.h) or
+set_hopper_fwd("always") sends them; other calls do not; forward, log-sum-exp and gradients
+(cuDNN's backward reads this forward's log-sum-exp) against the float32 reference with fn
+over the materialized scores, in bf16 and fp16, with and without causal masks, sliding
+windows, GQA, ragged lengths and the packed layout."""
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,73 @@ def test_softcap_forward_and_gradients(key, dtype, mask, Sq, Skv, hkv, fn, amp):
                                                 attn_mask_type=mask, return_aux=True)
     check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask),
                     q, k, v, dout)
+
+
+def identity(s, b, h, q, k):
+    return s
+
+
+@pytest.fixture
+def hopper_always():
+    """The Hopper forward takes every call it can run (plain ones too), then back."""
+    _lib.set_hopper_fwd("always")
+    yield
+    _lib.set_hopper_fwd(None)
+
+
+PLAIN_CASES = [  # mask, Sq, Skv, Hkv, window
+    (AttnMaskType.NO_MASK, 300, 777, 4, None),
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, None),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 1, None),
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, (256, 0)),  # the sliding window
+    (AttnMaskType.CAUSAL_MASK, 700, 700, 4, (5, 0)),  # narrower than a key block
+    (AttnMaskType.NO_MASK, 700, 700, 4, (100, 37)),
+    (AttnMaskType.NO_MASK, 512, 900, 2, (-1, 64)),
+    (AttnMaskType.NO_MASK, 600, 900, 2, (130, -1)),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 300, 1000, 1, (129, 0)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", PLAIN_CASES,
+                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window",
+                              "causal-window-5", "window-both", "window-right", "window-left",
+                              "bottom-right-window"])
+def test_plain_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, hkv, window):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                                attn_mask_type=mask, window_size=window,
+                                                return_aux=True)
+    check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask,
+                                                   window_size=window), q, k, v, dout)
+
+
+def test_softcap_with_window(key):
+    q, k, v, dout = inputs(key, jnp.bfloat16, 800, 800, 2, 3.0)
+    mask, window = AttnMaskType.CAUSAL_MASK, (200, 0)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap20,
+                                                attn_mask_type=mask, window_size=window,
+                                                return_aux=True)
+    check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, cap20, (), attn_mask_type=mask,
+                                                   window_size=window), q, k, v, dout)
+
+
+def test_plain_calls_follow_the_measurement(key):
+    """Without an override a plain call runs the Hopper forward exactly when get_backend
+    says so (hopper/measured.h decides), and gives the same answer either way."""
+    q, k, v, _ = inputs(key, jnp.bfloat16, 4096, 4096, 2)
+    for mask in (AttnMaskType.NO_MASK, AttnMaskType.CAUSAL_MASK):
+        fn = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask)
+        info = fusedattn.get_backend((q, k, v), attn_mask_type=mask, platform="gpu")
+        out, ran = runs_hopper(fn, q, k, v)
+        assert ran == (info.forward == "hopper"), info
+        _lib.set_hopper_fwd("off")
+        try:
+            cudnn_out, ran_off = runs_hopper(fn, q, k, v)
+        finally:
+            _lib.set_hopper_fwd(None)
+        assert not ran_off
+        close("out", out, cudnn_out)
 
 
 def alibi_causal(s, b, h, q, k, slopes):  # the bench's form

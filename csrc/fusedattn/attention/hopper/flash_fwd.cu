@@ -114,6 +114,10 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
   if (p.causal && p.diag < 0) return "causal with diag < 0 leaves rows without keys";
+  // Every query row keeps a key: the right edge (diag >= 0) keeps key 0 in reach, and the
+  // left edge must leave the last row one (the edges grow with the row).
+  if (p.left_bound && (p.seqlen_q - 1 + p.lo_diag >= p.seqlen_kv || (p.causal && p.lo_diag > p.diag)))
+    return "the window leaves query rows without keys";
   if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
@@ -142,6 +146,8 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);
   a.diag = static_cast<int>(std::min<int64_t>(p.diag, p.seqlen_kv));
+  // No left edge, or one left of every key (lo_diag <= -Sq), reads as -2^30 (< -Sq).
+  a.lo_diag = p.left_bound && p.lo_diag > -p.seqlen_q ? static_cast<int>(p.lo_diag) : -(1 << 30);
   const float log2e = 1.4426950408889634f;
   a.heads_q = static_cast<int>(p.heads_q);
   a.batch = static_cast<int>(p.batch);
@@ -155,7 +161,7 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // 15-20% slower than a block a tile, which the hardware hands out as SMs free up).
   const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
   int64_t blocks = tiles;
-  if (!p.causal) {
+  if (!p.causal && !p.left_bound) {
     int device = 0, sms = 0;
     FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

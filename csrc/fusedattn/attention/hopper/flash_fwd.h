@@ -24,6 +24,9 @@ struct FlashFwdParams {
   bool bf16 = true;
   bool causal = false;
   int64_t diag = 0;      // causal: query i sees key j when j <= i + diag
+  // A window's left edge: query i sees key j only when j >= i + lo_diag (any call).
+  bool left_bound = false;
+  int64_t lo_diag = 0;
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
   // Non-null: ALiBi, scores become scale * s + sign * slopes[h * stride] * g(kv - q), with

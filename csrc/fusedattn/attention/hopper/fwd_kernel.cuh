@@ -47,6 +47,8 @@ struct FwdArgs {
   int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
   int section;           // (batch, head) pairs whose blocks run side by side (block order)
   int diag;              // causal: query i sees key j when j <= i + diag
+  int lo_diag;           // and (any call) when j >= i + lo_diag: a window's left edge
+                         // (-2^30 when there is none)
   float mul_in, mul_out;  // the score modifier's constants (below)
   const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
   int slope_stride;
@@ -133,7 +135,8 @@ __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], flo
       x = Mod::pre(x, a.mul_in, slope, d0, static_cast<float>(8 * (i / 2) + i % 2 - 8 * r));
       if constexpr (kMask) {
         const int col = col0 + 8 * (i / 2) + i % 2, row = row0 + 8 * r;
-        if (col >= a.seqlen_kv || (kCausal && col > row + a.diag)) x = -INFINITY;
+        if (col >= a.seqlen_kv || (kCausal && col > row + a.diag) || col < row + a.lo_diag)
+          x = -INFINITY;
       }
     }
   };
@@ -243,9 +246,11 @@ enum ProfilePhase {
   kWaitKV, kWaitTurn, kIssue, kWaitS, kSoftmax, kWaitPV, kOther, kTileEnds, kWaitQ, kFirst, kLast
 };
 
-// A work tile: 128 query rows of one (batch, head) and the key blocks they see.
+// A work tile: 128 query rows of one (batch, head) and the key blocks [n_begin, n_end) they
+// see. The host keeps every query row's key range non-empty (flash_fwd_unsupported), so
+// n_begin < n_end.
 struct Tile {
-  int m0, h, b, n_end;
+  int m0, h, b, n_begin, n_end;
 };
 
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
@@ -263,6 +268,7 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
   tile.b = pair / a.heads_q;
   tile.n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
   if (kCausal) tile.n_end = min(tile.n_end, (tile.m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
+  tile.n_begin = max(0, tile.m0 + a.lo_diag) / kBlockN;  // m0 + lo_diag >= -2^30: no overflow
   return tile;
 }
 
@@ -314,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
         mbar_expect_bytes(&sm.q_full, kTileBytes);
         tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.m0, tile.h, tile.b);
         tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.m0, tile.h, tile.b);
-        for (int it = 0; it < tile.n_end; ++it, ++kv) {
+        for (int it = 0; it < tile.n_end - tile.n_begin; ++it, ++kv) {
           const int n = tile.n_end - 1 - it, st = kv % kStages;
           const uint32_t ph = (kv / kStages) & 1;
           mbar_wait(&sm.k_empty[st], ph ^ 1);
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 #endif
   for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
     const Tile tile = tile_at<kCausal>(a, t, num_m);
-    const int n_end = tile.n_end;
+    const int n_end = tile.n_end, blocks = n_end - tile.n_begin;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
     for (int i = 0; i < kOutRegs; ++i) o[i] = 0.0f;
@@ -357,7 +363,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     auto softmax = [&](int n) {
       const int col0 = n * kBlockN + 2 * (lane % 4);
       if ((n + 1) * kBlockN > a.seqlen_kv ||
-          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag))
+          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag) ||
+          n * kBlockN < tile.m0 + kBlockM - 1 + a.lo_diag)
         rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope);
       else
         rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope);
@@ -387,13 +394,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       wgmma_wait<0>();
       fence_regs(s);
       mbar_arrive(&sm.k_empty[st]);
-      if (n_end == 1) mbar_arrive(&sm.q_empty);
+      if (blocks == 1) mbar_arrive(&sm.q_empty);
       softmax(n_end - 1);
 #pragma unroll
       for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
     FA_PROFILE_PHASE(kFirst);
-    for (int it = 1; it < n_end; ++it) {
+    for (int it = 1; it < blocks; ++it) {
       const int st = (kv + it) % kStages, prev = (kv + it - 1) % kStages;
       FA_PROFILE_PHASE(kOther);
       mbar_wait(&sm.k_full[st], ((kv + it) / kStages) & 1);
@@ -415,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(s);
       FA_PROFILE_PHASE(kWaitS);
       mbar_arrive(&sm.k_empty[st]);
-      if (it == n_end - 1) mbar_arrive(&sm.q_empty);
+      if (it == blocks - 1) mbar_arrive(&sm.q_empty);
       softmax(n_end - 1 - it);
       FA_PROFILE_PHASE(kSoftmax);
       wgmma_wait<0>();
@@ -428,9 +435,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     }
     FA_PROFILE_PHASE(kOther);
     {  // the last P V
-      const int st = (kv + n_end - 1) % kStages;
+      const int st = (kv + blocks - 1) % kStages;
       rescale_to_max();
-      mbar_wait(&sm.v_full[st], ((kv + n_end - 1) / kStages) & 1);
+      mbar_wait(&sm.v_full[st], ((kv + blocks - 1) / kStages) & 1);
       fence_regs(o);
       fence_regs(p);
       wgmma_fence();
@@ -440,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       mbar_arrive(&sm.v_empty[st]);
     }
     FA_PROFILE_PHASE(kLast);
-    kv += n_end;
+    kv += blocks;
     if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
 
     // Epilogue: O / sum straight from registers, and the log-sum-exp.
