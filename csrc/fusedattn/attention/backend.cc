@@ -151,8 +151,8 @@ std::string hopper_plain_measured(const AttnParams& p) {
        << " (hopper/measured.h: " << kMeasuredOn << ")";
     return os.str();
   }
-  if (row->ratio < 1.0) {
-    os << "cuDNN's forward measured faster on " << names[mask] << " calls at S " << row->seqlen
+  if (row->ratio < hopper_rules::kMargin) {
+    os << "cuDNN's forward measured as fast or faster on " << names[mask] << " calls at S " << row->seqlen
        << " (Hopper " << row->ratio << "x cuDNN, " << kMeasuredOn << ")";
     return os.str();
   }

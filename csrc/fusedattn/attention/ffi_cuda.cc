@@ -258,6 +258,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.causal = band.causal, fp.diag = band.diag;
   fp.left_bound = band.left_bound, fp.lo_diag = band.lo_diag;
   fp.scale = p.scale;
+  if (const auto pers = backend_options().hopper_persistent) fp.persistent = *pers != 0;
   if (form.kind == ScoreModKind::kSoftcap) {
     // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
     fp.softcap = form.softcap_k1;

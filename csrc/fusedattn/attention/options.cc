@@ -19,6 +19,7 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   const char* hopper = env("FUSEDATTN_HOPPER_FWD");
   if (hopper && std::strcmp(hopper, "0") == 0) o.hopper_fwd = HopperFwd::kOff;
   if (hopper && std::strcmp(hopper, "1") == 0) o.hopper_fwd = HopperFwd::kAlways;
+  o.hopper_persistent = number(env("FUSEDATTN_HOPPER_PERSISTENT"));
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
   o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
   const char* f32 = env("FUSEDATTN_F32_MATMUL");

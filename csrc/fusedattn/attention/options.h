@@ -11,6 +11,9 @@
 //                                   forward graph. 0: kOff, cuDNN's forward for all of them.
 //                                   1: kAlways, every call it can run (plain ones included).
 //                                   set_hopper_fwd_override() overrides it for the process.
+//   FUSEDATTN_HOPPER_PERSISTENT=0|1 hopper_persistent: the Hopper forward's blocks, one a
+//                                   tile (0) or one an SM taking tiles in turn (1); unset:
+//                                   the kernel decides (dev/hopper_fwd: measurements).
 //   FUSEDATTN_FLASH_SCORE_MOD=0     flash_score_mod = false: the score_mod calls cuDNN
 //                                   declines (a bias, a shard's index_base, a rejected
 //                                   graph, the operands' gradient taken) run XLA's reference
@@ -57,6 +60,7 @@ enum class F32Matmul : int32_t { kAsCalled = 0, kTf32 = 1, kExact = 2 };
 
 struct BackendOptions {
   HopperFwd hopper_fwd = HopperFwd::kMeasured;
+  std::optional<int64_t> hopper_persistent;
   bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;

@@ -489,6 +489,12 @@ TEST(ParseBackendOptions, HopperForwardOffAlwaysOrMeasured) {
     EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd, HopperFwd::kMeasured) << v;
 }
 
+TEST(ParseBackendOptions, HopperPersistentIsANumberWhenSet) {
+  EXPECT_FALSE(parse({}).hopper_persistent.has_value());
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_PERSISTENT", "1"}}).hopper_persistent, 1);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_PERSISTENT", "0"}}).hopper_persistent, 0);
+}
+
 TEST(BackendOptions, HopperOverrideAppliesAndResets) {
   const HopperFwd env = backend_options().hopper_fwd;
   set_hopper_fwd_override(1);

@@ -161,7 +161,7 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // 15-20% slower than a block a tile, which the hardware hands out as SMs free up).
   const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
   int64_t blocks = tiles;
-  if (!p.causal && !p.left_bound) {
+  if (p.persistent == 1 || (p.persistent < 0 && !p.causal && !p.left_bound)) {
     int device = 0, sms = 0;
     FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
