@@ -36,7 +36,7 @@ struct FlashFwdParams {
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
   // Persistent blocks (one an SM, taking tiles in turn) or one block a tile: -1 decides
-  // (persistent for calls without a right edge), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).
+  // (persistent for calls without a right edge or with a left one), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).
   int persistent = -1;
   int probe = -1;  // sweep builds only (FA_HOPPER_SWEEP): 10 runs softcap without its tanh
 };
