@@ -23,7 +23,8 @@ __all__ = ["get_backend", "is_fused_attn_kernel_available", "BackendInfo"]
 
 def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, flags=0):
     f64 = call.params.dtype == _lib.ATTN_DTYPE_CODES["float64"]
-    if _platform_code(platform) == _lib.PLATFORM_CPU and not f64:
+    cpu = _platform_code(platform) == _lib.PLATFORM_CPU
+    if cpu and not f64:
         return BackendInfo("cpu_flash", True, "score_mod runs inside the CPU engine (its "
                            "lowered program, forward and backward)")
     # The engine reads the program: it decides the Hopper forward and the bias rule (and
@@ -31,7 +32,7 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, f
     d = call.dims
     sm, _ = _sm.make_score_mod(fn, operands, None, (d.B, d.Hq, d.Sq, d.Skv))
     key = _sm_key(sm)
-    if _platform_code(platform) == _lib.PLATFORM_CPU:
+    if cpu:
         choice = _lib.backend_choice(call.params, _lib.PLATFORM_CPU, 0, key, want_max_logit)
         return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason)
     params = gpu_params(call.params)
