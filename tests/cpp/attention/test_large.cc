@@ -103,9 +103,13 @@ TEST(LargeIndex, AttentionValidatesHugeTensors) {
 
 TEST(LargeIndex, CudnnServesBshdPast2e31Elements) {
   // q/k/v [1, 2^20, 16, 128] bf16: 2^31 elements each, 2^40 scores; cuDNN's BSHD strides
-  // and flash kernels take it (no ragged offsets).
+  // and flash kernels take it (no ragged offsets). The forward is the Hopper kernel's where
+  // hopper/measured.h sends a causal call this long (its offsets are int64 too).
   const BackendChoice c = select_backend(bshd(1, int64_t{1} << 20, 16, 128), FA_PLATFORM_CUDA, h100());
-  EXPECT_EQ(c.forward, FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_EQ(c.backend, FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_EQ(c.forward, hopper_plain_measured(bshd(1, int64_t{1} << 20, 16, 128)).empty()
+                           ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDNN) << c.reason;
 }
 
 TEST(LargeIndex, CudnnThdRaggedOffsetsStayBelow2e31) {
