@@ -117,7 +117,6 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
     return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
   if (is_thd(p.layout)) return "it has no THD layouts";
-  if (has_padding(p.mask_type)) return "it has no padding masks";
   if (const char* empty = hopper_rules::band_empty_rows(p, hopper_rules::band(p)); *empty)
     return empty;
   if (p.head_dim_qk != kHopperHeadDim || p.head_dim_v != kHopperHeadDim) {

@@ -257,6 +257,11 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   const hopper_rules::Band band = hopper_rules::band(p);
   fp.causal = band.causal, fp.diag = band.diag;
   fp.left_bound = band.left_bound, fp.lo_diag = band.lo_diag;
+  fp.bottom_right = band.bottom_right;
+  if (has_padding(p.mask_type)) {  // BSHD: one segment a row, [B, M] lengths
+    fp.q_lens = t.q_seqlens, fp.kv_lens = t.kv_seqlens;
+    fp.lens_stride = p.max_segments;
+  }
   fp.scale = p.scale;
   if (const auto pers = backend_options().hopper_persistent) fp.persistent = *pers != 0;
   if (form.kind == ScoreModKind::kSoftcap) {

@@ -273,8 +273,6 @@ const HopperCase kHopperDeclines[] = {
      "dropout"},
     {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
        p.softmax_type = FA_LEARNABLE_SOFTMAX; }, "VANILLA_SOFTMAX"},
-    {"padding", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.mask_type = FA_PADDING_CAUSAL_MASK; }, "padding"},
     {"thd", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
        p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK; }, "THD"},
     {"alibi_under_vmap", [](AttnParams& p, BackendRequest& r, PlatformInfo&) {
@@ -362,7 +360,9 @@ TEST(HopperBand, AgreesWithSegmentKeys) {
           const KeyRange k = segment_keys(r, i, sq, skv);
           any_empty |= k.lo == k.hi;
           for (int64_t j = 0; j < skv; ++j) {
-            const bool kept = (!b.causal || j <= i + b.diag) && (!b.left_bound || j >= i + b.lo_diag);
+            const int64_t base = b.bottom_right ? skv - sq : 0;
+            const bool kept = (!b.causal || j <= i + base + b.diag) &&
+                              (!b.left_bound || j >= i + base + b.lo_diag);
             ASSERT_EQ(kept, j >= k.lo && j < k.hi)
                 << "mask " << mask << " window " << left << "," << right << " S " << sq << "/"
                 << skv << " i " << i << " j " << j;

@@ -129,6 +129,41 @@ def test_plain_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, h
                     PLAIN_TARGETS)
 
 
+PADDING_CASES = [  # mask, Sq, Skv, Hkv, window, q lengths, kv lengths (B = 2)
+    (AttnMaskType.PADDING_MASK, 512, 700, 2, None, (300, 512), (700, 1)),
+    (AttnMaskType.PADDING_CAUSAL_MASK, 640, 640, 4, None, (640, 129), (640, 129)),
+    (AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK, 400, 900, 1, None, (200, 400), (850, 130)),
+    (AttnMaskType.PADDING_CAUSAL_MASK, 800, 800, 2, (100, 0), (777, 0), (800, 64)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window,ql,kl", PADDING_CASES,
+                         ids=["padding", "padding-causal", "padding-bottom-right",
+                              "padding-causal-window-empty-row"])
+def test_padding_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, hkv, window,
+                                       ql, kl):
+    """Padding masks (BSHD, per-row lengths; a sequence of no queries and one of no keys
+    among them): padded queries give out 0 and lse -inf, the rest as the reference."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
+    qlen, kvlen = jnp.asarray(ql, jnp.int32), jnp.asarray(kl, jnp.int32)
+    sd = fusedattn.SequenceDescriptor.from_seqlens((qlen, kvlen))
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=mask,
+                                                window_size=window, return_aux=True)
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window,
+                                   q_seqlens=qlen, kv_seqlens=kvlen)
+    ref_out, ref_lse, _ = ref(q, k, v)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    lse = np.asarray(aux["softmax_aux"])[..., 0]
+    ref_lse = np.asarray(ref_lse).reshape(lse.shape)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=2e-3, rtol=1e-3)
+    check(lambda q, k, v: ours(q, k, v)[0], ref, (q, k, v), dout, PLAIN_TARGETS)
+
+
 def test_softcap_with_window(key):
     q, k, v, dout = inputs(key, jnp.bfloat16, 800, 800, 2, 3.0)
     mask, window = AttnMaskType.CAUSAL_MASK, (200, 0)

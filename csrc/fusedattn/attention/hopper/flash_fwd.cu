@@ -113,11 +113,16 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
-  if (p.causal && p.diag < 0) return "causal with diag < 0 leaves rows without keys";
-  // Every query row keeps a key: the right edge (diag >= 0) keeps key 0 in reach, and the
-  // left edge must leave the last row one (the edges grow with the row).
-  if (p.left_bound && (p.seqlen_q - 1 + p.lo_diag >= p.seqlen_kv || (p.causal && p.lo_diag > p.diag)))
-    return "the window leaves query rows without keys";
+  if (p.causal && p.left_bound && p.lo_diag > p.diag) return "the band's left edge is right of its right edge";
+  if ((p.q_lens == nullptr) != (p.kv_lens == nullptr) || p.lens_stride < 1)
+    return "q_lens and kv_lens come together, with lens_stride >= 1";
+  // Without padding every query row keeps a key: the right edge keeps key 0 in reach, and
+  // the left edge leaves the last row one (the edges grow with the row). (Padded calls may
+  // have rows that keep none: the kernel gives them out 0, lse -inf.)
+  const int64_t base = p.bottom_right ? p.seqlen_kv - p.seqlen_q : 0;
+  if (!p.q_lens && p.causal && base + p.diag < 0) return "the mask leaves the first query rows without keys";
+  if (!p.q_lens && p.left_bound && p.seqlen_q - 1 + base + p.lo_diag >= p.seqlen_kv)
+    return "the window leaves the last query rows without keys";
   if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
@@ -145,9 +150,15 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.seqlen_q = static_cast<int>(p.seqlen_q);
   a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);
-  a.diag = static_cast<int>(std::min<int64_t>(p.diag, p.seqlen_kv));
-  // No left edge, or one left of every key (lo_diag <= -Sq), reads as -2^30 (< -Sq).
-  a.lo_diag = p.left_bound && p.lo_diag > -p.seqlen_q ? static_cast<int>(p.lo_diag) : -(1 << 30);
+  // Offsets past +-2^30 keep what +-2^30 keeps (extents are at most 2^30); -2^30 itself is
+  // the kernel's "no left edge".
+  const int64_t edge = int64_t{1} << 30;
+  a.diag = static_cast<int>(std::clamp<int64_t>(p.diag, -edge, edge));
+  a.lo_diag = p.left_bound ? static_cast<int>(std::clamp<int64_t>(p.lo_diag, -edge + 1, edge))
+                           : static_cast<int>(-edge);
+  a.bottom_right = p.bottom_right;
+  a.q_lens = p.q_lens, a.kv_lens = p.kv_lens;
+  a.lens_stride = static_cast<int>(p.lens_stride);
   const float log2e = 1.4426950408889634f;
   a.heads_q = static_cast<int>(p.heads_q);
   a.batch = static_cast<int>(p.batch);

@@ -22,11 +22,19 @@ struct FlashFwdParams {
   int64_t l_b = 0, l_h = 0, l_s = 0;
   int64_t batch = 0, seqlen_q = 0, seqlen_kv = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   bool bf16 = true;
+  // The band, from each sequence's base diagonal (kv_len - q_len when bottom_right, else 0):
+  // causal (a right edge): query i sees key j when j <= i + base + diag; left_bound (a
+  // window's left edge): only when j >= i + base + lo_diag.
   bool causal = false;
-  int64_t diag = 0;      // causal: query i sees key j when j <= i + diag
-  // A window's left edge: query i sees key j only when j >= i + lo_diag (any call).
+  int64_t diag = 0;
   bool left_bound = false;
   int64_t lo_diag = 0;
+  bool bottom_right = false;
+  // Padding: sequence b has q_lens[b * lens_stride] queries and kv_lens[..] keys (int32 on
+  // the device, clamped to the extents); null: the extents. Padded queries: out 0, lse -inf.
+  const int32_t* q_lens = nullptr;
+  const int32_t* kv_lens = nullptr;
+  int64_t lens_stride = 1;
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
   // Non-null: ALiBi, scores become scale * s + sign * slopes[h * stride] * g(kv - q), with

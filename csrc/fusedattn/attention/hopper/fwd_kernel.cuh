@@ -46,9 +46,15 @@ struct FwdArgs {
   int64_t l_b, l_h, l_s;
   int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
   int section;           // (batch, head) pairs whose blocks run side by side (block order)
-  int diag;              // causal: query i sees key j when j <= i + diag
-  int lo_diag;           // and (any call) when j >= i + lo_diag: a window's left edge
-                         // (-2^30 when there is none)
+  // The band, from each row's base diagonal (kv_len - q_len of its sequence when
+  // bottom_right, else 0): causal (a right edge): query i sees key j when j <= i + base +
+  // diag; and (any call) when j >= i + base + lo_diag, a window's left edge (-2^30: none).
+  int diag, lo_diag, bottom_right;
+  // Padding: sequence b keeps q_lens[b * lens_stride] queries and kv_lens[..] keys (clamped
+  // to the extents); null: the extents. Padded queries get out 0 and lse -inf.
+  const int* q_lens;
+  const int* kv_lens;
+  int lens_stride;
   float mul_in, mul_out;  // the score modifier's constants (below)
   const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
   int slope_stride;
@@ -126,7 +132,7 @@ __host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) +
 template <class Mod, bool kCausal, bool kMask>
 __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&mx_old)[2],
                                              const FwdArgs& a, int row0, int col0,
-                                             float slope) {
+                                             float slope, int kv_len, int diag, int lo_diag) {
   const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
   auto modify = [&](int r) {
 #pragma unroll
@@ -135,7 +141,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], flo
       x = Mod::pre(x, a.mul_in, slope, d0, static_cast<float>(8 * (i / 2) + i % 2 - 8 * r));
       if constexpr (kMask) {
         const int col = col0 + 8 * (i / 2) + i % 2, row = row0 + 8 * r;
-        if (col >= a.seqlen_kv || (kCausal && col > row + a.diag) || col < row + a.lo_diag)
+        if (col >= kv_len || (kCausal && col > row + diag) || col < row + lo_diag)
           x = -INFINITY;
       }
     }
@@ -251,7 +257,14 @@ enum ProfilePhase {
 // n_begin < n_end.
 struct Tile {
   int m0, h, b, n_begin, n_end;
+  int q_len, kv_len, diag, lo_diag;  // the sequence's lengths and band (FwdArgs)
 };
+
+constexpr int kNoEdge = -(1 << 30);
+
+__device__ __forceinline__ int clamp_edge(long long x) {
+  return static_cast<int>(max(static_cast<long long>(kNoEdge), min(x, static_cast<long long>(1 << 30))));
+}
 
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
 // together; inside a section the query blocks go last first (causal: the longest rows
@@ -266,9 +279,24 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
   tile.m0 = (num_m - 1 - within / size) * kBlockM;
   tile.h = pair % a.heads_q;
   tile.b = pair / a.heads_q;
-  tile.n_end = (a.seqlen_kv + kBlockN - 1) / kBlockN;
-  if (kCausal) tile.n_end = min(tile.n_end, (tile.m0 + kBlockM - 1 + a.diag) / kBlockN + 1);
-  tile.n_begin = max(0, tile.m0 + a.lo_diag) / kBlockN;  // m0 + lo_diag >= -2^30: no overflow
+  tile.q_len = a.seqlen_q, tile.kv_len = a.seqlen_kv;
+  if (a.q_lens) {
+    const int i = tile.b * a.lens_stride;
+    tile.q_len = min(max(a.q_lens[i], 0), a.seqlen_q);
+    tile.kv_len = min(max(a.kv_lens[i], 0), a.seqlen_kv);
+  }
+  // Edges past +-2^30 keep the same keys as +-2^30 (extents are at most 2^30): int sums.
+  const long long diag0 = a.bottom_right ? tile.kv_len - tile.q_len : 0;
+  tile.diag = clamp_edge(diag0 + a.diag);
+  tile.lo_diag = a.lo_diag == kNoEdge ? kNoEdge : clamp_edge(diag0 + a.lo_diag);
+  // At least one key block a tile (the pipeline's counts assume it): a tile of rows that
+  // keep nothing runs one block, all masked (out 0, lse -inf).
+  tile.n_end = max(1, (tile.kv_len + kBlockN - 1) / kBlockN);
+  if (kCausal) {
+    const int last = tile.m0 + kBlockM - 1 + tile.diag;  // the tile's last kept key
+    tile.n_end = max(1, min(tile.n_end, last < 0 ? 0 : last / kBlockN + 1));
+  }
+  tile.n_begin = min(max(0, tile.m0 + tile.lo_diag) / kBlockN, tile.n_end - 1);
   return tile;
 }
 
@@ -362,12 +390,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
     auto softmax = [&](int n) {
       const int col0 = n * kBlockN + 2 * (lane % 4);
-      if ((n + 1) * kBlockN > a.seqlen_kv ||
-          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + a.diag) ||
-          n * kBlockN < tile.m0 + kBlockM - 1 + a.lo_diag)
-        rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope);
+      if ((n + 1) * kBlockN > tile.kv_len ||
+          (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + tile.diag) ||
+          n * kBlockN < tile.m0 + kBlockM - 1 + tile.lo_diag)
+        rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope,
+                                                   tile.kv_len, tile.diag, tile.lo_diag);
       else
-        rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope);
+        rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope,
+                                                    tile.kv_len, tile.diag, tile.lo_diag);
     };
     // Before a P V: the accumulator to the max that P was taken at, where a row's moved.
     auto rescale_to_max = [&] {
@@ -454,17 +484,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float l = o[64 + 2 * r];  // every column of the ones holds the row's sum
       const int row = row0 + 8 * r;
       if (row >= a.seqlen_q) continue;
+      // A padded query keeps nothing, whatever its scores were (NaN included): sum 0.
+      const bool pad = row >= tile.q_len;
+      const float l = pad ? 0.0f : o[64 + 2 * r];  // every column of the ones: the row's sum
       // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
       // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
       const float inv = l != 0.0f ? 1.0f / l : 0.0f;
       T* out = static_cast<T*>(a.out) + tile.b * a.o_b + row * a.o_s + tile.h * a.o_h;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = v;
+        const float x0 = pad ? 0.0f : o[4 * j + 2 * r] * inv;
+        const float x1 = pad ? 0.0f : o[4 * j + 2 * r + 1] * inv;
+        *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = pack2<kBf16>(x0, x1);
       }
       if (a.lse && lane % 4 == 0)
         a.lse[tile.b * a.l_b + tile.h * a.l_h + row * a.l_s] =
