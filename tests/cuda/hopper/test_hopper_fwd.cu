@@ -1,0 +1,259 @@
+// The Hopper flash forward (csrc/fusedattn/attention/hopper) alone, on an sm_90 GPU: each case
+// against a float32 reference kernel of this file (one thread a query row, exact softmax) on
+// fresh random inputs, with out and lse poisoned (NaN) before the run so an unwritten element
+// shows. Cases: the score modifiers (none, softcap, ALiBi in its three forms), masks (none,
+// causal top-left / bottom-right), sliding windows (left, right, both), GQA / MQA, the BSHD
+// and BHSD strides, ragged lengths, persistent and one-block-a-tile grids, bf16 and fp16.
+// Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
+// The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedattn/attention/hopper/flash_fwd.h"
+
+namespace fusedattn::cuda::hopper {
+namespace {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+bool has_sm90() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+template <class T>
+__device__ float to_f(T x) { return static_cast<float>(x); }
+
+__device__ uint32_t hash(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16;
+  return x;
+}
+
+template <class T>
+__global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float u = (hash(static_cast<uint32_t>(i) * 2654435761u + seed) >> 8) * (1.0f / 16777216.0f);
+    x[i] = static_cast<T>(amp * (2.0f * u - 1.0f));
+  }
+}
+
+// One thread per (b, h, query row): the exact softmax in float32 over the keys the row keeps
+// (the band of p: causal's right edge, the window's left edge). A row that keeps none: out 0,
+// lse -inf.
+template <class T>
+__global__ void reference(FlashFwdParams p, float* out, float* lse) {
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
+  const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
+                b = idx / (p.seqlen_q * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
+  auto score = [&](int64_t j) {
+    const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
+    float d = 0.0f;
+    for (int x = 0; x < 128; ++x) d += to_f(q[x]) * to_f(k[x]);
+    d *= p.scale;
+    if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
+    if (p.alibi_slopes) {
+      const float rel = static_cast<float>(j - i);
+      d += p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
+    }
+    return d;
+  };
+  auto kept = [&](int64_t j) {
+    return (!p.causal || j <= i + p.diag) && (!p.left_bound || j >= i + p.lo_diag);
+  };
+  float m = -INFINITY;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j)
+    if (kept(j)) m = fmaxf(m, score(j));
+  float acc[128] = {}, l = 0.0f;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j) {
+    if (!kept(j)) continue;
+    const float e = expf(score(j) - m);
+    l += e;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
+    for (int x = 0; x < 128; ++x) acc[x] += e * to_f(v[x]);
+  }
+  for (int x = 0; x < 128; ++x) out[idx * 128 + x] = l > 0.0f ? acc[x] / l : 0.0f;
+  lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+struct Case {
+  const char* name;
+  bool bf16 = true, causal = false, bhsd = false;
+  int B = 2, Sq = 256, Skv = 256, Hq = 4, Hkv = 4;
+  bool bottom_right = false;
+  int left = -1, right = -1;  // window sides (-1: none); causal sets right = 0
+  float softcap = 0.0f, amp = 1.0f;
+  int alibi = 0;        // 1: + slope_h (kv - q); 2: - slope_h |kv - q|; 3: one slope, - (kv - q)
+  int persistent = -1;  // FlashFwdParams::persistent
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+template <class T>
+void run_case(const Case& cs) {
+  const int64_t D = 128, nq = int64_t{cs.B} * cs.Sq * cs.Hq * D,
+                nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D, rows = nq / D;
+  T *q, *k, *v, *o;
+  float *lse, *ref_o, *ref_lse, *slopes = nullptr;
+  CUDA_OK(cudaMalloc(&q, nq * sizeof(T)));
+  CUDA_OK(cudaMalloc(&k, nk * sizeof(T)));
+  CUDA_OK(cudaMalloc(&v, nk * sizeof(T)));
+  CUDA_OK(cudaMalloc(&o, nq * sizeof(T)));
+  CUDA_OK(cudaMalloc(&lse, rows * 4));
+  CUDA_OK(cudaMalloc(&ref_o, nq * 4));
+  CUDA_OK(cudaMalloc(&ref_lse, rows * 4));
+  static uint32_t seed = 1;
+  fill<<<1024, 256>>>(q, nq, seed++, cs.amp);
+  fill<<<1024, 256>>>(k, nk, seed++, cs.amp);
+  fill<<<1024, 256>>>(v, nk, seed++, 1.0f);
+  CUDA_OK(cudaMemset(o, 0xff, nq * sizeof(T)));  // NaN
+  CUDA_OK(cudaMemset(lse, 0xff, rows * 4));
+  FlashFwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
+    *sb = S * H * D;
+    if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
+  };
+  strides(cs.Sq, cs.Hq, &p.q_b, &p.q_s, &p.q_h);
+  strides(cs.Skv, cs.Hkv, &p.k_b, &p.k_s, &p.k_h);
+  strides(cs.Skv, cs.Hkv, &p.v_b, &p.v_s, &p.v_h);
+  strides(cs.Sq, cs.Hq, &p.o_b, &p.o_s, &p.o_h);
+  p.l_b = int64_t{cs.Hq} * cs.Sq, p.l_h = cs.Sq, p.l_s = 1;
+  p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq,
+  p.heads_kv = cs.Hkv, p.head_dim = D;
+  p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
+  p.persistent = cs.persistent;
+  // The band as hopper/band.h sets it: base diagonal, then the window's sides.
+  const int64_t base = cs.bottom_right ? cs.Skv - cs.Sq : 0;
+  const int right = cs.causal ? 0 : cs.right;
+  p.causal = right >= 0, p.diag = base + (right >= 0 ? right : 0);
+  p.left_bound = cs.left >= 0, p.lo_diag = base - (cs.left >= 0 ? cs.left : 0);
+  if (cs.alibi) {
+    std::vector<float> h(cs.Hq);
+    for (int i = 0; i < cs.Hq; ++i) h[i] = std::exp2(-8.0f * (i + 1) / cs.Hq);
+    CUDA_OK(cudaMalloc(&slopes, cs.Hq * 4));
+    CUDA_OK(cudaMemcpy(slopes, h.data(), cs.Hq * 4, cudaMemcpyHostToDevice));
+    p.alibi_slopes = slopes;
+    p.alibi_stride = cs.alibi == 3 ? 0 : 1;
+    p.alibi_sign = cs.alibi == 1 ? 1.0f : -1.0f;
+    p.alibi_abs = cs.alibi == 2;
+  }
+  ASSERT_EQ(flash_fwd_unsupported(p, 90), "");
+  const Status st = flash_fwd(p, 0);
+  ASSERT_TRUE(st.ok()) << st.message;
+  reference<T><<<(rows + 127) / 128, 128>>>(p, ref_o, ref_lse);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<T> ho(nq);
+  std::vector<float> hr(nq), hl(rows), hrl(rows);
+  CUDA_OK(cudaMemcpy(ho.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hr.data(), ref_o, nq * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hl.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hrl.data(), ref_lse, rows * 4, cudaMemcpyDeviceToHost));
+  // The reference is [B, H, S, D] by row index; ours through the strides. Every element
+  // is compared (a NaN fails: the poison of an unwritten element included).
+  int64_t bad = 0, first = -1;
+  double err = 0, lerr = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % cs.Sq, h = r / cs.Sq % cs.Hq, b = r / (int64_t{cs.Sq} * cs.Hq);
+    const T* row = ho.data() + b * p.o_b + i * p.o_s + h * p.o_h;
+    for (int x = 0; x < D; ++x) {
+      const float ours = static_cast<float>(row[x]), want = hr[r * D + x];
+      const double e = std::fabs(ours - want);
+      if (!(e <= 1e-2 + 1e-2 * std::fabs(want))) ++bad, first = first < 0 ? r : first;
+      if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
+    }
+    const float got = hl[b * p.l_b + h * p.l_h + i], want = hrl[r];
+    const bool same = std::isinf(want) ? got == want
+                                       : std::fabs(got - want) <= 1e-3 + 1e-3 * std::fabs(want);
+    if (!same) ++bad, first = first < 0 ? r : first;
+    if (!std::isinf(want) && !(std::fabs(got - want) <= lerr))
+      lerr = std::isnan(got) ? INFINITY : std::fabs(got - want);
+  }
+  EXPECT_EQ(bad, 0) << "max |out err| " << err << ", max |lse err| " << lerr
+                    << ", first bad row " << first;
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
+                    (void*)ref_lse, (void*)slopes})
+    if (ptr) CUDA_OK(cudaFree(ptr));
+}
+
+class HopperFwd : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 GPU (H100, H200)";
+  }
+};
+
+TEST_P(HopperFwd, MatchesTheReference) {
+  const Case& c = GetParam();
+  if (c.bf16) run_case<__nv_bfloat16>(c); else run_case<__half>(c);
+}
+
+Case make(const char* name, void (*edit)(Case&)) {
+  Case c;
+  c.name = name;
+  edit(c);
+  return c;
+}
+
+const Case kCases[] = {
+    make("plain", [](Case&) {}),
+    make("plain_fp16_ragged", [](Case& c) { c.bf16 = false, c.Sq = 300, c.Skv = 777; }),
+    make("causal_gqa", [](Case& c) { c.causal = true, c.Sq = c.Skv = 1000, c.Hkv = 2; }),
+    make("causal_mqa_bhsd", [](Case& c) { c.causal = true, c.Hkv = 1, c.bhsd = true; }),
+    make("bottom_right", [](Case& c) {
+      c.causal = true, c.bottom_right = true, c.Sq = 200, c.Skv = 650; }),
+    make("causal_persistent", [](Case& c) { c.causal = true, c.Sq = c.Skv = 700, c.persistent = 1; }),
+    make("full_block_a_tile", [](Case& c) { c.Sq = 500, c.Skv = 900, c.persistent = 0; }),
+    make("window_causal_256", [](Case& c) { c.causal = true, c.Sq = c.Skv = 1000, c.left = 256; }),
+    make("window_causal_5", [](Case& c) { c.causal = true, c.Sq = c.Skv = 700, c.left = 5; }),
+    make("window_both_sides", [](Case& c) { c.Sq = c.Skv = 700, c.left = 100, c.right = 37; }),
+    make("window_right_only", [](Case& c) { c.Sq = 512, c.Skv = 900, c.right = 64; }),
+    make("window_left_only", [](Case& c) { c.Sq = 600, c.Skv = 900, c.left = 130; }),
+    make("window_bottom_right", [](Case& c) {
+      c.causal = true, c.bottom_right = true, c.Sq = 300, c.Skv = 1000, c.left = 129; }),
+    make("window_block_a_tile", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 1000, c.left = 300, c.persistent = 0; }),
+    make("window_left_wider_than_rows", [](Case& c) { c.Sq = 400, c.Skv = 300, c.left = 200; }),
+    make("softcap_causal", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 512, c.softcap = 20.0f, c.amp = 3.0f; }),
+    make("softcap_window_fp16", [](Case& c) {
+      c.bf16 = false, c.causal = true, c.Sq = c.Skv = 800, c.left = 200, c.softcap = 50.0f; }),
+    make("alibi_plus", [](Case& c) { c.causal = true, c.Sq = c.Skv = 640, c.alibi = 1; }),
+    make("alibi_abs_ragged", [](Case& c) { c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
+    make("alibi_one_slope", [](Case& c) {
+      c.causal = true, c.bottom_right = true, c.Sq = 200, c.Skv = 650, c.alibi = 3, c.Hkv = 1; }),
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// What the host refuses, with the reason, before any launch.
+TEST(HopperFwdUnsupported, NamesTheRule) {
+  FlashFwdParams p;
+  p.batch = 1, p.seqlen_q = 512, p.seqlen_kv = 256, p.heads_q = p.heads_kv = 1, p.head_dim = 128;
+  alignas(16) static char buf[16];
+  p.q = p.k = p.v = p.out = buf;
+  p.left_bound = true, p.lo_diag = -64;  // row 511 would keep keys from 447 >= 256
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("without keys"), std::string::npos);
+  p.lo_diag = -256;
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  EXPECT_NE(flash_fwd_unsupported(p, 80).find("9.0"), std::string::npos);
+  p.head_dim = 64;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("128"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fusedattn::cuda::hopper
