@@ -3,7 +3,8 @@
 // fresh random inputs, with out and lse poisoned (NaN) before the run so an unwritten element
 // shows. Cases: the score modifiers (none, softcap, ALiBi in its three forms), masks (none,
 // causal top-left / bottom-right), sliding windows (left, right, both), GQA / MQA, the BSHD
-// and BHSD strides, ragged lengths, persistent and one-block-a-tile grids, bf16 and fp16.
+// and BHSD strides, ragged lengths, padding (per-row lengths, rows of no keys, lengths out of
+// range), persistent and one-block-a-tile grids, bf16 and fp16.
 // Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
 // The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
 #include <cuda_bf16.h>
@@ -47,7 +48,8 @@ __global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
 }
 
 // One thread per (b, h, query row): the exact softmax in float32 over the keys the row keeps
-// (the band of p: causal's right edge, the window's left edge). A row that keeps none: out 0,
+// (the band of p from the sequence's base diagonal: causal's right edge, the window's left
+// edge; padding: the sequence's lengths). A row that keeps none, or a padded one: out 0,
 // lse -inf.
 template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse) {
@@ -55,6 +57,13 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
   const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
                 b = idx / (p.seqlen_q * p.heads_q);
+  int64_t q_len = p.seqlen_q, kv_len = p.seqlen_kv;
+  if (p.q_lens) {
+    const int64_t ql = p.q_lens[b * p.lens_stride], kl = p.kv_lens[b * p.lens_stride];
+    q_len = ql < 0 ? 0 : ql > p.seqlen_q ? p.seqlen_q : ql;
+    kv_len = kl < 0 ? 0 : kl > p.seqlen_kv ? p.seqlen_kv : kl;
+  }
+  const int64_t base = p.bottom_right ? kv_len - q_len : 0;
   const int64_t hk = h / (p.heads_q / p.heads_kv);
   const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
   auto score = [&](int64_t j) {
@@ -70,7 +79,8 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
     return d;
   };
   auto kept = [&](int64_t j) {
-    return (!p.causal || j <= i + p.diag) && (!p.left_bound || j >= i + p.lo_diag);
+    return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
+           (!p.left_bound || j >= i + base + p.lo_diag);
   };
   float m = -INFINITY;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
@@ -96,6 +106,7 @@ struct Case {
   float softcap = 0.0f, amp = 1.0f;
   int alibi = 0;        // 1: + slope_h (kv - q); 2: - slope_h |kv - q|; 3: one slope, - (kv - q)
   int persistent = -1;  // FlashFwdParams::persistent
+  std::vector<int> q_lens, kv_lens;  // padding: per batch row (empty: none)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -134,11 +145,19 @@ void run_case(const Case& cs) {
   p.heads_kv = cs.Hkv, p.head_dim = D;
   p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
   p.persistent = cs.persistent;
-  // The band as hopper/band.h sets it: base diagonal, then the window's sides.
-  const int64_t base = cs.bottom_right ? cs.Skv - cs.Sq : 0;
+  // The band as hopper/band.h sets it: the window's sides from each sequence's base diagonal.
   const int right = cs.causal ? 0 : cs.right;
-  p.causal = right >= 0, p.diag = base + (right >= 0 ? right : 0);
-  p.left_bound = cs.left >= 0, p.lo_diag = base - (cs.left >= 0 ? cs.left : 0);
+  p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
+  p.left_bound = cs.left >= 0, p.lo_diag = cs.left >= 0 ? -cs.left : 0;
+  p.bottom_right = cs.bottom_right;
+  int* lens = nullptr;
+  if (!cs.q_lens.empty()) {
+    std::vector<int> h(cs.q_lens);
+    h.insert(h.end(), cs.kv_lens.begin(), cs.kv_lens.end());
+    CUDA_OK(cudaMalloc(&lens, h.size() * 4));
+    CUDA_OK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    p.q_lens = lens, p.kv_lens = lens + cs.B, p.lens_stride = 1;
+  }
   if (cs.alibi) {
     std::vector<float> h(cs.Hq);
     for (int i = 0; i < cs.Hq; ++i) h[i] = std::exp2(-8.0f * (i + 1) / cs.Hq);
@@ -183,7 +202,7 @@ void run_case(const Case& cs) {
   EXPECT_EQ(bad, 0) << "max |out err| " << err << ", max |lse err| " << lerr
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
-                    (void*)ref_lse, (void*)slopes})
+                    (void*)ref_lse, (void*)slopes, (void*)lens})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -229,6 +248,16 @@ const Case kCases[] = {
       c.causal = true, c.Sq = c.Skv = 512, c.softcap = 20.0f, c.amp = 3.0f; }),
     make("softcap_window_fp16", [](Case& c) {
       c.bf16 = false, c.causal = true, c.Sq = c.Skv = 800, c.left = 200, c.softcap = 50.0f; }),
+    make("padding", [](Case& c) {
+      c.Sq = 512, c.Skv = 700, c.Hkv = 2, c.q_lens = {300, 512}, c.kv_lens = {700, 1}; }),
+    make("padding_causal_empty_rows", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 0}, c.kv_lens = {129, 640}; }),
+    make("padding_bottom_right", [](Case& c) {
+      c.causal = true, c.bottom_right = true, c.Sq = 400, c.Skv = 900, c.Hkv = 1,
+      c.q_lens = {200, 400}, c.kv_lens = {850, 130}; }),
+    make("padding_window_lengths_out_of_range", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 800, c.left = 100, c.q_lens = {-5, 9999},
+      c.kv_lens = {800, 64}; }),
     make("alibi_plus", [](Case& c) { c.causal = true, c.Sq = c.Skv = 640, c.alibi = 1; }),
     make("alibi_abs_ragged", [](Case& c) { c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
     make("alibi_one_slope", [](Case& c) {
@@ -251,6 +280,11 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   p.lo_diag = -256;
   EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
   EXPECT_NE(flash_fwd_unsupported(p, 80).find("9.0"), std::string::npos);
+  static int32_t lens[2];
+  p.lo_diag = -64, p.q_lens = lens;  // lengths come in pairs
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("together"), std::string::npos);
+  p.kv_lens = lens + 1;  // padded: the kernel masks rows of no keys one by one
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
   p.head_dim = 64;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("128"), std::string::npos);
 }
