@@ -56,27 +56,18 @@ def measure(name, S, tokens, heads, rounds):
 
 
 def header(rows, device, date, argv):
+    """hopper/measured.h: the rows alone (their types and the rule: hopper/table.h)."""
+    names = {"full": "kFull", "causal": "kCausal", "window": "kWindow"}
     lines = [
         "// Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward",
         "// graph: written by scripts/tune_hopper.py from its measurement (device, date and command",
-        "// below); select_backend (backend.cc, hopper_plain_measured) reads it. Empty: not measured,",
-        "// plain calls run cuDNN.",
-        f"// Measured on {device}, {date}: python scripts/tune_hopper.py {' '.join(argv)}",
+        "// below); select_backend reads it by the rule of hopper/table.h.",
+        f"// Measured on {device}, {date}: python scripts/tune_hopper.py {' '.join(argv)}".rstrip(),
         "// bf16, head dim 128, B x S = 16384 tokens; ratio = cuDNN's forward time / the Hopper forward's.",
-        "#pragma once", "", "#include <cstdint>", "", "namespace fusedattn::hopper_rules {", "",
-        "// The Hopper forward takes a class of calls when it measured at least this much faster:",
-        "// repeated runs of the same kernels move by about 2% (bench/RESULTS.md), so a smaller lead is",
-        "// no lead.",
-        "inline constexpr double kMargin = 1.02;", "",
-        "enum MaskClass : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };", "",
-        "struct Measured {",
-        "  int32_t mask;     // MaskClass",
-        "  int64_t seqlen;   // Sq = Skv of the measured call (batch x seqlen = 16384, 16 heads)",
-        "  double ratio;     // cuDNN's forward time / the Hopper forward's",
-        "};", "",
+        "#pragma once", "", '#include "fusedattn/attention/hopper/table.h"', "",
+        "namespace fusedattn::hopper_rules {", "",
         f'inline constexpr const char* kMeasuredOn = "{device}, {date}";',
         "inline constexpr Measured kMeasured[] = {"]
-    names = {"full": "kFull", "causal": "kCausal", "window": "kWindow"}
     for r in rows:
         lines.append(f"    {{{names[r['mask']]}, {r['S']}, {r['ratio']:.3f}}},  // hopper "
                      f"{r['hopper_ms']:.3f} ms, cuDNN {r['cudnn_ms']:.3f} ms")

@@ -1,27 +1,13 @@
 // Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
-// below); select_backend (backend.cc, hopper_plain_measured) reads it. Empty: not measured,
-// plain calls run cuDNN.
-// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py (the persistent window blocks in)
+// below); select_backend reads it by the rule of hopper/table.h.
+// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py
 // bf16, head dim 128, B x S = 16384 tokens; ratio = cuDNN's forward time / the Hopper forward's.
 #pragma once
 
-#include <cstdint>
+#include "fusedattn/attention/hopper/table.h"
 
 namespace fusedattn::hopper_rules {
-
-// The Hopper forward takes a class of calls when it measured at least this much faster:
-// repeated runs of the same kernels move by about 2% (bench/RESULTS.md), so a smaller lead is
-// no lead.
-inline constexpr double kMargin = 1.02;
-
-enum MaskClass : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };
-
-struct Measured {
-  int32_t mask;     // MaskClass
-  int64_t seqlen;   // Sq = Skv of the measured call (batch x seqlen = 16384, 16 heads)
-  double ratio;     // cuDNN's forward time / the Hopper forward's
-};
 
 inline constexpr const char* kMeasuredOn = "NVIDIA H200, 2026-11-28";
 inline constexpr Measured kMeasured[] = {

@@ -1,0 +1,23 @@
+// The shape of hopper/measured.h (the table scripts/tune_hopper.py writes) and the rule that
+// reads it: select_backend (backend.cc, hopper_plain_measured) sends a plain call to the
+// Hopper forward when its mask class measured at least kMargin faster than cuDNN's forward at
+// the largest measured S <= its Sq.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedattn::hopper_rules {
+
+// Repeated runs of the same kernels move by about 2% (bench/RESULTS.md), so a smaller lead
+// is no lead.
+inline constexpr double kMargin = 1.02;
+
+enum MaskClass : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };
+
+struct Measured {
+  int32_t mask;     // MaskClass
+  int64_t seqlen;   // Sq = Skv of the measured call (batch x seqlen = 16384, 16 heads)
+  double ratio;     // cuDNN's forward time / the Hopper forward's
+};
+
+}  // namespace fusedattn::hopper_rules
