@@ -3,8 +3,10 @@ writes the table select_backend reads (csrc/fusedattn/attention/hopper/measured.
 
 Run on an sm_90 GPU with fusedattn installed (scripts/gpu_env.sh), then rebuild:
     python scripts/tune_hopper.py [--out csrc/fusedattn/attention/hopper/measured.h]
+    python scripts/tune_hopper.py --classes thd --merge   # one class again, the rest kept
 The grid is the BENCH one for head dim 128 (bf16, B * S = 16384 tokens, 16 heads):
-full, causal and a causal 512-key sliding window at S 1024 ... 16384. Each call is timed
+full, causal, a causal 512-key sliding window, and THD (rows packed with ragged causal
+segments of S/16 .. S/2 tokens, the bench's) at S 1024 ... 16384. Each call is timed
 with the forward forced onto each kernel (_lib.set_hopper_fwd "always" / "off") in
 alternating rounds of the same compiled function; a row's ratio is the median cuDNN time
 over the median Hopper time. select_backend takes the Hopper forward for a call when the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import sys
 
@@ -24,11 +27,14 @@ import jax
 import jax.numpy as jnp
 
 import fusedattn
-from fusedattn import AttnMaskType, _lib
+from fusedattn import AttnMaskType, QKVLayout, SequenceDescriptor, _lib
+from fusedattn.bench.attention import thd_segments
 from fusedattn.bench.common import time_fn
 
 CLASSES = {"full": (0, AttnMaskType.NO_MASK, None), "causal": (1, AttnMaskType.CAUSAL_MASK, None),
-           "window": (2, AttnMaskType.CAUSAL_MASK, (512, 0))}
+           "window": (2, AttnMaskType.CAUSAL_MASK, (512, 0)),
+           "thd": (3, AttnMaskType.PADDING_CAUSAL_MASK, None)}
+NAMES = {"full": "kFull", "causal": "kCausal", "window": "kWindow", "thd": "kThd"}
 
 
 def measure(name, S, tokens, heads, rounds):
@@ -37,8 +43,15 @@ def measure(name, S, tokens, heads, rounds):
     ks = jax.random.split(jax.random.PRNGKey(S), 3)
     q, k, v = (jax.random.normal(kk, (B, S, heads, 128), jnp.float32).astype(jnp.bfloat16)
                for kk in ks)
-    fn = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
-                                                      attn_mask_type=mask, window_size=window))
+    kw = {}
+    if name == "thd":
+        segments = thd_segments(S, S)
+        kw = dict(qkv_layout=QKVLayout.THD_THD_THD, max_segments_per_seq=len(segments))
+        sd = SequenceDescriptor.from_seqlens(jnp.array([segments] * B, jnp.int32))
+    else:
+        sd = None
+    fn = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd, None,
+                                                      attn_mask_type=mask, window_size=window, **kw))
     times = {"always": [], "off": []}
     for _ in range(rounds):
         for mode in times:
@@ -57,7 +70,6 @@ def measure(name, S, tokens, heads, rounds):
 
 def header(rows, device, date, argv):
     """hopper/measured.h: the rows alone (their types and the rule: hopper/table.h)."""
-    names = {"full": "kFull", "causal": "kCausal", "window": "kWindow"}
     lines = [
         "// Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward",
         "// graph: written by scripts/tune_hopper.py from its measurement (device, date and command",
@@ -69,11 +81,36 @@ def header(rows, device, date, argv):
         f'inline constexpr const char* kMeasuredOn = "{device}, {date}";',
         "inline constexpr Measured kMeasured[] = {"]
     for r in rows:
-        lines.append(f"    {{{names[r['mask']]}, {r['S']}, {r['ratio']:.3f}}},  // hopper "
-                     f"{r['hopper_ms']:.3f} ms, cuDNN {r['cudnn_ms']:.3f} ms")
+        lines.append(f"    {{{NAMES[r['mask']]}, {r['S']}, {r['ratio']:.3f}}},  // hopper "
+                     f"{r['hopper_ms']:.3f} ms, cuDNN {r['cudnn_ms']:.3f} ms"
+                     + (f" ({r['on']})" if r.get("on") else ""))
     lines += ["};", f"inline constexpr int kMeasuredRows = {len(rows)};", "",
               "}  // namespace fusedattn::hopper_rules", ""]
     return "\n".join(lines)
+
+
+ROW = re.compile(r"\{(k\w+), (\d+), ([\d.]+)\},\s*// hopper ([\d.]+) ms, cuDNN ([\d.]+) ms(?: \((.*)\))?")
+
+
+def kept_rows(path, device, date, measured_classes):
+    """The rows of path's table for classes not measured now, each naming the device and
+    date it was measured on (--merge)."""
+    try:
+        text = open(path).read()
+    except FileNotFoundError:
+        return []
+    on = re.search(r'kMeasuredOn = "(.*)";', text)
+    on = on.group(1) if on else "?"
+    by_name = {v: k for k, v in NAMES.items()}
+    rows = []
+    for m in ROW.finditer(text):
+        name = by_name[m.group(1)]
+        if name in measured_classes:
+            continue
+        rows.append(dict(mask=name, S=int(m.group(2)), ratio=float(m.group(3)),
+                         hopper_ms=float(m.group(4)), cudnn_ms=float(m.group(5)),
+                         on=m.group(6) or (on if on != f"{device}, {date}" else None)))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -86,12 +123,14 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of --out for the classes not measured now")
     args = p.parse_args(argv)
     device = jax.devices()[0].device_kind
     if getattr(jax.devices()[0], "compute_capability", "") != "9.0":
         raise SystemExit(f"needs an sm_90 GPU; got {device}")
     date = datetime.date.today().isoformat()
-    rows = []
+    rows = kept_rows(args.out, device, date, args.classes) if args.merge else []
     print(f"{'mask':7} {'S':>6} {'B':>3} | {'hopper ms':>9} {'cudnn ms':>9} | {'ratio':>6}")
     for name in args.classes:
         for S in args.seqlens:

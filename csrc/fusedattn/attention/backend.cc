@@ -116,7 +116,9 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   if (p.softmax_type != FA_VANILLA_SOFTMAX) return "it takes VANILLA_SOFTMAX only";
   if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
     return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
-  if (is_thd(p.layout)) return "it has no THD layouts";
+  if (is_thd(p.layout) && (p.batch * p.seqlen_q >= (int64_t{1} << 31) ||
+                           p.batch * p.seqlen_kv >= (int64_t{1} << 31)))
+    return "its THD token indices are int32 (B * S < 2^31)";
   if (const char* empty = hopper_rules::band_empty_rows(p, hopper_rules::band(p)); *empty)
     return empty;
   if (p.head_dim_qk != kHopperHeadDim || p.head_dim_v != kHopperHeadDim) {
@@ -129,16 +131,18 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
        << "." << info.sm % 10;
     return os.str();
   }
-  if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q * p.batch > kHopperMaxTiles)
-    return "more than 2^30 tiles of 128 query rows (batch x heads x ceil(Sq / 128))";
+  const int64_t segments = is_thd(p.layout) ? p.max_segments : 1;
+  if ((p.seqlen_q + kHopperBlockM - 1) / kHopperBlockM * p.heads_q >
+      kHopperMaxTiles / std::max<int64_t>(1, p.batch) / std::max<int64_t>(1, segments))
+    return "more than 2^30 tiles of 128 query rows (batch x segments x heads x ceil(Sq / 128))";
   return "";
 }
 
 std::string hopper_plain_measured(const AttnParams& p) {
   using namespace hopper_rules;
   const Band b = band(p);
-  const int32_t mask = b.left_bound ? kWindow : b.causal ? kCausal : kFull;
-  const char* names[] = {"full", "causal", "windowed"};
+  const int32_t mask = is_thd(p.layout) ? kThd : b.left_bound ? kWindow : b.causal ? kCausal : kFull;
+  const char* names[] = {"full", "causal", "windowed", "THD"};
   const Measured* row = nullptr;  // the largest measured length <= Sq of the mask's class
   for (int i = 0; i < kMeasuredRows; ++i)
     if (kMeasured[i].mask == mask && kMeasured[i].seqlen <= p.seqlen_q &&

@@ -19,6 +19,7 @@
 // workspace; everything is enqueued on XLA's stream.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 
@@ -152,6 +153,21 @@ struct SeqScratch {
   }
 };
 
+// The Hopper forward's temporaries: its tile scheduler's counter, and THD's per-sequence
+// lengths and first tokens (prepare_sequences' flat lengths and ragged token offsets,
+// token stride 1).
+struct HopperPlan {
+  ScratchPlan plan;
+  size_t counter = 0, q_len = 0, kv_len = 0, q_tok = 0, kv_tok = 0;
+
+  explicit HopperPlan(const AttnParams& p) {
+    counter = plan.add(sizeof(int));
+    if (!is_thd(p.layout)) return;
+    const size_t n = static_cast<size_t>(p.batch * p.max_segments + 1) * 4;
+    q_len = plan.add(n), kv_len = plan.add(n), q_tok = plan.add(n), kv_tok = plan.add(n);
+  }
+};
+
 // Where each temporary of a forward call lives in the workspace.
 struct FwdPlan {
   ScratchPlan plan;
@@ -241,7 +257,8 @@ Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
 // ALiBi score_mod, form, or none).
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
-                  const ScoreModForm& form, int device, cudaStream_t stream) {
+                  const ScoreModForm& form, int device, ffi::AnyBuffer* workspace,
+                  cudaStream_t stream) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   hopper::FlashFwdParams fp;
@@ -258,7 +275,25 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.causal = band.causal, fp.diag = band.diag;
   fp.left_bound = band.left_bound, fp.lo_diag = band.lo_diag;
   fp.bottom_right = band.bottom_right;
-  if (has_padding(p.mask_type)) {  // BSHD: one segment a row, [B, M] lengths
+  const bool thd = is_thd(p.layout);
+  const AttnMask mask = attn_mask(p, {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets});
+  HopperPlan hp(p);
+  FA_RETURN_IF_NOT_OK(hp.plan.bind(workspace));
+  fp.counter = hp.plan.at<int>(hp.counter);
+  if (thd) {  // the sequences by mask.h's rule, as cuDNN reads them (prepare_sequences)
+    cuda::SequenceArgs a{};
+    a.rows = p.batch;
+    a.seq_q = hp.plan.at<int32_t>(hp.q_len);
+    a.seq_kv = hp.plan.at<int32_t>(hp.kv_len);
+    a.ragged[0] = hp.plan.at<int32_t>(hp.q_tok);
+    a.ragged[1] = hp.plan.at<int32_t>(hp.kv_tok);
+    a.token_stride[0] = a.token_stride[1] = 1;
+    a.ragged_is_kv[1] = true;
+    FA_RETURN_IF_NOT_OK(cuda::prepare_sequences(mask, a, stream));
+    fp.seq_q_len = a.seq_q, fp.seq_kv_len = a.seq_kv;
+    fp.seq_q_tok = a.ragged[0], fp.seq_kv_tok = a.ragged[1];
+    fp.segments = p.max_segments;
+  } else if (has_padding(p.mask_type)) {  // BSHD: one segment a row, [B, M] lengths
     fp.q_lens = t.q_seqlens, fp.kv_lens = t.kv_seqlens;
     fp.lens_stride = p.max_segments;
   }
@@ -280,6 +315,20 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     return Status::Internal("the Hopper flash forward was chosen for a call it cannot run: " +
                             why_not);
   FA_RETURN_IF_NOT_OK(hopper::flash_fwd(fp, stream));
+  if (thd) {  // tokens of no sequence (the kernel writes the sequences' rows): out 0, lse -inf
+    cuda::FinalizeArgs a{};
+    a.batch = p.batch;
+    a.heads = p.heads_q;
+    a.dtype = p.dtype;
+    a.head_dim_v = p.head_dim_v;
+    a.out = t.out;
+    a.so = {t.so.b, t.so.s, t.so.h};
+    a.lse = t.lse;
+    a.slse = {t.slse.b, t.slse.s, t.slse.h};
+    a.softmax_type = p.softmax_type;
+    a.rows_per_slice = p.batch;
+    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, a, stream));
+  }
   // max_logit is not returned to the caller: NaN makes any misuse visible.
   return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
                            "cudaMemsetAsync(max_logit)");
@@ -308,7 +357,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
-    return hopper_fwd(p, t, sm, req.score_mod, device, stream);
+    return hopper_fwd(p, t, sm, req.score_mod, device, workspace, stream);
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
@@ -563,23 +612,26 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                             bool backward, int32_t backend_flags, int64_t* bytes,
                             const cudnn::ScoreModSpec* sm) {
-  // The workspace holds the cuDNN graph's temporaries (the Hopper forward needs none) or the
-  // flash kernels' tables and program, so the score_mod's form does not matter here, only
+  // The workspace holds the cuDNN graph's temporaries or the flash kernels' tables and
+  // program (and the Hopper forward's THD tables), so the score_mod's form does not matter here, only
   // that there is one.
   BackendRequest req;
   if (sm) req.score_mod.kind = ScoreModKind::kOther;
   BackendChoice choice;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice));
+  // Whichever runs the forward (the score_mod's form, unknown here, may pick the Hopper
+  // kernel), the workspace holds the Hopper forward's THD tables too.
+  const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p).plan.bytes());
   if (choice.backend == FA_BACKEND_CUDA_FLASH) {
-    *bytes = static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr));
+    *bytes = std::max(hopper, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr)));
     return Status::Ok();
   }
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
-  *bytes = static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
-                                         : FwdPlan(p, c, *g).plan.bytes());
+  *bytes = std::max(hopper, static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
+                                                          : FwdPlan(p, c, *g).plan.bytes()));
   return Status::Ok();
 }
 

@@ -273,8 +273,6 @@ const HopperCase kHopperDeclines[] = {
      "dropout"},
     {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
        p.softmax_type = FA_LEARNABLE_SOFTMAX; }, "VANILLA_SOFTMAX"},
-    {"thd", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK; }, "THD"},
     {"alibi_under_vmap", [](AttnParams& p, BackendRequest& r, PlatformInfo&) {
        r.score_mod.kind = ScoreModKind::kAlibi, p.batch = 4, p.num_slices = 2; },
      "one vmap slice"},
@@ -326,6 +324,28 @@ TEST(SelectBackend, HopperForwardTakesPlainCallsByTheMeasurement) {
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kOther), h100()),
                   "softcap and ALiBi only"));
+}
+
+// THD: softcap / ALiBi calls run the Hopper forward; plain ones by the table's THD rows
+// (hopper/measured.h), or forced.
+TEST(SelectBackend, HopperForwardTakesThd) {
+  AttnParams p = hopper_params();
+  p.layout = FA_THD_THD_THD, p.mask_type = FA_PADDING_CAUSAL_MASK, p.max_segments = 8;
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap), BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  const std::string measured = hopper_plain_measured(p);  // the THD rows of the table
+  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, measured.empty() ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDNN,
+                 FA_BACKEND_CUDNN);
+  if (!measured.empty()) EXPECT_TRUE(has(measured, "THD calls")) << measured;
+  BackendOptions always;
+  always.hopper_fwd = HopperFwd::kAlways;
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), {}, always), FA_BACKEND_CUDNN,
+                 FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  p.max_segments = int64_t{1} << 26;  // 2 rows x 2^26 segments x 8 heads x 4 blocks: past 2^30 tiles
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, {}, h100()), "2^30 tiles"));
+  p.max_segments = 1, p.batch = (int64_t{1} << 31) / p.seqlen_q;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, {}, h100()), "THD token indices are int32"));
 }
 
 TEST(SelectBackend, HopperForwardTakesSlidingWindows) {

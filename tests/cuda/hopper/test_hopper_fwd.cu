@@ -4,7 +4,8 @@
 // shows. Cases: the score modifiers (none, softcap, ALiBi in its three forms), masks (none,
 // causal top-left / bottom-right), sliding windows (left, right, both), GQA / MQA, the BSHD
 // and BHSD strides, ragged lengths, padding (per-row lengths, rows of no keys, lengths out of
-// range), persistent and one-block-a-tile grids, bf16 and fp16.
+// range), THD (packed sequences with gaps, empty ones, cross lengths: the rows of no sequence
+// must stay unwritten), persistent and one-block-a-tile grids, bf16 and fp16.
 // Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
 // The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
 #include <cuda_bf16.h>
@@ -50,24 +51,40 @@ __global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
 // One thread per (b, h, query row): the exact softmax in float32 over the keys the row keeps
 // (the band of p from the sequence's base diagonal: causal's right edge, the window's left
 // edge; padding: the sequence's lengths). A row that keeps none, or a padded one: out 0,
-// lse -inf.
+// lse -inf. THD: the row's sequence, positions counted from its first token; a row of no
+// sequence gets NaN (the kernel must leave it unwritten).
 template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
-  const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
+  const int64_t token = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
                 b = idx / (p.seqlen_q * p.heads_q);
-  int64_t q_len = p.seqlen_q, kv_len = p.seqlen_kv;
-  if (p.q_lens) {
+  int64_t i = token, q_len = p.seqlen_q, kv_len = p.seqlen_kv, kv0 = 0;
+  if (p.seq_q_len) {
+    int64_t s = 0;
+    for (; s < p.segments; ++s) {
+      const int64_t t = b * p.segments + s, q0 = p.seq_q_tok[t] - b * p.seqlen_q;
+      if (token >= q0 && token < q0 + p.seq_q_len[t]) break;
+    }
+    if (s == p.segments) {
+      for (int x = 0; x < 128; ++x) out[idx * 128 + x] = NAN;
+      lse[idx] = NAN;
+      return;
+    }
+    const int64_t t = b * p.segments + s;
+    i = token - (p.seq_q_tok[t] - b * p.seqlen_q);
+    q_len = p.seq_q_len[t], kv_len = p.seq_kv_len[t];
+    kv0 = p.seq_kv_tok[t] - b * p.seqlen_kv;
+  } else if (p.q_lens) {
     const int64_t ql = p.q_lens[b * p.lens_stride], kl = p.kv_lens[b * p.lens_stride];
     q_len = ql < 0 ? 0 : ql > p.seqlen_q ? p.seqlen_q : ql;
     kv_len = kl < 0 ? 0 : kl > p.seqlen_kv ? p.seqlen_kv : kl;
   }
   const int64_t base = p.bottom_right ? kv_len - q_len : 0;
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_b + token * p.q_s + h * p.q_h;
   auto score = [&](int64_t j) {
-    const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
+    const T* k = static_cast<const T*>(p.k) + b * p.k_b + (kv0 + j) * p.k_s + hk * p.k_h;
     float d = 0.0f;
     for (int x = 0; x < 128; ++x) d += to_f(q[x]) * to_f(k[x]);
     d *= p.scale;
@@ -90,7 +107,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
     if (!kept(j)) continue;
     const float e = expf(score(j) - m);
     l += e;
-    const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_b + (kv0 + j) * p.v_s + hk * p.v_h;
     for (int x = 0; x < 128; ++x) acc[x] += e * to_f(v[x]);
   }
   for (int x = 0; x < 128; ++x) out[idx * 128 + x] = l > 0.0f ? acc[x] / l : 0.0f;
@@ -106,7 +123,10 @@ struct Case {
   float softcap = 0.0f, amp = 1.0f;
   int alibi = 0;        // 1: + slope_h (kv - q); 2: - slope_h |kv - q|; 3: one slope, - (kv - q)
   int persistent = -1;  // FlashFwdParams::persistent
+  bool counter = true;  // FlashFwdParams::counter (false: the static schedule)
   std::vector<int> q_lens, kv_lens;  // padding: per batch row (empty: none)
+  int segments = 0;                  // THD: sequences a row, and per (row, sequence):
+  std::vector<int> segs;             // first query, queries, first key, keys (in the row)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -145,6 +165,12 @@ void run_case(const Case& cs) {
   p.heads_kv = cs.Hkv, p.head_dim = D;
   p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
   p.persistent = cs.persistent;
+  int* counter = nullptr;
+  if (cs.counter) {
+    CUDA_OK(cudaMalloc(&counter, sizeof(int)));
+    CUDA_OK(cudaMemset(counter, 0x7f, sizeof(int)));  // flash_fwd zeroes it
+    p.counter = counter;
+  }
   // The band as hopper/band.h sets it: the window's sides from each sequence's base diagonal.
   const int right = cs.causal ? 0 : cs.right;
   p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
@@ -157,6 +183,18 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaMalloc(&lens, h.size() * 4));
     CUDA_OK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     p.q_lens = lens, p.kv_lens = lens + cs.B, p.lens_stride = 1;
+  }
+  if (cs.segments) {
+    const int n = cs.B * cs.segments;
+    std::vector<int> h(4 * n);
+    for (int t = 0; t < n; ++t) {
+      const int b = t / cs.segments, *g = &cs.segs[4 * t];
+      h[t] = g[1], h[n + t] = g[3], h[2 * n + t] = b * cs.Sq + g[0], h[3 * n + t] = b * cs.Skv + g[2];
+    }
+    CUDA_OK(cudaMalloc(&lens, h.size() * 4));
+    CUDA_OK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    p.seq_q_len = lens, p.seq_kv_len = lens + n, p.seq_q_tok = lens + 2 * n,
+    p.seq_kv_tok = lens + 3 * n, p.segments = cs.segments;
   }
   if (cs.alibi) {
     std::vector<float> h(cs.Hq);
@@ -180,12 +218,19 @@ void run_case(const Case& cs) {
   CUDA_OK(cudaMemcpy(hl.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hrl.data(), ref_lse, rows * 4, cudaMemcpyDeviceToHost));
   // The reference is [B, H, S, D] by row index; ours through the strides. Every element
-  // is compared (a NaN fails: the poison of an unwritten element included).
+  // is compared (a NaN fails: the poison of an unwritten element included), except the
+  // rows of no THD sequence, which must still hold the poison.
   int64_t bad = 0, first = -1;
   double err = 0, lerr = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r % cs.Sq, h = r / cs.Sq % cs.Hq, b = r / (int64_t{cs.Sq} * cs.Hq);
     const T* row = ho.data() + b * p.o_b + i * p.o_s + h * p.o_h;
+    if (std::isnan(hrl[r])) {  // no sequence's row: unwritten
+      bool poisoned = std::isnan(hl[b * p.l_b + h * p.l_h + i]);
+      for (int x = 0; x < D; ++x) poisoned &= std::isnan(static_cast<float>(row[x]));
+      if (!poisoned) ++bad, first = first < 0 ? r : first;
+      continue;
+    }
     for (int x = 0; x < D; ++x) {
       const float ours = static_cast<float>(row[x]), want = hr[r * D + x];
       const double e = std::fabs(ours - want);
@@ -202,7 +247,7 @@ void run_case(const Case& cs) {
   EXPECT_EQ(bad, 0) << "max |out err| " << err << ", max |lse err| " << lerr
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
-                    (void*)ref_lse, (void*)slopes, (void*)lens})
+                    (void*)ref_lse, (void*)slopes, (void*)lens, (void*)counter})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -234,6 +279,10 @@ const Case kCases[] = {
       c.causal = true, c.bottom_right = true, c.Sq = 200, c.Skv = 650; }),
     make("causal_persistent", [](Case& c) { c.causal = true, c.Sq = c.Skv = 700, c.persistent = 1; }),
     make("full_block_a_tile", [](Case& c) { c.Sq = 500, c.Skv = 900, c.persistent = 0; }),
+    make("full_static_schedule", [](Case& c) { c.Sq = 1300, c.Skv = 900, c.counter = false; }),
+    make("thd_static_schedule", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 700, c.segments = 2, c.counter = false;
+      c.segs = {0, 300, 0, 300, 300, 400, 300, 400, 0, 129, 0, 129, 200, 400, 200, 400}; }),
     make("window_causal_256", [](Case& c) { c.causal = true, c.Sq = c.Skv = 1000, c.left = 256; }),
     make("window_causal_5", [](Case& c) { c.causal = true, c.Sq = c.Skv = 700, c.left = 5; }),
     make("window_both_sides", [](Case& c) { c.Sq = c.Skv = 700, c.left = 100, c.right = 37; }),
@@ -258,6 +307,22 @@ const Case kCases[] = {
     make("padding_window_lengths_out_of_range", [](Case& c) {
       c.causal = true, c.Sq = c.Skv = 800, c.left = 100, c.q_lens = {-5, 9999},
       c.kv_lens = {800, 64}; }),
+    make("thd_causal_gaps", [](Case& c) {  // row 1: a gap, a tail and an empty sequence
+      c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
+      c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
+                0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    make("thd_cross_bottom_right_window_fp16", [](Case& c) {
+      c.bf16 = false, c.causal = true, c.bottom_right = true, c.left = 64, c.Sq = 400,
+      c.Skv = 900, c.Hkv = 1, c.segments = 2;
+      c.segs = {0, 150, 0, 500, 150, 250, 500, 400, 10, 200, 0, 130, 260, 100, 130, 1}; }),
+    make("thd_full_gqa_empty_sides", [](Case& c) {  // queries of no keys, keys of no queries
+      c.Sq = 512, c.Skv = 600, c.Hkv = 2, c.segments = 3;
+      c.segs = {0, 256, 0, 0, 256, 200, 0, 600, 456, 0, 600, 0,
+                0, 512, 0, 300, 512, 0, 300, 300, 512, 0, 600, 0}; }),
+    make("thd_softcap_block_a_tile", [](Case& c) {
+      c.causal = true, c.Sq = c.Skv = 1000, c.softcap = 30.0f, c.amp = 3.0f, c.persistent = 0,
+      c.segments = 2;
+      c.segs = {0, 1000, 0, 1000, 1000, 0, 1000, 0, 5, 700, 5, 700, 705, 295, 705, 295}; }),
     make("alibi_plus", [](Case& c) { c.causal = true, c.Sq = c.Skv = 640, c.alibi = 1; }),
     make("alibi_abs_ragged", [](Case& c) { c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
     make("alibi_one_slope", [](Case& c) {
@@ -285,6 +350,15 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("together"), std::string::npos);
   p.kv_lens = lens + 1;  // padded: the kernel masks rows of no keys one by one
   EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.seq_q_len = p.seq_kv_len = p.seq_q_tok = lens;  // THD's four tables come together
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("together"), std::string::npos);
+  p.seq_kv_tok = lens;  // and replace the padding lengths
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("not both"), std::string::npos);
+  p.q_lens = p.kv_lens = nullptr, p.segments = 4;
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.seq_q_len = p.seq_kv_len = p.seq_q_tok = p.seq_kv_tok = nullptr;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("segments > 1"), std::string::npos);
+  p.segments = 1;
   p.head_dim = 64;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("128"), std::string::npos);
 }

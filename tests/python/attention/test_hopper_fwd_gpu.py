@@ -164,6 +164,57 @@ def test_padding_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv,
     check(lambda q, k, v: ours(q, k, v)[0], ref, (q, k, v), dout, PLAIN_TARGETS)
 
 
+THD_CASES = [  # mask, Hkv, window, fn, (q lengths, q offsets), (kv lengths, kv offsets)
+    # self attention: row 0 has a gap, an empty segment and a tail of no segment
+    (AttnMaskType.PADDING_CAUSAL_MASK, 2, None, None,
+     ([[300, 0, 129, 200], [640, 60, 0, 0]], [[0, 300, 300, 450, 650], [0, 640, 700, 700, 700]]),
+     ([[300, 0, 129, 200], [640, 60, 0, 0]], [[0, 300, 300, 450, 650], [0, 640, 700, 700, 700]])),
+    # cross lengths and offsets of their own, a window, queries of no keys (row 1's second)
+    (AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK, 1, (64, 0), None,
+     ([[150, 250, 0, 0], [200, 100, 0, 0]], [[0, 150, 400, 400, 400], [10, 260, 700, 700, 700]]),
+     ([[500, 200, 0, 0], [300, 0, 0, 0]], [[0, 500, 700, 700, 700], [0, 300, 300, 300, 300]])),
+    # softcap (positions from each segment's start), full attention inside segments
+    (AttnMaskType.PADDING_MASK, 4, None, cap50,
+     ([[256, 444, 0, 0], [5, 600, 50, 0]], [[0, 256, 700, 700, 700], [0, 5, 605, 655, 700]]),
+     ([[256, 444, 0, 0], [5, 600, 50, 0]], [[0, 256, 700, 700, 700], [0, 5, 605, 655, 700]])),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,hkv,window,fn,qs,kvs", THD_CASES,
+                         ids=["thd-causal-gaps", "thd-cross-bottom-right-window", "thd-softcap"])
+def test_thd_forward_and_gradients(key, hopper_always, dtype, mask, hkv, window, fn, qs, kvs):
+    """THD (packed sequences, 4 a row, S 700): each sequence attends within itself, tokens of
+    no sequence give out 0 and lse -inf; forward, lse and gradients (cuDNN's THD backward
+    reading this forward's lse) against the reference."""
+    S = 700
+    q, k, v, dout = inputs(key, dtype, S, S, hkv, 2.0)
+    sd = fusedattn.SequenceDescriptor.from_seqlens_and_offsets(
+        (jnp.asarray(qs[0], jnp.int32), jnp.asarray(kvs[0], jnp.int32)),
+        (jnp.asarray(qs[1], jnp.int32), jnp.asarray(kvs[1], jnp.int32)))
+    fn_ = fn or identity
+    ours = lambda q, k, v: fusedattn.fused_attn(
+        (q, k, v), None, sd, None, attn_mask_type=mask, qkv_layout=QKVLayout.THD_THD_THD,
+        max_segments_per_seq=4, window_size=window, return_aux=True,
+        **({"score_mod": fn} if fn else {}))
+    ref = lambda q, k, v: ref_call(  # lse [B, Hq, Sq]
+        q, k, v, fn_, (), attn_mask_type=mask, window_size=window, thd=True,
+        q_seqlens=np.asarray(qs[0]), kv_seqlens=np.asarray(kvs[0]), q_offsets=np.asarray(qs[1]),
+        kv_offsets=np.asarray(kvs[1]))
+    ref_out, ref_lse = ref(q, k, v)[:2]
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    # THD's softmax_aux is token-major: [B, Sq, Hq, 1]
+    lse, ref_lse = np.asarray(aux["softmax_aux"])[..., 0], np.swapaxes(np.asarray(ref_lse), 1, 2)
+    assert lse.shape == ref_lse.shape, (lse.shape, ref_lse.shape)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=2e-3, rtol=1e-3)
+    check(lambda q, k, v: ours(q, k, v)[0], ref, (q, k, v), dout,
+          SM_TARGETS if fn else PLAIN_TARGETS)
+
+
 def test_softcap_with_window(key):
     q, k, v, dout = inputs(key, jnp.bfloat16, 800, 800, 2, 3.0)
     mask, window = AttnMaskType.CAUSAL_MASK, (200, 0)

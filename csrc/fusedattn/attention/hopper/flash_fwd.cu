@@ -108,7 +108,9 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
   if (p.head_dim != kHeadDim) return "head dim must be 128";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if ((p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch > kMaxTiles)
+  if (p.segments < 1 || p.segments > kMaxTiles) return "segments must be in [1, 2^30]";
+  if (p.batch < 1 || p.heads_q < 1 ||
+      (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q > kMaxTiles / p.batch / p.segments)
     return "more than 2^30 tiles of 128 query rows";
   if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
       p.seqlen_kv > (int64_t{1} << 30))
@@ -116,12 +118,21 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (p.causal && p.left_bound && p.lo_diag > p.diag) return "the band's left edge is right of its right edge";
   if ((p.q_lens == nullptr) != (p.kv_lens == nullptr) || p.lens_stride < 1)
     return "q_lens and kv_lens come together, with lens_stride >= 1";
+  const bool thd = p.seq_q_len != nullptr;
+  if (thd != (p.seq_kv_len != nullptr) || thd != (p.seq_q_tok != nullptr) ||
+      thd != (p.seq_kv_tok != nullptr))
+    return "THD takes seq_q_len, seq_kv_len, seq_q_tok and seq_kv_tok together";
+  if (thd && p.q_lens) return "THD sequences or padding lengths, not both";
+  if (!thd && p.segments != 1) return "segments > 1 needs the THD sequences";
+  if (thd && (p.batch * p.seqlen_q >= (int64_t{1} << 31) || p.batch * p.seqlen_kv >= (int64_t{1} << 31)))
+    return "THD token indices must fit int32 (B * S < 2^31)";
   // Without padding every query row keeps a key: the right edge keeps key 0 in reach, and
   // the left edge leaves the last row one (the edges grow with the row). (Padded calls may
   // have rows that keep none: the kernel gives them out 0, lse -inf.)
   const int64_t base = p.bottom_right ? p.seqlen_kv - p.seqlen_q : 0;
-  if (!p.q_lens && p.causal && base + p.diag < 0) return "the mask leaves the first query rows without keys";
-  if (!p.q_lens && p.left_bound && p.seqlen_q - 1 + base + p.lo_diag >= p.seqlen_kv)
+  const bool rows_may_be_empty = p.q_lens || thd;
+  if (!rows_may_be_empty && p.causal && base + p.diag < 0) return "the mask leaves the first query rows without keys";
+  if (!rows_may_be_empty && p.left_bound && p.seqlen_q - 1 + base + p.lo_diag >= p.seqlen_kv)
     return "the window leaves the last query rows without keys";
   if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
@@ -159,27 +170,38 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.bottom_right = p.bottom_right;
   a.q_lens = p.q_lens, a.kv_lens = p.kv_lens;
   a.lens_stride = static_cast<int>(p.lens_stride);
+  a.seq_q_len = p.seq_q_len, a.seq_kv_len = p.seq_kv_len;
+  a.seq_q_tok = p.seq_q_tok, a.seq_kv_tok = p.seq_kv_tok;
+  a.segments = static_cast<int>(p.segments);
   const float log2e = 1.4426950408889634f;
   a.heads_q = static_cast<int>(p.heads_q);
   a.batch = static_cast<int>(p.batch);
   // About 24 MiB of K and V per section: half of the H100's L2.
   const int64_t kv_bytes = 2 * p.seqlen_kv * kHeadDim * 2;
   a.section = static_cast<int>(std::clamp<int64_t>((int64_t{24} << 20) / kv_bytes, 1,
-                                                   p.heads_q * p.batch));
-  // Without a mask every tile is the same work: one persistent thread block an SM (its
-  // shared memory allows no second) hides each tile's start behind the last one's end; so
-  // with a window's left edge, whose tiles are all about the window long (H200, causal
-  // 512-key window, S 4096 / 16384: 0.212 / 0.218 ms a block a tile, 0.199 / 0.204
-  // persistent; bench/runs/2026-11-28/session22). Causal tiles differ in length, and a fixed
-  // share each left SMs idle at the end (H100: 15-20% slower than a block a tile, which the
-  // hardware hands out as SMs free up; H200 causal S 16384: 2.02 against 1.83 ms).
-  const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
+                                                   p.heads_q * p.batch * p.segments));
+  // One persistent thread block an SM (its shared memory allows no second) hides each
+  // tile's start behind the last one's end. With the scheduler's counter (p.counter) blocks
+  // take tiles as they free up, so causal tiles of different lengths balance too (H200,
+  // 2026-11-28, causal S 1024 .. 16384, forward ms a block a tile -> persistent with the
+  // counter: 0.232 / 0.331 / 0.537 / 0.947 / 1.806 -> 0.198 / 0.297 / 0.505 / 0.939 / 1.775;
+  // bench/runs/2026-11-28/session23). Without it each block takes every gridDim-th tile,
+  // which suits equal tiles (no mask, a window's left edge: 0.212 -> 0.199 ms) but leaves
+  // SMs idle at the end of a causal call (H200 causal S 16384: 2.02 against 1.83 ms a block
+  // a tile), so causal calls then get a block a tile. THD: most tiles of the grid lie past
+  // their sequence's end and are skipped, which a persistent block does in a few loads.
+  const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch * p.segments;
   int64_t blocks = tiles;
-  if (p.persistent == 1 || (p.persistent < 0 && (!p.causal || p.left_bound))) {
+  if (p.persistent == 1 ||
+      (p.persistent < 0 && (p.counter || !p.causal || p.left_bound || p.seq_q_len))) {
     int device = 0, sms = 0;
     FA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     FA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = std::min<int64_t>(tiles, sms);
+  }
+  if (p.counter && blocks < tiles) {
+    FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.counter, 0, sizeof(int), stream));
+    a.counter = p.counter;
   }
   const dim3 grid(static_cast<unsigned>(blocks));
   if (p.softcap > 0.0f) {

@@ -35,6 +35,17 @@ struct FlashFwdParams {
   const int32_t* q_lens = nullptr;
   const int32_t* kv_lens = nullptr;
   int64_t lens_stride = 1;
+  // THD (packed sequences; instead of q_lens / kv_lens): batch row b packs `segments`
+  // sequences, t = b * segments + s, of seq_q_len[t] queries starting at global token
+  // seq_q_tok[t] (= b * seqlen_q + the first query's place in its row) and seq_kv_len[t] /
+  // seq_kv_tok[t] keys likewise: int32 on the device, each sequence inside its row and
+  // none overlapping (cudnn/fixup.h's prepare_sequences writes them so). Only the
+  // sequences' rows of out and lse are written: the caller fills the rest (finalize_forward).
+  const int32_t* seq_q_len = nullptr;
+  const int32_t* seq_kv_len = nullptr;
+  const int32_t* seq_q_tok = nullptr;
+  const int32_t* seq_kv_tok = nullptr;
+  int64_t segments = 1;
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(scale * s / softcap)
   // Non-null: ALiBi, scores become scale * s + sign * slopes[h * stride] * g(kv - q), with
@@ -44,8 +55,12 @@ struct FlashFwdParams {
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
   // Persistent blocks (one an SM, taking tiles in turn) or one block a tile: -1 decides
-  // (persistent for calls without a right edge or with a left one), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).
+  // (persistent with a counter below; without one, for calls without a right edge, with a
+  // left one, or THD), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).
   int persistent = -1;
+  // One device int of scratch: persistent grids then hand out tiles as blocks free up
+  // (flash_fwd zeroes it on the stream); null: each block takes every gridDim-th tile.
+  int* counter = nullptr;
   int probe = -1;  // sweep builds only (FA_HOPPER_SWEEP): 10 runs softcap without its tanh
 };
 

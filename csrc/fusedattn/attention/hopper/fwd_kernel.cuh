@@ -55,6 +55,19 @@ struct FwdArgs {
   const int* q_lens;
   const int* kv_lens;
   int lens_stride;
+  // THD: batch row b packs `segments` sequences; sequence t = b * segments + s has
+  // seq_q_len[t] queries from token seq_q_tok[t] - b * seqlen_q of its row, and seq_kv_len /
+  // seq_kv_tok keys likewise (null: BSHD, one sequence a row). Tiles past a sequence's
+  // queries are skipped, and rows of no sequence are left to the caller.
+  const int* seq_q_len;
+  const int* seq_kv_len;
+  const int* seq_q_tok;
+  const int* seq_kv_tok;
+  int segments;
+  // Non-null (persistent grids): the tile scheduler's counter, 0 at launch; a block that
+  // finishes a tile takes the next one from it (gridDim.x + atomicAdd), so blocks stay busy
+  // whatever their tiles cost. Null: block i takes tiles i, i + gridDim.x, ...
+  int* counter;
   float mul_in, mul_out;  // the score modifier's constants (below)
   const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
   int slope_stride;
@@ -67,6 +80,7 @@ struct Smem {
   uint8_t v[kStages][kVStageBytes];
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
       v_empty[kStages];
+  int tile[2];  // the tile of Q phase k at [k % 2] (-1: no more), written before q_full's arrival
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
 
@@ -258,6 +272,8 @@ enum ProfilePhase {
 struct Tile {
   int m0, h, b, n_begin, n_end;
   int q_len, kv_len, diag, lo_diag;  // the sequence's lengths and band (FwdArgs)
+  int q0, kv0;  // the sequence's first query and key in row b (THD; else 0)
+  bool skip;    // no query of the sequence in the tile (THD)
 };
 
 constexpr int kNoEdge = -(1 << 30);
@@ -271,16 +287,22 @@ __device__ __forceinline__ int clamp_edge(long long x) {
 // first), each across the section's pairs. The shortest blocks end the order.
 template <bool kCausal>
 __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
-  const int pairs = a.heads_q * a.batch;
+  const int pairs = a.heads_q * a.batch * a.segments;
   const int sec = t / (a.section * num_m), base = sec * a.section;
   const int size = min(a.section, pairs - base), within = t - sec * a.section * num_m;
   const int pair = base + within % size;
   Tile tile;
   tile.m0 = (num_m - 1 - within / size) * kBlockM;
   tile.h = pair % a.heads_q;
-  tile.b = pair / a.heads_q;
+  const int seq = pair / a.heads_q;
+  tile.b = seq / a.segments;
   tile.q_len = a.seqlen_q, tile.kv_len = a.seqlen_kv;
-  if (a.q_lens) {
+  tile.q0 = 0, tile.kv0 = 0;
+  if (a.seq_q_len) {  // lengths and tokens within the row (prepare_sequences clamps them)
+    tile.q_len = a.seq_q_len[seq], tile.kv_len = a.seq_kv_len[seq];
+    tile.q0 = a.seq_q_tok[seq] - tile.b * a.seqlen_q;
+    tile.kv0 = a.seq_kv_tok[seq] - tile.b * a.seqlen_kv;
+  } else if (a.q_lens) {
     const int i = tile.b * a.lens_stride;
     tile.q_len = min(max(a.q_lens[i], 0), a.seqlen_q);
     tile.kv_len = min(max(a.kv_lens[i], 0), a.seqlen_kv);
@@ -297,11 +319,14 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
     tile.n_end = max(1, min(tile.n_end, last < 0 ? 0 : last / kBlockN + 1));
   }
   tile.n_begin = min(max(0, tile.m0 + tile.lo_diag) / kBlockN, tile.n_end - 1);
+  tile.skip = a.seq_q_len && tile.m0 >= tile.q_len;
   return tile;
 }
 
-// Each thread block takes tiles blockIdx.x, + gridDim.x, ... (the host launches one block a
-// tile for causal calls, one an SM otherwise). The K / V ring's stage and phase run on
+// Each thread block takes tile blockIdx.x first, then the next one the scheduler gives
+// (FwdArgs::counter); the host launches one block a tile for causal calls, one an SM
+// otherwise. The producer picks each tile (skipping those of no query), publishes it in
+// sm.tile with Q's arrival, and ends the consumers with a tile of -1. The K / V ring's stage and phase run on
 // across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
@@ -311,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   extern __shared__ uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
-  const int num_tiles = num_m * a.heads_q * a.batch;
+  const int num_tiles = num_m * a.heads_q * a.batch * a.segments;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
 
   if (threadIdx.x == 0) {
@@ -341,26 +366,36 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       tma_prefetch_map(&a.k);
       tma_prefetch_map(&a.v);
       uint32_t kv = 0;
-      for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+      auto next = [&](int t) {
+        return a.counter ? static_cast<int>(gridDim.x) + atomicAdd(a.counter, 1)
+                         : t + static_cast<int>(gridDim.x);
+      };
+      for (int t = blockIdx.x, k = 0;; t = next(t), ++k) {
+        while (t < num_tiles && tile_at<kCausal>(a, t, num_m).skip) t = next(t);
+        mbar_wait(&sm.q_empty, (k & 1) ^ 1);
+        if (t >= num_tiles) {  // the consumers' last phase: no tile
+          sm.tile[k & 1] = -1;
+          mbar_arrive(&sm.q_full);
+          break;
+        }
         const Tile tile = tile_at<kCausal>(a, t, num_m);
         const int h_kv = tile.h / a.heads_per_kv;
-        mbar_wait(&sm.q_empty, (k & 1) ^ 1);
+        sm.tile[k & 1] = t;
         mbar_expect_bytes(&sm.q_full, kTileBytes);
-        tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.m0, tile.h, tile.b);
-        tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.m0, tile.h, tile.b);
+        tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.q0 + tile.m0, tile.h, tile.b);
+        tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.q0 + tile.m0, tile.h, tile.b);
         for (int it = 0; it < tile.n_end - tile.n_begin; ++it, ++kv) {
           const int n = tile.n_end - 1 - it, st = kv % kStages;
           const uint32_t ph = (kv / kStages) & 1;
           mbar_wait(&sm.k_empty[st], ph ^ 1);
           mbar_expect_bytes(&sm.k_full[st], kTileBytes);
-          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, n * kBlockN, h_kv, tile.b);
-          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, n * kBlockN, h_kv,
-                      tile.b);
+          const int row = tile.kv0 + n * kBlockN;
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, row, h_kv, tile.b);
+          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, row, h_kv, tile.b);
           mbar_wait(&sm.v_empty[st], ph ^ 1);
           mbar_expect_bytes(&sm.v_full[st], kTileBytes);
-          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, n * kBlockN, h_kv, tile.b);
-          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, n * kBlockN, h_kv,
-                      tile.b);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, row, h_kv, tile.b);
+          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, row, h_kv, tile.b);
         }
       }
     }
@@ -377,7 +412,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 #ifdef FA_HOPPER_PROFILE
   long long prof[16] = {}, prof_last = clock64();
 #endif
-  for (int t = blockIdx.x, k = 0; t < num_tiles; t += gridDim.x, ++k) {
+  for (int k = 0;; ++k) {  // Q's phases
+    FA_PROFILE_PHASE(kTileEnds);
+    mbar_wait(&sm.q_full, k & 1);
+    const int t = sm.tile[k & 1];
+    if (t < 0) break;
     const Tile tile = tile_at<kCausal>(a, t, num_m);
     const int n_end = tile.n_end, blocks = n_end - tile.n_begin;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
@@ -409,9 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       }
     };
 
-    FA_PROFILE_PHASE(kTileEnds);
     if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
-    mbar_wait(&sm.q_full, k & 1);
     FA_PROFILE_PHASE(kWaitQ);
     {  // the first block (the last keys): no P V yet
       const int st = kv % kStages;
@@ -485,14 +522,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + 8 * r;
-      if (row >= a.seqlen_q) continue;
+      // THD: the sequence's rows only (the next ones are another sequence's).
+      if (row >= (a.seq_q_len ? tile.q_len : a.seqlen_q)) continue;
       // A padded query keeps nothing, whatever its scores were (NaN included): sum 0.
       const bool pad = row >= tile.q_len;
       const float l = pad ? 0.0f : o[64 + 2 * r];  // every column of the ones: the row's sum
       // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
       // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
       const float inv = l != 0.0f ? 1.0f / l : 0.0f;
-      T* out = static_cast<T*>(a.out) + tile.b * a.o_b + row * a.o_s + tile.h * a.o_h;
+      const int64_t token = tile.q0 + row;
+      T* out = static_cast<T*>(a.out) + tile.b * a.o_b + token * a.o_s + tile.h * a.o_h;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const float x0 = pad ? 0.0f : o[4 * j + 2 * r] * inv;
@@ -500,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
         *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = pack2<kBf16>(x0, x1);
       }
       if (a.lse && lane % 4 == 0)
-        a.lse[tile.b * a.l_b + tile.h * a.l_h + row * a.l_s] =
+        a.lse[tile.b * a.l_b + tile.h * a.l_h + token * a.l_s] =
             l != 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
   }

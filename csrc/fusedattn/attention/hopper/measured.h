@@ -1,7 +1,9 @@
 // Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
 // below); select_backend reads it by the rule of hopper/table.h.
-// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py
+// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --classes full causal window thd
+// (dev/hopper_fwd/thd_gpu.sh; the causal rows from its FUSEDATTN_HOPPER_PERSISTENT=1 run, the
+// scheduler every call now has)
 // bf16, head dim 128, B x S = 16384 tokens; ratio = cuDNN's forward time / the Hopper forward's.
 #pragma once
 
@@ -11,22 +13,27 @@ namespace fusedattn::hopper_rules {
 
 inline constexpr const char* kMeasuredOn = "NVIDIA H200, 2026-11-28";
 inline constexpr Measured kMeasured[] = {
-    {kFull, 1024, 0.870},  // hopper 0.294 ms, cuDNN 0.256 ms
-    {kFull, 2048, 0.932},  // hopper 0.511 ms, cuDNN 0.477 ms
-    {kFull, 4096, 1.003},  // hopper 0.927 ms, cuDNN 0.930 ms
-    {kFull, 8192, 1.018},  // hopper 1.785 ms, cuDNN 1.817 ms
-    {kFull, 16384, 1.024},  // hopper 3.530 ms, cuDNN 3.613 ms
-    {kCausal, 1024, 0.769},  // hopper 0.218 ms, cuDNN 0.168 ms
-    {kCausal, 2048, 0.920},  // hopper 0.318 ms, cuDNN 0.292 ms
-    {kCausal, 4096, 1.027},  // hopper 0.530 ms, cuDNN 0.544 ms
-    {kCausal, 8192, 1.061},  // hopper 0.963 ms, cuDNN 1.021 ms
-    {kCausal, 16384, 1.091},  // hopper 1.826 ms, cuDNN 1.992 ms
-    {kWindow, 1024, 0.931},  // hopper 0.177 ms, cuDNN 0.164 ms
-    {kWindow, 2048, 1.016},  // hopper 0.191 ms, cuDNN 0.194 ms
-    {kWindow, 4096, 1.006},  // hopper 0.203 ms, cuDNN 0.204 ms
-    {kWindow, 8192, 1.049},  // hopper 0.204 ms, cuDNN 0.214 ms
-    {kWindow, 16384, 1.080},  // hopper 0.201 ms, cuDNN 0.217 ms
+    {kFull, 1024, 0.873},  // hopper 0.293 ms, cuDNN 0.256 ms
+    {kFull, 2048, 0.935},  // hopper 0.514 ms, cuDNN 0.480 ms
+    {kFull, 4096, 0.999},  // hopper 0.938 ms, cuDNN 0.937 ms
+    {kFull, 8192, 1.046},  // hopper 1.753 ms, cuDNN 1.834 ms
+    {kFull, 16384, 1.078},  // hopper 3.378 ms, cuDNN 3.642 ms
+    {kCausal, 1024, 0.869},  // hopper 0.198 ms, cuDNN 0.172 ms
+    {kCausal, 2048, 1.023},  // hopper 0.297 ms, cuDNN 0.304 ms
+    {kCausal, 4096, 1.103},  // hopper 0.505 ms, cuDNN 0.557 ms
+    {kCausal, 8192, 1.118},  // hopper 0.939 ms, cuDNN 1.050 ms
+    {kCausal, 16384, 1.126},  // hopper 1.775 ms, cuDNN 1.999 ms
+    {kWindow, 1024, 0.968},  // hopper 0.174 ms, cuDNN 0.168 ms
+    {kWindow, 2048, 1.049},  // hopper 0.188 ms, cuDNN 0.197 ms
+    {kWindow, 4096, 1.053},  // hopper 0.198 ms, cuDNN 0.208 ms
+    {kWindow, 8192, 1.057},  // hopper 0.205 ms, cuDNN 0.216 ms
+    {kWindow, 16384, 1.085},  // hopper 0.204 ms, cuDNN 0.221 ms
+    {kThd, 1024, 0.837},  // hopper 0.170 ms, cuDNN 0.142 ms
+    {kThd, 2048, 0.876},  // hopper 0.214 ms, cuDNN 0.188 ms
+    {kThd, 4096, 0.982},  // hopper 0.297 ms, cuDNN 0.292 ms
+    {kThd, 8192, 0.959},  // hopper 0.407 ms, cuDNN 0.391 ms
+    {kThd, 16384, 1.067},  // hopper 0.671 ms, cuDNN 0.716 ms
 };
-inline constexpr int kMeasuredRows = 15;
+inline constexpr int kMeasuredRows = 20;
 
 }  // namespace fusedattn::hopper_rules

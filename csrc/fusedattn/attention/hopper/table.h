@@ -12,7 +12,8 @@ namespace fusedattn::hopper_rules {
 // is no lead.
 inline constexpr double kMargin = 1.02;
 
-enum MaskClass : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };
+// kThd: THD calls (any mask), measured causal with ragged segments filling each row.
+enum MaskClass : int32_t { kFull = 0, kCausal = 1, kWindow = 2, kThd = 3 };
 
 struct Measured {
   int32_t mask;     // MaskClass
