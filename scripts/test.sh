@@ -2,7 +2,8 @@
 # Every test on this machine, in this order:
 #   1. scripts/setup.sh: .venv with the package (nothing is rebuilt when .venv already holds
 #      this source, e.g. after scripts/demo.sh; CPU engine only on a machine without a GPU);
-#   2. the CUDA compile check: every CUDA file compiled and linked into the library in
+#   2. the CUDA compile check: every CUDA file compiled and linked into the library, and the
+#      CUDA kernel tests (tests/cuda, run on a GPU by scripts/cuda_tests.sh) built, in
 #      build/cuda-check (FUSEDATTN_CUDA=ON; the log is build/cuda-check.log, shown on failure),
 #      so a CUDA build break fails here without a GPU; FUSEDATTN_CUDA_CHECK=0 skips it;
 #   3. the GoogleTest suite (build/cpptests, reused between runs; ctest prints only failures
@@ -26,10 +27,11 @@ if [ "${FUSEDATTN_CUDA_CHECK:-1}" != 0 ]; then
   {
     # The cudnn-frontend headers (a CPU-only setup does not install them); nothing else of it.
     .venv/bin/python -m pip install -q --no-deps "nvidia-cudnn-frontend>=1.14" &&
-    cmake -S . -B build/cuda-check -DFUSEDATTN_CUDA=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" &&
-    cmake --build build/cuda-check -j "$(nproc)" --target fusedattn
+    cmake -S . -B build/cuda-check -DFUSEDATTN_CUDA=ON -DFUSEDATTN_BUILD_TESTS=ON \
+      -DFUSEDATTN_BUILD_CUDA_TESTS=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" &&
+    cmake --build build/cuda-check -j "$(nproc)" --target fusedattn fusedattn_cuda_tests
   } > build/cuda-check.log 2>&1 || { cat build/cuda-check.log; echo "test: the CUDA build failed (above)"; exit 1; }
-  echo "CUDA library built with every kernel in $(( $(date +%s) - t0 )) s"
+  echo "CUDA library and kernel tests (tests/cuda: they run on a GPU) built in $(( $(date +%s) - t0 )) s"
 fi
 
 step "C++ tests (build/cpptests, log: build/cpptests.log)"
