@@ -23,21 +23,13 @@ if [ -z "${SKIP_TUNE:-}" ]; then
       --out "$OUT/measured-persistent.h" > "$OUT/tune-persistent.log" 2>&1
   echo "== causal, persistent (dynamic scheduler)"; cat "$OUT/tune-persistent.log"
 fi
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-T=tests/python/attention/test_hopper_fwd_gpu.py
 if [ -n "${LARGE:-}" ]; then  # the long-call tests beside the shards
-  "$PY" -m pytest tests/python/attention/test_large_gpu.py -q -p no:cacheprovider > "$OUT/large.log" 2>&1 &
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest tests/python/attention/test_large_gpu.py -q \
+      -p no:cacheprovider > "$OUT/large.log" 2>&1 &
   large=$!
 fi
-pids=()
-i=0
-while IFS= read -r sel; do
-  i=$((i + 1))
-  "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
-  pids+=($!)
-done <<< "${TEST_SELECTIONS:-thd and bf16
+# The shards: plain_gpu.sh's test step alone, in a site of its own.
+FUSEDATTN_SITE=/tmp/fa-site2 OUT=$OUT SKIP_TUNE=1 SKIP_BENCH=1 TEST_SELECTIONS="${TEST_SELECTIONS:-thd and bf16
 thd and fp16
-padding or measurement}"
-for j in "${!pids[@]}"; do wait "${pids[$j]}"; echo "tests $((j + 1)): $(tail -1 "$OUT/tests-$((j + 1)).log")"; done
-cat "$OUT"/tests-*.log > "$OUT/tests.log"; rm -f "$OUT"/tests-*.log
+padding or measurement}" bash dev/hopper_fwd/plain_gpu.sh | grep -v "^NVIDIA\|^jax "
 if [ -n "${LARGE:-}" ]; then wait $large; echo "test_large_gpu: $(tail -1 "$OUT/large.log")"; fi

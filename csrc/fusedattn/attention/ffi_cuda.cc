@@ -254,6 +254,23 @@ Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs
       " (they count the batch and head index from 0); pass an empty index_base");
 }
 
+// finalize_forward's arguments for call p's out and lse (no max_logit: the caller adds it).
+cuda::FinalizeArgs finalize_args(const AttnParams& p, const AttnTensors& t) {
+  cuda::FinalizeArgs a{};
+  a.batch = p.batch;
+  a.heads = p.heads_q;
+  a.dtype = p.dtype;
+  a.head_dim_v = p.head_dim_v;
+  a.out = t.out;
+  a.so = {t.so.b, t.so.s, t.so.h};
+  a.lse = t.lse;
+  a.slse = {t.slse.b, t.slse.s, t.slse.h};
+  a.softmax_type = p.softmax_type;
+  a.sink = t.softmax_offset;
+  a.rows_per_slice = p.batch / p.num_slices;
+  return a;
+}
+
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
 // ALiBi score_mod, form, or none).
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
@@ -315,20 +332,8 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     return Status::Internal("the Hopper flash forward was chosen for a call it cannot run: " +
                             why_not);
   FA_RETURN_IF_NOT_OK(hopper::flash_fwd(fp, stream));
-  if (thd) {  // tokens of no sequence (the kernel writes the sequences' rows): out 0, lse -inf
-    cuda::FinalizeArgs a{};
-    a.batch = p.batch;
-    a.heads = p.heads_q;
-    a.dtype = p.dtype;
-    a.head_dim_v = p.head_dim_v;
-    a.out = t.out;
-    a.so = {t.so.b, t.so.s, t.so.h};
-    a.lse = t.lse;
-    a.slse = {t.slse.b, t.slse.s, t.slse.h};
-    a.softmax_type = p.softmax_type;
-    a.rows_per_slice = p.batch;
-    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, a, stream));
-  }
+  if (thd)  // tokens of no sequence (the kernel writes the sequences' rows): out 0, lse -inf
+    FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, finalize_args(p, t), stream));
   // max_logit is not returned to the caller: NaN makes any misuse visible.
   return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
                            "cudaMemsetAsync(max_logit)");
@@ -400,21 +405,10 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(t.max_logit, 0xff, p.batch * H * 4, stream), "cudaMemsetAsync(max_logit)"));
   if (want_max || cudnn::rows_may_be_empty(p)) {
-    cuda::FinalizeArgs a{};
-    a.batch = p.batch;
-    a.heads = H;
-    a.dtype = p.dtype;
-    a.head_dim_v = p.head_dim_v;
-    a.out = t.out;
-    a.so = {t.so.b, t.so.s, t.so.h};
-    a.lse = t.lse;
-    a.slse = {t.slse.b, t.slse.s, t.slse.h};
+    cuda::FinalizeArgs a = finalize_args(p, t);
     a.max = want_max ? plan.at<float>(max_at) : nullptr;
     a.sum_exp = want_max ? plan.at<float>(sum_at) : nullptr;
     a.max_logit = want_max ? t.max_logit : nullptr;
-    a.softmax_type = p.softmax_type;
-    a.sink = t.softmax_offset;
-    a.rows_per_slice = p.batch / p.num_slices;
     const AttnMask mask =
         attn_mask(p, {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets});
     FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, a, stream));
