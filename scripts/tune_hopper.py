@@ -4,14 +4,15 @@ writes the table select_backend reads (csrc/fusedattn/attention/hopper/measured.
 Run on an sm_90 GPU with fusedattn installed (scripts/gpu_env.sh), then rebuild:
     python scripts/tune_hopper.py [--out csrc/fusedattn/attention/hopper/measured.h]
     python scripts/tune_hopper.py --classes thd --merge   # one class again, the rest kept
-The grid is the BENCH one for head dim 128 (bf16, B * S = 16384 tokens, 16 heads):
+    python scripts/tune_hopper.py --head-dims 64 --merge  # one head dim again
+The grid is the BENCH one for head dims 64 and 128 (bf16, B * S = 16384 tokens, 2048 / D heads):
 full, causal, a causal 512-key sliding window, and THD (rows packed with ragged causal
 segments of S/16 .. S/2 tokens, the bench's) at S 1024 ... 16384. Each call is timed
 with the forward forced onto each kernel (_lib.set_hopper_fwd "always" / "off") in
 alternating rounds of the same compiled function; a row's ratio is the median cuDNN time
 over the median Hopper time. select_backend takes the Hopper forward for a call when the
-row of its mask class at the largest measured S <= its Sq has ratio >= kMargin (1.02: the
-run-to-run spread of the same kernels).
+row of its mask class and head dim at the largest measured S <= its Sq has ratio >= kMargin
+(1.02: the run-to-run spread of the same kernels).
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ CLASSES = {"full": (0, AttnMaskType.NO_MASK, None), "causal": (1, AttnMaskType.C
 NAMES = {"full": "kFull", "causal": "kCausal", "window": "kWindow", "thd": "kThd"}
 
 
-def measure(name, S, tokens, heads, rounds):
+def measure(name, D, S, tokens, heads, rounds):
     _, mask, window = CLASSES[name]
     B = max(1, tokens // S)
+    heads = heads or 2048 // D
     ks = jax.random.split(jax.random.PRNGKey(S), 3)
-    q, k, v = (jax.random.normal(kk, (B, S, heads, 128), jnp.float32).astype(jnp.bfloat16)
+    q, k, v = (jax.random.normal(kk, (B, S, heads, D), jnp.float32).astype(jnp.bfloat16)
                for kk in ks)
     kw = {}
     if name == "thd":
@@ -60,11 +62,11 @@ def measure(name, S, tokens, heads, rounds):
             times[mode].append(time_fn(fn, (q, k, v), repeats=3)[0])
             ran = _lib.hopper_fwd_launches() > before
             if ran != (mode == "always"):
-                raise SystemExit(f"{name} S {S}: the Hopper forward {'did not run' if not ran else 'ran'}"
+                raise SystemExit(f"{name} D {D} S {S}: the Hopper forward {'did not run' if not ran else 'ran'}"
                                  f" with set_hopper_fwd({mode!r})")
     _lib.set_hopper_fwd(None)
     hopper, cudnn = statistics.median(times["always"]), statistics.median(times["off"])
-    return dict(mask=name, S=S, B=B, H=heads, hopper_ms=hopper * 1e3, cudnn_ms=cudnn * 1e3,
+    return dict(mask=name, D=D, S=S, B=B, H=heads, hopper_ms=hopper * 1e3, cudnn_ms=cudnn * 1e3,
                 ratio=cudnn / hopper)
 
 
@@ -75,13 +77,13 @@ def header(rows, device, date, argv):
         "// graph: written by scripts/tune_hopper.py from its measurement (device, date and command",
         "// below); select_backend reads it by the rule of hopper/table.h.",
         f"// Measured on {device}, {date}: python scripts/tune_hopper.py {' '.join(argv)}".rstrip(),
-        "// bf16, head dim 128, B x S = 16384 tokens; ratio = cuDNN's forward time / the Hopper forward's.",
+        "// bf16, B x S = 16384 tokens, 2048 / D heads; ratio = cuDNN's forward time / the Hopper forward's.",
         "#pragma once", "", '#include "fusedattn/attention/hopper/table.h"', "",
         "namespace fusedattn::hopper_rules {", "",
         f'inline constexpr const char* kMeasuredOn = "{device}, {date}";',
         "inline constexpr Measured kMeasured[] = {"]
     for r in rows:
-        lines.append(f"    {{{NAMES[r['mask']]}, {r['S']}, {r['ratio']:.3f}}},  // hopper "
+        lines.append(f"    {{{NAMES[r['mask']]}, {r['D']}, {r['S']}, {r['ratio']:.3f}}},  // hopper "
                      f"{r['hopper_ms']:.3f} ms, cuDNN {r['cudnn_ms']:.3f} ms"
                      + (f" ({r['on']})" if r.get("on") else ""))
     lines += ["};", f"inline constexpr int kMeasuredRows = {len(rows)};", "",
@@ -89,12 +91,13 @@ def header(rows, device, date, argv):
     return "\n".join(lines)
 
 
-ROW = re.compile(r"\{(k\w+), (\d+), ([\d.]+)\},\s*// hopper ([\d.]+) ms, cuDNN ([\d.]+) ms(?: \((.*)\))?")
+ROW = re.compile(r"\{(k\w+), (\d+), (\d+), ([\d.]+)\},\s*// hopper ([\d.]+) ms, cuDNN ([\d.]+) ms"
+                 r"(?: \((.*)\))?")
 
 
-def kept_rows(path, device, date, measured_classes):
-    """The rows of path's table for classes not measured now, each naming the device and
-    date it was measured on (--merge)."""
+def kept_rows(path, device, date, measured):
+    """The rows of path's table whose (class, head dim) is not in `measured` now, each
+    naming the device and date it was measured on (--merge)."""
     try:
         text = open(path).read()
     except FileNotFoundError:
@@ -104,12 +107,12 @@ def kept_rows(path, device, date, measured_classes):
     by_name = {v: k for k, v in NAMES.items()}
     rows = []
     for m in ROW.finditer(text):
-        name = by_name[m.group(1)]
-        if name in measured_classes:
+        name, D = by_name[m.group(1)], int(m.group(2))
+        if (name, D) in measured:
             continue
-        rows.append(dict(mask=name, S=int(m.group(2)), ratio=float(m.group(3)),
-                         hopper_ms=float(m.group(4)), cudnn_ms=float(m.group(5)),
-                         on=m.group(6) or (on if on != f"{device}, {date}" else None)))
+        rows.append(dict(mask=name, D=D, S=int(m.group(3)), ratio=float(m.group(4)),
+                         hopper_ms=float(m.group(5)), cudnn_ms=float(m.group(6)),
+                         on=m.group(7) or (on if on != f"{device}, {date}" else None)))
     return rows
 
 
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128])
+    p.add_argument("--heads", type=int, default=None, help="default 2048 / head dim")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of --out for the classes not measured now")
@@ -130,14 +134,17 @@ def main(argv=None) -> int:
     if getattr(jax.devices()[0], "compute_capability", "") != "9.0":
         raise SystemExit(f"needs an sm_90 GPU; got {device}")
     date = datetime.date.today().isoformat()
-    rows = kept_rows(args.out, device, date, args.classes) if args.merge else []
-    print(f"{'mask':7} {'S':>6} {'B':>3} | {'hopper ms':>9} {'cudnn ms':>9} | {'ratio':>6}")
-    for name in args.classes:
-        for S in args.seqlens:
-            r = measure(name, S, args.tokens, args.heads, args.rounds)
-            rows.append(r)
-            print(f"{name:7} {S:6d} {r['B']:3d} | {r['hopper_ms']:9.3f} {r['cudnn_ms']:9.3f} | "
-                  f"{r['ratio']:6.3f}", flush=True)
+    measured = {(c, D) for c in args.classes for D in args.head_dims}
+    rows = kept_rows(args.out, device, date, measured) if args.merge else []
+    print(f"{'mask':7} {'D':>3} {'S':>6} {'B':>3} | {'hopper ms':>9} {'cudnn ms':>9} | {'ratio':>6}")
+    for D in args.head_dims:
+        for name in args.classes:
+            for S in args.seqlens:
+                r = measure(name, D, S, args.tokens, args.heads, args.rounds)
+                rows.append(r)
+                print(f"{name:7} {D:3d} {S:6d} {r['B']:3d} | {r['hopper_ms']:9.3f} {r['cudnn_ms']:9.3f} | "
+                      f"{r['ratio']:6.3f}", flush=True)
+    rows.sort(key=lambda r: (r["D"], list(NAMES).index(r["mask"]), r["S"]))
     with open(args.out, "w") as f:
         f.write(header(rows, device, date, argv))
     if args.json:

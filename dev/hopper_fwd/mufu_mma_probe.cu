@@ -35,10 +35,10 @@ __device__ __forceinline__ float step(float x) {
 template <int op, bool kMma>
 __global__ void __launch_bounds__(384, 1) probe(int iters, unsigned long long *c, float *sink) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) uint8_t tiles[kTileBytes];
+  __shared__ __align__(1024) uint8_t tiles[Dims<128>::kTileBytes];
   __shared__ volatile int done;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
-  for (int i = threadIdx.x; i < kTileBytes / 4; i += blockDim.x)
+  for (int i = threadIdx.x; i < Dims<128>::kTileBytes / 4; i += blockDim.x)
     reinterpret_cast<uint32_t *>(tiles)[i] = 0x3c003c00u ^ (i * 2654435761u >> 20);
   if (threadIdx.x == 0) done = 0;
   __syncthreads();
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, unsigned long long *c
       for (; !done; ++n) {
         fence_regs(t);
         wgmma_fence();
-        issue_qk<true>(t, q, q);
+        issue_qk<true, 128>(t, q, q);
         wgmma_wait<0>();
         fence_regs(t);
       }

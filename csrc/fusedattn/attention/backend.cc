@@ -14,10 +14,9 @@ namespace {
 
 constexpr int64_t kCudnnSinkVersion = 91300;  // sink tokens, max / sum_exp outputs
 
-// The Hopper forward's tile shape (hopper/fwd_kernel.cuh) and tile limit: its blocks
-// count tiles in int and step by the grid size (t += gridDim.x, up to twice the tile
+// The Hopper forward's head dims and tile shape (hopper/fwd_kernel.cuh) and tile limit: its
+// blocks count tiles in int and step by the grid size (t += gridDim.x, up to twice the tile
 // count), so tiles stay at most 2^30.
-constexpr int64_t kHopperHeadDim = 128;
 constexpr int64_t kHopperBlockM = 128;
 constexpr int64_t kHopperMaxTiles = int64_t{1} << 30;
 
@@ -121,9 +120,9 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
     return "its THD token indices are int32 (B * S < 2^31)";
   if (const char* empty = hopper_rules::band_empty_rows(p, hopper_rules::band(p)); *empty)
     return empty;
-  if (p.head_dim_qk != kHopperHeadDim || p.head_dim_v != kHopperHeadDim) {
-    os << "it takes head dim " << kHopperHeadDim << " only; got " << p.head_dim_qk << " and "
-       << p.head_dim_v;
+  if ((p.head_dim_qk != 64 && p.head_dim_qk != 128) || p.head_dim_v != p.head_dim_qk) {
+    os << "it takes head dims 64 and 128 (the same for q, k and v); got " << p.head_dim_qk
+       << " and " << p.head_dim_v;
     return os.str();
   }
   if (info.sm != 90) {
@@ -143,20 +142,22 @@ std::string hopper_plain_measured(const AttnParams& p) {
   const Band b = band(p);
   const int32_t mask = is_thd(p.layout) ? kThd : b.left_bound ? kWindow : b.causal ? kCausal : kFull;
   const char* names[] = {"full", "causal", "windowed", "THD"};
-  const Measured* row = nullptr;  // the largest measured length <= Sq of the mask's class
+  // The largest measured length <= Sq of the mask's class at the call's head dim.
+  const Measured* row = nullptr;
   for (int i = 0; i < kMeasuredRows; ++i)
-    if (kMeasured[i].mask == mask && kMeasured[i].seqlen <= p.seqlen_q &&
-        (!row || kMeasured[i].seqlen > row->seqlen))
+    if (kMeasured[i].mask == mask && kMeasured[i].head_dim == p.head_dim_qk &&
+        kMeasured[i].seqlen <= p.seqlen_q && (!row || kMeasured[i].seqlen > row->seqlen))
       row = &kMeasured[i];
   std::ostringstream os;
   if (!row) {
-    os << "no measurement of " << names[mask] << " calls at Sq <= " << p.seqlen_q
-       << " (hopper/measured.h: " << kMeasuredOn << ")";
+    os << "no measurement of " << names[mask] << " calls at head dim " << p.head_dim_qk
+       << " and Sq <= " << p.seqlen_q << " (hopper/measured.h: " << kMeasuredOn << ")";
     return os.str();
   }
   if (row->ratio < hopper_rules::kMargin) {
-    os << "cuDNN's forward measured as fast or faster on " << names[mask] << " calls at S " << row->seqlen
-       << " (Hopper " << row->ratio << "x cuDNN, " << kMeasuredOn << ")";
+    os << "cuDNN's forward measured as fast or faster on " << names[mask] << " calls at head dim "
+       << row->head_dim << ", S " << row->seqlen << " (Hopper " << row->ratio << "x cuDNN, "
+       << kMeasuredOn << ")";
     return os.str();
   }
   return "";

@@ -5,7 +5,8 @@
 // causal top-left / bottom-right), sliding windows (left, right, both), GQA / MQA, the BSHD
 // and BHSD strides, ragged lengths, padding (per-row lengths, rows of no keys, lengths out of
 // range), THD (packed sequences with gaps, empty ones, cross lengths: the rows of no sequence
-// must stay unwritten), persistent and one-block-a-tile grids, bf16 and fp16.
+// must stay unwritten), persistent and one-block-a-tile grids, bf16 and fp16, head dims 128
+// and 64 (the d64_ cases).
 // Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
 // The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
 #include <cuda_bf16.h>
@@ -57,6 +58,7 @@ template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
+  const int D = static_cast<int>(p.head_dim);  // at most 128
   const int64_t token = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
                 b = idx / (p.seqlen_q * p.heads_q);
   int64_t i = token, q_len = p.seqlen_q, kv_len = p.seqlen_kv, kv0 = 0;
@@ -67,7 +69,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
       if (token >= q0 && token < q0 + p.seq_q_len[t]) break;
     }
     if (s == p.segments) {
-      for (int x = 0; x < 128; ++x) out[idx * 128 + x] = NAN;
+      for (int x = 0; x < D; ++x) out[idx * D + x] = NAN;
       lse[idx] = NAN;
       return;
     }
@@ -86,7 +88,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   auto score = [&](int64_t j) {
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + (kv0 + j) * p.k_s + hk * p.k_h;
     float d = 0.0f;
-    for (int x = 0; x < 128; ++x) d += to_f(q[x]) * to_f(k[x]);
+    for (int x = 0; x < D; ++x) d += to_f(q[x]) * to_f(k[x]);
     d *= p.scale;
     if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
     if (p.alibi_slopes) {
@@ -108,15 +110,16 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
     const float e = expf(score(j) - m);
     l += e;
     const T* v = static_cast<const T*>(p.v) + b * p.v_b + (kv0 + j) * p.v_s + hk * p.v_h;
-    for (int x = 0; x < 128; ++x) acc[x] += e * to_f(v[x]);
+    for (int x = 0; x < D; ++x) acc[x] += e * to_f(v[x]);
   }
-  for (int x = 0; x < 128; ++x) out[idx * 128 + x] = l > 0.0f ? acc[x] / l : 0.0f;
+  for (int x = 0; x < D; ++x) out[idx * D + x] = l > 0.0f ? acc[x] / l : 0.0f;
   lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 struct Case {
   const char* name;
   bool bf16 = true, causal = false, bhsd = false;
+  int D = 128;
   int B = 2, Sq = 256, Skv = 256, Hq = 4, Hkv = 4;
   bool bottom_right = false;
   int left = -1, right = -1;  // window sides (-1: none); causal sets right = 0
@@ -133,7 +136,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 template <class T>
 void run_case(const Case& cs) {
-  const int64_t D = 128, nq = int64_t{cs.B} * cs.Sq * cs.Hq * D,
+  const int64_t D = cs.D, nq = int64_t{cs.B} * cs.Sq * cs.Hq * D,
                 nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D, rows = nq / D;
   T *q, *k, *v, *o;
   float *lse, *ref_o, *ref_lse, *slopes = nullptr;
@@ -163,7 +166,7 @@ void run_case(const Case& cs) {
   p.l_b = int64_t{cs.Hq} * cs.Sq, p.l_h = cs.Sq, p.l_s = 1;
   p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq,
   p.heads_kv = cs.Hkv, p.head_dim = D;
-  p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(128.0f), p.softcap = cs.softcap;
+  p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(static_cast<float>(D)), p.softcap = cs.softcap;
   p.persistent = cs.persistent;
   int* counter = nullptr;
   if (cs.counter) {
@@ -327,6 +330,23 @@ const Case kCases[] = {
     make("alibi_abs_ragged", [](Case& c) { c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
     make("alibi_one_slope", [](Case& c) {
       c.causal = true, c.bottom_right = true, c.Sq = 200, c.Skv = 650, c.alibi = 3, c.Hkv = 1; }),
+    // Head dim 64: one copy box a tile, the m64n72 P V product.
+    make("d64_plain_fp16_ragged", [](Case& c) { c.D = 64, c.bf16 = false, c.Sq = 300, c.Skv = 777; }),
+    make("d64_causal_gqa", [](Case& c) { c.D = 64, c.causal = true, c.Sq = c.Skv = 1000, c.Hkv = 2; }),
+    make("d64_bottom_right_bhsd", [](Case& c) {
+      c.D = 64, c.causal = true, c.bottom_right = true, c.bhsd = true, c.Sq = 200, c.Skv = 650; }),
+    make("d64_window_static_schedule", [](Case& c) {
+      c.D = 64, c.causal = true, c.Sq = c.Skv = 1000, c.left = 256, c.counter = false; }),
+    make("d64_softcap_block_a_tile", [](Case& c) {
+      c.D = 64, c.causal = true, c.Sq = c.Skv = 512, c.softcap = 20.0f, c.amp = 3.0f,
+      c.persistent = 0; }),
+    make("d64_alibi_abs", [](Case& c) { c.D = 64, c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
+    make("d64_padding_causal_empty_rows", [](Case& c) {
+      c.D = 64, c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 0}, c.kv_lens = {129, 640}; }),
+    make("d64_thd_causal_gaps", [](Case& c) {
+      c.D = 64, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
+      c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
+                0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),
@@ -358,9 +378,12 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
   p.seq_q_len = p.seq_kv_len = p.seq_q_tok = p.seq_kv_tok = nullptr;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("segments > 1"), std::string::npos);
-  p.segments = 1;
+  p.segments = 1, p.left_bound = false;
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
   p.head_dim = 64;
-  EXPECT_NE(flash_fwd_unsupported(p, 90).find("128"), std::string::npos);
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.head_dim = 256;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("64 or 128"), std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 """The Hopper flash forward (csrc/fusedattn/attention/hopper) on an H100 (pytest -m gpu; skipped
 without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
-counter moves), and plain calls (no score_mod) where the measurement (hopper/measured.h) or
+counter moves) at head dims 128 and 64, and plain calls (no score_mod) where the measurement (hopper/measured.h) or
 set_hopper_fwd("always") sends them; other calls do not; forward, log-sum-exp and gradients
 (cuDNN's backward reads this forward's log-sum-exp) against the float32 reference with fn
 over the materialized scores, in bf16 and fp16, with and without causal masks, sliding
@@ -39,11 +39,11 @@ def cap20(s, b, h, q, k):  # the other way round, and a cap the scores reach
     return 20.0 * jnp.tanh(s * (1.0 / 20.0))
 
 
-def inputs(key, dtype, Sq, Skv, hkv, amp=1.0):
+def inputs(key, dtype, Sq, Skv, hkv, amp=1.0, d=D):
     ks = jax.random.split(key, 4)
-    return (normal(ks[0], (B, Sq, HQ, D), dtype) * amp,
-            normal(ks[1], (B, Skv, hkv, D), dtype) * amp,
-            normal(ks[2], (B, Skv, hkv, D), dtype), normal(ks[3], (B, Sq, HQ, D), dtype))
+    return (normal(ks[0], (B, Sq, HQ, d), dtype) * amp,
+            normal(ks[1], (B, Skv, hkv, d), dtype) * amp,
+            normal(ks[2], (B, Skv, hkv, d), dtype), normal(ks[3], (B, Sq, HQ, d), dtype))
 
 
 def runs_hopper(fn, *args):
@@ -127,6 +127,31 @@ def test_plain_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, h
     check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask,
                                                    window_size=window), q, k, v, dout,
                     PLAIN_TARGETS)
+
+
+D64_CASES = [  # mask, Sq, Skv, Hkv, window, fn
+    (AttnMaskType.NO_MASK, 300, 777, 4, None, identity),
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, None, identity),
+    (AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, (256, 0), identity),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 1, None, cap20),
+    (AttnMaskType.CAUSAL_MASK, 512, 512, 4, None, cap50),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window,fn", D64_CASES,
+                         ids=["full-ragged", "causal-gqa", "causal-window", "bottom-right-cap20",
+                              "causal-cap50"])
+def test_head_dim_64_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, hkv, window,
+                                           fn):
+    """Head dim 64: the kernel's own tiles (one copy box a row, the m64n72 P V product)."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=64)
+    sm = {} if fn is identity else dict(score_mod=fn)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                                window_size=window, return_aux=True, **sm)
+    check_on_hopper(ours, lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask,
+                                                   window_size=window), q, k, v, dout,
+                    PLAIN_TARGETS if fn is identity else SM_TARGETS)
 
 
 PADDING_CASES = [  # mask, Sq, Skv, Hkv, window, q lengths, kv lengths (B = 2)
@@ -284,7 +309,7 @@ def test_packed_layout(key):
 
 
 def test_other_calls_stay_on_cudnn(key):
-    """ALiBi plus a table, per-query slopes, head dim 64, and a max_logit request are not the
+    """ALiBi plus a table, per-query slopes, head dim 96, and a max_logit request are not the
     kernel's: cuDNN runs them."""
     q, k, v, _ = inputs(key, jnp.bfloat16, 256, 256, HQ)
     slopes = jnp.linspace(0.1, 0.8, HQ, dtype=jnp.float32).reshape(1, HQ, 1, 1)
@@ -297,7 +322,7 @@ def test_other_calls_stay_on_cudnn(key):
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=alibi,
                                               score_mod_operands=(per_query,)), (q, k, v)),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50),
-         (q[..., :64], k[..., :64], v[..., :64])),
+         (q[..., :96], k[..., :96], v[..., :96])),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50,
                                               return_max_logit=True)[0], (q, k, v)),
     ]
@@ -308,17 +333,18 @@ def test_other_calls_stay_on_cudnn(key):
 
 
 def test_get_backend_names_the_kernels_that_run():
-    """The engine's one decision: softcap / ALiBi at head dim 128 run forward "hopper",
+    """The engine's one decision: softcap / ALiBi at head dims 128 and 64 run forward "hopper",
     backward "cudnn"; the calls the kernel does not take run cuDNN both ways."""
     bf = lambda d: tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16)
                          for s in ((B, 256, HQ, d), (B, 256, HQ, d), (B, 256, HQ, d)))
     slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)
     causal = AttnMaskType.CAUSAL_MASK
-    for fn, ops in ((cap50, ()), (alibi_causal, (slopes,))):
-        info = fusedattn.get_backend(bf(D), attn_mask_type=causal, score_mod=fn,
-                                     score_mod_operands=ops, is_training=True, platform="gpu")
-        assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn"), info
-    for d, max_logit in ((64, False), (D, True)):
+    for d in (D, 64):
+        for fn, ops in ((cap50, ()), (alibi_causal, (slopes,))):
+            info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=fn,
+                                         score_mod_operands=ops, is_training=True, platform="gpu")
+            assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn"), info
+    for d, max_logit in ((96, False), (D, True)):
         info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=cap50,
                                      return_max_logit=max_logit, platform="gpu")
         assert (info.name, info.forward, info.backward) == ("cudnn",) * 3, info

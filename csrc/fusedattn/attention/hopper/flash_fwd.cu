@@ -17,11 +17,11 @@
 
 namespace fusedattn::cuda::hopper {
 
-// One variant of the kernel (launch.cuh). The library builds each (Mod, kCausal, kBf16) used
-// below in a translation unit of its own, generated from instance.cu.in by the list in
-// CMakeLists.txt (score modifier x causal x dtype); a variant dispatched here and missing
-// there fails the link.
-template <class Mod, bool kCausal, bool kBf16>
+// One variant of the kernel (launch.cuh). The library builds each (Mod, kCausal, kBf16, kD)
+// used below in a translation unit of its own, generated from instance.cu.in by the list in
+// CMakeLists.txt (score modifier x causal x dtype x head dim); a variant dispatched here and
+// missing there fails the link.
+template <class Mod, bool kCausal, bool kBf16, int kD>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream);
 
 namespace {
@@ -50,12 +50,12 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // A {D, S, H, B} map over one of q, k, v with boxes of 64 x 128 (one 128-byte swizzle span
 // of 128 rows). Extents of 1 get a stride that is valid but never used.
-Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t S, int64_t H, int64_t B,
+Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_t S, int64_t H, int64_t B,
                 int64_t s_s, int64_t s_h, int64_t s_b, const char* name) {
   auto fn = encode_fn();
   if (!fn) return Status::Internal("cuTensorMapEncodeTiled is not available from the driver");
   const int64_t span_s = S * s_s, span_h = H > 1 ? H * s_h : span_s;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(S),
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S),
                               static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s_s * 2),
                                  static_cast<cuuint64_t>((H > 1 ? s_h : span_s) * 2),
@@ -81,13 +81,19 @@ struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op c
 };
 #endif
 
-// Mod's variant of p's causality and dtype (flash_fwd picks Mod); counts the launches made.
+// Mod's variant of p's causality, dtype and head dim (flash_fwd picks Mod); counts the
+// launches made.
+template <class Mod, int kD>
+Status launch_dim(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
+  return p.causal ? (p.bf16 ? launch<Mod, true, true, kD>(a, grid, stream)
+                            : launch<Mod, true, false, kD>(a, grid, stream))
+                  : (p.bf16 ? launch<Mod, false, true, kD>(a, grid, stream)
+                            : launch<Mod, false, false, kD>(a, grid, stream));
+}
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  const Status s = p.causal ? (p.bf16 ? launch<Mod, true, true>(a, grid, stream)
-                                      : launch<Mod, true, false>(a, grid, stream))
-                            : (p.bf16 ? launch<Mod, false, true>(a, grid, stream)
-                                      : launch<Mod, false, false>(a, grid, stream));
+  const Status s = p.head_dim == 64 ? launch_dim<Mod, 64>(p, a, grid, stream)
+                                    : launch_dim<Mod, 128>(p, a, grid, stream);
   if (s.ok()) launches.fetch_add(1, std::memory_order_relaxed);
   return s;
 }
@@ -106,7 +112,7 @@ void profile_take(unsigned long long (&out)[32]) {
 
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
-  if (p.head_dim != kHeadDim) return "head dim must be 128";
+  if (p.head_dim != 64 && p.head_dim != 128) return "head dim must be 64 or 128";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (p.segments < 1 || p.segments > kMaxTiles) return "segments must be in [1, 2^30]";
   if (p.batch < 1 || p.heads_q < 1 ||
@@ -148,11 +154,11 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
 
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   FwdArgs a{};
-  FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.seqlen_q, p.heads_q, p.batch, p.q_s, p.q_h,
+  FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_s, p.q_h,
                                p.q_b, "q"));
-  FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
+  FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
                                p.k_b, "k"));
-  FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
+  FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
                                p.v_b, "v"));
   a.out = p.out;
   a.o_b = p.o_b, a.o_s = p.o_s, a.o_h = p.o_h;
@@ -177,7 +183,7 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.heads_q = static_cast<int>(p.heads_q);
   a.batch = static_cast<int>(p.batch);
   // About 24 MiB of K and V per section: half of the H100's L2.
-  const int64_t kv_bytes = 2 * p.seqlen_kv * kHeadDim * 2;
+  const int64_t kv_bytes = 2 * p.seqlen_kv * p.head_dim * 2;
   a.section = static_cast<int>(std::clamp<int64_t>((int64_t{24} << 20) / kv_bytes, 1,
                                                    p.heads_q * p.batch * p.segments));
   // One persistent thread block an SM (its shared memory allows no second) hides each

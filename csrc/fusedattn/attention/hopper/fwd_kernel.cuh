@@ -1,6 +1,7 @@
-// Flash attention forward for Hopper (sm_90a), head dim 128, bf16 / fp16, written for the
-// score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more MUFU operation per
-// score, which cuDNN leaves unhidden). The structure is FlashAttention-3's:
+// Flash attention forward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16; first
+// written for the score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more
+// MUFU operation per score, which cuDNN leaves unhidden), now for plain calls too where the
+// table measured it faster (hopper/measured.h). The structure is FlashAttention-3's:
 //   - one producer warpgroup: a single thread streams each tile's Q and its K, V blocks
 //     through a two-stage ring with the copy engine (TMA), guarded by full / empty mbarriers;
 //   - two consumer warpgroups, 64 query rows each (a 128-row block): S = Q K^T and O += P V
@@ -24,18 +25,24 @@
 
 namespace fusedattn::cuda::hopper {
 
-constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;   // query rows of a thread block: two consumer groups of 64
 constexpr int kBlockN = 128;   // keys of a step
 constexpr int kStages = 2;     // K and V tiles in flight
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;  // a Q, K or V tile: 32 KiB
-constexpr uint32_t kHalfBytes = kTileBytes / 2;  // 64 columns of a tile: one 128-byte swizzle
-                                                 // span, the copy engine's box
-// A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of V,
-// so the tensor cores sum P's rows into 4 more accumulators (o[64 + 2r], row r).
-constexpr uint32_t kVStageBytes = kTileBytes + kHalfBytes;
-constexpr int kOutRegs = 68;
+// 64 columns of a 128-row tile: one 128-byte swizzle span, the copy engine's box.
+constexpr uint32_t kSpanBytes = kBlockN * 64 * 2;
+
+// What the head dim kD (64 or 128) sets: a Q, K or V tile is kD / 64 spans.
+template <int kD>
+struct Dims {
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static constexpr int kSpans = kD / 64;
+  static constexpr uint32_t kTileBytes = kBlockN * kD * 2;  // 16 or 32 KiB
+  // A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of
+  // V, so the tensor cores sum P's rows into 4 more accumulators (o[kD / 2 + 2r], row r).
+  static constexpr uint32_t kVStageBytes = kTileBytes + kSpanBytes;
+  static constexpr int kOutRegs = kD / 2 + 4;
+};
 
 // Everything the kernel reads. Strides are in elements; lse may be null.
 struct FwdArgs {
@@ -74,15 +81,17 @@ struct FwdArgs {
   float slope_mul;        // ALiBi: the slope's factor (+-log2(e))
 };
 
+template <int kD>
 struct Smem {
-  uint8_t q[kTileBytes];
-  uint8_t k[kStages][kTileBytes];
-  uint8_t v[kStages][kVStageBytes];
+  uint8_t q[Dims<kD>::kTileBytes];
+  uint8_t k[kStages][Dims<kD>::kTileBytes];
+  uint8_t v[kStages][Dims<kD>::kVStageBytes];
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
       v_empty[kStages];
   int tile[2];  // the tile of Q phase k at [k % 2] (-1: no more), written before q_full's arrival
 };
-constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + slack to align the tiles to 1024
+template <int kD>
+constexpr size_t kSmemBytes = sizeof(Smem<kD>) + 1024;  // + slack to align the tiles to 1024
 
 // Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
 // a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
@@ -221,28 +230,33 @@ __device__ __forceinline__ void fence_regs(R (&r)[N]) {
   for (int i = 0; i < N; ++i) fence_reg(r[i]);
 }
 
-// S = Q_rows K^T: 8 steps of 16 along the head dim; both operands K-major, 128-byte swizzled.
-template <bool kBf16>
+// S = Q_rows K^T: kD / 16 steps of 16 along the head dim; both operands K-major, 128-byte
+// swizzled, each 64 columns a span of their own.
+template <bool kBf16, int kD>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const uint32_t off = (kk / 4) * kHalfBytes + (kk % 4) * 32;
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kSpanBytes + (kk % 4) * 32;
     wgmma_ss_m64n128k16<kBf16>(s, desc_sw128(q_addr + off, 16, 1024),
                                desc_sw128(k_addr + off, 16, 1024), kk > 0);
   }
   wgmma_commit();
 }
 
-// O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its two 64-column
-// halves are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads
-// 8 columns more, from the stage's span of ones: o[64..67] gain P's row sums.
-template <bool kBf16>
-__device__ __forceinline__ void issue_pv(float (&o)[kOutRegs], uint32_t (&p)[32],
+// O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its 64-column spans
+// are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads 8 columns
+// more, from the stage's span of ones: o[kD / 2 .. kD / 2 + 3] gain P's row sums.
+template <bool kBf16, int kD>
+__device__ __forceinline__ void issue_pv(float (&o)[Dims<kD>::kOutRegs], uint32_t (&p)[32],
                                          uint32_t v_addr) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_rs_m64n136k16<kBf16>(o, a, desc_sw128(v_addr + kk * 16 * 128, kHalfBytes, 1024));
+    const uint64_t b = desc_sw128(v_addr + kk * 16 * 128, kSpanBytes, 1024);
+    if constexpr (kD == 128)
+      wgmma_rs_m64n136k16<kBf16>(o, a, b);
+    else
+      wgmma_rs_m64n72k16<kBf16>(o, a, b);
   }
   wgmma_commit();
 }
@@ -330,11 +344,14 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 // across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
-template <class Mod, bool kCausal, bool kBf16>
+template <class Mod, bool kCausal, bool kBf16, int kD>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Dim = Dims<kD>;
+  constexpr uint32_t kTileBytes = Dim::kTileBytes;
+  constexpr int kOutRegs = Dim::kOutRegs;
   extern __shared__ uint8_t smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  Smem<kD>& sm = *reinterpret_cast<Smem<kD>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int num_tiles = num_m * a.heads_q * a.batch * a.segments;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -352,15 +369,19 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
   }
   if (group > 0) {  // the consumers write the ones the tensor cores read
     const uint32_t one = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-    for (int i = threadIdx.x - 128; i < kStages * int(kHalfBytes / 4); i += 256)
-      reinterpret_cast<uint32_t*>(sm.v[i / (kHalfBytes / 4)] + kTileBytes)[i % (kHalfBytes / 4)] =
+    for (int i = threadIdx.x - 128; i < kStages * int(kSpanBytes / 4); i += 256)
+      reinterpret_cast<uint32_t*>(sm.v[i / (kSpanBytes / 4)] + kTileBytes)[i % (kSpanBytes / 4)] =
           one;
     fence_proxy_async();
   }
   __syncthreads();
 
+  // Registers: 168 a thread at launch (384 threads); the producer gives back 128 each, which
+  // lets the consumers take 64 more (168 - 40 = 2 * (232 - 168)). The producer's loop (the
+  // tile scheduler, the sequence tables) spilled to local memory at 24, and 40 leaves the
+  // consumers' 232 enough at head dim 128 (ptxas -v: 8 bytes of spills left in all, was 204).
   if (group == 0) {  // producer
-    regs_dec<24>();
+    regs_dec<40>();
     if (tid == 0) {
       tma_prefetch_map(&a.q);
       tma_prefetch_map(&a.k);
@@ -382,30 +403,36 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
         const int h_kv = tile.h / a.heads_per_kv;
         sm.tile[k & 1] = t;
         mbar_expect_bytes(&sm.q_full, kTileBytes);
-        tma_load_4d(&a.q, &sm.q_full, sm.q, 0, tile.q0 + tile.m0, tile.h, tile.b);
-        tma_load_4d(&a.q, &sm.q_full, sm.q + kHalfBytes, 64, tile.q0 + tile.m0, tile.h, tile.b);
+#pragma unroll
+        for (int sp = 0; sp < Dim::kSpans; ++sp)
+          tma_load_4d(&a.q, &sm.q_full, sm.q + sp * kSpanBytes, 64 * sp, tile.q0 + tile.m0,
+                      tile.h, tile.b);
         for (int it = 0; it < tile.n_end - tile.n_begin; ++it, ++kv) {
           const int n = tile.n_end - 1 - it, st = kv % kStages;
           const uint32_t ph = (kv / kStages) & 1;
           mbar_wait(&sm.k_empty[st], ph ^ 1);
           mbar_expect_bytes(&sm.k_full[st], kTileBytes);
           const int row = tile.kv0 + n * kBlockN;
-          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st], 0, row, h_kv, tile.b);
-          tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + kHalfBytes, 64, row, h_kv, tile.b);
+#pragma unroll
+          for (int sp = 0; sp < Dim::kSpans; ++sp)
+            tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + sp * kSpanBytes, 64 * sp, row, h_kv,
+                        tile.b);
           mbar_wait(&sm.v_empty[st], ph ^ 1);
           mbar_expect_bytes(&sm.v_full[st], kTileBytes);
-          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st], 0, row, h_kv, tile.b);
-          tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + kHalfBytes, 64, row, h_kv, tile.b);
+#pragma unroll
+          for (int sp = 0; sp < Dim::kSpans; ++sp)
+            tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + sp * kSpanBytes, 64 * sp, row, h_kv,
+                        tile.b);
         }
       }
     }
     return;
   }
 
-  regs_inc<240>();
+  regs_inc<232>();
   const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of a tile
   const int warp = tid / 32, lane = tid % 32;
-  const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;
+  const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;  // 64 rows of 128-byte spans
   float o[kOutRegs], s[64];
   uint32_t p[32];
   uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
@@ -456,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       named_sync(1 + c);  // this group's turn at the tensor cores
       fence_regs(s);
       wgmma_fence();
-      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      issue_qk<kBf16, kD>(s, q_addr, smem_addr(sm.k[st]));
       named_arrive(2 - c);  // the other group's turn
       wgmma_wait<0>();
       fence_regs(s);
@@ -478,11 +505,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(o);
       fence_regs(p);
       wgmma_fence();
-      issue_qk<kBf16>(s, q_addr, smem_addr(sm.k[st]));
+      issue_qk<kBf16, kD>(s, q_addr, smem_addr(sm.k[st]));
       rescale_to_max();  // of the previous P
       mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
       wgmma_fence();  // o changed since the last fence
-      issue_pv<kBf16>(o, p, smem_addr(sm.v[prev]));
+      issue_pv<kBf16, kD>(o, p, smem_addr(sm.v[prev]));
       named_arrive(2 - c);
       FA_PROFILE_PHASE(kIssue);
       wgmma_wait<1>();  // S is ready; the previous P V may still run
@@ -508,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(o);
       fence_regs(p);
       wgmma_fence();
-      issue_pv<kBf16>(o, p, smem_addr(sm.v[st]));
+      issue_pv<kBf16, kD>(o, p, smem_addr(sm.v[st]));
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(&sm.v_empty[st]);
@@ -526,14 +553,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       if (row >= (a.seq_q_len ? tile.q_len : a.seqlen_q)) continue;
       // A padded query keeps nothing, whatever its scores were (NaN included): sum 0.
       const bool pad = row >= tile.q_len;
-      const float l = pad ? 0.0f : o[64 + 2 * r];  // every column of the ones: the row's sum
+      const float l = pad ? 0.0f : o[kD / 2 + 2 * r];  // every column of the ones: the row's sum
       // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
       // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
       const float inv = l != 0.0f ? 1.0f / l : 0.0f;
       const int64_t token = tile.q0 + row;
       T* out = static_cast<T*>(a.out) + tile.b * a.o_b + token * a.o_s + tile.h * a.o_h;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kD / 8; ++j) {
         const float x0 = pad ? 0.0f : o[4 * j + 2 * r] * inv;
         const float x1 = pad ? 0.0f : o[4 * j + 2 * r + 1] * inv;
         *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = pack2<kBf16>(x0, x1);

@@ -133,6 +133,18 @@ __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(
 #define FA_WGMMA_D68_OPS(d) \
   FA_WGMMA_D64_OPS(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
 
+#define FA_WGMMA_D36                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35}"
+#define FA_WGMMA_D36_OPS(d)                                                                   \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),         \
+      "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+      "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
+      "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
+      "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),           \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+
 // D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B from shared memory, both K-major
 // (B stored as 128 rows of K). `accumulate` 0 overwrites D. kBf16: bf16, else fp16.
 template <bool kBf16>
@@ -179,7 +191,31 @@ __device__ __forceinline__ void wgmma_rs_m64n136k16(float (&d)[68], const uint32
   }
 }
 
+// The head dim 64 form of the above: D[64 x 72] += A[64 x 16] B[16 x 72], the second span's
+// first 8 columns D's columns 64..71.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_rs_m64n72k16(float (&d)[36], const uint32_t (&a)[4],
+                                                   uint64_t b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 " FA_WGMMA_D36
+        ", {%36, %37, %38, %39}, %40, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D36_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 " FA_WGMMA_D36
+        ", {%36, %37, %38, %39}, %40, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D36_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+
 #undef FA_WGMMA_D64
+#undef FA_WGMMA_D36
+#undef FA_WGMMA_D36_OPS
 #undef FA_WGMMA_D68
 #undef FA_WGMMA_D68_OPS
 #undef FA_WGMMA_D64_OPS

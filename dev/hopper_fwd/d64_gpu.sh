@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU machine (session 24; carry .whl and .carry): head dim 64 in the Hopper forward.
+#   1. the kernel tests alone (scripts/cuda_tests.sh run: the d64_ cases among them) and, at
+#      the same time, the Python GPU tests given by TEST_SELECTIONS (one -k expression a line;
+#      default: head dim 64, the backend's names, one head dim 128 shard) in parallel shards;
+#   2. SKIP_TUNE unset: scripts/tune_hopper.py --head-dims $TUNE_DIMS --merge (default 64 128,
+#      all four classes) on the idle GPU -> $OUT/measured.h and $OUT/tune.log;
+#   3. BENCH=1: python -m fusedattn bench attention at head dims 64 and 128 (S $SEQLENS) with
+#      the table's choice, beside jax's cuDNN -> $OUT/bench.log.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+source scripts/gpu_env.sh > /dev/null
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+T=tests/python/attention/test_hopper_fwd_gpu.py
+pids=()
+i=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  while IFS= read -r sel; do
+    i=$((i + 1))
+    "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
+    pids+=($!)
+  done <<< "${TEST_SELECTIONS:-head_dim_64 and bf16
+head_dim_64 and fp16
+get_backend or other_calls or measurement or packed
+plain and causal-gqa or plain and causal-window and not window-5}"
+fi
+timeout 150 scripts/cuda_tests.sh run > "$OUT/cuda_tests.log" 2>&1
+echo "cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Expected|bad" "$OUT/cuda_tests.log" | head -20
+for j in "${!pids[@]}"; do wait "${pids[$j]}"; echo "tests $((j + 1)): $(tail -1 "$OUT/tests-$((j + 1)).log")"; done
+[ ${#pids[@]} -gt 0 ] && { cat "$OUT"/tests-*.log > "$OUT/tests.log"; rm -f "$OUT"/tests-*.log; grep -E "^FAILED|Error" "$OUT/tests.log" | head; }
+if [ -z "${SKIP_TUNE:-}" ]; then
+  cp csrc/fusedattn/attention/hopper/measured.h "$OUT/measured.h"
+  "$PY" scripts/tune_hopper.py --head-dims ${TUNE_DIMS:-64 128} --classes ${TUNE_CLASSES:-full causal window thd} \
+      --merge --out "$OUT/measured.h" > "$OUT/tune.log" 2>&1
+  cat "$OUT/tune.log"
+fi
+if [ -n "${BENCH:-}" ]; then
+  "$PY" -m fusedattn bench attention --head-dims 64 128 --seqlens ${SEQLENS:-4096 16384} \
+      --xla-max-seq 0 --no-plot --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  grep -v "^plot\|^wrote" "$OUT/bench.log" | tail -40
+fi
