@@ -144,9 +144,9 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(f"{name:7} {D:3d} {S:6d} {r['B']:3d} | {r['hopper_ms']:9.3f} {r['cudnn_ms']:9.3f} | "
                       f"{r['ratio']:6.3f}", flush=True)
-    rows.sort(key=lambda r: (r["D"], list(NAMES).index(r["mask"]), r["S"]))
-    with open(args.out, "w") as f:
-        f.write(header(rows, device, date, argv))
+                rows.sort(key=lambda r: (r["D"], list(NAMES).index(r["mask"]), r["S"]))
+                with open(args.out, "w") as f:  # after each row: a run cut short keeps them
+                    f.write(header(rows, device, date, argv))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=device, date=date, rows=rows), f, indent=1)

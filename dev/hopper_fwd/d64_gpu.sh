@@ -19,12 +19,12 @@ i=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   while IFS= read -r sel; do
     i=$((i + 1))
-    "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
+    timeout ${TEST_TIMEOUT:-400} "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
     pids+=($!)
   done <<< "${TEST_SELECTIONS:-head_dim_64 and bf16
 head_dim_64 and fp16
 get_backend or other_calls or measurement or packed
-plain and causal-gqa or plain and causal-window and not window-5}"
+plain and causal-gqa or plain and causal-window and not window-5 or thd and bf16}"
 fi
 timeout 150 scripts/cuda_tests.sh run > "$OUT/cuda_tests.log" 2>&1
 echo "cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
@@ -33,12 +33,12 @@ for j in "${!pids[@]}"; do wait "${pids[$j]}"; echo "tests $((j + 1)): $(tail -1
 [ ${#pids[@]} -gt 0 ] && { cat "$OUT"/tests-*.log > "$OUT/tests.log"; rm -f "$OUT"/tests-*.log; grep -E "^FAILED|Error" "$OUT/tests.log" | head; }
 if [ -z "${SKIP_TUNE:-}" ]; then
   cp csrc/fusedattn/attention/hopper/measured.h "$OUT/measured.h"
-  "$PY" scripts/tune_hopper.py --head-dims ${TUNE_DIMS:-64 128} --classes ${TUNE_CLASSES:-full causal window thd} \
+  timeout ${TUNE_TIMEOUT:-300} "$PY" scripts/tune_hopper.py --head-dims ${TUNE_DIMS:-64 128} --classes ${TUNE_CLASSES:-full causal window thd} \
       --merge --out "$OUT/measured.h" > "$OUT/tune.log" 2>&1
   cat "$OUT/tune.log"
 fi
 if [ -n "${BENCH:-}" ]; then
-  "$PY" -m fusedattn bench attention --head-dims 64 128 --seqlens ${SEQLENS:-4096 16384} \
+  timeout ${BENCH_TIMEOUT:-200} "$PY" -m fusedattn bench attention --head-dims 64 128 --seqlens ${SEQLENS:-4096 16384} \
       --xla-max-seq 0 --no-plot --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   grep -v "^plot\|^wrote" "$OUT/bench.log" | tail -40
 fi

@@ -343,6 +343,16 @@ const Case kCases[] = {
     make("d64_alibi_abs", [](Case& c) { c.D = 64, c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
     make("d64_padding_causal_empty_rows", [](Case& c) {
       c.D = 64, c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 0}, c.kv_lens = {129, 640}; }),
+    // More tiles than SMs: persistent blocks take tile after tile (the turns of the
+    // consumer groups run on across tiles).
+    make("causal_many_tiles", [](Case& c) {
+      c.causal = true, c.B = 4, c.Hq = 16, c.Hkv = 4, c.Sq = c.Skv = 1500; }),
+    make("d64_causal_many_tiles", [](Case& c) {
+      c.D = 64, c.causal = true, c.B = 4, c.Hq = 16, c.Hkv = 4, c.Sq = c.Skv = 1500; }),
+    make("d64_full_many_tiles_fp16", [](Case& c) {
+      c.D = 64, c.bf16 = false, c.B = 4, c.Hq = 16, c.Sq = 1100, c.Skv = 1300; }),
+    make("d64_window_many_tiles", [](Case& c) {
+      c.D = 64, c.causal = true, c.left = 200, c.B = 4, c.Hq = 16, c.Sq = c.Skv = 1500; }),
     make("d64_thd_causal_gaps", [](Case& c) {
       c.D = 64, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
       c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,

@@ -32,6 +32,11 @@ constexpr int64_t kMaxTiles = int64_t{1} << 30;
 
 std::atomic<int64_t> launches{0};
 
+// Query rows of a tile at p's head dim (fwd_kernel.cuh's Dims).
+int64_t block_m(const FlashFwdParams& p) {
+  return p.head_dim == 64 ? Dims<64>::kBlockM : Dims<128>::kBlockM;
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (no link to libcuda).
@@ -48,10 +53,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A {D, S, H, B} map over one of q, k, v with boxes of 64 x 128 (one 128-byte swizzle span
-// of 128 rows). Extents of 1 get a stride that is valid but never used.
-Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_t S, int64_t H, int64_t B,
-                int64_t s_s, int64_t s_h, int64_t s_b, const char* name) {
+// A {D, S, H, B} map over one of q, k, v with boxes of 64 x `rows` (one 128-byte swizzle
+// span of a tile's rows). Extents of 1 get a stride that is valid but never used.
+Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_t S, int64_t H,
+                int64_t B, int64_t s_s, int64_t s_h, int64_t s_b, uint32_t rows, const char* name) {
   auto fn = encode_fn();
   if (!fn) return Status::Internal("cuTensorMapEncodeTiled is not available from the driver");
   const int64_t span_s = S * s_s, span_h = H > 1 ? H * s_h : span_s;
@@ -60,7 +65,7 @@ Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s_s * 2),
                                  static_cast<cuuint64_t>((H > 1 ? s_h : span_s) * 2),
                                  static_cast<cuuint64_t>((B > 1 ? s_b : span_h) * 2)};
-  const cuuint32_t box[4] = {64, kBlockN, 1, 1};
+  const cuuint32_t box[4] = {64, rows, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                         4, const_cast<void*>(base), dims, strides, box, elem_strides,
@@ -116,8 +121,8 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (p.segments < 1 || p.segments > kMaxTiles) return "segments must be in [1, 2^30]";
   if (p.batch < 1 || p.heads_q < 1 ||
-      (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q > kMaxTiles / p.batch / p.segments)
-    return "more than 2^30 tiles of 128 query rows";
+      (p.seqlen_q + block_m(p) - 1) / block_m(p) * p.heads_q > kMaxTiles / p.batch / p.segments)
+    return "more than 2^30 tiles of query rows";
   if (p.seqlen_q < 1 || p.seqlen_kv < 1 || p.seqlen_q > (int64_t{1} << 30) ||
       p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths must be in [1, 2^30]";
@@ -154,12 +159,13 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
 
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   FwdArgs a{};
-  FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_s, p.q_h,
-                               p.q_b, "q"));
-  FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
-                               p.k_b, "k"));
-  FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
-                               p.v_b, "v"));
+  const uint32_t q_rows = static_cast<uint32_t>(block_m(p));
+  FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+                               p.q_s, p.q_h, p.q_b, q_rows, "q"));
+  FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch,
+                               p.k_s, p.k_h, p.k_b, kBlockN, "k"));
+  FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch,
+                               p.v_s, p.v_h, p.v_b, kBlockN, "v"));
   a.out = p.out;
   a.o_b = p.o_b, a.o_s = p.o_s, a.o_h = p.o_h;
   a.lse = p.lse;
@@ -196,7 +202,8 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // SMs idle at the end of a causal call (H200 causal S 16384: 2.02 against 1.83 ms a block
   // a tile), so causal calls then get a block a tile. THD: most tiles of the grid lie past
   // their sequence's end and are skipped, which a persistent block does in a few loads.
-  const int64_t tiles = (p.seqlen_q + kBlockM - 1) / kBlockM * p.heads_q * p.batch * p.segments;
+  const int64_t tiles =
+      (p.seqlen_q + block_m(p) - 1) / block_m(p) * p.heads_q * p.batch * p.segments;
   int64_t blocks = tiles;
   if (p.persistent == 1 ||
       (p.persistent < 0 && (p.counter || !p.causal || p.left_bound || p.seq_q_len))) {

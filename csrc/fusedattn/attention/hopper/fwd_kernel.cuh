@@ -4,10 +4,10 @@
 // table measured it faster (hopper/measured.h). The structure is FlashAttention-3's:
 //   - one producer warpgroup: a single thread streams each tile's Q and its K, V blocks
 //     through a two-stage ring with the copy engine (TMA), guarded by full / empty mbarriers;
-//   - two consumer warpgroups, 64 query rows each (a 128-row block): S = Q K^T and O += P V
-//     with wgmma, the online softmax in registers;
-//   - ping-pong: the two consumers take turns issuing their products (named barriers 1, 2),
-//     so one group's softmax (exp2, the modifier's tanh) runs while the other's products do;
+//   - two consumer warpgroups (head dim 64: three), 64 query rows each (a 128- or 192-row
+//     block): S = Q K^T and O += P V with wgmma, the online softmax in registers;
+//   - ping-pong: the consumers take turns issuing their products (named barriers 1, 2, 3),
+//     so one group's softmax (exp2, the modifier's tanh) runs while another's products do;
 //   - within a group, the product P_{i-1} V_{i-1} is issued beside S_i = Q K_i^T and runs
 //     while the softmax of S_i does.
 // Keys are visited last block first, so the masked blocks (the causal diagonal, the ragged
@@ -25,23 +25,46 @@
 
 namespace fusedattn::cuda::hopper {
 
-constexpr int kBlockM = 128;   // query rows of a thread block: two consumer groups of 64
 constexpr int kBlockN = 128;   // keys of a step
-constexpr int kStages = 2;     // K and V tiles in flight
-constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 // 64 columns of a 128-row tile: one 128-byte swizzle span, the copy engine's box.
 constexpr uint32_t kSpanBytes = kBlockN * 64 * 2;
 
-// What the head dim kD (64 or 128) sets: a Q, K or V tile is kD / 64 spans.
+// What the head dim kD (64 or 128) sets: a Q, K or V tile is kD / 64 spans; a thread block
+// has kConsumers consumer warpgroups of 64 query rows each (head dim 64: three, as
+// FlashAttention-3 has it there, so two groups' softmax runs while one's products do).
 template <int kD>
 struct Dims {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static constexpr int kSpans = kD / 64;
+#ifndef FA_HOPPER_D64_CONSUMERS
+#define FA_HOPPER_D64_CONSUMERS 3
+#endif
+  static constexpr int kConsumers = kD == 64 ? FA_HOPPER_D64_CONSUMERS : 2;
+  static constexpr int kBlockM = 64 * kConsumers;  // query rows of a tile
+  static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
+  static constexpr uint32_t kQSpanBytes = kBlockM * 128;  // Q's 64 columns
+  static_assert(kSpans == 1 || kBlockM == kBlockN, "issue_qk takes Q's spans as K's");
   static constexpr uint32_t kTileBytes = kBlockN * kD * 2;  // 16 or 32 KiB
   // A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of
   // V, so the tensor cores sum P's rows into 4 more accumulators (o[kD / 2 + 2r], row r).
   static constexpr uint32_t kVStageBytes = kTileBytes + kSpanBytes;
   static constexpr int kOutRegs = kD / 2 + 4;
+  // K and V tiles in flight (a power of 2: the ring's counter wraps at 2^32). Head dim 128
+  // fills the shared memory at 2; FA_HOPPER_D64_STAGES is a sweep's knob (dev/hopper_fwd).
+#ifndef FA_HOPPER_D64_STAGES
+#define FA_HOPPER_D64_STAGES 4
+#endif
+  static constexpr int kStages = kD == 64 ? FA_HOPPER_D64_STAGES : 2;
+  static_assert((kStages & (kStages - 1)) == 0, "a power of 2");
+  // Registers after the producer gives some back: 65536 / kThreads a thread at launch (168
+  // with two consumer groups, 128 with three), and the consumers may take what the
+  // producer frees, shared among them. The producer's loop (the tile scheduler, the
+  // sequence tables) spilled to local memory at 24 (ptxas -v); 40 leaves head dim 128's
+  // consumers 232.
+  static constexpr int kLaunchRegs = kConsumers == 2 ? 168 : 128;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs =
+      (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kConsumers) / 8 * 8;
 };
 
 // Everything the kernel reads. Strides are in elements; lse may be null.
@@ -83,7 +106,8 @@ struct FwdArgs {
 
 template <int kD>
 struct Smem {
-  uint8_t q[Dims<kD>::kTileBytes];
+  uint8_t q[Dims<kD>::kSpans * Dims<kD>::kQSpanBytes];
+  static constexpr int kStages = Dims<kD>::kStages;
   uint8_t k[kStages][Dims<kD>::kTileBytes];
   uint8_t v[kStages][Dims<kD>::kVStageBytes];
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
@@ -264,7 +288,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[Dims<kD>::kOutRegs], uint32_
 // FA_HOPPER_PROFILE (dev/hopper_fwd/hopper_fwd_check.cu only): consumer thread 0 of each group
 // adds the clock cycles of each phase of its loop to g_profile[16 * group + phase].
 #ifdef FA_HOPPER_PROFILE
-__device__ unsigned long long g_profile[32];
+__device__ unsigned long long g_profile[48];
 #define FA_PROFILE_PHASE(phase)      \
   do {                               \
     const long long now = clock64(); \
@@ -299,7 +323,7 @@ __device__ __forceinline__ int clamp_edge(long long x) {
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
 // together; inside a section the query blocks go last first (causal: the longest rows
 // first), each across the section's pairs. The shortest blocks end the order.
-template <bool kCausal>
+template <bool kCausal, int kBlockM>
 __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
   const int pairs = a.heads_q * a.batch * a.segments;
   const int sec = t / (a.section * num_m), base = sec * a.section;
@@ -345,11 +369,14 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
 template <class Mod, bool kCausal, bool kBf16, int kD>
-__global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(Dims<kD>::kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Dim = Dims<kD>;
   constexpr uint32_t kTileBytes = Dim::kTileBytes;
   constexpr int kOutRegs = Dim::kOutRegs;
+  constexpr int kStages = Dim::kStages;
+  constexpr int kBlockM = Dim::kBlockM, kConsumers = Dim::kConsumers;
+  constexpr uint32_t kConsumerThreads = 128 * kConsumers;
   extern __shared__ uint8_t smem_raw[];
   Smem<kD>& sm = *reinterpret_cast<Smem<kD>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
@@ -358,30 +385,27 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
-    mbar_init(&sm.q_empty, 256);  // every consumer thread releases
+    mbar_init(&sm.q_empty, kConsumerThreads);  // every consumer thread releases
     for (int st = 0; st < kStages; ++st) {
       mbar_init(&sm.k_full[st], 1);
       mbar_init(&sm.v_full[st], 1);
-      mbar_init(&sm.k_empty[st], 256);
-      mbar_init(&sm.v_empty[st], 256);
+      mbar_init(&sm.k_empty[st], kConsumerThreads);
+      mbar_init(&sm.v_empty[st], kConsumerThreads);
     }
     mbar_init_fence();
   }
   if (group > 0) {  // the consumers write the ones the tensor cores read
     const uint32_t one = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-    for (int i = threadIdx.x - 128; i < kStages * int(kSpanBytes / 4); i += 256)
+    for (int i = threadIdx.x - 128; i < kStages * int(kSpanBytes / 4);
+         i += kConsumerThreads)
       reinterpret_cast<uint32_t*>(sm.v[i / (kSpanBytes / 4)] + kTileBytes)[i % (kSpanBytes / 4)] =
           one;
     fence_proxy_async();
   }
   __syncthreads();
 
-  // Registers: 168 a thread at launch (384 threads); the producer gives back 128 each, which
-  // lets the consumers take 64 more (168 - 40 = 2 * (232 - 168)). The producer's loop (the
-  // tile scheduler, the sequence tables) spilled to local memory at 24, and 40 leaves the
-  // consumers' 232 enough at head dim 128 (ptxas -v: 8 bytes of spills left in all, was 204).
   if (group == 0) {  // producer
-    regs_dec<40>();
+    regs_dec<Dim::kProducerRegs>();
     if (tid == 0) {
       tma_prefetch_map(&a.q);
       tma_prefetch_map(&a.k);
@@ -392,20 +416,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
                          : t + static_cast<int>(gridDim.x);
       };
       for (int t = blockIdx.x, k = 0;; t = next(t), ++k) {
-        while (t < num_tiles && tile_at<kCausal>(a, t, num_m).skip) t = next(t);
+        while (t < num_tiles && tile_at<kCausal, kBlockM>(a, t, num_m).skip) t = next(t);
         mbar_wait(&sm.q_empty, (k & 1) ^ 1);
         if (t >= num_tiles) {  // the consumers' last phase: no tile
           sm.tile[k & 1] = -1;
           mbar_arrive(&sm.q_full);
           break;
         }
-        const Tile tile = tile_at<kCausal>(a, t, num_m);
+        const Tile tile = tile_at<kCausal, kBlockM>(a, t, num_m);
         const int h_kv = tile.h / a.heads_per_kv;
         sm.tile[k & 1] = t;
-        mbar_expect_bytes(&sm.q_full, kTileBytes);
+        mbar_expect_bytes(&sm.q_full, Dim::kSpans * Dim::kQSpanBytes);
 #pragma unroll
         for (int sp = 0; sp < Dim::kSpans; ++sp)
-          tma_load_4d(&a.q, &sm.q_full, sm.q + sp * kSpanBytes, 64 * sp, tile.q0 + tile.m0,
+          tma_load_4d(&a.q, &sm.q_full, sm.q + sp * Dim::kQSpanBytes, 64 * sp, tile.q0 + tile.m0,
                       tile.h, tile.b);
         for (int it = 0; it < tile.n_end - tile.n_begin; ++it, ++kv) {
           const int n = tile.n_end - 1 - it, st = kv % kStages;
@@ -429,8 +453,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     return;
   }
 
-  regs_inc<232>();
-  const int c = group - 1;  // consumer 0 or 1: rows 64c..64c+63 of a tile
+  regs_inc<Dim::kConsumerRegs>();
+  const int c = group - 1;  // consumer c: rows 64c..64c+63 of a tile
+  const int next_turn = 1 + (c + 1) % kConsumers;  // the named barrier of the next group's turn
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;  // 64 rows of 128-byte spans
   float o[kOutRegs], s[64];
@@ -439,12 +464,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
 #ifdef FA_HOPPER_PROFILE
   long long prof[16] = {}, prof_last = clock64();
 #endif
+  // Turns at the tensor cores go round the groups (0, 1, .., 0, ...) across tiles too: the
+  // last group's signal after a tile's last block is group 0's first turn of the next tile.
+  // (A signal a tile, given at its start and taken at its end, let the last group signal
+  // the next tile's first turn before group 0 took the last one: the barrier then counted
+  // the last group's two signals as one round.)
+  if (c == kConsumers - 1) named_arrive(1);  // consumer 0 takes the first turn
   for (int k = 0;; ++k) {  // Q's phases
     FA_PROFILE_PHASE(kTileEnds);
     mbar_wait(&sm.q_full, k & 1);
     const int t = sm.tile[k & 1];
-    if (t < 0) break;
-    const Tile tile = tile_at<kCausal>(a, t, num_m);
+    if (t < 0) {
+      if (c == 0) named_sync(1);  // takes the last group's last signal: the counts balance
+      break;
+    }
+    const Tile tile = tile_at<kCausal, kBlockM>(a, t, num_m);
     const int n_end = tile.n_end, blocks = n_end - tile.n_begin;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
@@ -475,7 +509,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       }
     };
 
-    if (c == 1) named_arrive(1);  // consumer 0 takes the tile's first turn
     FA_PROFILE_PHASE(kWaitQ);
     {  // the first block (the last keys): no P V yet
       const int st = kv % kStages;
@@ -484,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       fence_regs(s);
       wgmma_fence();
       issue_qk<kBf16, kD>(s, q_addr, smem_addr(sm.k[st]));
-      named_arrive(2 - c);  // the other group's turn
+      named_arrive(next_turn);  // the next group's turn
       wgmma_wait<0>();
       fence_regs(s);
       mbar_arrive(&sm.k_empty[st]);
@@ -510,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
       mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
       wgmma_fence();  // o changed since the last fence
       issue_pv<kBf16, kD>(o, p, smem_addr(sm.v[prev]));
-      named_arrive(2 - c);
+      named_arrive(next_turn);
       FA_PROFILE_PHASE(kIssue);
       wgmma_wait<1>();  // S is ready; the previous P V may still run
       fence_regs(s);
@@ -542,7 +575,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_kernel(const __grid_con
     }
     FA_PROFILE_PHASE(kLast);
     kv += blocks;
-    if (c == 0) named_sync(1);  // takes consumer 1's last turn signal: the counts balance
 
     // Epilogue: O / sum straight from registers, and the log-sum-exp.
     using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;

@@ -10,13 +10,13 @@
 
 namespace fusedattn::cuda::hopper {
 
-// a: the kernel's arguments, filled by flash_fwd; grid: thread blocks of kThreads threads.
+// a: the kernel's arguments, filled by flash_fwd; grid: thread blocks of Dims<kD>::kThreads.
 template <class Mod, bool kCausal, bool kBf16, int kD>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kD>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<kD>)));
-  kernel<<<grid, kThreads, kSmemBytes<kD>, stream>>>(a);
+  kernel<<<grid, Dims<kD>::kThreads, kSmemBytes<kD>, stream>>>(a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -1,9 +1,10 @@
 // Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
 // below); select_backend reads it by the rule of hopper/table.h.
-// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --head-dims 64 128 --merge
-// (dev/hopper_fwd/d64_gpu.sh; every class at both head dims, after the producer gave the
-// consumers 232 registers)
+// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --head-dims 64 --merge
+// (dev/hopper_fwd/d64_gpu.sh: head dim 64 with three consumer groups and four stages; the head
+// dim 128 rows kept from the same script's run before, after the producer gave the consumers
+// 232 registers; logs bench/runs/2026-11-28/session24)
 // bf16, B x S = 16384 tokens, 2048 / D heads; ratio = cuDNN's forward time / the Hopper forward's.
 #pragma once
 
@@ -13,26 +14,26 @@ namespace fusedattn::hopper_rules {
 
 inline constexpr const char* kMeasuredOn = "NVIDIA H200, 2026-11-28";
 inline constexpr Measured kMeasured[] = {
-    {kFull, 64, 1024, 0.891},  // hopper 0.373 ms, cuDNN 0.332 ms
-    {kFull, 64, 2048, 0.941},  // hopper 0.672 ms, cuDNN 0.633 ms
-    {kFull, 64, 4096, 0.975},  // hopper 1.270 ms, cuDNN 1.238 ms
-    {kFull, 64, 8192, 1.012},  // hopper 2.406 ms, cuDNN 2.434 ms
-    {kFull, 64, 16384, 1.029},  // hopper 4.735 ms, cuDNN 4.872 ms
-    {kCausal, 64, 1024, 0.820},  // hopper 0.259 ms, cuDNN 0.213 ms
-    {kCausal, 64, 2048, 0.915},  // hopper 0.400 ms, cuDNN 0.366 ms
-    {kCausal, 64, 4096, 1.011},  // hopper 0.678 ms, cuDNN 0.686 ms
-    {kCausal, 64, 8192, 1.055},  // hopper 1.227 ms, cuDNN 1.295 ms
-    {kCausal, 64, 16384, 1.090},  // hopper 2.320 ms, cuDNN 2.528 ms
-    {kWindow, 64, 1024, 0.956},  // hopper 0.233 ms, cuDNN 0.223 ms
-    {kWindow, 64, 2048, 1.012},  // hopper 0.255 ms, cuDNN 0.258 ms
-    {kWindow, 64, 4096, 1.042},  // hopper 0.266 ms, cuDNN 0.277 ms
-    {kWindow, 64, 8192, 1.053},  // hopper 0.270 ms, cuDNN 0.284 ms
-    {kWindow, 64, 16384, 1.074},  // hopper 0.270 ms, cuDNN 0.290 ms
-    {kThd, 64, 1024, 0.774},  // hopper 0.253 ms, cuDNN 0.196 ms
-    {kThd, 64, 2048, 0.861},  // hopper 0.299 ms, cuDNN 0.258 ms
-    {kThd, 64, 4096, 0.895},  // hopper 0.420 ms, cuDNN 0.376 ms
-    {kThd, 64, 8192, 0.917},  // hopper 0.556 ms, cuDNN 0.510 ms
-    {kThd, 64, 16384, 1.023},  // hopper 0.889 ms, cuDNN 0.910 ms
+    {kFull, 64, 1024, 0.945},  // hopper 0.348 ms, cuDNN 0.329 ms
+    {kFull, 64, 2048, 1.075},  // hopper 0.597 ms, cuDNN 0.642 ms
+    {kFull, 64, 4096, 1.100},  // hopper 1.127 ms, cuDNN 1.239 ms
+    {kFull, 64, 8192, 1.147},  // hopper 2.111 ms, cuDNN 2.421 ms
+    {kFull, 64, 16384, 1.170},  // hopper 4.134 ms, cuDNN 4.838 ms
+    {kCausal, 64, 1024, 0.662},  // hopper 0.322 ms, cuDNN 0.213 ms
+    {kCausal, 64, 2048, 0.891},  // hopper 0.416 ms, cuDNN 0.370 ms
+    {kCausal, 64, 4096, 0.981},  // hopper 0.689 ms, cuDNN 0.676 ms
+    {kCausal, 64, 8192, 1.097},  // hopper 1.185 ms, cuDNN 1.300 ms
+    {kCausal, 64, 16384, 1.119},  // hopper 2.251 ms, cuDNN 2.519 ms
+    {kWindow, 64, 1024, 0.651},  // hopper 0.347 ms, cuDNN 0.226 ms
+    {kWindow, 64, 2048, 0.716},  // hopper 0.364 ms, cuDNN 0.261 ms
+    {kWindow, 64, 4096, 0.705},  // hopper 0.396 ms, cuDNN 0.280 ms
+    {kWindow, 64, 8192, 0.723},  // hopper 0.397 ms, cuDNN 0.287 ms
+    {kWindow, 64, 16384, 0.718},  // hopper 0.403 ms, cuDNN 0.289 ms
+    {kThd, 64, 1024, 0.694},  // hopper 0.283 ms, cuDNN 0.196 ms
+    {kThd, 64, 2048, 0.852},  // hopper 0.303 ms, cuDNN 0.259 ms
+    {kThd, 64, 4096, 0.910},  // hopper 0.413 ms, cuDNN 0.376 ms
+    {kThd, 64, 8192, 0.948},  // hopper 0.536 ms, cuDNN 0.508 ms
+    {kThd, 64, 16384, 1.073},  // hopper 0.851 ms, cuDNN 0.912 ms
     {kFull, 128, 1024, 0.905},  // hopper 0.286 ms, cuDNN 0.259 ms
     {kFull, 128, 2048, 1.019},  // hopper 0.481 ms, cuDNN 0.490 ms
     {kFull, 128, 4096, 1.040},  // hopper 0.904 ms, cuDNN 0.940 ms
