@@ -127,6 +127,7 @@ struct Case {
   int alibi = 0;        // 1: + slope_h (kv - q); 2: - slope_h |kv - q|; 3: one slope, - (kv - q)
   int persistent = -1;  // FlashFwdParams::persistent
   bool counter = true;  // FlashFwdParams::counter (false: the static schedule)
+  int groups = 0;       // FlashFwdParams::groups (0: the rule)
   std::vector<int> q_lens, kv_lens;  // padding: per batch row (empty: none)
   int segments = 0;                  // THD: sequences a row, and per (row, sequence):
   std::vector<int> segs;             // first query, queries, first key, keys (in the row)
@@ -167,7 +168,7 @@ void run_case(const Case& cs) {
   p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq,
   p.heads_kv = cs.Hkv, p.head_dim = D;
   p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(static_cast<float>(D)), p.softcap = cs.softcap;
-  p.persistent = cs.persistent;
+  p.persistent = cs.persistent, p.groups = cs.groups;
   int* counter = nullptr;
   if (cs.counter) {
     CUDA_OK(cudaMalloc(&counter, sizeof(int)));
@@ -353,6 +354,17 @@ const Case kCases[] = {
       c.D = 64, c.bf16 = false, c.B = 4, c.Hq = 16, c.Sq = 1100, c.Skv = 1300; }),
     make("d64_window_many_tiles", [](Case& c) {
       c.D = 64, c.causal = true, c.left = 200, c.B = 4, c.Hq = 16, c.Sq = c.Skv = 1500; }),
+    // Head dim 64's two kernels each where the rule would pick the other (groups forced).
+    make("d64_causal_three_groups", [](Case& c) {
+      c.D = 64, c.groups = 3, c.causal = true, c.B = 4, c.Hq = 16, c.Hkv = 2, c.Sq = c.Skv = 1500; }),
+    make("d64_window_three_groups_fp16", [](Case& c) {
+      c.D = 64, c.groups = 3, c.bf16 = false, c.causal = true, c.left = 129, c.Sq = c.Skv = 1000; }),
+    make("d64_thd_three_groups", [](Case& c) {
+      c.D = 64, c.groups = 3, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
+      c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
+                0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    make("d64_full_two_groups", [](Case& c) {
+      c.D = 64, c.groups = 2, c.B = 4, c.Hq = 16, c.Sq = 1100, c.Skv = 1300; }),
     make("d64_thd_causal_gaps", [](Case& c) {
       c.D = 64, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
       c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
@@ -392,7 +404,11 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
   p.head_dim = 64;
   EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
-  p.head_dim = 256;
+  p.groups = 3;
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.head_dim = 128;  // three groups at head dim 64 only
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("groups"), std::string::npos);
+  p.groups = 0, p.head_dim = 256;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("64 or 128"), std::string::npos);
 }
 

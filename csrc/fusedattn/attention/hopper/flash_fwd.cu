@@ -17,11 +17,11 @@
 
 namespace fusedattn::cuda::hopper {
 
-// One variant of the kernel (launch.cuh). The library builds each (Mod, kCausal, kBf16, kD)
-// used below in a translation unit of its own, generated from instance.cu.in by the list in
-// CMakeLists.txt (score modifier x causal x dtype x head dim); a variant dispatched here and
-// missing there fails the link.
-template <class Mod, bool kCausal, bool kBf16, int kD>
+// One variant of the kernel (launch.cuh). The library builds each (Mod, kCausal, kBf16, kD,
+// kGroups) used below in a translation unit of its own, generated from instance.cu.in by the
+// list in CMakeLists.txt (score modifier x causal x dtype x (head dim, consumer groups)); a
+// variant dispatched here and missing there fails the link.
+template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream);
 
 namespace {
@@ -32,10 +32,20 @@ constexpr int64_t kMaxTiles = int64_t{1} << 30;
 
 std::atomic<int64_t> launches{0};
 
-// Query rows of a tile at p's head dim (fwd_kernel.cuh's Dims).
-int64_t block_m(const FlashFwdParams& p) {
-  return p.head_dim == 64 ? Dims<64>::kBlockM : Dims<128>::kBlockM;
+// Consumer warpgroups of p's kernel (FlashFwdParams::groups). Head dim 64 by default takes
+// three (192-row tiles) except for calls with a window's left edge and causal calls of
+// Sq < 8192, whose rows keep fewer keys than such a tile spans (H200, 2026-11-28, forward
+// against cuDNN's: three groups full 1.07 -> 1.17x at S 16384, causal 1.07 -> 1.12x there,
+// but causal 0.85 -> 0.66x at S 1024 and a 512-key window 1.05 -> 0.72x at 16384;
+// bench/runs/2026-11-28/session24).
+int groups(const FlashFwdParams& p) {
+  if (p.groups > 0) return p.groups;
+  if (p.head_dim != 64 || p.left_bound || (p.causal && p.seqlen_q < 8192)) return 2;
+  return 3;
 }
+
+// Query rows of a tile.
+int64_t block_m(const FlashFwdParams& p) { return 64 * groups(p); }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -88,17 +98,18 @@ struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op c
 
 // Mod's variant of p's causality, dtype and head dim (flash_fwd picks Mod); counts the
 // launches made.
-template <class Mod, int kD>
+template <class Mod, int kD, int kGroups>
 Status launch_dim(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  return p.causal ? (p.bf16 ? launch<Mod, true, true, kD>(a, grid, stream)
-                            : launch<Mod, true, false, kD>(a, grid, stream))
-                  : (p.bf16 ? launch<Mod, false, true, kD>(a, grid, stream)
-                            : launch<Mod, false, false, kD>(a, grid, stream));
+  return p.causal ? (p.bf16 ? launch<Mod, true, true, kD, kGroups>(a, grid, stream)
+                            : launch<Mod, true, false, kD, kGroups>(a, grid, stream))
+                  : (p.bf16 ? launch<Mod, false, true, kD, kGroups>(a, grid, stream)
+                            : launch<Mod, false, false, kD, kGroups>(a, grid, stream));
 }
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  const Status s = p.head_dim == 64 ? launch_dim<Mod, 64>(p, a, grid, stream)
-                                    : launch_dim<Mod, 128>(p, a, grid, stream);
+  const Status s = p.head_dim == 128 ? launch_dim<Mod, 128, 2>(p, a, grid, stream)
+                   : groups(p) == 3  ? launch_dim<Mod, 64, 3>(p, a, grid, stream)
+                                     : launch_dim<Mod, 64, 2>(p, a, grid, stream);
   if (s.ok()) launches.fetch_add(1, std::memory_order_relaxed);
   return s;
 }
@@ -118,6 +129,8 @@ void profile_take(unsigned long long (&out)[32]) {
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
   if (p.head_dim != 64 && p.head_dim != 128) return "head dim must be 64 or 128";
+  if (p.groups != 0 && p.groups != 2 && !(p.groups == 3 && p.head_dim == 64))
+    return "groups must be 0 (the rule), 2, or 3 at head dim 64";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (p.segments < 1 || p.segments > kMaxTiles) return "segments must be in [1, 2^30]";
   if (p.batch < 1 || p.heads_q < 1 ||

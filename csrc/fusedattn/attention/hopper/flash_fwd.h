@@ -61,6 +61,10 @@ struct FlashFwdParams {
   // One device int of scratch: persistent grids then hand out tiles as blocks free up
   // (flash_fwd zeroes it on the stream); null: each block takes every gridDim-th tile.
   int* counter = nullptr;
+  // Consumer warpgroups a block (64 query rows each): 0 picks by the rule of flash_fwd.cu's
+  // groups() (three at head dim 64 for full calls and long causal ones, else two); 2 or 3
+  // (head dim 64 only) force it (the kernel tests).
+  int groups = 0;
   int probe = -1;  // sweep builds only (FA_HOPPER_SWEEP): 10 runs softcap without its tanh
 };
 

@@ -29,17 +29,16 @@ constexpr int kBlockN = 128;   // keys of a step
 // 64 columns of a 128-row tile: one 128-byte swizzle span, the copy engine's box.
 constexpr uint32_t kSpanBytes = kBlockN * 64 * 2;
 
-// What the head dim kD (64 or 128) sets: a Q, K or V tile is kD / 64 spans; a thread block
-// has kConsumers consumer warpgroups of 64 query rows each (head dim 64: three, as
-// FlashAttention-3 has it there, so two groups' softmax runs while one's products do).
-template <int kD>
+// What the head dim kD (64 or 128) and the consumer warpgroups kGroups set: a Q, K or V tile
+// is kD / 64 spans; a thread block has kGroups consumer warpgroups of 64 query rows each
+// (head dim 64 may take three, as FlashAttention-3 has it there, so two groups' softmax
+// runs while one's products do: flash_fwd.cu's groups() says when).
+template <int kD, int kGroups>
 struct Dims {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kGroups == 2 || (kGroups == 3 && kD == 64), "three groups at head dim 64 only");
   static constexpr int kSpans = kD / 64;
-#ifndef FA_HOPPER_D64_CONSUMERS
-#define FA_HOPPER_D64_CONSUMERS 3
-#endif
-  static constexpr int kConsumers = kD == 64 ? FA_HOPPER_D64_CONSUMERS : 2;
+  static constexpr int kConsumers = kGroups;
   static constexpr int kBlockM = 64 * kConsumers;  // query rows of a tile
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
   static constexpr uint32_t kQSpanBytes = kBlockM * 128;  // Q's 64 columns
@@ -60,9 +59,9 @@ struct Dims {
   // with two consumer groups, 128 with three), and the consumers may take what the
   // producer frees, shared among them. The producer's loop (the tile scheduler, the
   // sequence tables) spilled to local memory at 24 (ptxas -v); 40 leaves head dim 128's
-  // consumers 232.
+  // consumers 232; head dim 64's four stages want 56 (its consumers need less).
   static constexpr int kLaunchRegs = kConsumers == 2 ? 168 : 128;
-  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kD == 64 ? 56 : 40;
   static constexpr int kConsumerRegs =
       (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kConsumers) / 8 * 8;
 };
@@ -104,18 +103,19 @@ struct FwdArgs {
   float slope_mul;        // ALiBi: the slope's factor (+-log2(e))
 };
 
-template <int kD>
+template <int kD, int kGroups>
 struct Smem {
-  uint8_t q[Dims<kD>::kSpans * Dims<kD>::kQSpanBytes];
-  static constexpr int kStages = Dims<kD>::kStages;
-  uint8_t k[kStages][Dims<kD>::kTileBytes];
-  uint8_t v[kStages][Dims<kD>::kVStageBytes];
+  using Dim = Dims<kD, kGroups>;
+  uint8_t q[Dim::kSpans * Dim::kQSpanBytes];
+  static constexpr int kStages = Dim::kStages;
+  uint8_t k[kStages][Dim::kTileBytes];
+  uint8_t v[kStages][Dim::kVStageBytes];
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
       v_empty[kStages];
   int tile[2];  // the tile of Q phase k at [k % 2] (-1: no more), written before q_full's arrival
 };
-template <int kD>
-constexpr size_t kSmemBytes = sizeof(Smem<kD>) + 1024;  // + slack to align the tiles to 1024
+template <int kD, int kGroups>
+constexpr size_t kSmemBytes = sizeof(Smem<kD, kGroups>) + 1024;  // + slack to align the tiles to 1024
 
 // Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
 // a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
@@ -271,7 +271,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 // are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads 8 columns
 // more, from the stage's span of ones: o[kD / 2 .. kD / 2 + 3] gain P's row sums.
 template <bool kBf16, int kD>
-__device__ __forceinline__ void issue_pv(float (&o)[Dims<kD>::kOutRegs], uint32_t (&p)[32],
+__device__ __forceinline__ void issue_pv(float (&o)[kD / 2 + 4], uint32_t (&p)[32],
                                          uint32_t v_addr) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -368,17 +368,18 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 // across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
-template <class Mod, bool kCausal, bool kBf16, int kD>
-__global__ void __launch_bounds__(Dims<kD>::kThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
+__global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
+    flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Dim = Dims<kD>;
+  using Dim = Dims<kD, kGroups>;
   constexpr uint32_t kTileBytes = Dim::kTileBytes;
   constexpr int kOutRegs = Dim::kOutRegs;
   constexpr int kStages = Dim::kStages;
   constexpr int kBlockM = Dim::kBlockM, kConsumers = Dim::kConsumers;
   constexpr uint32_t kConsumerThreads = 128 * kConsumers;
   extern __shared__ uint8_t smem_raw[];
-  Smem<kD>& sm = *reinterpret_cast<Smem<kD>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  Smem<kD, kGroups>& sm = *reinterpret_cast<Smem<kD, kGroups>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int num_tiles = num_m * a.heads_q * a.batch * a.segments;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;

@@ -10,13 +10,14 @@
 
 namespace fusedattn::cuda::hopper {
 
-// a: the kernel's arguments, filled by flash_fwd; grid: thread blocks of Dims<kD>::kThreads.
-template <class Mod, bool kCausal, bool kBf16, int kD>
+// a: the kernel's arguments, filled by flash_fwd; grid: thread blocks of Dims<kD, kGroups>::kThreads.
+template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kD>;
+  auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kD, kGroups>;
+  constexpr size_t smem = kSmemBytes<kD, kGroups>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<kD>)));
-  kernel<<<grid, Dims<kD>::kThreads, kSmemBytes<kD>, stream>>>(a);
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, Dims<kD, kGroups>::kThreads, smem, stream>>>(a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -2,9 +2,9 @@
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
 // below); select_backend reads it by the rule of hopper/table.h.
 // Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --head-dims 64 --merge
-// (dev/hopper_fwd/d64_gpu.sh: head dim 64 with three consumer groups and four stages; the head
-// dim 128 rows kept from the same script's run before, after the producer gave the consumers
-// 232 registers; logs bench/runs/2026-11-28/session24)
+// (dev/hopper_fwd/d64_gpu.sh; head dim 64: full rows with three consumer groups, causal, window
+// and THD rows again with the groups rule of flash_fwd.cu; the head dim 128 rows kept from the
+// first run, after the producer gave the consumers 232 registers; bench/runs/2026-11-28/session24)
 // bf16, B x S = 16384 tokens, 2048 / D heads; ratio = cuDNN's forward time / the Hopper forward's.
 #pragma once
 
@@ -19,21 +19,21 @@ inline constexpr Measured kMeasured[] = {
     {kFull, 64, 4096, 1.100},  // hopper 1.127 ms, cuDNN 1.239 ms
     {kFull, 64, 8192, 1.147},  // hopper 2.111 ms, cuDNN 2.421 ms
     {kFull, 64, 16384, 1.170},  // hopper 4.134 ms, cuDNN 4.838 ms
-    {kCausal, 64, 1024, 0.662},  // hopper 0.322 ms, cuDNN 0.213 ms
-    {kCausal, 64, 2048, 0.891},  // hopper 0.416 ms, cuDNN 0.370 ms
-    {kCausal, 64, 4096, 0.981},  // hopper 0.689 ms, cuDNN 0.676 ms
-    {kCausal, 64, 8192, 1.097},  // hopper 1.185 ms, cuDNN 1.300 ms
-    {kCausal, 64, 16384, 1.119},  // hopper 2.251 ms, cuDNN 2.519 ms
-    {kWindow, 64, 1024, 0.651},  // hopper 0.347 ms, cuDNN 0.226 ms
-    {kWindow, 64, 2048, 0.716},  // hopper 0.364 ms, cuDNN 0.261 ms
-    {kWindow, 64, 4096, 0.705},  // hopper 0.396 ms, cuDNN 0.280 ms
-    {kWindow, 64, 8192, 0.723},  // hopper 0.397 ms, cuDNN 0.287 ms
-    {kWindow, 64, 16384, 0.718},  // hopper 0.403 ms, cuDNN 0.289 ms
-    {kThd, 64, 1024, 0.694},  // hopper 0.283 ms, cuDNN 0.196 ms
-    {kThd, 64, 2048, 0.852},  // hopper 0.303 ms, cuDNN 0.259 ms
-    {kThd, 64, 4096, 0.910},  // hopper 0.413 ms, cuDNN 0.376 ms
-    {kThd, 64, 8192, 0.948},  // hopper 0.536 ms, cuDNN 0.508 ms
-    {kThd, 64, 16384, 1.073},  // hopper 0.851 ms, cuDNN 0.912 ms
+    {kCausal, 64, 1024, 0.838},  // hopper 0.253 ms, cuDNN 0.212 ms
+    {kCausal, 64, 2048, 0.939},  // hopper 0.390 ms, cuDNN 0.366 ms
+    {kCausal, 64, 4096, 1.029},  // hopper 0.664 ms, cuDNN 0.683 ms
+    {kCausal, 64, 8192, 1.099},  // hopper 1.193 ms, cuDNN 1.312 ms
+    {kCausal, 64, 16384, 1.125},  // hopper 2.263 ms, cuDNN 2.546 ms
+    {kWindow, 64, 1024, 1.001},  // hopper 0.223 ms, cuDNN 0.223 ms
+    {kWindow, 64, 2048, 1.079},  // hopper 0.241 ms, cuDNN 0.260 ms
+    {kWindow, 64, 4096, 1.074},  // hopper 0.256 ms, cuDNN 0.274 ms
+    {kWindow, 64, 8192, 1.096},  // hopper 0.260 ms, cuDNN 0.285 ms
+    {kWindow, 64, 16384, 1.113},  // hopper 0.259 ms, cuDNN 0.289 ms
+    {kThd, 64, 1024, 0.776},  // hopper 0.250 ms, cuDNN 0.194 ms
+    {kThd, 64, 2048, 0.862},  // hopper 0.295 ms, cuDNN 0.255 ms
+    {kThd, 64, 4096, 0.932},  // hopper 0.400 ms, cuDNN 0.372 ms
+    {kThd, 64, 8192, 0.953},  // hopper 0.534 ms, cuDNN 0.509 ms
+    {kThd, 64, 16384, 1.056},  // hopper 0.864 ms, cuDNN 0.912 ms
     {kFull, 128, 1024, 0.905},  // hopper 0.286 ms, cuDNN 0.259 ms
     {kFull, 128, 2048, 1.019},  // hopper 0.481 ms, cuDNN 0.490 ms
     {kFull, 128, 4096, 1.040},  // hopper 0.904 ms, cuDNN 0.940 ms
