@@ -3,9 +3,10 @@
 // MUFU operation per score, which cuDNN leaves unhidden), now for plain calls too where the
 // table measured it faster (hopper/measured.h). The structure is FlashAttention-3's:
 //   - one producer warpgroup: a single thread streams each tile's Q and its K, V blocks
-//     through a two-stage ring with the copy engine (TMA), guarded by full / empty mbarriers;
-//   - two consumer warpgroups (head dim 64: three), 64 query rows each (a 128- or 192-row
-//     block): S = Q K^T and O += P V with wgmma, the online softmax in registers;
+//     through a ring of stages (2; 4 at head dim 64) with the copy engine (TMA), guarded by
+//     full / empty mbarriers;
+//   - two consumer warpgroups (head dim 64: two or three), 64 query rows each (a 128- or
+//     192-row block): S = Q K^T and O += P V with wgmma, the online softmax in registers;
 //   - ping-pong: the consumers take turns issuing their products (named barriers 1, 2, 3),
 //     so one group's softmax (exp2, the modifier's tanh) runs while another's products do;
 //   - within a group, the product P_{i-1} V_{i-1} is issued beside S_i = Q K_i^T and runs
@@ -365,7 +366,7 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
 // (FwdArgs::counter); the host launches one block a tile for causal calls, one an SM
 // otherwise. The producer picks each tile (skipping those of no query), publishes it in
 // sm.tile with Q's arrival, and ends the consumers with a tile of -1. The K / V ring's stage and phase run on
-// across tiles (kv counts the blocks so far); Q has one buffer, refilled once both
+// across tiles (kv counts the blocks so far); Q has one buffer, refilled once all
 // consumers' last Q K^T of the tile is done (q_empty), so the next tile's Q arrives during
 // this one's last P V and epilogue.
 template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
