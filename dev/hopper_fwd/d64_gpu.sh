@@ -12,25 +12,24 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 source scripts/gpu_env.sh > /dev/null
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-T=tests/python/attention/test_hopper_fwd_gpu.py
-pids=()
-i=0
+# The shards: plain_gpu.sh's test step alone, in a site of its own, beside the kernel tests.
 if [ -z "${SKIP_TESTS:-}" ]; then
-  while IFS= read -r sel; do
-    i=$((i + 1))
-    timeout ${TEST_TIMEOUT:-400} "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
-    pids+=($!)
-  done <<< "${TEST_SELECTIONS:-head_dim_64 and bf16
+  FUSEDATTN_SITE=/tmp/fa-site2 OUT=$OUT SKIP_TUNE=1 SKIP_BENCH=1 TEST_TIMEOUT=${TEST_TIMEOUT:-400} \
+  TEST_SELECTIONS="${TEST_SELECTIONS:-head_dim_64 and bf16
 head_dim_64 and fp16
 get_backend or other_calls or measurement or packed
-plain and causal-gqa or plain and causal-window and not window-5 or thd and bf16}"
+plain and causal-gqa or plain and causal-window and not window-5 or thd and bf16}" \
+      bash dev/hopper_fwd/plain_gpu.sh > "$OUT/shards.txt" 2>&1 &
+  shards=$!
 fi
 timeout 150 scripts/cuda_tests.sh run > "$OUT/cuda_tests.log" 2>&1
 echo "cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED|Failure|Expected|bad" "$OUT/cuda_tests.log" | head -20
-for j in "${!pids[@]}"; do wait "${pids[$j]}"; echo "tests $((j + 1)): $(tail -1 "$OUT/tests-$((j + 1)).log")"; done
-[ ${#pids[@]} -gt 0 ] && { cat "$OUT"/tests-*.log > "$OUT/tests.log"; rm -f "$OUT"/tests-*.log; grep -E "^FAILED|Error" "$OUT/tests.log" | head; }
+if [ -n "${shards:-}" ]; then
+  wait $shards
+  grep -v "^NVIDIA\|^jax " "$OUT/shards.txt"
+  grep -E "^FAILED|Error" "$OUT/tests.log" | head
+fi
 if [ -z "${SKIP_TUNE:-}" ]; then
   cp csrc/fusedattn/attention/hopper/measured.h "$OUT/measured.h"
   timeout ${TUNE_TIMEOUT:-300} "$PY" scripts/tune_hopper.py --head-dims ${TUNE_DIMS:-64 128} --classes ${TUNE_CLASSES:-full causal window thd} \

@@ -2,7 +2,7 @@
 # GPU machine (session 22): the Hopper forward on plain calls and sliding windows.
 #   1. scripts/tune_hopper.py: the measurement select_backend reads (-> $OUT/measured.h),
 #   2. its GPU tests (tests/python/attention/test_hopper_fwd_gpu.py) in 4 parallel shards
-#      (TEST_SELECTIONS: one -k expression a line),
+#      (TEST_SELECTIONS: one -k expression a line; each under TEST_TIMEOUT seconds),
 #   3. the attention bench at head dim 128 with the Hopper forward forced on every call it
 #      can run (FUSEDATTN_HOPPER_FWD=1) and off (=0), beside jax's cuDNN in each run.
 # SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 leave a step out.
@@ -23,7 +23,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   i=0
   while IFS= read -r sel; do
     i=$((i + 1))
-    "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider > "$OUT/tests-$i.log" 2>&1 &
+    timeout "${TEST_TIMEOUT:-1800}" "$PY" -m pytest "$T" -k "$sel" -q -p no:cacheprovider \
+        > "$OUT/tests-$i.log" 2>&1 &
     pids+=($!)
   done <<< "${TEST_SELECTIONS:-plain and bf16
 plain and fp16
