@@ -5,7 +5,7 @@ Run on an sm_90 GPU with fusedattn installed (scripts/gpu_env.sh), then rebuild:
     python scripts/tune_hopper.py [--out csrc/fusedattn/attention/hopper/measured.h]
     python scripts/tune_hopper.py --classes thd --merge   # one class again, the rest kept
     python scripts/tune_hopper.py --head-dims 64 --merge  # one head dim again
-The grid is the BENCH one for head dims 64 and 128 (bf16, B * S = 16384 tokens, 2048 / D heads):
+The grid is the BENCH one for head dims 64, 128 and 256 (bf16, B * S = 16384 tokens, 2048 / D heads):
 full, causal, a causal 512-key sliding window, and THD (rows packed with ragged causal
 segments of S/16 .. S/2 tokens, the bench's) at S 1024 ... 16384. Each call is timed
 with the forward forced onto each kernel (_lib.set_hopper_fwd "always" / "off") in
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     p.add_argument("--heads", type=int, default=None, help="default 2048 / head dim")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--merge", action="store_true",

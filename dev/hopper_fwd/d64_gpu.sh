@@ -15,8 +15,8 @@ source scripts/gpu_env.sh > /dev/null
 # The shards: plain_gpu.sh's test step alone, in a site of its own, beside the kernel tests.
 if [ -z "${SKIP_TESTS:-}" ]; then
   FUSEDATTN_SITE=/tmp/fa-site2 OUT=$OUT SKIP_TUNE=1 SKIP_BENCH=1 TEST_TIMEOUT=${TEST_TIMEOUT:-400} \
-  TEST_SELECTIONS="${TEST_SELECTIONS:-head_dim_64 and bf16
-head_dim_64 and fp16
+  TEST_SELECTIONS="${TEST_SELECTIONS:-head_dims_64_256 and bf16
+head_dims_64_256 and fp16
 get_backend or other_calls or measurement or packed
 plain and causal-gqa or plain and causal-window and not window-5 or thd and bf16}" \
       bash dev/hopper_fwd/plain_gpu.sh > "$OUT/shards.txt" 2>&1 &
@@ -37,7 +37,7 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   cat "$OUT/tune.log"
 fi
 if [ -n "${BENCH:-}" ]; then
-  timeout ${BENCH_TIMEOUT:-200} "$PY" -m fusedattn bench attention --head-dims 64 128 --seqlens ${SEQLENS:-4096 16384} \
+  timeout ${BENCH_TIMEOUT:-200} "$PY" -m fusedattn bench attention --head-dims ${BENCH_DIMS:-64 128} --seqlens ${SEQLENS:-4096 16384} \
       --xla-max-seq 0 --no-plot --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   grep -v "^plot\|^wrote" "$OUT/bench.log" | tail -40
 fi

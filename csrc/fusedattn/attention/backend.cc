@@ -120,8 +120,9 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
     return "its THD token indices are int32 (B * S < 2^31)";
   if (const char* empty = hopper_rules::band_empty_rows(p, hopper_rules::band(p)); *empty)
     return empty;
-  if ((p.head_dim_qk != 64 && p.head_dim_qk != 128) || p.head_dim_v != p.head_dim_qk) {
-    os << "it takes head dims 64 and 128 (the same for q, k and v); got " << p.head_dim_qk
+  if ((p.head_dim_qk != 64 && p.head_dim_qk != 128 && p.head_dim_qk != 256) ||
+      p.head_dim_v != p.head_dim_qk) {
+    os << "it takes head dims 64, 128 and 256 (the same for q, k and v); got " << p.head_dim_qk
        << " and " << p.head_dim_v;
     return os.str();
   }

@@ -219,23 +219,26 @@ TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
   }
 }
 
-// Head dim 64 runs the same kernel with tiles of its own: score_mods always, plain calls by
-// the table's head dim 64 rows (never by the head dim 128 ones).
-TEST(SelectBackend, HopperForwardTakesHeadDim64) {
-  AttnParams p = hopper_params();
-  p.head_dim_qk = p.head_dim_v = 64;
-  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
-                                BackendOptions{}),
-                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
-  p.mask_type = FA_CAUSAL_MASK, p.seqlen_q = p.seqlen_kv = 16384;
-  const std::string measured = hopper_plain_measured(p);
-  bool has_rows = false;
-  for (const auto& row : hopper_rules::kMeasured) has_rows |= row.head_dim == 64;
-  if (!has_rows) EXPECT_TRUE(has(measured, "head dim 64")) << measured;
-  if (!measured.empty()) EXPECT_TRUE(has(measured, "head dim 64")) << measured;
-  const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDNN, measured.empty() ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDNN,
-                 FA_BACKEND_CUDNN);
+// Head dims 64 and 256 run the same kernel with tiles of their own: score_mods always, plain
+// calls by the table's rows of their head dim (never by the head dim 128 ones).
+TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
+  for (int64_t d : {64, 256}) {
+    AttnParams p = hopper_params();
+    p.head_dim_qk = p.head_dim_v = d;
+    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
+                                  BackendOptions{}),
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    p.mask_type = FA_CAUSAL_MASK, p.seqlen_q = p.seqlen_kv = 16384;
+    const std::string measured = hopper_plain_measured(p);
+    const std::string name = "head dim " + std::to_string(d);
+    bool has_rows = false;
+    for (const auto& row : hopper_rules::kMeasured) has_rows |= row.head_dim == d;
+    if (!has_rows) EXPECT_TRUE(has(measured, name)) << measured;
+    if (!measured.empty()) EXPECT_TRUE(has(measured, name)) << measured;
+    const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDNN,
+                   measured.empty() ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  }
 }
 
 TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
@@ -283,10 +286,10 @@ const HopperCase kHopperDeclines[] = {
      "compute capability 9.0"},
     {"sm100", [](AttnParams&, BackendRequest&, PlatformInfo& i) { i.sm = 100; },
      "the device has 10.0"},
-    {"head_dim_256", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.head_dim_qk = p.head_dim_v = 256; }, "head dims 64 and 128"},
+    {"head_dim_192", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
+       p.head_dim_qk = p.head_dim_v = 192; }, "head dims 64, 128 and 256"},
     {"head_dim_v_64", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.head_dim_v = 64; },
-     "head dims 64 and 128"},
+     "head dims 64, 128 and 256"},
     {"max_logit", [](AttnParams&, BackendRequest& r, PlatformInfo&) { r.want_max_logit = true; },
      "max_logit"},
     {"dropout", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.dropout = 0.1f; },

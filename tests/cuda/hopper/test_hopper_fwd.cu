@@ -58,7 +58,7 @@ template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
-  const int D = static_cast<int>(p.head_dim);  // at most 128
+  const int D = static_cast<int>(p.head_dim);  // at most 256
   const int64_t token = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q,
                 b = idx / (p.seqlen_q * p.heads_q);
   int64_t i = token, q_len = p.seqlen_q, kv_len = p.seqlen_kv, kv0 = 0;
@@ -104,7 +104,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   float m = -INFINITY;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
     if (kept(j)) m = fmaxf(m, score(j));
-  float acc[128] = {}, l = 0.0f;
+  float acc[256] = {}, l = 0.0f;
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!kept(j)) continue;
     const float e = expf(score(j) - m);
@@ -369,6 +369,28 @@ const Case kCases[] = {
       c.D = 64, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
       c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
                 0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    // Head dim 256: 64-key steps, the m64n256 P V product, row sums in registers.
+    make("d256_plain_fp16_ragged", [](Case& c) { c.D = 256, c.bf16 = false, c.Sq = 300, c.Skv = 777; }),
+    make("d256_causal_gqa", [](Case& c) { c.D = 256, c.causal = true, c.Sq = c.Skv = 1000, c.Hkv = 2; }),
+    make("d256_bottom_right_bhsd", [](Case& c) {
+      c.D = 256, c.causal = true, c.bottom_right = true, c.bhsd = true, c.Sq = 200, c.Skv = 650; }),
+    make("d256_window_static_schedule", [](Case& c) {
+      c.D = 256, c.causal = true, c.Sq = c.Skv = 1000, c.left = 100, c.counter = false; }),
+    make("d256_window_both_sides", [](Case& c) { c.D = 256, c.Sq = c.Skv = 700, c.left = 70, c.right = 37; }),
+    make("d256_softcap_block_a_tile", [](Case& c) {
+      c.D = 256, c.causal = true, c.Sq = c.Skv = 512, c.softcap = 20.0f, c.amp = 3.0f,
+      c.persistent = 0; }),
+    make("d256_alibi_abs", [](Case& c) { c.D = 256, c.Sq = 300, c.Skv = 777, c.alibi = 2; }),
+    make("d256_padding_causal_empty_rows", [](Case& c) {
+      c.D = 256, c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 0}, c.kv_lens = {65, 640}; }),
+    make("d256_thd_causal_gaps", [](Case& c) {
+      c.D = 256, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
+      c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
+                0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    make("d256_causal_many_tiles", [](Case& c) {
+      c.D = 256, c.causal = true, c.B = 4, c.Hq = 16, c.Hkv = 4, c.Sq = c.Skv = 1500; }),
+    make("d256_full_many_tiles_fp16", [](Case& c) {
+      c.D = 256, c.bf16 = false, c.B = 4, c.Hq = 16, c.Sq = 1100, c.Skv = 1300; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),
@@ -409,7 +431,11 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   p.head_dim = 128;  // three groups at head dim 64 only
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("groups"), std::string::npos);
   p.groups = 0, p.head_dim = 256;
-  EXPECT_NE(flash_fwd_unsupported(p, 90).find("64 or 128"), std::string::npos);
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.groups = 3;  // two at head dim 256
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("groups"), std::string::npos);
+  p.groups = 0, p.head_dim = 192;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("64, 128 or 256"), std::string::npos);
 }
 
 }  // namespace

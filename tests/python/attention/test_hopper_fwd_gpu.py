@@ -1,6 +1,6 @@
 """The Hopper flash forward (csrc/fusedattn/attention/hopper) on an H100 (pytest -m gpu; skipped
 without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
-counter moves) at head dims 128 and 64, and plain calls (no score_mod) where the measurement (hopper/measured.h) or
+counter moves) at head dims 128, 64 and 256, and plain calls (no score_mod) where the measurement (hopper/measured.h) or
 set_hopper_fwd("always") sends them; other calls do not; forward, log-sum-exp and gradients
 (cuDNN's backward reads this forward's log-sum-exp) against the float32 reference with fn
 over the materialized scores, in bf16 and fp16, with and without causal masks, sliding
@@ -138,14 +138,16 @@ D64_CASES = [  # mask, Sq, Skv, Hkv, window, fn
 ]
 
 
+@pytest.mark.parametrize("d", [64, 256], ids=["d64", "d256"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mask,Sq,Skv,hkv,window,fn", D64_CASES,
                          ids=["full-ragged", "causal-gqa", "causal-window", "bottom-right-cap20",
                               "causal-cap50"])
-def test_head_dim_64_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, hkv, window,
-                                           fn):
-    """Head dim 64: the kernel's own tiles (one copy box a row, the m64n72 P V product)."""
-    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=64)
+def test_head_dims_64_256_forward_and_gradients(key, hopper_always, d, dtype, mask, Sq, Skv, hkv,
+                                                window, fn):
+    """Head dims 64 and 256: the kernel's own tiles (64: one copy box a row, the m64n72 P V
+    product; 256: 64-key steps, the m64n256 product, row sums in registers)."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
     sm = {} if fn is identity else dict(score_mod=fn)
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
                                                 window_size=window, return_aux=True, **sm)
@@ -333,13 +335,13 @@ def test_other_calls_stay_on_cudnn(key):
 
 
 def test_get_backend_names_the_kernels_that_run():
-    """The engine's one decision: softcap / ALiBi at head dims 128 and 64 run forward "hopper",
+    """The engine's one decision: softcap / ALiBi at head dims 128, 64 and 256 run forward "hopper",
     backward "cudnn"; the calls the kernel does not take run cuDNN both ways."""
     bf = lambda d: tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16)
                          for s in ((B, 256, HQ, d), (B, 256, HQ, d), (B, 256, HQ, d)))
     slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)
     causal = AttnMaskType.CAUSAL_MASK
-    for d in (D, 64):
+    for d in (D, 64, 256):
         for fn, ops in ((cap50, ()), (alibi_causal, (slopes,))):
             info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=fn,
                                          score_mod_operands=ops, is_training=True, platform="gpu")
@@ -370,12 +372,13 @@ def test_nan_in_q_gives_nan_rows(key, dtype, mask):
     assert np.isnan(out).any(axis=-1).sum() == 2, "exactly the two rows"
 
 
+@pytest.mark.parametrize("d", [D, 256], ids=["d128", "d256"])  # row sums by the tensor cores / in registers
 @pytest.mark.parametrize("mask", [AttnMaskType.NO_MASK, AttnMaskType.CAUSAL_MASK],
                          ids=["full", "causal"])
-def test_nan_in_k_gives_nan_rows(key, mask):
+def test_nan_in_k_gives_nan_rows(key, d, mask):
     # One NaN score per row among finite ones: the row max stays finite, the sum is NaN.
     # Key 100: under the causal mask only rows >= 100 keep it.
-    q, k, v, _ = inputs(key, jnp.bfloat16, 512, 512, 2)
+    q, k, v, _ = inputs(key, jnp.bfloat16, 512, 512, 2, d=d)
     check_nan_on_hopper(q, k.at[0, 100, 0, 5].set(jnp.nan), v, mask)
 
 

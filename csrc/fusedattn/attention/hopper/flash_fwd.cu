@@ -44,8 +44,9 @@ int groups(const FlashFwdParams& p) {
   return 3;
 }
 
-// Query rows of a tile.
+// Query rows of a tile, and keys of a step (fwd_kernel.cuh's Dims).
 int64_t block_m(const FlashFwdParams& p) { return 64 * groups(p); }
+uint32_t block_n(const FlashFwdParams& p) { return p.head_dim == 256 ? 64 : 128; }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -107,9 +108,10 @@ Status launch_dim(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStre
 }
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
-  const Status s = p.head_dim == 128 ? launch_dim<Mod, 128, 2>(p, a, grid, stream)
-                   : groups(p) == 3  ? launch_dim<Mod, 64, 3>(p, a, grid, stream)
-                                     : launch_dim<Mod, 64, 2>(p, a, grid, stream);
+  const Status s = p.head_dim == 256   ? launch_dim<Mod, 256, 2>(p, a, grid, stream)
+                   : p.head_dim == 128 ? launch_dim<Mod, 128, 2>(p, a, grid, stream)
+                   : groups(p) == 3    ? launch_dim<Mod, 64, 3>(p, a, grid, stream)
+                                       : launch_dim<Mod, 64, 2>(p, a, grid, stream);
   if (s.ok()) launches.fetch_add(1, std::memory_order_relaxed);
   return s;
 }
@@ -128,7 +130,8 @@ void profile_take(unsigned long long (&out)[32]) {
 
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (cc != 90) return "needs compute capability 9.0 (wgmma, sm_90a)";
-  if (p.head_dim != 64 && p.head_dim != 128) return "head dim must be 64 or 128";
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    return "head dim must be 64, 128 or 256";
   if (p.groups != 0 && p.groups != 2 && !(p.groups == 3 && p.head_dim == 64))
     return "groups must be 0 (the rule), 2, or 3 at head dim 64";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
@@ -176,9 +179,9 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
                                p.q_s, p.q_h, p.q_b, q_rows, "q"));
   FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch,
-                               p.k_s, p.k_h, p.k_b, kBlockN, "k"));
+                               p.k_s, p.k_h, p.k_b, block_n(p), "k"));
   FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, p.head_dim, p.seqlen_kv, p.heads_kv, p.batch,
-                               p.v_s, p.v_h, p.v_b, kBlockN, "v"));
+                               p.v_s, p.v_h, p.v_b, block_n(p), "v"));
   a.out = p.out;
   a.o_b = p.o_b, a.o_s = p.o_s, a.o_h = p.o_h;
   a.lse = p.lse;

@@ -1,4 +1,4 @@
-// Flash attention forward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16; first
+// Flash attention forward for Hopper (sm_90a), head dims 64, 128 and 256, bf16 / fp16; first
 // written for the score_mod functions cuDNN's kernel runs slowest (softcap's tanh: one more
 // MUFU operation per score, which cuDNN leaves unhidden), now for plain calls too where the
 // table measured it faster (hopper/measured.h). The structure is FlashAttention-3's:
@@ -26,50 +26,58 @@
 
 namespace fusedattn::cuda::hopper {
 
-constexpr int kBlockN = 128;   // keys of a step
-// 64 columns of a 128-row tile: one 128-byte swizzle span, the copy engine's box.
-constexpr uint32_t kSpanBytes = kBlockN * 64 * 2;
-
-// What the head dim kD (64 or 128) and the consumer warpgroups kGroups set: a Q, K or V tile
-// is kD / 64 spans; a thread block has kGroups consumer warpgroups of 64 query rows each
-// (head dim 64 may take three, as FlashAttention-3 has it there, so two groups' softmax
-// runs while one's products do: flash_fwd.cu's groups() says when).
+// What the head dim kD (64, 128 or 256) and the consumer warpgroups kGroups set: a Q, K or V
+// tile is kD / 64 spans (64 columns of its rows: one 128-byte swizzle span, the copy
+// engine's box); a thread block has kGroups consumer warpgroups of 64 query rows each (head
+// dim 64 may take three, as FlashAttention-3 has it there, so two groups' softmax runs while
+// one's products do: flash_fwd.cu's groups() says when).
 template <int kD, int kGroups>
 struct Dims {
-  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "head dims 64, 128 and 256");
   static_assert(kGroups == 2 || (kGroups == 3 && kD == 64), "three groups at head dim 64 only");
   static constexpr int kSpans = kD / 64;
   static constexpr int kConsumers = kGroups;
   static constexpr int kBlockM = 64 * kConsumers;  // query rows of a tile
+  // Keys of a step: 128; 64 at head dim 256, whose 64 KiB Q and two stages of K and V fill
+  // the shared memory (a group's accumulator is then 128 registers a thread, its scores 32).
+  static constexpr int kBlockN = kD == 256 ? 64 : 128;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-  static constexpr uint32_t kQSpanBytes = kBlockM * 128;  // Q's 64 columns
-  static_assert(kSpans == 1 || kBlockM == kBlockN, "issue_qk takes Q's spans as K's");
+  static constexpr uint32_t kQSpanBytes = kBlockM * 128;   // Q's 64 columns
+  static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // K's or V's 64 columns
   static constexpr uint32_t kTileBytes = kBlockN * kD * 2;  // 16 or 32 KiB
-  // A V stage: the tile, then a span of ones that P V's product reads as 8 more columns of
-  // V, so the tensor cores sum P's rows into 4 more accumulators (o[kD / 2 + 2r], row r).
-  static constexpr uint32_t kVStageBytes = kTileBytes + kSpanBytes;
-  static constexpr int kOutRegs = kD / 2 + 4;
+  // P's row sums: below head dim 256 a V stage is the tile and then a span of ones that P
+  // V's product reads as 8 more columns of V, so the tensor cores sum P's rows into 4 more
+  // accumulators (o[kD / 2 + 2r], row r). wgmma's N stops at 256, so head dim 256 adds the
+  // rows up in the softmax (each thread its part, the row's 4 lanes at the end).
+  static constexpr bool kOnes = kD + 8 <= 256;
+  static constexpr uint32_t kVStageBytes = kTileBytes + (kOnes ? kKVSpanBytes : 0);
+  static constexpr int kOutRegs = kD / 2 + (kOnes ? 4 : 0);
+  static constexpr int kScores = kBlockN / 2;  // S's accumulator, a thread
   // K and V tiles in flight (a power of 2: the ring's counter wraps at 2^32). Head dim 128
   // fills the shared memory at 2; FA_HOPPER_D64_STAGES is a sweep's knob (dev/hopper_fwd).
 #ifndef FA_HOPPER_D64_STAGES
 #define FA_HOPPER_D64_STAGES 4
 #endif
   static constexpr int kStages = kD == 64 ? FA_HOPPER_D64_STAGES : 2;
+  static_assert(kSpans * kQSpanBytes + kStages * (kTileBytes + kVStageBytes) <= 227 * 1024,
+                "shared memory");
   static_assert((kStages & (kStages - 1)) == 0, "a power of 2");
   // Registers after the producer gives some back: 65536 / kThreads a thread at launch (168
   // with two consumer groups, 128 with three), and the consumers may take what the
   // producer frees, shared among them. The producer's loop (the tile scheduler, the
   // sequence tables) spilled to local memory at 24 (ptxas -v); 40 leaves head dim 128's
-  // consumers 232; head dim 64's four stages want 56 (its consumers need less).
+  // consumers 232; head dim 64's four stages want 56 (its consumers need less), and so does
+  // head dim 256's producer (four spans a tile: 176 bytes spilled at 40, none at 56, with
+  // the consumers' 128 accumulators at 224).
   static constexpr int kLaunchRegs = kConsumers == 2 ? 168 : 128;
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kD == 64 ? 56 : 40;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kD == 128 ? 40 : 56;
   static constexpr int kConsumerRegs =
       (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kConsumers) / 8 * 8;
 };
 
 // Everything the kernel reads. Strides are in elements; lse may be null.
 struct FwdArgs {
-  CUtensorMap q, k, v;  // {D, S, H, B}, box {64, 128, 1, 1}, 128-byte swizzle
+  CUtensorMap q, k, v;  // {D, S, H, B}, box {64, kBlockM or kBlockN, 1, 1}, 128-byte swizzle
   void* out;
   int64_t o_b, o_s, o_h;
   float* lse;  // natural log, as the CPU engine and cuDNN write it
@@ -167,24 +175,26 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // s[4j + 2r + e] in the accumulator layout above.
 __host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) + 2 * r + i % 2; }
 
-// One step of the online softmax on this thread's 64 scores of block n: modify, mask,
-// update the running max (of v) and leave exp2(x - max x) in s; returns whether some row
-// of the warp moved its max (the accumulator then needs rescale_factors). The row sums are
-// not added here: the tensor cores add them up in P V (kVStageBytes).
+// One step of the online softmax on this thread's kN / 2 scores of a block of kN keys:
+// modify, mask, update the running max (of v) and leave exp2(x - max x) in s; returns
+// whether some row of the warp moved its max (the accumulator then needs rescale_factors).
+// The row sums are not added here: the tensor cores add them up in P V (Dims::kOnes), or
+// the caller does (head dim 256).
 // A row's max moves only when it grew by more than 8 (log2 units): until then P <= 2^8,
 // which 16-bit P and the float32 sums hold exactly as well, and the accumulator's rescale
 // is skipped (after FlashAttention-4). A row with nothing seen yet (max -inf) always moves.
 // Mod::kRowByRow runs the two rows one after the other (softcap: row 1's tanh keeps the
 // MUFU pipe busy while row 0's max goes through the shuffles); otherwise each phase runs
 // for both rows before the next.
-template <class Mod, bool kCausal, bool kMask>
-__device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], float (&mx_old)[2],
+template <class Mod, bool kCausal, bool kMask, int kN>
+__device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2], float (&mx_old)[2],
                                              const FwdArgs& a, int row0, int col0,
                                              float slope, int kv_len, int diag, int lo_diag) {
   const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
+  constexpr int kRow = kN / 4;  // a row's scores in a thread
   auto modify = [&](int r) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < kRow; ++i) {
       float& x = s[row_score(r, i)];
       x = Mod::pre(x, a.mul_in, slope, d0, static_cast<float>(8 * (i / 2) + i % 2 - 8 * r));
       if constexpr (kMask) {
@@ -195,11 +205,15 @@ __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], flo
     }
   };
   auto update_max = [&](int r) {  // a tree, then the row's 4 lanes; true if it moved
-    float m[16];
+    static_assert(kRow == 16 || kRow == 32, "64 or 128 keys");
+    float m[kRow / 2];  // (loops of constant trips only: anything else puts m in local memory)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) m[i] = fmaxf(s[row_score(r, 2 * i)], s[row_score(r, 2 * i + 1)]);
+    for (int i = 0; i < kRow / 2; ++i)
+      m[i] = fmaxf(s[row_score(r, 2 * i)], s[row_score(r, 2 * i + 1)]);
+    if constexpr (kRow == 32) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], m[i + 8]);
+      for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], m[i + 8]);
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) m[i] = fmaxf(m[i], m[i + 4]);
     float mr = fmaxf(fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3])), mx[r]);
@@ -214,7 +228,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[64], float (&mx)[2], flo
     // exp2(-inf - -inf) would be NaN: a row still at -inf keeps base 0.
     const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * a.mul_out;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < kRow; ++i) {
       float& x = s[row_score(r, i)];
       x = exp2_approx(fmaf(x, a.mul_out, -base));
     }
@@ -257,28 +271,35 @@ __device__ __forceinline__ void fence_regs(R (&r)[N]) {
 
 // S = Q_rows K^T: kD / 16 steps of 16 along the head dim; both operands K-major, 128-byte
 // swizzled, each 64 columns a span of their own.
-template <bool kBf16, int kD>
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+template <bool kBf16, class Dim>
+__device__ __forceinline__ void issue_qk(float (&s)[Dim::kScores], uint32_t q_addr,
+                                         uint32_t k_addr) {
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t off = (kk / 4) * kSpanBytes + (kk % 4) * 32;
-    wgmma_ss_m64n128k16<kBf16>(s, desc_sw128(q_addr + off, 16, 1024),
-                               desc_sw128(k_addr + off, 16, 1024), kk > 0);
+  for (int kk = 0; kk < Dim::kSpans * 4; ++kk) {
+    const uint32_t q = q_addr + (kk / 4) * Dim::kQSpanBytes + (kk % 4) * 32;
+    const uint32_t k = k_addr + (kk / 4) * Dim::kKVSpanBytes + (kk % 4) * 32;
+    if constexpr (Dim::kBlockN == 128)
+      wgmma_ss_m64n128k16<kBf16>(s, desc_sw128(q, 16, 1024), desc_sw128(k, 16, 1024), kk > 0);
+    else
+      wgmma_ss_m64n64k16<kBf16>(s, desc_sw128(q, 16, 1024), desc_sw128(k, 16, 1024), kk > 0);
   }
   wgmma_commit();
 }
 
-// O += P V: 8 steps of 16 keys; V is MN-major (head dim contiguous): its 64-column spans
-// are the leading-byte stride, 8-key groups the 1024-byte stride. Each step reads 8 columns
-// more, from the stage's span of ones: o[kD / 2 .. kD / 2 + 3] gain P's row sums.
-template <bool kBf16, int kD>
-__device__ __forceinline__ void issue_pv(float (&o)[kD / 2 + 4], uint32_t (&p)[32],
+// O += P V: kBlockN / 16 steps of 16 keys; V is MN-major (head dim contiguous): its
+// 64-column spans are the leading-byte stride, 8-key groups the 1024-byte stride. Below head
+// dim 256 each step reads 8 columns more, from the stage's span of ones: o[kD / 2 .. kD / 2
+// + 3] gain P's row sums.
+template <bool kBf16, class Dim>
+__device__ __forceinline__ void issue_pv(float (&o)[Dim::kOutRegs], uint32_t (&p)[Dim::kScores / 2],
                                          uint32_t v_addr) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < Dim::kBlockN / 16; ++kk) {
     const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    const uint64_t b = desc_sw128(v_addr + kk * 16 * 128, kSpanBytes, 1024);
-    if constexpr (kD == 128)
+    const uint64_t b = desc_sw128(v_addr + kk * 16 * 128, Dim::kKVSpanBytes, 1024);
+    if constexpr (Dim::kSpans == 4)
+      wgmma_rs_m64n256k16<kBf16>(o, a, b);
+    else if constexpr (Dim::kSpans == 2)
       wgmma_rs_m64n136k16<kBf16>(o, a, b);
     else
       wgmma_rs_m64n72k16<kBf16>(o, a, b);
@@ -305,7 +326,7 @@ enum ProfilePhase {
   kWaitKV, kWaitTurn, kIssue, kWaitS, kSoftmax, kWaitPV, kOther, kTileEnds, kWaitQ, kFirst, kLast
 };
 
-// A work tile: 128 query rows of one (batch, head) and the key blocks [n_begin, n_end) they
+// A work tile: kBlockM query rows of one (batch, head) and the key blocks [n_begin, n_end) they
 // see. The host keeps every query row's key range non-empty (flash_fwd_unsupported), so
 // n_begin < n_end.
 struct Tile {
@@ -324,7 +345,7 @@ __device__ __forceinline__ int clamp_edge(long long x) {
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
 // together; inside a section the query blocks go last first (causal: the longest rows
 // first), each across the section's pairs. The shortest blocks end the order.
-template <bool kCausal, int kBlockM>
+template <bool kCausal, int kBlockM, int kBlockN>
 __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
   const int pairs = a.heads_q * a.batch * a.segments;
   const int sec = t / (a.section * num_m), base = sec * a.section;
@@ -377,7 +398,8 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
   constexpr uint32_t kTileBytes = Dim::kTileBytes;
   constexpr int kOutRegs = Dim::kOutRegs;
   constexpr int kStages = Dim::kStages;
-  constexpr int kBlockM = Dim::kBlockM, kConsumers = Dim::kConsumers;
+  constexpr int kBlockM = Dim::kBlockM, kBlockN = Dim::kBlockN, kConsumers = Dim::kConsumers;
+  constexpr uint32_t kKVSpanBytes = Dim::kKVSpanBytes;
   constexpr uint32_t kConsumerThreads = 128 * kConsumers;
   extern __shared__ uint8_t smem_raw[];
   Smem<kD, kGroups>& sm = *reinterpret_cast<Smem<kD, kGroups>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -396,11 +418,11 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
     }
     mbar_init_fence();
   }
-  if (group > 0) {  // the consumers write the ones the tensor cores read
+  if (Dim::kOnes && group > 0) {  // the consumers write the ones the tensor cores read
     const uint32_t one = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-    for (int i = threadIdx.x - 128; i < kStages * int(kSpanBytes / 4);
+    for (int i = threadIdx.x - 128; i < kStages * int(kKVSpanBytes / 4);
          i += kConsumerThreads)
-      reinterpret_cast<uint32_t*>(sm.v[i / (kSpanBytes / 4)] + kTileBytes)[i % (kSpanBytes / 4)] =
+      reinterpret_cast<uint32_t*>(sm.v[i / (kKVSpanBytes / 4)] + kTileBytes)[i % (kKVSpanBytes / 4)] =
           one;
     fence_proxy_async();
   }
@@ -418,14 +440,14 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
                          : t + static_cast<int>(gridDim.x);
       };
       for (int t = blockIdx.x, k = 0;; t = next(t), ++k) {
-        while (t < num_tiles && tile_at<kCausal, kBlockM>(a, t, num_m).skip) t = next(t);
+        while (t < num_tiles && tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m).skip) t = next(t);
         mbar_wait(&sm.q_empty, (k & 1) ^ 1);
         if (t >= num_tiles) {  // the consumers' last phase: no tile
           sm.tile[k & 1] = -1;
           mbar_arrive(&sm.q_full);
           break;
         }
-        const Tile tile = tile_at<kCausal, kBlockM>(a, t, num_m);
+        const Tile tile = tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m);
         const int h_kv = tile.h / a.heads_per_kv;
         sm.tile[k & 1] = t;
         mbar_expect_bytes(&sm.q_full, Dim::kSpans * Dim::kQSpanBytes);
@@ -441,13 +463,13 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
           const int row = tile.kv0 + n * kBlockN;
 #pragma unroll
           for (int sp = 0; sp < Dim::kSpans; ++sp)
-            tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + sp * kSpanBytes, 64 * sp, row, h_kv,
+            tma_load_4d(&a.k, &sm.k_full[st], sm.k[st] + sp * kKVSpanBytes, 64 * sp, row, h_kv,
                         tile.b);
           mbar_wait(&sm.v_empty[st], ph ^ 1);
           mbar_expect_bytes(&sm.v_full[st], kTileBytes);
 #pragma unroll
           for (int sp = 0; sp < Dim::kSpans; ++sp)
-            tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + sp * kSpanBytes, 64 * sp, row, h_kv,
+            tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + sp * kKVSpanBytes, 64 * sp, row, h_kv,
                         tile.b);
         }
       }
@@ -460,8 +482,9 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
   const int next_turn = 1 + (c + 1) % kConsumers;  // the named barrier of the next group's turn
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t q_addr = smem_addr(sm.q) + c * 64 * 128;  // 64 rows of 128-byte spans
-  float o[kOutRegs], s[64];
-  uint32_t p[32];
+  constexpr int kScores = Dim::kScores;
+  float o[kOutRegs], s[kScores];
+  uint32_t p[kScores / 2];
   uint32_t kv = 0;  // K / V blocks so far (wraps consistently: kStages divides 2^32)
 #ifdef FA_HOPPER_PROFILE
   long long prof[16] = {}, prof_last = clock64();
@@ -480,13 +503,14 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if (c == 0) named_sync(1);  // takes the last group's last signal: the counts balance
       break;
     }
-    const Tile tile = tile_at<kCausal, kBlockM>(a, t, num_m);
+    const Tile tile = tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m);
     const int n_end = tile.n_end, blocks = n_end - tile.n_begin;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
     for (int i = 0; i < kOutRegs; ++i) o[i] = 0.0f;
     float mx[2] = {-INFINITY, -INFINITY};
     float mx_old[2];
+    float l[2] = {0.0f, 0.0f};  // without the ones (head dim 256): this thread's part of the row sums
     bool rescale = false;  // whether o needs rescale_factors before the next P V
     const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
     // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
@@ -495,11 +519,20 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if ((n + 1) * kBlockN > tile.kv_len ||
           (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + tile.diag) ||
           n * kBlockN < tile.m0 + kBlockM - 1 + tile.lo_diag)
-        rescale = softmax_step<Mod, kCausal, true>(s, mx, mx_old, a, row0, col0, slope,
-                                                   tile.kv_len, tile.diag, tile.lo_diag);
+        rescale = softmax_step<Mod, kCausal, true, kBlockN>(s, mx, mx_old, a, row0, col0, slope,
+                                                            tile.kv_len, tile.diag, tile.lo_diag);
       else
-        rescale = softmax_step<Mod, kCausal, false>(s, mx, mx_old, a, row0, col0, slope,
-                                                    tile.kv_len, tile.diag, tile.lo_diag);
+        rescale = softmax_step<Mod, kCausal, false, kBlockN>(s, mx, mx_old, a, row0, col0, slope,
+                                                             tile.kv_len, tile.diag, tile.lo_diag);
+      if constexpr (!Dim::kOnes) {  // the sums to the new max, then this block's P added
+        if (rescale) {
+          float corr[2];
+          rescale_factors(mx, mx_old, a.mul_out, corr);
+          l[0] *= corr[0], l[1] *= corr[1];
+        }
+#pragma unroll
+        for (int i = 0; i < kScores; ++i) l[(i / 2) % 2] += s[i];
+      }
     };
     // Before a P V: the accumulator to the max that P was taken at, where a row's moved.
     auto rescale_to_max = [&] {
@@ -518,7 +551,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       named_sync(1 + c);  // this group's turn at the tensor cores
       fence_regs(s);
       wgmma_fence();
-      issue_qk<kBf16, kD>(s, q_addr, smem_addr(sm.k[st]));
+      issue_qk<kBf16, Dim>(s, q_addr, smem_addr(sm.k[st]));
       named_arrive(next_turn);  // the next group's turn
       wgmma_wait<0>();
       fence_regs(s);
@@ -526,7 +559,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if (blocks == 1) mbar_arrive(&sm.q_empty);
       softmax(n_end - 1);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+      for (int i = 0; i < kScores / 2; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
     FA_PROFILE_PHASE(kFirst);
     for (int it = 1; it < blocks; ++it) {
@@ -540,11 +573,11 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       fence_regs(o);
       fence_regs(p);
       wgmma_fence();
-      issue_qk<kBf16, kD>(s, q_addr, smem_addr(sm.k[st]));
+      issue_qk<kBf16, Dim>(s, q_addr, smem_addr(sm.k[st]));
       rescale_to_max();  // of the previous P
       mbar_wait(&sm.v_full[prev], ((kv + it - 1) / kStages) & 1);
       wgmma_fence();  // o changed since the last fence
-      issue_pv<kBf16, kD>(o, p, smem_addr(sm.v[prev]));
+      issue_pv<kBf16, Dim>(o, p, smem_addr(sm.v[prev]));
       named_arrive(next_turn);
       FA_PROFILE_PHASE(kIssue);
       wgmma_wait<1>();  // S is ready; the previous P V may still run
@@ -560,7 +593,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       FA_PROFILE_PHASE(kWaitPV);
       mbar_arrive(&sm.v_empty[prev]);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+      for (int i = 0; i < kScores / 2; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
     FA_PROFILE_PHASE(kOther);
     {  // the last P V
@@ -570,7 +603,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       fence_regs(o);
       fence_regs(p);
       wgmma_fence();
-      issue_pv<kBf16, kD>(o, p, smem_addr(sm.v[st]));
+      issue_pv<kBf16, Dim>(o, p, smem_addr(sm.v[st]));
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(&sm.v_empty[st]);
@@ -580,6 +613,13 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
 
     // Epilogue: O / sum straight from registers, and the log-sum-exp.
     using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+    if constexpr (!Dim::kOnes) {  // the row's 4 lanes' parts
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + 8 * r;
@@ -587,7 +627,8 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if (row >= (a.seq_q_len ? tile.q_len : a.seqlen_q)) continue;
       // A padded query keeps nothing, whatever its scores were (NaN included): sum 0.
       const bool pad = row >= tile.q_len;
-      const float l = pad ? 0.0f : o[kD / 2 + 2 * r];  // every column of the ones: the row's sum
+      const float sum = Dim::kOnes ? o[kOutRegs - 4 + 2 * r] : l[r];  // ones: any of their columns
+      const float l = pad ? 0.0f : sum;
       // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
       // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
       const float inv = l != 0.0f ? 1.0f / l : 0.0f;

@@ -1,10 +1,9 @@
 // Where the Hopper flash forward runs plain calls (no score_mod) faster than cuDNN's forward
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
 // below); select_backend reads it by the rule of hopper/table.h.
-// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --head-dims 64 --merge
-// (dev/hopper_fwd/d64_gpu.sh; head dim 64: full rows with three consumer groups, causal, window
-// and THD rows again with the groups rule of flash_fwd.cu; the head dim 128 rows kept from the
-// first run, after the producer gave the consumers 232 registers; bench/runs/2026-11-28/session24)
+// Measured on NVIDIA H200, 2026-11-28: python scripts/tune_hopper.py --head-dims 256 --merge
+// (dev/hopper_fwd/d64_gpu.sh, TUNE_DIMS=256; head dims 64 and 128 kept from session 24's
+// runs; bench/runs/2026-11-28/session25)
 // bf16, B x S = 16384 tokens, 2048 / D heads; ratio = cuDNN's forward time / the Hopper forward's.
 #pragma once
 
@@ -54,7 +53,27 @@ inline constexpr Measured kMeasured[] = {
     {kThd, 128, 4096, 0.967},  // hopper 0.292 ms, cuDNN 0.283 ms
     {kThd, 128, 8192, 0.975},  // hopper 0.402 ms, cuDNN 0.392 ms
     {kThd, 128, 16384, 1.052},  // hopper 0.675 ms, cuDNN 0.710 ms
+    {kFull, 256, 1024, 0.878},  // hopper 0.278 ms, cuDNN 0.244 ms
+    {kFull, 256, 2048, 0.932},  // hopper 0.486 ms, cuDNN 0.453 ms
+    {kFull, 256, 4096, 0.994},  // hopper 0.871 ms, cuDNN 0.865 ms
+    {kFull, 256, 8192, 1.025},  // hopper 1.643 ms, cuDNN 1.684 ms
+    {kFull, 256, 16384, 1.023},  // hopper 3.213 ms, cuDNN 3.286 ms
+    {kCausal, 256, 1024, 0.850},  // hopper 0.191 ms, cuDNN 0.162 ms
+    {kCausal, 256, 2048, 0.946},  // hopper 0.297 ms, cuDNN 0.281 ms
+    {kCausal, 256, 4096, 0.992},  // hopper 0.519 ms, cuDNN 0.515 ms
+    {kCausal, 256, 8192, 1.038},  // hopper 0.946 ms, cuDNN 0.982 ms
+    {kCausal, 256, 16384, 1.152},  // hopper 1.657 ms, cuDNN 1.908 ms
+    {kWindow, 256, 1024, 0.955},  // hopper 0.164 ms, cuDNN 0.156 ms
+    {kWindow, 256, 2048, 1.011},  // hopper 0.179 ms, cuDNN 0.181 ms
+    {kWindow, 256, 4096, 1.050},  // hopper 0.187 ms, cuDNN 0.196 ms
+    {kWindow, 256, 8192, 1.052},  // hopper 0.189 ms, cuDNN 0.198 ms
+    {kWindow, 256, 16384, 1.094},  // hopper 0.186 ms, cuDNN 0.204 ms
+    {kThd, 256, 1024, 0.969},  // hopper 0.144 ms, cuDNN 0.139 ms
+    {kThd, 256, 2048, 0.950},  // hopper 0.192 ms, cuDNN 0.183 ms
+    {kThd, 256, 4096, 1.024},  // hopper 0.271 ms, cuDNN 0.278 ms
+    {kThd, 256, 8192, 1.017},  // hopper 0.376 ms, cuDNN 0.382 ms
+    {kThd, 256, 16384, 1.060},  // hopper 0.652 ms, cuDNN 0.692 ms
 };
-inline constexpr int kMeasuredRows = 40;
+inline constexpr int kMeasuredRows = 60;
 
 }  // namespace fusedattn::hopper_rules

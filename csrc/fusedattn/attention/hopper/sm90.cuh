@@ -213,6 +213,74 @@ __device__ __forceinline__ void wgmma_rs_m64n72k16(float (&d)[36], const uint32_
   }
 }
 
+#define FA_WGMMA_D32                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_WGMMA_D128                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "      \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "      \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "      \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "      \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "      \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "  \
+  "%125, %126, %127}"
+// Eight accumulator operands from d[i] on, and 32 and 128 of them.
+#define FA_OPS8(d, i)                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FA_OPS32(d, i) FA_OPS8(d, i), FA_OPS8(d, i + 8), FA_OPS8(d, i + 16), FA_OPS8(d, i + 24)
+#define FA_OPS128(d) FA_OPS32(d, 0), FA_OPS32(d, 32), FA_OPS32(d, 64), FA_OPS32(d, 96)
+
+// The head dim 256 forms (64-key blocks): S = Q K^T as D[64 x 64] (+)= A[64 x 16] B[16 x 64]
+// from shared memory (as wgmma_ss_m64n128k16), and O += P V as D[64 x 256] += A[64 x 16]
+// B[16 x 256], A from registers, B MN-major (as wgmma_rs_m64n136k16; no room for ones past
+// 256 columns: the forward sums P's rows itself there).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b,
+                                                   uint32_t accumulate) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FA_OPS32(d, 0)
+        : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FA_OPS32(d, 0)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+}
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint32_t (&a)[4],
+                                                    uint64_t b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FA_WGMMA_D128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : FA_OPS128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " FA_WGMMA_D128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : FA_OPS128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+
+#undef FA_WGMMA_D32
+#undef FA_WGMMA_D128
+#undef FA_OPS8
+#undef FA_OPS32
+#undef FA_OPS128
 #undef FA_WGMMA_D64
 #undef FA_WGMMA_D36
 #undef FA_WGMMA_D36_OPS
