@@ -109,7 +109,6 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   if (kind == ScoreModKind::kOther) return "its score_mods are softcap and ALiBi only";
   if (kind == ScoreModKind::kAlibi && p.num_slices != 1)
     return "its ALiBi takes one vmap slice";
-  if (req.want_max_logit) return "it does not return max_logit";
   if (p.bias_type != FA_NO_BIAS) return "it takes no bias";
   if (has_dropout(p)) return "it has no dropout";
   if (p.softmax_type != FA_VANILLA_SOFTMAX) return "it takes VANILLA_SOFTMAX only";

@@ -272,9 +272,9 @@ cuda::FinalizeArgs finalize_args(const AttnParams& p, const AttnTensors& t) {
 }
 
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
-// ALiBi score_mod, form, or none).
+// ALiBi score_mod, form, or none); want_max: it writes max_logit [B, Hq] too.
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
-                  const ScoreModForm& form, int device, ffi::AnyBuffer* workspace,
+                  const ScoreModForm& form, bool want_max, int device, ffi::AnyBuffer* workspace,
                   cudaStream_t stream) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
@@ -285,6 +285,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.v_b = t.sv.b, fp.v_s = t.sv.s, fp.v_h = t.sv.h;
   fp.o_b = t.so.b, fp.o_s = t.so.s, fp.o_h = t.so.h;
   fp.l_b = t.slse.b, fp.l_h = t.slse.h, fp.l_s = t.slse.s;
+  if (want_max) fp.max_logit = t.max_logit, fp.ml_b = p.heads_q, fp.ml_h = 1;
   fp.batch = p.batch, fp.seqlen_q = p.seqlen_q, fp.seqlen_kv = p.seqlen_kv;
   fp.heads_q = p.heads_q, fp.heads_kv = p.heads_kv, fp.head_dim = p.head_dim_qk;
   fp.bf16 = p.dtype == FA_BFLOAT16;
@@ -334,6 +335,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   FA_RETURN_IF_NOT_OK(hopper::flash_fwd(fp, stream));
   if (thd)  // tokens of no sequence (the kernel writes the sequences' rows): out 0, lse -inf
     FA_RETURN_IF_NOT_OK(cuda::finalize_forward(mask, finalize_args(p, t), stream));
+  if (want_max) return Status::Ok();
   // max_logit is not returned to the caller: NaN makes any misuse visible.
   return cuda::cuda_status(cudaMemsetAsync(t.max_logit, 0xff, p.batch * p.heads_q * 4, stream),
                            "cudaMemsetAsync(max_logit)");
@@ -362,7 +364,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
-    return hopper_fwd(p, t, sm, req.score_mod, device, workspace, stream);
+    return hopper_fwd(p, t, sm, req.score_mod, want_max, device, workspace, stream);
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));

@@ -241,6 +241,16 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
   }
 }
 
+// The kernel writes max_logit itself: asking for it keeps the Hopper forward.
+TEST(SelectBackend, HopperForwardReturnsMaxLogit) {
+  BackendRequest req = with(ScoreModKind::kSoftcap);
+  req.want_max_logit = true;
+  AttnParams p = hopper_params();
+  EXPECT_EQ(hopper_fwd_unsupported_reason(p, req, h100()), "");
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+}
+
 TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
   AttnParams p = hopper_params();
   p.layout = FA_BS3HD, p.heads_kv = p.heads_q, p.dtype = FA_FLOAT16;
@@ -290,8 +300,6 @@ const HopperCase kHopperDeclines[] = {
        p.head_dim_qk = p.head_dim_v = 192; }, "head dims 64, 128 and 256"},
     {"head_dim_v_64", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.head_dim_v = 64; },
      "head dims 64, 128 and 256"},
-    {"max_logit", [](AttnParams&, BackendRequest& r, PlatformInfo&) { r.want_max_logit = true; },
-     "max_logit"},
     {"dropout", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.dropout = 0.1f; },
      "dropout"},
     {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {

@@ -13,12 +13,14 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "fusedattn/attention/hopper/flash_fwd.h"
+#include "fusedattn/attention/hopper/fwd_kernel.cuh"  // max_logit_key
 
 namespace fusedattn::cuda::hopper {
 namespace {
@@ -53,9 +55,10 @@ __global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
 // (the band of p from the sequence's base diagonal: causal's right edge, the window's left
 // edge; padding: the sequence's lengths). A row that keeps none, or a padded one: out 0,
 // lse -inf. THD: the row's sequence, positions counted from its first token; a row of no
-// sequence gets NaN (the kernel must leave it unwritten).
+// sequence gets NaN (the kernel must leave it unwritten). rmax: the row's max kept logit
+// (-inf: none), whose max over a (batch row, head)'s rows max_logit must be.
 template <class T>
-__global__ void reference(FlashFwdParams p, float* out, float* lse) {
+__global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax) {
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
   const int D = static_cast<int>(p.head_dim);  // at most 256
@@ -71,6 +74,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
     if (s == p.segments) {
       for (int x = 0; x < D; ++x) out[idx * D + x] = NAN;
       lse[idx] = NAN;
+      rmax[idx] = -INFINITY;
       return;
     }
     const int64_t t = b * p.segments + s;
@@ -114,6 +118,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse) {
   }
   for (int x = 0; x < D; ++x) out[idx * D + x] = l > 0.0f ? acc[x] / l : 0.0f;
   lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
+  rmax[idx] = m;
 }
 
 struct Case {
@@ -140,7 +145,7 @@ void run_case(const Case& cs) {
   const int64_t D = cs.D, nq = int64_t{cs.B} * cs.Sq * cs.Hq * D,
                 nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D, rows = nq / D;
   T *q, *k, *v, *o;
-  float *lse, *ref_o, *ref_lse, *slopes = nullptr;
+  float *lse, *ref_o, *ref_lse, *ref_max, *max_logit, *slopes = nullptr;
   CUDA_OK(cudaMalloc(&q, nq * sizeof(T)));
   CUDA_OK(cudaMalloc(&k, nk * sizeof(T)));
   CUDA_OK(cudaMalloc(&v, nk * sizeof(T)));
@@ -148,14 +153,18 @@ void run_case(const Case& cs) {
   CUDA_OK(cudaMalloc(&lse, rows * 4));
   CUDA_OK(cudaMalloc(&ref_o, nq * 4));
   CUDA_OK(cudaMalloc(&ref_lse, rows * 4));
+  CUDA_OK(cudaMalloc(&ref_max, rows * 4));
+  CUDA_OK(cudaMalloc(&max_logit, cs.B * cs.Hq * 4));
   static uint32_t seed = 1;
   fill<<<1024, 256>>>(q, nq, seed++, cs.amp);
   fill<<<1024, 256>>>(k, nk, seed++, cs.amp);
   fill<<<1024, 256>>>(v, nk, seed++, 1.0f);
   CUDA_OK(cudaMemset(o, 0xff, nq * sizeof(T)));  // NaN
   CUDA_OK(cudaMemset(lse, 0xff, rows * 4));
+  CUDA_OK(cudaMemset(max_logit, 0x7f, cs.B * cs.Hq * 4));  // 3.4e38: flash_fwd clears it
   FlashFwdParams p;
   p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  p.max_logit = max_logit, p.ml_b = 1, p.ml_h = cs.B;  // [H, B]: strides of its own
   auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
     *sb = S * H * D;
     if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
@@ -213,14 +222,29 @@ void run_case(const Case& cs) {
   ASSERT_EQ(flash_fwd_unsupported(p, 90), "");
   const Status st = flash_fwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
-  reference<T><<<(rows + 127) / 128, 128>>>(p, ref_o, ref_lse);
+  reference<T><<<(rows + 127) / 128, 128>>>(p, ref_o, ref_lse, ref_max);
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<T> ho(nq);
-  std::vector<float> hr(nq), hl(rows), hrl(rows);
+  std::vector<float> hr(nq), hl(rows), hrl(rows), hrm(rows), hm(cs.B * cs.Hq);
   CUDA_OK(cudaMemcpy(ho.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hr.data(), ref_o, nq * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hl.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hrl.data(), ref_lse, rows * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hrm.data(), ref_max, rows * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hm.data(), max_logit, hm.size() * 4, cudaMemcpyDeviceToHost));
+  // max_logit: each (b, h)'s max over its rows' kept logits (-inf: none kept).
+  std::vector<float> want_max(cs.B * cs.Hq, -INFINITY);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r / cs.Sq % cs.Hq, b = r / (int64_t{cs.Sq} * cs.Hq);
+    want_max[b * cs.Hq + h] = std::max(want_max[b * cs.Hq + h], hrm[r]);
+  }
+  for (int b = 0; b < cs.B; ++b)
+    for (int h = 0; h < cs.Hq; ++h) {
+      const float got = hm[h * cs.B + b], want = want_max[b * cs.Hq + h];
+      EXPECT_TRUE(std::isinf(want) ? got == want
+                                   : std::fabs(got - want) <= 1e-3 + 2e-3 * std::fabs(want))
+          << "max_logit of batch row " << b << ", head " << h << ": " << got << ", want " << want;
+    }
   // The reference is [B, H, S, D] by row index; ours through the strides. Every element
   // is compared (a NaN fails: the poison of an unwritten element included), except the
   // rows of no THD sequence, which must still hold the poison.
@@ -251,7 +275,8 @@ void run_case(const Case& cs) {
   EXPECT_EQ(bad, 0) << "max |out err| " << err << ", max |lse err| " << lerr
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
-                    (void*)ref_lse, (void*)slopes, (void*)lens, (void*)counter})
+                    (void*)ref_lse, (void*)ref_max, (void*)max_logit, (void*)slopes, (void*)lens,
+                    (void*)counter})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -397,6 +422,25 @@ INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.name);
                          });
+
+// max_logit's keys keep the floats' order, NaN above all and 0 below all (no row yet).
+TEST(HopperFwdMaxLogitKey, KeepsTheOrder) {
+  const float xs[] = {-INFINITY, -3e38f, -2.5f, -1e-30f, -0.0f, 0.0f, 1e-30f, 1.0f, 7.5f, 3e38f,
+                      INFINITY};
+  uint32_t last = 0;
+  for (float x : xs) {
+    const uint32_t key = max_logit_key(x);
+    EXPECT_GE(key, last) << x;
+    EXPECT_GT(key, 0u) << x;
+    last = key;
+    const float back = max_logit_value(key);
+    EXPECT_TRUE(back == x && std::signbit(back) == std::signbit(x)) << x << " -> " << back;
+  }
+  EXPECT_GT(max_logit_key(NAN), max_logit_key(INFINITY));
+  EXPECT_GT(max_logit_key(-NAN), max_logit_key(INFINITY));  // any NaN
+  EXPECT_TRUE(std::isnan(max_logit_value(max_logit_key(NAN))));
+  EXPECT_EQ(max_logit_value(0), -INFINITY);
+}
 
 // What the host refuses, with the reason, before any launch.
 TEST(HopperFwdUnsupported, NamesTheRule) {

@@ -14,6 +14,7 @@ import pytest
 import fusedattn
 from conftest import normal
 from fusedattn import AttnMaskType, QKVLayout, _lib
+from fusedattn.reference import nan_max
 from test_score_mod import B, HQ, alibi, alibi_plus_table, ref_call
 from test_score_mod_gpu import check, close
 
@@ -311,8 +312,8 @@ def test_packed_layout(key):
 
 
 def test_other_calls_stay_on_cudnn(key):
-    """ALiBi plus a table, per-query slopes, head dim 96, and a max_logit request are not the
-    kernel's: cuDNN runs them."""
+    """ALiBi plus a table, per-query slopes and head dim 96 are not the kernel's: cuDNN runs
+    them."""
     q, k, v, _ = inputs(key, jnp.bfloat16, 256, 256, HQ)
     slopes = jnp.linspace(0.1, 0.8, HQ, dtype=jnp.float32).reshape(1, HQ, 1, 1)
     table = jnp.linspace(-1.0, 1.0, 256 * 256, dtype=jnp.float32).reshape(1, 1, 256, 256)
@@ -325,8 +326,6 @@ def test_other_calls_stay_on_cudnn(key):
                                               score_mod_operands=(per_query,)), (q, k, v)),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50),
          (q[..., :96], k[..., :96], v[..., :96])),
-        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap50,
-                                              return_max_logit=True)[0], (q, k, v)),
     ]
     for fn, args in calls:
         out, ran = runs_hopper(fn, *args)
@@ -346,10 +345,11 @@ def test_get_backend_names_the_kernels_that_run():
             info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=fn,
                                          score_mod_operands=ops, is_training=True, platform="gpu")
             assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn"), info
-    for d, max_logit in ((96, False), (D, True)):
-        info = fusedattn.get_backend(bf(d), attn_mask_type=causal, score_mod=cap50,
-                                     return_max_logit=max_logit, platform="gpu")
-        assert (info.name, info.forward, info.backward) == ("cudnn",) * 3, info
+    info = fusedattn.get_backend(bf(D), attn_mask_type=causal, score_mod=cap50,
+                                 return_max_logit=True, is_training=True, platform="gpu")
+    assert (info.name, info.forward, info.backward) == ("cudnn", "hopper", "cudnn"), info
+    info = fusedattn.get_backend(bf(96), attn_mask_type=causal, score_mod=cap50, platform="gpu")
+    assert (info.name, info.forward, info.backward) == ("cudnn",) * 3, info
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
@@ -400,3 +400,64 @@ def check_nan_on_hopper(q, k, v, mask):
     close("out", out[fin], ref_out[fin])
     np.testing.assert_allclose(lse[~np.isnan(ref_lse)], ref_lse[~np.isnan(ref_lse)],
                                atol=2e-3, rtol=1e-3)
+
+
+MAX_LOGIT_CASES = [  # d, mask, Sq, Skv, Hkv, window, fn, q lengths (padding; None: none)
+    (128, AttnMaskType.CAUSAL_MASK, 1000, 1000, 2, None, None, None),
+    (64, AttnMaskType.NO_MASK, 300, 777, 4, None, cap20, None),
+    (256, AttnMaskType.CAUSAL_MASK, 700, 700, 1, (100, 0), None, None),
+    (128, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 4, None, "alibi", None),
+    (128, AttnMaskType.PADDING_CAUSAL_MASK, 640, 640, 2, None, None, (640, 0)),
+]
+
+
+@pytest.mark.parametrize("d,mask,Sq,Skv,hkv,window,fn,ql", MAX_LOGIT_CASES,
+                         ids=["causal-gqa", "d64-full-cap20", "d256-window", "bottom-right-alibi",
+                              "padding-empty-sequence"])
+def test_max_logit_from_the_kernel(key, hopper_always, d, mask, Sq, Skv, hkv, window, fn, ql):
+    """return_max_logit runs the Hopper forward: the max over the kept logits (after the
+    scale and the score_mod) of each head, as the reference's, with out and lse; a sequence
+    of no queries adds nothing."""
+    q, k, v, _ = inputs(key, jnp.bfloat16, Sq, Skv, hkv, 2.0, d=d)
+    slopes = jnp.exp2(-8.0 * jnp.arange(1, HQ + 1, dtype=jnp.float32) / HQ).reshape(1, HQ, 1, 1)
+    sm, ref_fn, ops = {}, identity, ()
+    if fn == "alibi":
+        sm, ref_fn, ops = dict(score_mod=alibi_causal, score_mod_operands=(slopes,)), alibi_causal, (slopes,)
+    elif fn is not None:
+        sm, ref_fn = dict(score_mod=fn), fn
+    sd, lens = None, {}
+    if ql is not None:
+        qlen = jnp.asarray(ql, jnp.int32)
+        sd = fusedattn.SequenceDescriptor.from_seqlens((qlen, qlen))
+        lens = dict(q_seqlens=qlen, kv_seqlens=qlen)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=mask,
+                                                window_size=window, return_max_logit=True,
+                                                return_aux=True, **sm)
+    (out, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    ref_out, ref_lse, ref_max = ref_call(q, k, v, ref_fn, ops, attn_mask_type=mask,
+                                         window_size=window, **lens)
+    close("out", out, ref_out)
+    want = np.max(np.asarray(ref_max), axis=0)  # [Hq]
+    got = np.asarray(aux["max_logit"])
+    assert got.shape == want.shape == (HQ,)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("d", [64, 256], ids=["d64", "d256"])
+def test_max_logit_nan_in_k(key, hopper_always, d):
+    """A NaN among a head's kept scores makes its max_logit NaN (the other heads' stay)."""
+    q, k, v, _ = inputs(key, jnp.bfloat16, 512, 512, 2, d=d)
+    k = k.at[0, 100, 1, 5].set(jnp.nan)  # kv head 1: query heads HQ/2 .. HQ-1 see it
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                                attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                                return_max_logit=True)
+    (_, aux), ran = runs_hopper(ours, q, k, v)
+    assert ran, "the Hopper forward did not run"
+    want = np.asarray(nan_max(
+        ref_call(q, k, v, identity, (), attn_mask_type=AttnMaskType.CAUSAL_MASK)[2], axis=0))
+    got = np.asarray(aux["max_logit"])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).sum() == HQ // 2
+    fin = ~np.isnan(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2e-3, atol=2e-3)

@@ -48,6 +48,19 @@ int groups(const FlashFwdParams& p) {
 int64_t block_m(const FlashFwdParams& p) { return 64 * groups(p); }
 uint32_t block_n(const FlashFwdParams& p) { return p.head_dim == 256 ? 64 : 128; }
 
+// max_logit around the kernel: keys of 0 first (below any), floats from the keys after.
+__global__ void max_logit_clear(uint32_t* m, int64_t batch, int64_t heads, int64_t sb, int64_t sh) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i < batch * heads) m[i / heads * sb + i % heads * sh] = 0;
+}
+__global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int64_t sb, int64_t sh) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= batch * heads) return;
+  uint32_t* at = m + i / heads * sb + i % heads * sh;
+  const float x = max_logit_value(*at);
+  memcpy(at, &x, 4);
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (no link to libcuda).
@@ -170,10 +183,30 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   for (int64_t s : {p.q_b, p.q_s, p.q_h, p.k_b, p.k_s, p.k_h, p.v_b, p.v_s, p.v_h})
     if (s % 8 != 0 || s < 0) return "q, k, v strides must be multiples of 8 elements";
   if (p.o_s % 2 != 0 || p.o_h % 2 != 0 || p.o_b % 2 != 0) return "out strides must be even";
+  if (p.max_logit && (reinterpret_cast<uintptr_t>(p.max_logit) % 4 != 0 || p.ml_b < 0 || p.ml_h < 0))
+    return "max_logit must be 4-byte aligned, its strides >= 0";
   return {};
 }
 
+namespace {
+Status run_kernel(const FlashFwdParams& p, cudaStream_t stream);
+}  // namespace
+
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
+  if (!p.max_logit) return run_kernel(p, stream);
+  const int64_t n = p.batch * p.heads_q;
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  auto* m = reinterpret_cast<uint32_t*>(p.max_logit);
+  max_logit_clear<<<blocks, 256, 0, stream>>>(m, p.batch, p.heads_q, p.ml_b, p.ml_h);
+  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  FA_RETURN_IF_NOT_OK(run_kernel(p, stream));
+  max_logit_decode<<<blocks, 256, 0, stream>>>(m, p.batch, p.heads_q, p.ml_b, p.ml_h);
+  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::Ok();
+}
+
+namespace {
+Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   FwdArgs a{};
   const uint32_t q_rows = static_cast<uint32_t>(block_m(p));
   FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
@@ -186,6 +219,8 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.o_b = p.o_b, a.o_s = p.o_s, a.o_h = p.o_h;
   a.lse = p.lse;
   a.l_b = p.l_b, a.l_h = p.l_h, a.l_s = p.l_s;
+  a.max_logit = reinterpret_cast<uint32_t*>(p.max_logit);
+  a.ml_b = p.ml_b, a.ml_h = p.ml_h;
   a.seqlen_q = static_cast<int>(p.seqlen_q);
   a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);
@@ -253,5 +288,6 @@ Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   a.mul_out = p.scale * log2e;
   return launch_mod<PlainScores>(p, a, grid, stream);
 }
+}  // namespace
 
 }  // namespace fusedattn::cuda::hopper

@@ -20,6 +20,11 @@ struct FlashFwdParams {
   int64_t o_b = 0, o_s = 0, o_h = 0;
   float* lse = nullptr;  // [B, H, S] through its strides; null: not wanted
   int64_t l_b = 0, l_h = 0, l_s = 0;
+  // Non-null: each (batch row, head)'s max logit (the max over its kept scores after the
+  // scale and the modifier; -inf where none is kept, NaN where a kept one is NaN), f32
+  // through its strides.
+  float* max_logit = nullptr;
+  int64_t ml_b = 0, ml_h = 0;
   int64_t batch = 0, seqlen_q = 0, seqlen_kv = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   bool bf16 = true;
   // The band, from each sequence's base diagonal (kv_len - q_len when bottom_right, else 0):

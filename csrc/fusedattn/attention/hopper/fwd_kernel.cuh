@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "fusedattn/attention/hopper/sm90.cuh"
@@ -82,6 +83,11 @@ struct FwdArgs {
   int64_t o_b, o_s, o_h;
   float* lse;  // natural log, as the CPU engine and cuDNN write it
   int64_t l_b, l_h, l_s;
+  // Non-null: the max logit of each (batch row, head) at max_logit[b * ml_b + h * ml_h], kept
+  // as max_logit_key() of it by atomicMax from 0 (flash_fwd zeroes it first and
+  // decodes it after).
+  uint32_t* max_logit;
+  int64_t ml_b, ml_h;
   int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
   int section;           // (batch, head) pairs whose blocks run side by side (block order)
   // The band, from each row's base diagonal (kv_len - q_len of its sequence when
@@ -175,9 +181,27 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // s[4j + 2r + e] in the accumulator layout above.
 __host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) + 2 * r + i % 2; }
 
+// A float as an unsigned key of the same order (for atomicMax), NaN above everything: 0 is
+// below every key (no row yet); max_logit_value decodes it.
+__host__ __device__ inline uint32_t max_logit_key(float x) {
+  if (x != x) return 0xffffffffu;
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__host__ __device__ inline float max_logit_value(uint32_t key) {
+  if (key == 0) return -INFINITY;
+  if (key == 0xffffffffu) return NAN;
+  const uint32_t b = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+
 // One step of the online softmax on this thread's kN / 2 scores of a block of kN keys:
 // modify, mask, update the running max (of v) and leave exp2(x - max x) in s; returns
 // whether some row of the warp moved its max (the accumulator then needs rescale_factors).
+// mx_all: the rows' exact running max (mx moves lazily, below), for max_logit.
 // The row sums are not added here: the tensor cores add them up in P V (Dims::kOnes), or
 // the caller does (head dim 256).
 // A row's max moves only when it grew by more than 8 (log2 units): until then P <= 2^8,
@@ -188,6 +212,7 @@ __host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) +
 // for both rows before the next.
 template <class Mod, bool kCausal, bool kMask, int kN>
 __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2], float (&mx_old)[2],
+                                             float (&mx_all)[2],
                                              const FwdArgs& a, int row0, int col0,
                                              float slope, int kv_len, int diag, int lo_diag) {
   const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
@@ -219,6 +244,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2],
     float mr = fmaxf(fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3])), mx[r]);
     mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
     mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 2));
+    mx_all[r] = fmaxf(mx_all[r], mr);
     const bool move = (mr - mx[r]) * a.mul_out > 8.0f || mx[r] == -INFINITY;
     mx_old[r] = mx[r];
     if (move) mx[r] = mr;  // the same in the row's 4 lanes
@@ -510,6 +536,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
     for (int i = 0; i < kOutRegs; ++i) o[i] = 0.0f;
     float mx[2] = {-INFINITY, -INFINITY};
     float mx_old[2];
+    float mx_all[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.0f, 0.0f};  // without the ones (head dim 256): this thread's part of the row sums
     bool rescale = false;  // whether o needs rescale_factors before the next P V
     const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
@@ -519,10 +546,10 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if ((n + 1) * kBlockN > tile.kv_len ||
           (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + tile.diag) ||
           n * kBlockN < tile.m0 + kBlockM - 1 + tile.lo_diag)
-        rescale = softmax_step<Mod, kCausal, true, kBlockN>(s, mx, mx_old, a, row0, col0, slope,
+        rescale = softmax_step<Mod, kCausal, true, kBlockN>(s, mx, mx_old, mx_all, a, row0, col0, slope,
                                                             tile.kv_len, tile.diag, tile.lo_diag);
       else
-        rescale = softmax_step<Mod, kCausal, false, kBlockN>(s, mx, mx_old, a, row0, col0, slope,
+        rescale = softmax_step<Mod, kCausal, false, kBlockN>(s, mx, mx_old, mx_all, a, row0, col0, slope,
                                                              tile.kv_len, tile.diag, tile.lo_diag);
       if constexpr (!Dim::kOnes) {  // the sums to the new max, then this block's P added
         if (rescale) {
@@ -619,6 +646,19 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
       }
+    }
+    if (a.max_logit) {  // the warp's 16 rows at once, then one atomic
+      uint32_t key = 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float sum = Dim::kOnes ? o[kOutRegs - 4 + 2 * r] : l[r];
+        // A NaN among the kept scores: fmaxf passed it by, the sum has it.
+        const float logit = sum != sum ? NAN : mx_all[r] * a.mul_out * 0.69314718055994531f;
+        if (row0 + 8 * r < tile.q_len) key = max(key, max_logit_key(logit));
+      }
+      key = __reduce_max_sync(0xffffffffu, key);
+      if (lane == 0 && key != 0)
+        atomicMax(a.max_logit + tile.b * a.ml_b + tile.h * a.ml_h, key);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
