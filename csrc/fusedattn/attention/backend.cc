@@ -111,7 +111,6 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
     return "its ALiBi takes one vmap slice";
   if (p.bias_type != FA_NO_BIAS) return "it takes no bias";
   if (has_dropout(p)) return "it has no dropout";
-  if (p.softmax_type != FA_VANILLA_SOFTMAX) return "it takes VANILLA_SOFTMAX only";
   if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
     return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
   if (is_thd(p.layout) && (p.batch * p.seqlen_q >= (int64_t{1} << 31) ||

@@ -286,6 +286,9 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.o_b = t.so.b, fp.o_s = t.so.s, fp.o_h = t.so.h;
   fp.l_b = t.slse.b, fp.l_h = t.slse.h, fp.l_s = t.slse.s;
   if (want_max) fp.max_logit = t.max_logit, fp.ml_b = p.heads_q, fp.ml_h = 1;
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) fp.sink = 1;
+  if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
+    fp.sink = 2, fp.sinks = t.softmax_offset, fp.sink_rows = p.batch / p.num_slices;
   fp.batch = p.batch, fp.seqlen_q = p.seqlen_q, fp.seqlen_kv = p.seqlen_kv;
   fp.heads_q = p.heads_q, fp.heads_kv = p.heads_kv, fp.head_dim = p.head_dim_qk;
   fp.bf16 = p.dtype == FA_BFLOAT16;

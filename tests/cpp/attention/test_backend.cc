@@ -241,6 +241,24 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
   }
 }
 
+// Sinks (off-by-one, learnable) join the kernel's epilogue: the Hopper forward keeps them
+// (cuDNN's backward, 9.13 or newer, reads the lse they are in); older cuDNN sends the call to
+// the CUDA flash kernels both ways.
+TEST(SelectBackend, HopperForwardTakesSinks) {
+  for (int32_t type : {FA_OFF_BY_ONE_SOFTMAX, FA_LEARNABLE_SOFTMAX}) {
+    AttnParams p = hopper_params();
+    p.softmax_type = type;
+    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
+                                  BackendOptions{}),
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    PlatformInfo old = h100();
+    old.cudnn_version = 91200;
+    const BackendChoice c =
+        select_backend(p, FA_PLATFORM_CUDA, old, with(ScoreModKind::kSoftcap), BackendOptions{});
+    EXPECT_NE(c.forward, FA_BACKEND_HOPPER_FWD) << c.reason;
+  }
+}
+
 // The kernel writes max_logit itself: asking for it keeps the Hopper forward.
 TEST(SelectBackend, HopperForwardReturnsMaxLogit) {
   BackendRequest req = with(ScoreModKind::kSoftcap);
@@ -302,8 +320,6 @@ const HopperCase kHopperDeclines[] = {
      "head dims 64, 128 and 256"},
     {"dropout", [](AttnParams& p, BackendRequest&, PlatformInfo&) { p.dropout = 0.1f; },
      "dropout"},
-    {"learnable_softmax", [](AttnParams& p, BackendRequest&, PlatformInfo&) {
-       p.softmax_type = FA_LEARNABLE_SOFTMAX; }, "VANILLA_SOFTMAX"},
     {"alibi_under_vmap", [](AttnParams& p, BackendRequest& r, PlatformInfo&) {
        r.score_mod.kind = ScoreModKind::kAlibi, p.batch = 4, p.num_slices = 2; },
      "one vmap slice"},

@@ -108,16 +108,21 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
   float m = -INFINITY;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
     if (kept(j)) m = fmaxf(m, score(j));
-  float acc[256] = {}, l = 0.0f;
+  // A sink: one more logit in the denominator and lse (not in max_logit), no value.
+  const float extra = p.sink == 0 ? -INFINITY : p.sink == 1 ? 0.0f
+                      : p.sinks[(b / p.sink_rows) * p.heads_q + h];
+  const float top = fmaxf(m, extra);
+  float acc[256] = {}, l = extra == -INFINITY ? 0.0f : expf(extra - top);
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!kept(j)) continue;
-    const float e = expf(score(j) - m);
+    const float e = expf(score(j) - top);
     l += e;
     const T* v = static_cast<const T*>(p.v) + b * p.v_b + (kv0 + j) * p.v_s + hk * p.v_h;
     for (int x = 0; x < D; ++x) acc[x] += e * to_f(v[x]);
   }
-  for (int x = 0; x < D; ++x) out[idx * D + x] = l > 0.0f ? acc[x] / l : 0.0f;
-  lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
+  const bool pad = i >= q_len;
+  for (int x = 0; x < D; ++x) out[idx * D + x] = m > -INFINITY ? acc[x] / l : 0.0f;
+  lse[idx] = !pad && l > 0.0f ? top + logf(l) : -INFINITY;
   rmax[idx] = m;
 }
 
@@ -133,6 +138,7 @@ struct Case {
   int persistent = -1;  // FlashFwdParams::persistent
   bool counter = true;  // FlashFwdParams::counter (false: the static schedule)
   int groups = 0;       // FlashFwdParams::groups (0: the rule)
+  int sink = 0;         // FlashFwdParams::sink; 2: per-head sinks from -3 to 6
   std::vector<int> q_lens, kv_lens;  // padding: per batch row (empty: none)
   int segments = 0;                  // THD: sequences a row, and per (row, sequence):
   std::vector<int> segs;             // first query, queries, first key, keys (in the row)
@@ -209,6 +215,17 @@ void run_case(const Case& cs) {
     p.seq_q_len = lens, p.seq_kv_len = lens + n, p.seq_q_tok = lens + 2 * n,
     p.seq_kv_tok = lens + 3 * n, p.segments = cs.segments;
   }
+  float* sinks = nullptr;
+  if (cs.sink) {
+    p.sink = cs.sink;
+    if (cs.sink == 2) {
+      std::vector<float> h(cs.Hq);
+      for (int i = 0; i < cs.Hq; ++i) h[i] = -3.0f + 9.0f * i / std::max(1, cs.Hq - 1);
+      CUDA_OK(cudaMalloc(&sinks, cs.Hq * 4));
+      CUDA_OK(cudaMemcpy(sinks, h.data(), cs.Hq * 4, cudaMemcpyHostToDevice));
+      p.sinks = sinks, p.sink_rows = cs.B;
+    }
+  }
   if (cs.alibi) {
     std::vector<float> h(cs.Hq);
     for (int i = 0; i < cs.Hq; ++i) h[i] = std::exp2(-8.0f * (i + 1) / cs.Hq);
@@ -276,7 +293,7 @@ void run_case(const Case& cs) {
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
                     (void*)ref_lse, (void*)ref_max, (void*)max_logit, (void*)slopes, (void*)lens,
-                    (void*)counter})
+                    (void*)counter, (void*)sinks})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -394,6 +411,18 @@ const Case kCases[] = {
       c.D = 64, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
       c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
                 0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    // Sinks (an extra logit: off-by-one 0, or one a head), with rows of no keys among them.
+    make("sink_off_by_one_causal", [](Case& c) { c.sink = 1, c.causal = true, c.Sq = c.Skv = 700; }),
+    make("sink_learnable_padding_rows_of_no_keys", [](Case& c) {  // row 0: lse = its sink
+      c.sink = 2, c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 300}, c.kv_lens = {0, 640}; }),
+    make("sink_learnable_thd_gaps_fp16", [](Case& c) {
+      c.sink = 2, c.bf16 = false, c.causal = true, c.Sq = c.Skv = 700, c.segments = 3;
+      c.segs = {0, 300, 0, 300, 300, 250, 300, 250, 550, 150, 550, 150,
+                0, 129, 0, 129, 200, 400, 200, 400, 700, 0, 700, 0}; }),
+    make("d64_sink_learnable_window", [](Case& c) {
+      c.D = 64, c.sink = 2, c.causal = true, c.left = 100, c.Sq = c.Skv = 900, c.amp = 0.3f; }),
+    make("d256_sink_learnable_softcap", [](Case& c) {
+      c.D = 256, c.sink = 2, c.causal = true, c.Sq = c.Skv = 512, c.softcap = 20.0f, c.amp = 3.0f; }),
     // Head dim 256: 64-key steps, the m64n256 P V product, row sums in registers.
     make("d256_plain_fp16_ragged", [](Case& c) { c.D = 256, c.bf16 = false, c.Sq = 300, c.Skv = 777; }),
     make("d256_causal_gqa", [](Case& c) { c.D = 256, c.causal = true, c.Sq = c.Skv = 1000, c.Hkv = 2; }),

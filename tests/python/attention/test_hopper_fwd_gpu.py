@@ -461,3 +461,62 @@ def test_max_logit_nan_in_k(key, hopper_always, d):
     assert np.isnan(got).sum() == HQ // 2
     fin = ~np.isnan(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=2e-3, atol=2e-3)
+
+
+SINK_CASES = [  # d, softmax, mask, Sq, Skv, Hkv, window, fn, q / kv lengths (padding)
+    (128, "off_by_one", AttnMaskType.CAUSAL_MASK, 700, 700, 2, None, None, None),
+    (128, "learnable", AttnMaskType.NO_MASK, 300, 777, 4, None, cap50, None),
+    (64, "learnable", AttnMaskType.CAUSAL_MASK, 900, 900, 1, (100, 0), None, None),
+    (256, "learnable", AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 2, None, None, None),
+    (128, "learnable", AttnMaskType.PADDING_CAUSAL_MASK, 640, 640, 2, None, None, ((640, 300), (0, 640))),
+]
+
+
+@pytest.mark.parametrize("d,softmax,mask,Sq,Skv,hkv,window,fn,lens", SINK_CASES,
+                         ids=["off-by-one-causal", "learnable-full-cap50", "d64-learnable-window",
+                              "d256-learnable-bottom-right", "learnable-rows-of-no-keys"])
+def test_sinks_forward_and_gradients(key, hopper_always, d, softmax, mask, Sq, Skv, hkv, window, fn,
+                                     lens):
+    """Sinks (OFF_BY_ONE / LEARNABLE softmax: one extra logit a head in the denominator and
+    lse) in the kernel's epilogue; cuDNN's backward reads its lse: out, lse, and the
+    gradients of q, k, v and the learnable offset against the reference. Rows that keep no
+    key (batch row 0 of the last case, no keys) get out 0 and lse = their head's sink."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, Sq, Skv, hkv, 2.0, d=d)
+    stype = (fusedattn.SoftmaxType.OFF_BY_ONE_SOFTMAX if softmax == "off_by_one"
+             else fusedattn.SoftmaxType.LEARNABLE_SOFTMAX)
+    offset = jnp.linspace(-3.0, 6.0, HQ, dtype=jnp.float32)
+    sd, kw = None, {}
+    if lens is not None:
+        ql, kl = (jnp.asarray(x, jnp.int32) for x in lens)
+        sd = fusedattn.SequenceDescriptor.from_seqlens((ql, kl))
+        kw = dict(q_seqlens=ql, kv_seqlens=kl)
+    sm = {} if fn is None else dict(score_mod=fn)
+
+    def ours(q, k, v, offset):
+        return fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=mask,
+                                    window_size=window, softmax_type=stype,
+                                    softmax_offset=offset if softmax == "learnable" else None,
+                                    return_aux=True, **sm)
+
+    def ref(q, k, v, offset):
+        return ref_call(q, k, v, fn or identity, (), attn_mask_type=mask, window_size=window,
+                        softmax_type=stype,
+                        softmax_offset=offset if softmax == "learnable" else None, **kw)
+
+    ref_out, ref_lse, _ = ref(q, k, v, offset)
+    (out, aux), ran = runs_hopper(ours, q, k, v, offset)
+    assert ran, "the Hopper forward did not run"
+    close("out", out, ref_out)
+    lse = np.asarray(aux["softmax_aux"])[..., 0]
+    ref_lse = np.asarray(ref_lse).reshape(lse.shape)
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=2e-3, rtol=1e-3)
+    if lens is not None:  # batch row 0 keeps no key: lse is the sink, out 0
+        np.testing.assert_allclose(lse[0], np.broadcast_to(np.asarray(offset)[:, None], lse[0].shape),
+                                   rtol=1e-6)
+        assert not np.asarray(out[0], np.float32).any()
+    args = (q, k, v, offset) if softmax == "learnable" else (q, k, v)
+    check(lambda *a: ours(*a, *((offset,) if len(a) == 3 else ()))[0],
+          lambda *a: ref(*a, *((offset,) if len(a) == 3 else ())), args, dout,
+          SM_TARGETS if fn else PLAIN_TARGETS)

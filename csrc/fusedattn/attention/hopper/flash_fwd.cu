@@ -185,6 +185,10 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (p.o_s % 2 != 0 || p.o_h % 2 != 0 || p.o_b % 2 != 0) return "out strides must be even";
   if (p.max_logit && (reinterpret_cast<uintptr_t>(p.max_logit) % 4 != 0 || p.ml_b < 0 || p.ml_h < 0))
     return "max_logit must be 4-byte aligned, its strides >= 0";
+  if (p.sink < 0 || p.sink > 2 || (p.sink == 2) != (p.sinks != nullptr))
+    return "sink must be 0, 1, or 2 with sinks";
+  if (p.sink == 2 && (p.sink_rows < 1 || p.batch % p.sink_rows != 0))
+    return "sink_rows must divide the batch";
   return {};
 }
 
@@ -221,6 +225,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   a.l_b = p.l_b, a.l_h = p.l_h, a.l_s = p.l_s;
   a.max_logit = reinterpret_cast<uint32_t*>(p.max_logit);
   a.ml_b = p.ml_b, a.ml_h = p.ml_h;
+  a.sink = p.sink, a.sinks = p.sinks, a.sink_rows = static_cast<int>(p.sink_rows);
   a.seqlen_q = static_cast<int>(p.seqlen_q);
   a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_per_kv = static_cast<int>(p.heads_q / p.heads_kv);

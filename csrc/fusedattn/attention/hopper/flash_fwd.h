@@ -25,6 +25,12 @@ struct FlashFwdParams {
   // through its strides.
   float* max_logit = nullptr;
   int64_t ml_b = 0, ml_h = 0;
+  // A softmax with one extra logit a head (a sink: it joins the denominator and lse, has no
+  // value, is not in max_logit): 0 none (VANILLA), 1 a logit 0 (OFF_BY_ONE), 2
+  // sinks[(b / sink_rows) * heads_q + h] (LEARNABLE, f32; sink_rows: batch rows a vmap slice).
+  int sink = 0;
+  const float* sinks = nullptr;
+  int64_t sink_rows = 1;
   int64_t batch = 0, seqlen_q = 0, seqlen_kv = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   bool bf16 = true;
   // The band, from each sequence's base diagonal (kv_len - q_len when bottom_right, else 0):

@@ -88,6 +88,11 @@ struct FwdArgs {
   // decodes it after).
   uint32_t* max_logit;
   int64_t ml_b, ml_h;
+  // A softmax with an extra logit (a sink: in the denominator and lse, no value): 0 none,
+  // 1 a logit 0 (off-by-one), 2 sinks[(b / sink_rows) * heads_q + h] (learnable).
+  int sink;
+  const float* sinks;
+  int sink_rows;
   int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv;
   int section;           // (batch, head) pairs whose blocks run side by side (block order)
   // The band, from each row's base diagonal (kv_len - q_len of its sequence when
@@ -647,6 +652,11 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
       }
     }
+    // The extra logit of a softmax with a sink (log2 units; -inf: none).
+    const float sink2 = a.sink == 0 ? -INFINITY
+                        : a.sink == 1 ? 0.0f
+                                      : a.sinks[(tile.b / a.sink_rows) * a.heads_q + tile.h] *
+                                            1.4426950408889634f;
     if (a.max_logit) {  // the warp's 16 rows at once, then one atomic
       uint32_t key = 0;
 #pragma unroll
@@ -671,18 +681,30 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       const float l = pad ? 0.0f : sum;
       // l is 0 where the row kept nothing, NaN where it met a NaN score (fmaxf skips NaN
       // in the max, but exp2 of it poisons l): that NaN reaches out and lse.
-      const float inv = l != 0.0f ? 1.0f / l : 0.0f;
+      const float m = mx[r] * a.mul_out;  // l's base (log2 units)
+      float inv, lse2;                     // out = o * inv; lse = lse2 ln 2
+      if (pad || l == 0.0f) {  // no key kept: out 0, lse the extra logit (-inf: none)
+        inv = 0.0f, lse2 = pad ? -INFINITY : sink2;
+      } else if (!a.sink) {
+        inv = 1.0f / l, lse2 = m + __log2f(l);
+      } else if (sink2 == INFINITY) {  // the extra logit takes all the mass
+        inv = 0.0f, lse2 = INFINITY;
+      } else {  // the denominator gains exp2(sink2) (a NaN sink: NaN out and lse)
+        const float top = fmaxf(m, sink2), e = exp2_approx(m - top);
+        const float denom = fmaf(l, e, exp2_approx(sink2 - top));
+        inv = e / denom, lse2 = top + __log2f(denom);
+      }
       const int64_t token = tile.q0 + row;
       T* out = static_cast<T*>(a.out) + tile.b * a.o_b + token * a.o_s + tile.h * a.o_h;
+      const bool zero = inv == 0.0f;  // 0 whatever o holds (a NaN value at a masked key)
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) {
-        const float x0 = pad ? 0.0f : o[4 * j + 2 * r] * inv;
-        const float x1 = pad ? 0.0f : o[4 * j + 2 * r + 1] * inv;
+        const float x0 = zero ? 0.0f : o[4 * j + 2 * r] * inv;
+        const float x1 = zero ? 0.0f : o[4 * j + 2 * r + 1] * inv;
         *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * (lane % 4)) = pack2<kBf16>(x0, x1);
       }
       if (a.lse && lane % 4 == 0)
-        a.lse[tile.b * a.l_b + tile.h * a.l_h + token * a.l_s] =
-            l != 0.0f ? (mx[r] * a.mul_out + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+        a.lse[tile.b * a.l_b + tile.h * a.l_h + token * a.l_s] = lse2 * 0.69314718055994531f;
     }
   }
 #ifdef FA_HOPPER_PROFILE
