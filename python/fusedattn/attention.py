@@ -82,9 +82,11 @@ def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
 def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None, flags: int = 0):
     """The CUDA handler's workspace result, sized by the C++ side for this call
     (score_mod: the packed program attribute of a flex-attention call; flags: the
-    decision's REQUEST_* bits)."""
+    decision's REQUEST_* bits; a folded mask's bit is added here: the Hopper forward then
+    wants room for the mask's bits)."""
     n = _lib.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
-                                       cfg.want_max_logit, backward, score_mod, flags)
+                                       cfg.want_max_logit, backward, score_mod,
+                                       flags | (_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0))
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
 

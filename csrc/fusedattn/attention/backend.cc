@@ -109,7 +109,18 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   if (kind == ScoreModKind::kOther) return "its score_mods are softcap and ALiBi only";
   if (kind == ScoreModKind::kAlibi && p.num_slices != 1)
     return "its ALiBi takes one vmap slice";
-  if (p.bias_type != FA_NO_BIAS) return "it takes no bias";
+  // Its softmax keeps q.k's order (the max of q.k is the max score), which needs scale > 0.
+  if (kind == ScoreModKind::kNone && !(p.scale > 0.0f))
+    return "it takes scale > 0 without a score_mod (got " + std::to_string(p.scale) + ")";
+  if (p.bias_type == FA_PRE_SCALE_BIAS) return "it takes no PRE_SCALE_BIAS";
+  if (p.bias_type != FA_NO_BIAS && !req.mask_bias)
+    return "it takes a bias only as a folded boolean mask (dot_product_attention's mask)";
+  if (p.bias_type != FA_NO_BIAS && kind != ScoreModKind::kNone)
+    return "it would apply the mask before the score_mod";
+  if (p.bias_type != FA_NO_BIAS && (is_thd(p.layout) || p.num_slices != 1))
+    return "its dense mask takes no THD layout and one vmap slice";
+  if (p.bias_type != FA_NO_BIAS && (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 128))
+    return "its dense mask takes at most 65535 (batch, head) planes and 65535 x 128 query rows";
   if (has_dropout(p)) return "it has no dropout";
   if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
     return std::string("it takes bfloat16 or float16; got ") + dtype_name(p.dtype);
@@ -275,7 +286,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kOff)
         hopper_no = "FUSEDATTN_HOPPER_FWD=0 keeps it off";
       std::string measured;
-      if (hopper_no.empty() && kind == ScoreModKind::kNone)
+      // A dense mask: cuDNN adds it over every tile, the Hopper forward skips those it empties.
+      if (hopper_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias)
         measured = hopper_plain_measured(p);
       if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kMeasured && !measured.empty())
         hopper_no = measured;
@@ -284,6 +296,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         choice.reason = std::string("forward hopper: the Hopper flash forward runs this ") + what +
                         " call" +
                         (kind != ScoreModKind::kNone ? " with its score_mod in the kernel"
+                         : req.mask_bias ? " with its dense mask (skipping the key tiles it empties)"
                          : measured.empty() ? " (measured faster than cuDNN: hopper/measured.h)"
                                             : " (FUSEDATTN_HOPPER_FWD=1)") +
                         "; backward cudnn: " + cudnn;

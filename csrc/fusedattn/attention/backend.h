@@ -53,6 +53,9 @@ struct BackendRequest {
   // slope, a bias table): cuDNN's backward computes none (XLA's reference would, over the
   // materialized scores); the CUDA flash kernels compute it in-kernel.
   bool score_mod_grads = false;
+  // The bias is a folded boolean mask (kRequestMaskBias): the Hopper forward takes such a
+  // bias (it drops those keys and skips the key tiles they empty), no other.
+  bool mask_bias = false;
 };
 
 // BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
@@ -62,12 +65,12 @@ struct BackendRequest {
 constexpr int32_t kRequestIndexBase = 1, kRequestCudnnRejected = 2, kRequestF32Exact = 4;
 // BackendRequest::score_mod_grads.
 constexpr int32_t kRequestScoreModGrads = 32;
-// Not a routing matter either: the bias is a folded boolean mask (fusedattn's
-// dot_product_attention): it holds cpu::masked_bias<T>() at the keys the mask drops. The
-// CPU engine then drops those keys as a -inf bias would and skips the key tiles whose
-// every kept key a query tile's rows drop so; the other kernels add the bias as any
-// other, which gives the same result (those keys' weights underflow to 0 in every row
-// that keeps a key; rows that keep none are the caller's, dot_product_attention's).
+// The bias is a folded boolean mask (fusedattn's dot_product_attention): it holds
+// cpu::masked_bias<T>() at the keys the mask drops (BackendRequest::mask_bias). The CPU
+// engine and the Hopper forward then drop those keys as a -inf bias would and skip the key
+// tiles whose every kept key a query tile's rows drop so; the other kernels add the bias
+// as any other, which gives the same result (those keys' weights underflow to 0 in every
+// row that keeps a key; rows that keep none are the caller's, dot_product_attention's).
 constexpr int32_t kRequestMaskBias = 8;
 // Not a routing matter: the caller wants no dbias (the bias has no tangent: a constant or
 // a folded mask; fusedattn/_autodiff.py's specialize). The CPU engine and the CUDA flash

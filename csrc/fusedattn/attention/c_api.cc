@@ -64,6 +64,7 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
   req.index_base = (flags & fusedattn::kRequestIndexBase) != 0;
   req.cudnn_rejected = (flags & fusedattn::kRequestCudnnRejected) != 0;
   req.score_mod_grads = (flags & fusedattn::kRequestScoreModGrads) != 0;
+  req.mask_bias = (flags & fusedattn::kRequestMaskBias) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;

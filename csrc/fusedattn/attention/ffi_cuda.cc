@@ -35,6 +35,9 @@
 #include "fusedattn/platform/cuda/platform_info.h"
 #include "fusedattn/score_mod/device_program_host.h"
 
+// c_api.cc: the bias a folded boolean mask holds at the keys it drops (cpu::masked_bias).
+extern "C" float fa_masked_bias_value(int dtype);
+
 namespace fusedattn::ffi_glue {
 namespace {
 
@@ -85,6 +88,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   req.index_base = (flags & kRequestIndexBase) != 0;
   req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
   req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
+  req.mask_bias = (flags & kRequestMaskBias) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (!c->status.ok()) return c->status;
   if (c->backend != FA_BACKEND_CUDNN && c->backend != FA_BACKEND_CUDA_FLASH)
@@ -158,10 +162,14 @@ struct SeqScratch {
 // token stride 1).
 struct HopperPlan {
   ScratchPlan plan;
-  size_t counter = 0, q_len = 0, kv_len = 0, q_tok = 0, kv_tok = 0;
+  size_t counter = 0, q_len = 0, kv_len = 0, q_tok = 0, kv_tok = 0, mask_tiles = 0;
 
-  explicit HopperPlan(const AttnParams& p) {
+  // flags: the call's backend_flags (kRequestMaskBias: a dense mask's bits and classes).
+  HopperPlan(const AttnParams& p, int32_t flags) {
     counter = plan.add(sizeof(int));
+    if (p.bias_type == FA_POST_SCALE_BIAS && (flags & kRequestMaskBias))
+      mask_tiles = plan.add(static_cast<size_t>(
+          hopper::mask_tiles_bytes(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv)));
     if (!is_thd(p.layout)) return;
     const size_t n = static_cast<size_t>(p.batch * p.max_segments + 1) * 4;
     q_len = plan.add(n), kv_len = plan.add(n), q_tok = plan.add(n), kv_tok = plan.add(n);
@@ -191,7 +199,9 @@ struct BwdPlan {
   BwdPlan(const AttnParams& p, const SdpaConfig& c, const cudnn::BuiltGraph& g) {
     ws = plan.add(g.workspace_bytes);
     seq.plan(c, plan);
-    if (cudnn::rows_may_be_empty(p)) lse_at = plan.add(p.batch * p.heads_q * p.seqlen_q * 4);
+    // (and a bias: it may be a folded mask whose rows the Hopper forward left without keys)
+    if (cudnn::rows_may_be_empty(p) || p.bias_type == FA_POST_SCALE_BIAS)
+      lse_at = plan.add(p.batch * p.heads_q * p.seqlen_q * 4);
     if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) sink_at = plan.add(2 * p.heads_q * 4);
   }
 };
@@ -274,8 +284,8 @@ cuda::FinalizeArgs finalize_args(const AttnParams& p, const AttnTensors& t) {
 // Runs the Hopper flash forward, which select_backend() chose for this call (a softcap or
 // ALiBi score_mod, form, or none); want_max: it writes max_logit [B, Hq] too.
 Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
-                  const ScoreModForm& form, bool want_max, int device, ffi::AnyBuffer* workspace,
-                  cudaStream_t stream) {
+                  const ScoreModForm& form, bool want_max, int32_t flags, int device,
+                  ffi::AnyBuffer* workspace, cudaStream_t stream) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   hopper::FlashFwdParams fp;
@@ -298,7 +308,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   fp.bottom_right = band.bottom_right;
   const bool thd = is_thd(p.layout);
   const AttnMask mask = attn_mask(p, {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets});
-  HopperPlan hp(p);
+  HopperPlan hp(p, flags);
   FA_RETURN_IF_NOT_OK(hp.plan.bind(workspace));
   fp.counter = hp.plan.at<int>(hp.counter);
   if (thd) {  // the sequences by mask.h's rule, as cuDNN reads them (prepare_sequences)
@@ -319,6 +329,14 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     fp.lens_stride = p.max_segments;
   }
   fp.scale = p.scale;
+  if (t.bias) {  // select_backend sends only folded masks here (kRequestMaskBias)
+    fp.bias = t.bias;
+    fp.bias_b = t.bias_b, fp.bias_h = t.bias_h, fp.bias_s = t.bias_s;
+    fp.bias_batch = p.bias_batch, fp.bias_heads = p.bias_heads;
+    fp.mask_bias = (flags & kRequestMaskBias) != 0;
+    fp.mask_value = fa_masked_bias_value(p.dtype);
+    fp.mask_tiles = hp.plan.at<void>(hp.mask_tiles);
+  }
   if (const auto pers = backend_options().hopper_persistent) fp.persistent = *pers != 0;
   if (form.kind == ScoreModKind::kSoftcap) {
     // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
@@ -367,7 +385,8 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
-    return hopper_fwd(p, t, sm, req.score_mod, want_max, device, workspace, stream);
+    return hopper_fwd(p, t, sm, req.score_mod, want_max, attrs.backend_flags, device, workspace,
+                      stream);
   const SdpaConfig c = cudnn::make_config(p, want_max, attrs.want_lse != 0, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/false, device, &g));
@@ -470,7 +489,9 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   const int64_t slices = cudnn::graph_per_slice(p, sm.get()) ? p.num_slices : 1;
   const int64_t rows = p.batch / slices, H = p.heads_q;
   const int64_t n_lse = p.batch * H * p.seqlen_q;
-  const bool fix_lse = cudnn::rows_may_be_empty(p);
+  // (The Hopper forward drops a folded mask's keys: rows it empties have lse -inf.)
+  const bool fix_lse =
+      cudnn::rows_may_be_empty(p) || (t.bias && (attrs.backend_flags & kRequestMaskBias));
   const BwdPlan bp(p, c, *g);
   ScratchPlan plan = bp.plan;
   const size_t ws = bp.ws, lse_at = bp.lse_at, sink_at = bp.sink_at;
@@ -620,7 +641,7 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice));
   // Whichever runs the forward (the score_mod's form, unknown here, may pick the Hopper
   // kernel), the workspace holds the Hopper forward's THD tables too.
-  const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p).plan.bytes());
+  const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p, backend_flags).plan.bytes());
   if (choice.backend == FA_BACKEND_CUDA_FLASH) {
     *bytes = std::max(hopper, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr)));
     return Status::Ok();

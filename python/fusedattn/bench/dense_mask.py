@@ -10,8 +10,11 @@ forward+backward (gradients of q, k, v):
   jax     jax.nn.dot_product_attention(mask=the dense mask, implementation="xla")
 ratio typed / dense (the issue's goal: the dense mask at most 1.3x the type's time, i.e.
 >= 0.77) and jax / dense (> 1: fusedattn is faster). Defaults: B 1, S 2048 (--seq), H 8,
-D 64, float32 on the CPU (bf16 with --dtype bfloat16). On a GPU the bias is added by the
-kernels (no tile skipping there yet): the ratio shows what that costs.
+D 64 (--batch, --heads, --head-dim), float32 on the CPU (bf16 with --dtype bfloat16). On a
+GPU the Hopper forward (sm_90, bf16 / fp16, head dims 64 / 128 / 256) skips the tiles the
+mask empties too, and cuDNN's backward adds it over every tile; there the row also times
+  cudnn   jax.nn.dot_product_attention(mask=the dense mask, implementation="cudnn")
+(ratio cudnn / dense).
 Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
@@ -40,7 +43,8 @@ def _mask(kind: str, S: int, window: int):
 def run(args):
     rows = []
     dt = jnp.dtype(args.dtype)
-    B, S, H, D = 1, args.seq, 8, 64
+    B, S, H, D = args.batch, args.seq, args.heads, args.head_dim
+    gpu = jax.default_backend() == "gpu"
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     q, k, v, do = (jax.random.normal(x, (B, S, H, D), jnp.float32).astype(dt) for x in ks)
     for kind in args.kinds:
@@ -53,6 +57,9 @@ def run(args):
             "jax": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask,
                                                                 implementation="xla"),
         }
+        if gpu and dt != jnp.float32:
+            impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, mask=mask, implementation="cudnn")
         for mode in args.modes:
             row = dict(kind=kind, dtype=dt.name, B=B, S=S, H=H, D=D, mode=mode)
             for name, f in impls.items():
@@ -65,14 +72,19 @@ def run(args):
                 row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
             row["ratio_typed"] = row["typed_ms"] / row["dense_ms"]
             row["ratio_jax"] = row["jax_ms"] / row["dense_ms"]
+            cudnn = ""
+            if "cudnn_ms" in row:
+                row["ratio_cudnn"] = row["cudnn_ms"] / row["dense_ms"]
+                cudnn = f" | cudnn {row['cudnn_ms']:.2f} ms, cudnn/d {row['ratio_cudnn']:.2f}"
             rows.append(row)
             print(f"{kind:7} {dt.name:9} {S:6d} {mode:8} | {row['dense_ms']:9.2f} "
                   f"{row['typed_ms']:9.2f} {row['jax_ms']:9.2f} | {row['ratio_typed']:7.2f} "
-                  f"{row['ratio_jax']:7.2f}", flush=True)
+                  f"{row['ratio_jax']:7.2f}{cudnn}", flush=True)
     return rows
 
 
-RATIOS = {"typed mask / dense mask": "ratio_typed", "jax xla / fusedattn dense": "ratio_jax"}
+RATIOS = {"typed mask / dense mask": "ratio_typed", "jax xla / fusedattn dense": "ratio_jax",
+          "jax cudnn / fusedattn dense": "ratio_cudnn"}
 
 
 def main(argv=None) -> int:
@@ -83,6 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--window", type=int, default=256, help="the window's left size (default 256)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     report.add_output_args(p)
     args = p.parse_args(argv)

@@ -259,6 +259,33 @@ TEST(SelectBackend, HopperForwardTakesSinks) {
   }
 }
 
+// A dense boolean mask folded into a bias (kRequestMaskBias): the Hopper forward drops its
+// keys and skips the tiles it empties, so it takes the forward whatever the table says
+// (cuDNN would add the bias over every tile); a real bias, a pre-scale one, a score_mod or
+// THD beside the mask, and vmap slices keep cuDNN.
+TEST(SelectBackend, HopperForwardTakesDenseMasks) {
+  AttnParams p = hopper_params();
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+  BackendRequest req;
+  req.mask_bias = true;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
+  req.mask_bias = false;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "folded boolean mask"));
+  req = with(ScoreModKind::kSoftcap);
+  req.mask_bias = true;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "before the score_mod"));
+  req = BackendRequest{};
+  req.mask_bias = true;
+  AttnParams pre = p;
+  pre.bias_type = FA_PRE_SCALE_BIAS;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, req, h100()), "PRE_SCALE_BIAS"));
+  AttnParams sliced = p;
+  sliced.batch = 4, sliced.num_slices = 2;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
+}
+
 // The kernel writes max_logit itself: asking for it keeps the Hopper forward.
 TEST(SelectBackend, HopperForwardReturnsMaxLogit) {
   BackendRequest req = with(ScoreModKind::kSoftcap);

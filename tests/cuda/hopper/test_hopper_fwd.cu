@@ -6,7 +6,8 @@
 // and BHSD strides, ragged lengths, padding (per-row lengths, rows of no keys, lengths out of
 // range), THD (packed sequences with gaps, empty ones, cross lengths: the rows of no sequence
 // must stay unwritten), persistent and one-block-a-tile grids, bf16 and fp16, head dims 128
-// and 64 (the d64_ cases).
+// and 64 (the d64_ cases), dense masks (a folded boolean mask, with and without bias values,
+// broadcast or per batch row and head, beside mask types and padding: the mask_ cases).
 // Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
 // The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
 #include <cuda_bf16.h>
@@ -51,11 +52,32 @@ __global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
   }
 }
 
+// A dense mask as a folded bias [Bm, Hm, Sq, Skv] (contiguous): kind 1 keeps j <= i (causal
+// written out); kind 2 keeps a band i - 300 <= j <= i + 50 with holes (about one key in 7
+// dropped) shifted by 13 a (b, h) table, and every row i % 97 == 5 keeps nothing; kept keys
+// hold 0, or with values a bias in [-0.5, 0.5); dropped ones `masked`.
+template <class T>
+__global__ void fill_mask(T* m, int64_t tables, int64_t Sq, int64_t Skv, int kind, bool values,
+                          float masked, uint32_t seed) {
+  const int64_t n = tables * Sq * Skv;
+  for (int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; x < n; x += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = x % Skv, i = x / Skv % Sq, t = x / (Sq * Skv);
+    bool keep = j <= i;
+    if (kind == 2) {
+      const int64_t c = i + 13 * t;
+      keep = j >= c - 300 && j <= c + 50 && hash(static_cast<uint32_t>(x) + seed) % 7 != 0 && i % 97 != 5;
+    }
+    const float u = (hash(static_cast<uint32_t>(x) * 747796405u + seed) >> 8) * (1.0f / 16777216.0f);
+    m[x] = static_cast<T>(keep ? (values ? u - 0.5f : 0.0f) : masked);
+  }
+}
+
 // One thread per (b, h, query row): the exact softmax in float32 over the keys the row keeps
 // (the band of p from the sequence's base diagonal: causal's right edge, the window's left
 // edge; padding: the sequence's lengths). A row that keeps none, or a padded one: out 0,
 // lse -inf. THD: the row's sequence, positions counted from its first token; a row of no
-// sequence gets NaN (the kernel must leave it unwritten). rmax: the row's max kept logit
+// sequence gets NaN (the kernel must leave it unwritten). A dense mask (p.bias, mask_bias)
+// drops the keys of value p.mask_value and adds the others' bias. rmax: the row's max kept logit
 // (-inf: none), whose max over a (batch row, head)'s rows max_logit must be.
 template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax) {
@@ -95,6 +117,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
     for (int x = 0; x < D; ++x) d += to_f(q[x]) * to_f(k[x]);
     d *= p.scale;
     if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
+    if (p.bias) d += to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]);
     if (p.alibi_slopes) {
       const float rel = static_cast<float>(j - i);
       d += p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
@@ -102,8 +125,11 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
     return d;
   };
   auto kept = [&](int64_t j) {
+    const bool dropped =
+        p.bias && to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]) ==
+                      p.mask_value;
     return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
-           (!p.left_bound || j >= i + base + p.lo_diag);
+           (!p.left_bound || j >= i + base + p.lo_diag) && !dropped;
   };
   float m = -INFINITY;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
@@ -142,6 +168,8 @@ struct Case {
   std::vector<int> q_lens, kv_lens;  // padding: per batch row (empty: none)
   int segments = 0;                  // THD: sequences a row, and per (row, sequence):
   std::vector<int> segs;             // first query, queries, first key, keys (in the row)
+  int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
+  bool mask_b = false, mask_h = false, mask_values = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -236,6 +264,23 @@ void run_case(const Case& cs) {
     p.alibi_sign = cs.alibi == 1 ? 1.0f : -1.0f;
     p.alibi_abs = cs.alibi == 2;
   }
+  T* mask = nullptr;
+  void* mask_tiles = nullptr;
+  if (cs.mask) {
+    const int64_t mb = cs.mask_b ? cs.B : 1, mh = cs.mask_h ? cs.Hq : 1;
+    const int64_t n = mb * mh * cs.Sq * cs.Skv;
+    CUDA_OK(cudaMalloc(&mask, n * sizeof(T)));
+    // the folded mask's value, rounded to T (c_api.cc's fa_masked_bias_value)
+    p.mask_value = static_cast<float>(static_cast<T>(-0.7f * (cs.bf16 ? 3.3895313892515355e38f : 65504.0f)));
+    fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
+    p.bias = mask, p.mask_bias = true, p.bias_batch = mb, p.bias_heads = mh;
+    p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
+    p.bias_b = cs.mask_b ? mh * cs.Sq * cs.Skv : 0;
+    const int64_t bytes = mask_tiles_bytes(mb, mh, cs.Sq, cs.Skv);
+    CUDA_OK(cudaMalloc(&mask_tiles, bytes));
+    CUDA_OK(cudaMemset(mask_tiles, 0x55, bytes));  // flash_fwd writes every class it reads
+    p.mask_tiles = mask_tiles;
+  }
   ASSERT_EQ(flash_fwd_unsupported(p, 90), "");
   const Status st = flash_fwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -293,7 +338,7 @@ void run_case(const Case& cs) {
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
                     (void*)ref_lse, (void*)ref_max, (void*)max_logit, (void*)slopes, (void*)lens,
-                    (void*)counter, (void*)sinks})
+                    (void*)counter, (void*)sinks, (void*)mask, mask_tiles})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -445,6 +490,23 @@ const Case kCases[] = {
       c.D = 256, c.causal = true, c.B = 4, c.Hq = 16, c.Hkv = 4, c.Sq = c.Skv = 1500; }),
     make("d256_full_many_tiles_fp16", [](Case& c) {
       c.D = 256, c.bf16 = false, c.B = 4, c.Hq = 16, c.Sq = 1100, c.Skv = 1300; }),
+    // Dense masks (a folded boolean mask: dropped keys skipped by tile, the rest read).
+    make("mask_dense_causal", [](Case& c) { c.mask = 1, c.Sq = c.Skv = 700; }),
+    make("mask_dense_band_holes_per_batch_and_head_values", [](Case& c) {
+      c.mask = 2, c.mask_b = c.mask_h = true, c.mask_values = true, c.Sq = 600, c.Skv = 900; }),
+    make("mask_dense_band_gqa_fp16", [](Case& c) {
+      c.mask = 2, c.mask_h = true, c.bf16 = false, c.Hq = 8, c.Hkv = 2, c.Sq = c.Skv = 777; }),
+    make("mask_dense_with_causal_type_and_padding", [](Case& c) {
+      c.mask = 2, c.mask_b = true, c.causal = true, c.Sq = c.Skv = 640, c.q_lens = {640, 300},
+      c.kv_lens = {500, 640}; }),
+    make("d64_mask_dense_band_three_groups", [](Case& c) {
+      c.D = 64, c.groups = 3, c.mask = 2, c.B = 3, c.Sq = 1000, c.Skv = 1100; }),
+    make("d64_mask_dense_causal_window_type", [](Case& c) {
+      c.D = 64, c.mask = 1, c.mask_values = true, c.causal = true, c.left = 200, c.Sq = c.Skv = 900; }),
+    make("d256_mask_dense_causal_fp16", [](Case& c) {
+      c.D = 256, c.mask = 1, c.bf16 = false, c.Sq = 500, c.Skv = 700; }),
+    make("d256_mask_dense_band_heads", [](Case& c) {
+      c.D = 256, c.mask = 2, c.mask_h = true, c.Sq = c.Skv = 640; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),

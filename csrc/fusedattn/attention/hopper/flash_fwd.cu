@@ -61,6 +61,60 @@ __global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int6
   memcpy(at, &x, 4);
 }
 
+// A dense mask's classes (FwdArgs::tiles) and bits (keep_bits): block (key block, query
+// tile, table) classifies its tile — bit 0 some key kept, bit 1 some dropped, bit 2 a kept
+// key's bias not 0 (+-0 are 0) — and writes its rows' bits (rows and keys past the extents:
+// 0). A warp reads whole rows of the tile (kBlockN keys: 256 or 128 contiguous bytes), eight
+// loads in flight a lane, and a ballot makes each 32 keys' word.
+template <int kBlockN>
+__global__ void classify_mask(const uint16_t* bias, int64_t sb, int64_t sh, int64_t ss, int heads,
+                              int seqlen_q, int seqlen_kv, int block_m, uint16_t masked,
+                              uint8_t* tiles, uint32_t* bits) {
+  constexpr int kWords = kBlockN / 32, kLoads = 8, kRows = kLoads / kWords;
+  const int n = blockIdx.x, num_n = gridDim.x, mq = blockIdx.y, num_m = gridDim.y, table = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint16_t* base = bias + (table / heads) * sb + (table % heads) * sh;
+  const int r0 = mq * block_m, rows = min(block_m, seqlen_q - r0);
+  const int c0 = n * kBlockN, cols = min(kBlockN, seqlen_kv - c0);
+  const int64_t row_words = int64_t{num_n} * kWords;
+  uint32_t* out = bits + (int64_t(table) * num_m * block_m + r0) * row_words + n * kWords;
+  bool kept = false, dropped = false, value = false;
+  for (int r1 = warp * kRows; r1 < block_m; r1 += warps * kRows) {
+    uint16_t x[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
+      x[i] = r < rows && c < cols ? base[int64_t(r0 + r) * ss + c0 + c] : masked;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
+      const bool keep = x[i] != masked;
+      dropped |= !keep && r < rows && c < cols;
+      value |= keep && (x[i] & 0x7fffu) != 0;
+      kept |= keep;
+      const uint32_t w = __ballot_sync(0xffffffffu, keep);
+      if (lane == 0 && r < block_m) out[r * row_words + i % kWords] = w;
+    }
+  }
+  kept = __syncthreads_or(kept);
+  dropped = __syncthreads_or(dropped);
+  value = __syncthreads_or(value);
+  if (threadIdx.x == 0)
+    tiles[(int64_t(table) * num_m + mq) * num_n + n] = uint8_t(kept | dropped << 1 | value << 2);
+}
+
+// FwdArgs::ranges from the classes: for each (table, query tile) the first and one past the
+// last key block that keeps a key ({0, 0}: none).
+__global__ void mask_ranges(const uint8_t* tiles, int64_t rows, int num_n, int2* ranges) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= rows) return;
+  int first = -1, last = -1;
+  for (int n = 0; n < num_n; ++n)
+    if (tiles[i * num_n + n] & 1) last = n, first = first < 0 ? n : first;
+  ranges[i] = first < 0 ? make_int2(0, 0) : make_int2(first, last + 1);
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (no link to libcuda).
@@ -175,6 +229,8 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
   if (!rows_may_be_empty && p.left_bound && p.seqlen_q - 1 + base + p.lo_diag >= p.seqlen_kv)
     return "the window leaves the last query rows without keys";
   if (p.alibi_slopes && p.softcap > 0.0f) return "one score modifier: softcap or ALiBi";
+  // Without a modifier the running max is q.k's, which keeps the scores' order for scale > 0.
+  if (!p.alibi_slopes && !(p.softcap > 0.0f) && !(p.scale > 0.0f)) return "scale must be > 0 without a modifier";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
     return "alibi_stride must be 0 or 1 and alibi_sign +-1";
@@ -189,12 +245,45 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
     return "sink must be 0, 1, or 2 with sinks";
   if (p.sink == 2 && (p.sink_rows < 1 || p.batch % p.sink_rows != 0))
     return "sink_rows must divide the batch";
+  if (p.bias) {
+    if (thd) return "a bias takes no THD sequences";
+    if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
+      return "the bias's batch and head extents must be 1 or the call's";
+    if (p.bias_b < 0 || p.bias_h < 0 || p.bias_s < p.seqlen_kv)
+      return "the bias's strides must be >= 0 and its rows Skv apart or more";
+    if (p.mask_bias && (p.bias_batch * p.bias_heads > 65535 || (p.seqlen_q + 127) / 128 > 65535))
+      return "a dense mask's classes take at most 65535 (batch, head) planes and query tiles";
+    if (p.mask_bias && (!p.mask_tiles || reinterpret_cast<uintptr_t>(p.mask_tiles) % 16 != 0))
+      return "mask_bias needs mask_tiles (16-byte aligned scratch of mask_tiles_bytes)";
+  }
   return {};
 }
 
 namespace {
 Status run_kernel(const FlashFwdParams& p, cudaStream_t stream);
+
+// A dense mask's scratch for a tile shape (16-byte aligned parts): the bits (num_m * bm rows
+// a table, num_n * bn / 32 words a row), the classes, the ranges.
+struct MaskTiles {
+  int64_t num_m, num_n, tables, words_per_row, tiles_at, ranges_at, bytes;
+  MaskTiles(int64_t bias_batch, int64_t bias_heads, int64_t sq, int64_t skv, int64_t bm, int64_t bn)
+      : num_m((sq + bm - 1) / bm), num_n((skv + bn - 1) / bn), tables(bias_batch * bias_heads) {
+    words_per_row = num_n * bn / 32;
+    tiles_at = tables * num_m * bm * words_per_row * 4;
+    ranges_at = tiles_at + (tables * num_m * num_n + 15) / 16 * 16;
+    bytes = ranges_at + tables * num_m * 8;
+  }
+};
 }  // namespace
+
+int64_t mask_tiles_bytes(int64_t bias_batch, int64_t bias_heads, int64_t seqlen_q, int64_t seqlen_kv) {
+  // The most any variant's tiles need (128 or 192 query rows, 64 or 128 keys).
+  int64_t most = 0;
+  for (int64_t bm : {128, 192})
+    for (int64_t bn : {64, 128})
+      most = std::max(most, MaskTiles(bias_batch, bias_heads, seqlen_q, seqlen_kv, bm, bn).bytes);
+  return most;
+}
 
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (!p.max_logit) return run_kernel(p, stream);
@@ -242,6 +331,35 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   a.seq_q_tok = p.seq_q_tok, a.seq_kv_tok = p.seq_kv_tok;
   a.segments = static_cast<int>(p.segments);
   const float log2e = 1.4426950408889634f;
+  if (p.bias) {
+    a.bias = static_cast<const uint16_t*>(p.bias);
+    // Extents of 1 read entry 0 whatever their stride (mask_table counts on 0 there).
+    a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
+    a.bias_s = p.bias_s;
+    a.bias_heads = static_cast<int>(p.bias_heads);
+    a.bias_drop = p.mask_bias;
+    if (p.mask_bias) {
+      a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
+                             : __half_as_ushort(__float2half_rn(p.mask_value));
+      const MaskTiles mt(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, block_m(p), block_n(p));
+      auto* bits = static_cast<uint32_t*>(p.mask_tiles);
+      auto* tiles = static_cast<uint8_t*>(p.mask_tiles) + mt.tiles_at;
+      auto* ranges = reinterpret_cast<int2*>(static_cast<uint8_t*>(p.mask_tiles) + mt.ranges_at);
+      const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
+                      static_cast<unsigned>(mt.tables));
+      auto classify = block_n(p) == 128 ? classify_mask<128> : classify_mask<64>;
+      classify<<<grid, 256, 0, stream>>>(a.bias, a.bias_b, a.bias_h, a.bias_s,
+                                         static_cast<int>(p.bias_heads), a.seqlen_q, a.seqlen_kv,
+                                         static_cast<int>(block_m(p)), a.masked_bits, tiles, bits);
+      FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      const int64_t rows = mt.tables * mt.num_m;
+      mask_ranges<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
+          tiles, rows, static_cast<int>(mt.num_n), ranges);
+      FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      a.tiles = tiles, a.ranges = ranges, a.keep_bits = bits;
+      a.words_per_row = static_cast<int>(mt.words_per_row);
+    }
+  }
   a.heads_q = static_cast<int>(p.heads_q);
   a.batch = static_cast<int>(p.batch);
   // About 24 MiB of K and V per section: half of the H100's L2.
@@ -276,6 +394,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;
+    a.bias_mul = 1.0f / p.softcap;
 #ifdef FA_HOPPER_SWEEP  // dev/hopper_fwd/hopper_fwd_check.cu: what the tanh costs
     if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
 #endif
@@ -284,6 +403,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.alibi_slopes) {
     a.mul_in = p.scale * log2e;
     a.mul_out = 1.0f;
+    a.bias_mul = log2e;
     a.slopes = p.alibi_slopes;
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * log2e;
@@ -291,6 +411,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
                        : launch_mod<AlibiScores<false>>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
+  a.bias_mul = 1.0f / p.scale;
   return launch_mod<PlainScores>(p, a, grid, stream);
 }
 }  // namespace

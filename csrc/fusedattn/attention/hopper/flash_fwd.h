@@ -65,6 +65,17 @@ struct FlashFwdParams {
   int64_t alibi_stride = 0;
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
+  // Non-null: a post-scale bias [bias_batch, bias_heads, Sq, Skv] of q's dtype (bias_b /
+  // bias_h: 0 where broadcast; the key dim contiguous), added after the score modifier.
+  // mask_bias: it is a folded boolean mask (backend.h's kRequestMaskBias) whose dropped keys
+  // hold mask_value: the kernel drops them (as -inf) and skips the key blocks a query tile
+  // keeps none of, classified on the device before the launch into `mask_tiles` (device
+  // scratch of mask_tiles_bytes(p), 16-byte aligned).
+  const void* bias = nullptr;
+  int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
+  bool mask_bias = false;
+  float mask_value = 0.0f;
+  void* mask_tiles = nullptr;
   // Persistent blocks (one an SM, taking tiles in turn) or one block a tile: -1 decides
   // (persistent with a counter below; without one, for calls without a right edge, with a
   // left one, or THD), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).
@@ -82,6 +93,10 @@ struct FlashFwdParams {
 // Empty when the kernel can run p on a device of compute capability cc (major * 10 +
 // minor); otherwise the first reason it cannot.
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc);
+
+// Bytes of the scratch a mask_bias call classifies its tiles into (for any tile shape of
+// the kernel; 0 without mask_bias).
+int64_t mask_tiles_bytes(int64_t bias_batch, int64_t bias_heads, int64_t seqlen_q, int64_t seqlen_kv);
 
 // Enqueues the forward on `stream`. p must be supported.
 Status flash_fwd(const FlashFwdParams& p, cudaStream_t stream);

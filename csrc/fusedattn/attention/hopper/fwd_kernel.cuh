@@ -121,7 +121,47 @@ struct FwdArgs {
   const float* slopes;    // ALiBi: slope of head h at slopes[h * slope_stride] (stride 0 or 1)
   int slope_stride;
   float slope_mul;        // ALiBi: the slope's factor (+-log2(e))
+  // Non-null: a post-scale bias [Bm, Hm, Sq, Skv] in q's dtype (its 16 bits) at bias[b * bias_b
+  // + h * bias_h + row * bias_s + col] (bias_b / bias_h 0 where broadcast), added to the
+  // scores as v += bias * bias_mul (v's units: log2(e) / mul_out). bias_drop: it is a folded
+  // boolean mask (kRequestMaskBias), whose keys of value masked_bits are dropped as -inf,
+  // and then tiles (non-null) classifies each (tbl, query tile, key block) — bit 0 a key
+  // kept, bit 1 one dropped, bit 2 a kept one with a bias not 0 — with ranges[tbl * num_m +
+  // query tile] the key blocks [x, y) that keep any key (tbl = (b if bias_b else 0) *
+  // bias_heads + (h if bias_heads > 1)), and keep_bits the mask as bits (a 32-bit word a
+  // row's 32 keys, bit c % 32 of word c / 32: key c kept; rows num_m * kBlockM a table,
+  // words_per_row a row, padded rows and keys 0). Blocks outside the range are skipped,
+  // blocks of class 1 run without the mask, blocks with a bias not 0 read the bias, the
+  // rest read their rows' bits (two loads a row; flash_fwd.cu's classify_mask and
+  // mask_ranges write them before the kernel). Without tiles every block reads the bias.
+  const uint16_t* bias;
+  int64_t bias_b, bias_h, bias_s;
+  float bias_mul;
+  int bias_drop, bias_heads;
+  uint16_t masked_bits;
+  const uint8_t* tiles;
+  const int2* ranges;
+  const uint32_t* keep_bits;
+  int words_per_row;
 };
+
+// The (batch, head) table of a call's mask classes (FwdArgs::tiles).
+__device__ __forceinline__ int mask_table(const FwdArgs& a, int b, int h) {
+  return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0);
+}
+
+// One thread's view of the bias in a block: its first row's bias (key 0), the row stride;
+// kBias softmax steps read it.
+struct BiasRow {
+  const uint16_t* at = nullptr;
+  int64_t s = 0;
+};
+
+template <bool kBf16>
+__device__ __forceinline__ float bits_to_float(uint16_t x) {
+  if constexpr (kBf16) return __uint_as_float(static_cast<uint32_t>(x) << 16);
+  else return __half2float(__ushort_as_half(x));
+}
 
 template <int kD, int kGroups>
 struct Smem {
@@ -215,14 +255,21 @@ __host__ __device__ inline float max_logit_value(uint32_t key) {
 // Mod::kRowByRow runs the two rows one after the other (softcap: row 1's tanh keeps the
 // MUFU pipe busy while row 0's max goes through the shuffles); otherwise each phase runs
 // for both rows before the next.
-template <class Mod, bool kCausal, bool kMask, int kN>
+// kBias (after the modifier and the band): 1, the block's keys its rows keep as bits
+// (FwdArgs::keep_bits; keep: this thread's two rows' kN / 32 words of the block, shifted
+// right by 2 (lane % 4)); 2, the bias (FwdArgs::bias) read through br.
+template <class Mod, bool kCausal, bool kMask, int kN, int kBias = 0, bool kBf16 = true>
 __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2], float (&mx_old)[2],
                                              float (&mx_all)[2],
                                              const FwdArgs& a, int row0, int col0,
-                                             float slope, int kv_len, int diag, int lo_diag) {
+                                             float slope, int kv_len, int diag, int lo_diag,
+                                             BiasRow br = {}, const uint32_t (*keep)[kN / 32] = nullptr) {
   const float d0 = static_cast<float>(col0 - row0);  // kv - q of s[0]
   constexpr int kRow = kN / 4;  // a row's scores in a thread
   auto modify = [&](int r) {
+    // kBias: row r's bias at this thread's first key (rows past Sq have none)
+    const uint16_t* bias_at = kBias == 2 ? br.at + 8 * r * br.s + col0 : nullptr;
+    const bool bias_row = kBias == 2 && row0 + 8 * r < a.seqlen_q;
 #pragma unroll
     for (int i = 0; i < kRow; ++i) {
       float& x = s[row_score(r, i)];
@@ -231,6 +278,16 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2],
         const int col = col0 + 8 * (i / 2) + i % 2, row = row0 + 8 * r;
         if (col >= kv_len || (kCausal && col > row + diag) || col < row + lo_diag)
           x = -INFINITY;
+      }
+      if constexpr (kBias == 1) {  // key 8 (i / 2) + 2 (lane % 4) + i % 2 of the block
+        if (!((keep[r][i / 8] >> (8 * (i / 2) % 32 + i % 2)) & 1u)) x = -INFINITY;
+      }
+      if constexpr (kBias == 2) {  // keys past Skv have no bias (nor are kept)
+        if (bias_row && col0 + 8 * (i / 2) + i % 2 < a.seqlen_kv) {
+          const uint16_t bits = bias_at[8 * (i / 2) + i % 2];
+          if (a.bias_drop && bits == a.masked_bits) x = -INFINITY;
+          else x = fmaf(bits_to_float<kBf16>(bits), a.bias_mul, x);
+        }
       }
     }
   };
@@ -410,6 +467,12 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
     tile.n_end = max(1, min(tile.n_end, last < 0 ? 0 : last / kBlockN + 1));
   }
   tile.n_begin = min(max(0, tile.m0 + tile.lo_diag) / kBlockN, tile.n_end - 1);
+  if (a.ranges) {  // a dense mask: the key blocks it keeps too (none: the band's last, all masked)
+    const int2 r = a.ranges[mask_table(a, tile.b, tile.h) * num_m + tile.m0 / kBlockM];
+    const int lo = max(tile.n_begin, r.x), hi = min(tile.n_end, r.y);
+    if (lo < hi) tile.n_begin = lo, tile.n_end = hi;
+    else tile.n_begin = tile.n_end - 1;
+  }
   tile.skip = a.seq_q_len && tile.m0 >= tile.q_len;
   return tile;
 }
@@ -435,6 +498,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   Smem<kD, kGroups>& sm = *reinterpret_cast<Smem<kD, kGroups>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int num_n = (a.seqlen_kv + kBlockN - 1) / kBlockN;
   const int num_tiles = num_m * a.heads_q * a.batch * a.segments;
   const int group = threadIdx.x / 128, tid = threadIdx.x % 128;
 
@@ -548,7 +612,33 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
     // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
     auto softmax = [&](int n) {
       const int col0 = n * kBlockN + 2 * (lane % 4);
-      if ((n + 1) * kBlockN > tile.kv_len ||
+      // (The mask's addresses are worked out here, not kept: registers are short.)
+      const int cls = !a.bias ? 1 : !a.tiles ? 4
+                      : a.tiles[(size_t(mask_table(a, tile.b, tile.h)) * num_m + tile.m0 / kBlockM) *
+                                num_n + n];
+      if (cls & 4) {  // a bias to add (or no classes)
+        const BiasRow br{a.bias + tile.b * a.bias_b + tile.h * a.bias_h + int64_t{row0} * a.bias_s,
+                         a.bias_s};
+        rescale = softmax_step<Mod, kCausal, true, kBlockN, 2, kBf16>(
+            s, mx, mx_old, mx_all, a, row0, col0, slope, tile.kv_len, tile.diag, tile.lo_diag, br);
+      } else if (cls != 1) {  // keys dropped (or none kept): the rows' bits
+        constexpr int kWords = kBlockN / 32;
+        using Words = std::conditional_t<kWords == 4, uint4, uint2>;
+        const uint32_t* w = a.keep_bits +
+                            (size_t(mask_table(a, tile.b, tile.h)) * num_m * kBlockM + row0) *
+                                a.words_per_row + n * kWords;
+        uint32_t keep[2][kWords];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const Words x = *reinterpret_cast<const Words*>(w + 8 * r * a.words_per_row);
+          memcpy(keep[r], &x, sizeof(x));
+#pragma unroll
+          for (int k = 0; k < kWords; ++k) keep[r][k] >>= 2 * (lane % 4);
+        }
+        rescale = softmax_step<Mod, kCausal, true, kBlockN, 1, kBf16>(
+            s, mx, mx_old, mx_all, a, row0, col0, slope, tile.kv_len, tile.diag, tile.lo_diag, {},
+            keep);
+      } else if ((n + 1) * kBlockN > tile.kv_len ||
           (kCausal && (n + 1) * kBlockN - 1 > tile.m0 + tile.diag) ||
           n * kBlockN < tile.m0 + kBlockM - 1 + tile.lo_diag)
         rescale = softmax_step<Mod, kCausal, true, kBlockN>(s, mx, mx_old, mx_all, a, row0, col0, slope,
