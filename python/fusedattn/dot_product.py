@@ -10,10 +10,11 @@ How jax's arguments map onto fused_attn:
   number; float16: -45856, no overflow to -inf), which the softmax turns into exactly 0
   as jax's does. Negative window sizes (which jax reads literally) go the same way.
   The call tells the engine the bias is a folded mask (_lib.REQUEST_MASK_BIAS): the CPU
-  engine drops those keys and skips the key tiles a query tile's rows all drop, so a
-  dense causal or window mask costs little more than the mask type; the GPU kernels add
-  it as a bias (is_causal, local_window_size and the sequence lengths are much faster
-  there).
+  engine and the Hopper forward (sm_90, 16-bit, head dims 64 / 128 / 256) drop those keys
+  and skip the key tiles a query tile's rows all drop, so a dense causal or window mask
+  costs little more than the mask type there; cuDNN (the backward on the GPU, and the
+  forward elsewhere) adds it as a bias over every tile (is_causal, local_window_size and
+  the sequence lengths are faster there).
 * A query row whose every key is masked: jax gives the plain average of all values (its
   masked logits are all the same finite number), zero for rows past query_seq_lengths.
   fusedattn gives 0 for such rows, so they are rebuilt here from the softmax statistics.
