@@ -286,6 +286,19 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
 }
 
+// Without a score_mod the kernel's running max is q.k's, the scores' order only for a
+// positive scale: scale <= 0 keeps cuDNN (a score_mod maps the scores itself).
+TEST(SelectBackend, HopperForwardNeedsAPositiveScaleWithoutScoreMod) {
+  for (float scale : {0.0f, -0.088f}) {
+    AttnParams p = hopper_params();
+    p.scale = scale;
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, BackendRequest{}, h100()), "scale > 0"));
+    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
+                   FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+    EXPECT_EQ(hopper_fwd_unsupported_reason(p, with(ScoreModKind::kSoftcap), h100()), "");
+  }
+}
+
 // The kernel writes max_logit itself: asking for it keeps the Hopper forward.
 TEST(SelectBackend, HopperForwardReturnsMaxLogit) {
   BackendRequest req = with(ScoreModKind::kSoftcap);

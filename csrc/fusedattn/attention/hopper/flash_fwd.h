@@ -95,7 +95,7 @@ struct FlashFwdParams {
 std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc);
 
 // Bytes of the scratch a mask_bias call classifies its tiles into (for any tile shape of
-// the kernel; 0 without mask_bias).
+// the kernel; calls without mask_bias need none).
 int64_t mask_tiles_bytes(int64_t bias_batch, int64_t bias_heads, int64_t seqlen_q, int64_t seqlen_kv);
 
 // Enqueues the forward on `stream`. p must be supported.
