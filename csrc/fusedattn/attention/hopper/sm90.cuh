@@ -52,6 +52,14 @@ __device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* ba
       "r"(c3)
       : "memory");
 }
+// A plain bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -273,6 +281,49 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
         ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
         : FA_OPS128(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+
+// The backward's forms (bwd_kernel.cuh). dV += P^T dO and dK += dS^T Q: D[64 x 128] += A[64 x
+// 16] B[16 x 128], A from registers, B MN-major (as wgmma_rs_m64n136k16, without the ones).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FA_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : FA_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+// dQ = dS K: D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory and MN-major
+// (A stored as 16 rows of M: dS^T; B as 16 rows of N: K's keys).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n64k16_tt(float (&d)[32], uint64_t a, uint64_t b,
+                                                      uint32_t accumulate) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
+        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : FA_OPS32(d, 0)
+        : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
+        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : FA_OPS32(d, 0)
+        : "l"(a), "l"(b), "r"(accumulate));
   }
 }
 

@@ -1,0 +1,296 @@
+// Flash attention backward for Hopper (sm_90a), head dim 128, bf16 / fp16: the first version
+// (flash_bwd.cu runs it; not yet routed by select_backend). FlashAttention-2's loop order
+// with Hopper's instructions:
+//   - a thread block owns 128 keys of one (batch row, kv head): its K and V stay in shared
+//     memory (the copy engine, TMA), dK and dV in registers; it walks the query blocks (64
+//     rows) of each query head of the kv head's group that the band lets see its keys, two
+//     stages of Q, dO, lse and D in flight (one thread issues the copies);
+//   - two warpgroups, 64 keys each: S^T = K Q^T and dP^T = V dO^T (wgmma, both operands in
+//     shared memory), P^T = exp2(S^T scale log2(e) - lse2) and dS^T = P^T (dP^T - D) in
+//     registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands;
+//   - dS^T goes to shared memory (128-byte swizzled, as the copy engine writes), and each
+//     group adds dQ's 64 columns of the block, dS K, into a float32 accumulator in global
+//     memory (atomic adds); flash_bwd.cu's last kernel scales and converts it.
+// GQA: the group's query heads run in the same block, so dK and dV are summed in registers
+// (deterministic); dQ's atomic adds are not (their order varies).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "fusedattn/attention/hopper/fwd_kernel.cuh"  // pack2, clamp_edge, kNoEdge
+#include "fusedattn/attention/hopper/sm90.cuh"
+
+namespace fusedattn::cuda::hopper {
+
+struct BwdArgs {
+  CUtensorMap q, k, v, dout;  // {D, S, H, B}; q and dout boxes {64, 64}, k and v {64, 128}
+  // [B * Hq, sq_pad] (sq_pad: Sq rounded up to 64): lse in log2 units (+inf where a row's P
+  // is 0: a row that keeps nothing, a padded or absent one) and D = rowsum(dO * O).
+  const float* lse2;
+  const float* dsum;
+  float* dq_acc;  // [B * Hq, sq_pad, 128], zero at launch
+  void* dk;
+  void* dv;
+  int64_t dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
+  int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv, sq_pad;
+  int diag, lo_diag, bottom_right;  // the band, as FwdArgs
+  const int* q_lens;
+  const int* kv_lens;
+  int lens_stride;
+  float scale_log2;  // scale log2(e)
+  float scale;
+};
+
+struct BwdDims {
+  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kThreads = 256;
+  static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
+  static constexpr uint32_t kQSpanBytes = kBlockM * 128;   // of Q's or dO's 64 rows
+};
+
+struct BwdSmem {
+  uint8_t k[2 * BwdDims::kKVSpanBytes];
+  uint8_t v[2 * BwdDims::kKVSpanBytes];
+  uint8_t q[2][2 * BwdDims::kQSpanBytes];
+  uint8_t dout[2][2 * BwdDims::kQSpanBytes];
+  uint8_t ds[BwdDims::kBlockN * 128];  // dS^T: 128 keys of 64 queries (one 128-byte span)
+  float lse2[2][BwdDims::kBlockM];
+  float dsum[2][BwdDims::kBlockM];
+  uint64_t kv_full, full[2];
+};
+constexpr size_t kBwdSmemBytes = sizeof(BwdSmem) + 1024;
+
+// The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
+struct BwdTile {
+  int n0, q_len, kv_len, diag, lo_diag, m_begin, m_end;
+};
+
+template <bool kCausal>
+__device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
+  BwdTile t;
+  t.n0 = n * BwdDims::kBlockN;
+  t.q_len = a.seqlen_q, t.kv_len = a.seqlen_kv;
+  if (a.q_lens) {
+    const int i = b * a.lens_stride;
+    t.q_len = min(max(a.q_lens[i], 0), a.seqlen_q);
+    t.kv_len = min(max(a.kv_lens[i], 0), a.seqlen_kv);
+  }
+  const long long diag0 = a.bottom_right ? t.kv_len - t.q_len : 0;
+  t.diag = clamp_edge(diag0 + a.diag);
+  t.lo_diag = a.lo_diag == kNoEdge ? kNoEdge : clamp_edge(diag0 + a.lo_diag);
+  constexpr int bm = BwdDims::kBlockM;
+  t.m_begin = 0;
+  t.m_end = (t.q_len + bm - 1) / bm;
+  const int last_key = min(t.n0 + BwdDims::kBlockN, t.kv_len) - 1;
+  if (last_key < t.n0) {  // no key of the block kept
+    t.m_end = 0;
+    return t;
+  }
+  // Query i sees key j when j <= i + diag (causal) and j >= i + lo_diag.
+  if (kCausal) {
+    const long long first = static_cast<long long>(t.n0) - t.diag;
+    t.m_begin = static_cast<int>(max(0LL, first) / bm);
+  }
+  if (t.lo_diag != kNoEdge) {
+    const long long last = static_cast<long long>(last_key) - t.lo_diag;  // the last query
+    t.m_end = last < 0 ? 0 : static_cast<int>(min(static_cast<long long>(t.m_end), last / bm + 1));
+  }
+  return t;
+}
+
+template <bool kCausal, bool kBf16>
+__global__ void __launch_bounds__(BwdDims::kThreads, 1)
+    flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  constexpr int kBlockM = BwdDims::kBlockM;
+  constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = BwdDims::kQSpanBytes;
+  extern __shared__ uint8_t smem_raw[];
+  BwdSmem& sm = *reinterpret_cast<BwdSmem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  const int n = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const BwdTile tile = bwd_tile<kCausal>(a, n, b);
+  const int blocks = max(0, tile.m_end - tile.m_begin);
+  const int total = blocks * a.heads_per_kv;
+
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.kv_full, 1);
+    mbar_init(&sm.full[0], 1);
+    mbar_init(&sm.full[1], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // Stage it's Q, dO, lse2 and D (head h_kv * group + it / blocks, block m_begin + it % blocks).
+  auto load = [&](int it) {
+    const int st = it % 2, h = h_kv * a.heads_per_kv + it / blocks;
+    const int m0 = (tile.m_begin + it % blocks) * kBlockM;
+    mbar_expect_bytes(&sm.full[st], 4 * kQ + 2 * kBlockM * 4);
+    for (int sp = 0; sp < 2; ++sp) {
+      tma_load_4d(&a.q, &sm.full[st], sm.q[st] + sp * kQ, 64 * sp, m0, h, b);
+      tma_load_4d(&a.dout, &sm.full[st], sm.dout[st] + sp * kQ, 64 * sp, m0, h, b);
+    }
+    const int64_t row = (int64_t{b} * a.heads_q + h) * a.sq_pad + m0;
+    bulk_load(sm.lse2[st], a.lse2 + row, kBlockM * 4, &sm.full[st]);
+    bulk_load(sm.dsum[st], a.dsum + row, kBlockM * 4, &sm.full[st]);
+  };
+  if (threadIdx.x == 0 && total > 0) {
+    tma_prefetch_map(&a.q);
+    tma_prefetch_map(&a.dout);
+    mbar_expect_bytes(&sm.kv_full, 4 * kKV);
+    for (int sp = 0; sp < 2; ++sp) {
+      tma_load_4d(&a.k, &sm.kv_full, sm.k + sp * kKV, 64 * sp, tile.n0, h_kv, b);
+      tma_load_4d(&a.v, &sm.kv_full, sm.v + sp * kKV, 64 * sp, tile.n0, h_kv, b);
+    }
+    load(0);
+  }
+
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
+  const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v), ds_addr = smem_addr(sm.ds);
+  const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
+  const int key0 = tile.n0 + key_l;
+  if (total > 0) mbar_wait(&sm.kv_full, 0);
+  for (int it = 0; it < total; ++it) {
+    const int st = it % 2;
+    if (threadIdx.x == 0 && it + 1 < total) load(it + 1);  // its stage was freed at it - 1's end
+    const int h = h_kv * a.heads_per_kv + it / blocks;
+    const int m0 = (tile.m_begin + it % blocks) * kBlockM;
+    mbar_wait(&sm.full[st], (it / 2) & 1);
+    const uint32_t q_addr = smem_addr(sm.q[st]), do_addr = smem_addr(sm.dout[st]);
+
+    // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys.
+    float s[32], dp[32];
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
+      const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
+      wgmma_ss_m64n64k16<kBf16>(s, desc_sw128(k_addr + off_kv, 16, 1024),
+                                desc_sw128(q_addr + off_q, 16, 1024), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
+      const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
+      wgmma_ss_m64n64k16<kBf16>(dp, desc_sw128(v_addr + off_kv, 16, 1024),
+                                desc_sw128(do_addr + off_q, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+
+    // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
+    // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh).
+    const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + BwdDims::kBlockN > tile.kv_len ||
+                      (kCausal && tile.n0 + BwdDims::kBlockN - 1 > m0 + tile.diag) ||
+                      (tile.lo_diag != kNoEdge && tile.n0 < m0 + kBlockM - 1 + tile.lo_diag);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * j + 2 * (lane % 4) + e;
+        const float lse2 = sm.lse2[st][c], dsum = sm.dsum[st][c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 4 * j + 2 * r + e;
+          float pr = exp2_approx(fmaf(s[i], a.scale_log2, -lse2));
+          if (edge) {
+            const int key = key0 + 8 * r, q = m0 + c;
+            if (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
+                (tile.lo_diag != kNoEdge && key < q + tile.lo_diag))
+              pr = 0.0f;
+          }
+          s[i] = pr;
+          dp[i] = pr * (dp[i] - dsum);
+        }
+      }
+    }
+    uint32_t p[16], ds[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
+      ds[i] = pack2<kBf16>(dp[2 * i], dp[2 * i + 1]);
+    }
+    // dS^T to shared memory, 128-byte swizzled: key row kr, queries' 16-byte chunk j at
+    // chunk j ^ (kr % 8) of the row.
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int kr = key_l + 8 * r;
+        *reinterpret_cast<uint32_t*>(sm.ds + kr * 128 + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4)) =
+            ds[2 * j + r];
+      }
+    fence_proxy_async();
+
+    // dV += P^T dO, dK += dS^T Q (K = the block's 64 queries, 16 a step).
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(p);
+    fence_regs(ds);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t fa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
+      wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+    }
+    wgmma_commit();
+    named_sync(1);  // both groups' dS^T written
+
+    // dQ's columns 64w.. of the block: dS K (K = the block's 128 keys).
+    float dq[32];
+    fence_regs(dq);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_addr + kk * 16 * 128, kKV, 1024),
+                                   desc_sw128(k_addr + w * kKV + kk * 16 * 128, kKV, 1024),
+                                   kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    fence_regs(dv);
+    fence_regs(dk);
+    float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * 128 + 64 * w;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * warp + lane / 4 + 8 * r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        atomicAdd(reinterpret_cast<float2*>(acc + row * 128 + 8 * j + 2 * (lane % 4)),
+                  make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
+    }
+    named_sync(1);  // the stage and dS^T are free
+  }
+
+  // dK (scaled) and dV of this thread's two keys; keys past kv_len get 0 (none of their P).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key >= a.seqlen_kv) continue;
+    T* dk_row = static_cast<T*>(a.dk) + b * a.dk_b + key * a.dk_s + h_kv * a.dk_h;
+    T* dv_row = static_cast<T*>(a.dv) + b * a.dv_b + key * a.dv_s + h_kv * a.dv_h;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          pack2<kBf16>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<kBf16>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace fusedattn::cuda::hopper

@@ -1,0 +1,59 @@
+// The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. First
+// version: head dim 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
+// bottom-right, windows), GQA / MQA, padding lengths. Not yet routed by select_backend: the
+// kernel tests (tests/cuda/hopper/test_hopper_bwd.cu) and dev/hopper_bwd run it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fusedattn/core/status.h"
+
+namespace fusedattn::cuda::hopper {
+
+// One backward call. Strides in elements; the head dim is contiguous.
+struct FlashBwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;   // the forward's output
+  const void* dout = nullptr;  // its cotangent
+  int64_t q_b = 0, q_s = 0, q_h = 0, k_b = 0, k_s = 0, k_h = 0, v_b = 0, v_s = 0, v_h = 0;
+  int64_t o_b = 0, o_s = 0, o_h = 0, do_b = 0, do_s = 0, do_h = 0;
+  // The forward's log-sum-exp (natural log, [B, H, S] through its strides): a row of +-inf
+  // (it kept nothing) gets no gradient.
+  const float* lse = nullptr;
+  int64_t l_b = 0, l_h = 0, l_s = 0;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t dq_b = 0, dq_s = 0, dq_h = 0, dk_b = 0, dk_s = 0, dk_h = 0, dv_b = 0, dv_s = 0, dv_h = 0;
+  int64_t batch = 0, seqlen_q = 0, seqlen_kv = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  bool bf16 = true;
+  float scale = 1.0f;
+  // The band and padding, as FlashFwdParams.
+  bool causal = false;
+  int64_t diag = 0;
+  bool left_bound = false;
+  int64_t lo_diag = 0;
+  bool bottom_right = false;
+  const int32_t* q_lens = nullptr;
+  const int32_t* kv_lens = nullptr;
+  int64_t lens_stride = 1;
+  // Device scratch of flash_bwd_workspace_bytes(p) bytes, 256-byte aligned.
+  void* workspace = nullptr;
+};
+
+// Empty when the kernel can run p on a device of compute capability cc; otherwise the
+// first reason it cannot.
+std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
+
+// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator.
+int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
+
+// Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).
+Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream);
+
+}  // namespace fusedattn::cuda::hopper

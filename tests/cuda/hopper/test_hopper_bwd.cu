@@ -1,0 +1,310 @@
+// The Hopper flash backward (csrc/fusedattn/attention/hopper/flash_bwd.h) alone, on an sm_90
+// GPU: each case against float32 reference kernels of this file (exact softmax; one thread a
+// query row for the forward and dQ, one a key for dK and dV) on fresh random inputs, with
+// dq, dk and dv poisoned (NaN) before the run so an unwritten element shows. Cases: full,
+// causal top-left / bottom-right (rows that keep nothing among them), windows, GQA / MQA,
+// BSHD and BHSD strides, ragged lengths, padding, bf16 and fp16. Skipped without an sm_90
+// device.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fusedattn/attention/hopper/flash_bwd.h"
+
+namespace fusedattn::cuda::hopper {
+namespace {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+bool has_sm90() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+__device__ uint32_t hash(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16;
+  return x;
+}
+
+template <class T>
+__global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float u = (hash(static_cast<uint32_t>(i) * 2654435761u + seed) >> 8) * (1.0f / 16777216.0f);
+    x[i] = static_cast<T>(amp * (2.0f * u - 1.0f));
+  }
+}
+
+template <class T>
+__device__ float f(T x) { return static_cast<float>(x); }
+
+// The call's rule for one (b, h, query i, key j): the band from the sequence's base diagonal,
+// padding lengths.
+struct Rule {
+  FlashBwdParams p;
+  __device__ void lens(int64_t b, int64_t* q_len, int64_t* kv_len) const {
+    *q_len = p.seqlen_q, *kv_len = p.seqlen_kv;
+    if (p.q_lens) {
+      const int64_t ql = p.q_lens[b * p.lens_stride], kl = p.kv_lens[b * p.lens_stride];
+      *q_len = ql < 0 ? 0 : ql > p.seqlen_q ? p.seqlen_q : ql;
+      *kv_len = kl < 0 ? 0 : kl > p.seqlen_kv ? p.seqlen_kv : kl;
+    }
+  }
+  __device__ bool kept(int64_t b, int64_t i, int64_t j) const {
+    int64_t q_len, kv_len;
+    lens(b, &q_len, &kv_len);
+    const int64_t base = p.bottom_right ? kv_len - q_len : 0;
+    return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
+           (!p.left_bound || j >= i + base + p.lo_diag);
+  }
+  template <class T>
+  __device__ float score(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const int64_t hk = h / (p.heads_q / p.heads_kv);
+    const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
+    const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
+    float d = 0.0f;
+    for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
+    return d * p.scale;
+  }
+  template <class T>
+  __device__ float dprob(int64_t b, int64_t h, int64_t i, int64_t j) const {  // dO_i . V_j
+    const int64_t hk = h / (p.heads_q / p.heads_kv);
+    const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
+    float s = 0.0f;
+    for (int x = 0; x < p.head_dim; ++x) s += f(d[x]) * f(v[x]);
+    return s;
+  }
+};
+
+// A row's forward: out (to p.out, rounded to T, as a forward would give it), lse (-inf: the
+// row keeps nothing) and D = dO . out in float32.
+template <class T>
+__global__ void ref_forward(Rule r, float* lse, float* dsum) {
+  const FlashBwdParams& p = r.p;
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
+  const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q, b = idx / (p.seqlen_q * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  float m = -INFINITY;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j)
+    if (r.kept(b, i, j)) m = fmaxf(m, r.score<T>(b, h, i, j));
+  float acc[128] = {}, l = 0.0f;
+  for (int64_t j = 0; j < p.seqlen_kv; ++j) {
+    if (!r.kept(b, i, j)) continue;
+    const float e = expf(r.score<T>(b, h, i, j) - m);
+    l += e;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
+    for (int x = 0; x < 128; ++x) acc[x] += e * f(v[x]);
+  }
+  T* out = const_cast<T*>(static_cast<const T*>(p.out)) + b * p.o_b + i * p.o_s + h * p.o_h;
+  const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
+  float ds = 0.0f;
+  for (int x = 0; x < 128; ++x) {
+    const float o = l > 0.0f ? acc[x] / l : 0.0f;
+    out[x] = static_cast<T>(o);
+    ds += o * f(d[x]);
+  }
+  lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
+  dsum[idx] = ds;
+}
+
+// dQ of a row: scale sum_j P_ij (dP_ij - D_i) K_j.
+template <class T>
+__global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
+  const FlashBwdParams& p = r.p;
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
+  const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q, b = idx / (p.seqlen_q * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  float acc[128] = {};
+  for (int64_t j = 0; j < p.seqlen_kv; ++j) {
+    if (!r.kept(b, i, j)) continue;
+    const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
+    const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]);
+    const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
+    for (int x = 0; x < 128; ++x) acc[x] += ds * f(k[x]);
+  }
+  for (int x = 0; x < 128; ++x) dq[idx * 128 + x] = acc[x] * p.scale;
+}
+
+// dK and dV of a key (b, kv head hk, j): sums over the group's heads and their rows.
+template <class T>
+__global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, float* dv) {
+  const FlashBwdParams& p = r.p;
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.batch * p.heads_kv * p.seqlen_kv) return;
+  const int64_t j = idx % p.seqlen_kv, hk = idx / p.seqlen_kv % p.heads_kv, b = idx / (p.seqlen_kv * p.heads_kv);
+  const int64_t g = p.heads_q / p.heads_kv;
+  float ak[128] = {}, av[128] = {};
+  for (int64_t h = hk * g; h < (hk + 1) * g; ++h)
+    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+      if (!r.kept(b, i, j)) continue;
+      const int64_t row = (b * p.heads_q + h) * p.seqlen_q + i;
+      const float pr = expf(r.score<T>(b, h, i, j) - lse[row]);
+      const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[row]);
+      const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
+      const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
+      for (int x = 0; x < 128; ++x) ak[x] += ds * f(q[x]), av[x] += pr * f(d[x]);
+    }
+  for (int x = 0; x < 128; ++x) dk[idx * 128 + x] = ak[x] * p.scale, dv[idx * 128 + x] = av[x];
+}
+
+struct Case {
+  const char* name;
+  bool bf16 = true, causal = false, bhsd = false, bottom_right = false;
+  int B = 2, Sq = 256, Skv = 256, Hq = 4, Hkv = 4;
+  int left = -1, right = -1;  // window sides (-1: none); causal sets right = 0
+  std::vector<int> q_lens, kv_lens;
+  float amp = 1.0f;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+template <class T>
+void run_case(const Case& cs) {
+  constexpr int64_t D = 128;
+  const int64_t nq = int64_t{cs.B} * cs.Sq * cs.Hq * D, nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D;
+  const int64_t rows = nq / D, keys = nk / D;
+  T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *dsum, *rq, *rk, *rv;
+  for (T** t : {&q, &o, &dout, &dq}) CUDA_OK(cudaMalloc(t, nq * sizeof(T)));
+  for (T** t : {&k, &v, &dk, &dv}) CUDA_OK(cudaMalloc(t, nk * sizeof(T)));
+  CUDA_OK(cudaMalloc(&lse, rows * 4));
+  CUDA_OK(cudaMalloc(&dsum, rows * 4));
+  CUDA_OK(cudaMalloc(&rq, nq * 4));
+  CUDA_OK(cudaMalloc(&rk, nk * 4));
+  CUDA_OK(cudaMalloc(&rv, nk * 4));
+  static uint32_t seed = 11;
+  fill<<<1024, 256>>>(q, nq, seed++, cs.amp);
+  fill<<<1024, 256>>>(k, nk, seed++, cs.amp);
+  fill<<<1024, 256>>>(v, nk, seed++, 1.0f);
+  fill<<<1024, 256>>>(dout, nq, seed++, 1.0f);
+  for (T* t : {dq, dk, dv}) CUDA_OK(cudaMemset(t, 0xff, (t == dq ? nq : nk) * sizeof(T)));  // NaN
+
+  FlashBwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk, p.dv = dv;
+  auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
+    *sb = S * H * D;
+    if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
+  };
+  strides(cs.Sq, cs.Hq, &p.q_b, &p.q_s, &p.q_h);
+  strides(cs.Sq, cs.Hq, &p.o_b, &p.o_s, &p.o_h);
+  strides(cs.Sq, cs.Hq, &p.do_b, &p.do_s, &p.do_h);
+  strides(cs.Sq, cs.Hq, &p.dq_b, &p.dq_s, &p.dq_h);
+  strides(cs.Skv, cs.Hkv, &p.k_b, &p.k_s, &p.k_h);
+  strides(cs.Skv, cs.Hkv, &p.v_b, &p.v_s, &p.v_h);
+  strides(cs.Skv, cs.Hkv, &p.dk_b, &p.dk_s, &p.dk_h);
+  strides(cs.Skv, cs.Hkv, &p.dv_b, &p.dv_s, &p.dv_h);
+  p.l_b = int64_t{cs.Hq} * cs.Sq, p.l_h = cs.Sq, p.l_s = 1;
+  p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq, p.heads_kv = cs.Hkv;
+  p.head_dim = D, p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(float(D));
+  const int right = cs.causal ? 0 : cs.right;
+  p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
+  p.left_bound = cs.left >= 0, p.lo_diag = cs.left >= 0 ? -cs.left : 0;
+  p.bottom_right = cs.bottom_right;
+  int* lens = nullptr;
+  if (!cs.q_lens.empty()) {
+    std::vector<int> h(cs.q_lens);
+    h.insert(h.end(), cs.kv_lens.begin(), cs.kv_lens.end());
+    CUDA_OK(cudaMalloc(&lens, h.size() * 4));
+    CUDA_OK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    p.q_lens = lens, p.kv_lens = lens + cs.B, p.lens_stride = 1;
+  }
+  const Rule rule{p};
+  ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
+  CUDA_OK(cudaGetLastError());
+  void* ws = nullptr;
+  const int64_t ws_bytes = flash_bwd_workspace_bytes(p);
+  CUDA_OK(cudaMalloc(&ws, ws_bytes));
+  CUDA_OK(cudaMemset(ws, 0x55, ws_bytes));  // flash_bwd writes what it reads
+  p.workspace = ws;
+  ASSERT_EQ(flash_bwd_unsupported(p, 90), "");
+  const Status st = flash_bwd(p, 0);
+  ASSERT_TRUE(st.ok()) << st.message;
+  ref_dq<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum, rq);
+  ref_dkv<T><<<(keys + 127) / 128, 128>>>(rule, lse, dsum, rk, rv);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Each gradient against its reference ([B, H, S, D] by row index; ours through the
+  // strides): every element finite and within tol of the tensor's largest magnitude.
+  const double tol = cs.bf16 ? 2e-2 : 4e-3;
+  auto check = [&](const char* name, const T* dev, const float* ref, int64_t S, int64_t H,
+                   int64_t sb, int64_t ss, int64_t sh) {
+    const int64_t n = int64_t{cs.B} * S * H * D;
+    std::vector<T> got(n);
+    std::vector<float> want(n);
+    ASSERT_EQ(cudaMemcpy(got.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(want.data(), ref, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    double big = 0, err = 0;
+    int64_t worst = 0, bad = 0;
+    for (float x : want) big = std::max(big, double(std::fabs(x)));
+    for (int64_t r = 0; r < n / D; ++r) {
+      const int64_t i = r % S, h = r / S % H, b = r / (S * H);
+      for (int64_t x = 0; x < D; ++x) {
+        const double e = std::fabs(double(static_cast<float>(got[b * sb + i * ss + h * sh + x])) - want[r * D + x]);
+        if (!(e <= err)) err = std::isnan(e) ? INFINITY : e, worst = r * D + x;
+        if (!(e <= tol * big)) ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << name << ": " << bad << " elements off by more than " << tol << " x " << big
+                      << "; worst " << err << " at " << worst;
+    printf("  %s: max err %.3g of max |ref| %.3g (%.2e)\n", name, err, big, big > 0 ? err / big : err);
+  };
+  check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
+  check("dk", dk, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
+  check("dv", dv, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
+                  (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens})
+    cudaFree(t);
+}
+
+class HopperBwd : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HopperBwd, MatchesReference) {
+  if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  const Case& cs = GetParam();
+  if (cs.bf16) run_case<__nv_bfloat16>(cs);
+  else run_case<__half>(cs);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  auto add = [&](Case x) { c.push_back(x); };
+  add({.name = "full"});
+  add({.name = "full_fp16", .bf16 = false});
+  add({.name = "causal", .causal = true});
+  add({.name = "causal_fp16_bhsd", .bf16 = false, .causal = true, .bhsd = true});
+  add({.name = "causal_gqa", .causal = true, .Hq = 6, .Hkv = 2});
+  add({.name = "full_mqa_ragged", .Sq = 300, .Skv = 200, .Hq = 4, .Hkv = 1});
+  add({.name = "causal_ragged", .causal = true, .Sq = 333, .Skv = 333});
+  add({.name = "causal_bottom_right_long_q", .causal = true, .bottom_right = true, .Sq = 320, .Skv = 200});
+  add({.name = "causal_bottom_right_long_kv", .causal = true, .bottom_right = true, .Sq = 130, .Skv = 390});
+  add({.name = "window_left", .causal = true, .Sq = 512, .Skv = 512, .left = 100});
+  add({.name = "window_both", .Sq = 384, .Skv = 384, .left = 70, .right = 30});
+  add({.name = "padding", .causal = true, .B = 3, .Sq = 256, .Skv = 256, .q_lens = {256, 100, 0},
+       .kv_lens = {200, 256, 17}});
+  add({.name = "large_scores", .causal = true, .amp = 4.0f});
+  add({.name = "long", .causal = true, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2, .Hkv = 2});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, HopperBwd, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(HopperBwdChecks, NamesWhatItDeclines) {
+  FlashBwdParams p;
+  p.head_dim = 64;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dim 128 only");
+  EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
+}
+
+}  // namespace
+}  // namespace fusedattn::cuda::hopper
