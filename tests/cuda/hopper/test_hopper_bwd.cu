@@ -15,32 +15,12 @@
 #include <vector>
 
 #include "fusedattn/attention/hopper/flash_bwd.h"
+#include "common.cuh"
 
 namespace fusedattn::cuda::hopper {
 namespace {
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-bool has_sm90() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  return prop.major == 9 && prop.minor == 0;
-}
-
-__device__ uint32_t hash(uint32_t x) {
-  x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16;
-  return x;
-}
-
-template <class T>
-__global__ void fill(T* x, size_t n, uint32_t seed, float amp) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const float u = (hash(static_cast<uint32_t>(i) * 2654435761u + seed) >> 8) * (1.0f / 16777216.0f);
-    x[i] = static_cast<T>(amp * (2.0f * u - 1.0f));
-  }
-}
+using namespace test_util;
 
 template <class T>
 __device__ float f(T x) { return static_cast<float>(x); }
@@ -57,12 +37,17 @@ struct Rule {
       *kv_len = kl < 0 ? 0 : kl > p.seqlen_kv ? p.seqlen_kv : kl;
     }
   }
-  __device__ bool kept(int64_t b, int64_t i, int64_t j) const {
+  template <class T>
+  __device__ float bias(int64_t b, int64_t h, int64_t i, int64_t j) const {  // the dense mask's value
+    return p.bias ? f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + i * p.bias_s + j]) : 0.0f;
+  }
+  template <class T>
+  __device__ bool kept(int64_t b, int64_t h, int64_t i, int64_t j) const {
     int64_t q_len, kv_len;
     lens(b, &q_len, &kv_len);
     const int64_t base = p.bottom_right ? kv_len - q_len : 0;
     return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
-           (!p.left_bound || j >= i + base + p.lo_diag);
+           (!p.left_bound || j >= i + base + p.lo_diag) && !(p.bias && bias<T>(b, h, i, j) == p.mask_value);
   }
   template <class T>
   __device__ float score(int64_t b, int64_t h, int64_t i, int64_t j) const {
@@ -71,7 +56,7 @@ struct Rule {
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
     float d = 0.0f;
     for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
-    return d * p.scale;
+    return d * p.scale + bias<T>(b, h, i, j);
   }
   template <class T>
   __device__ float dprob(int64_t b, int64_t h, int64_t i, int64_t j) const {  // dO_i . V_j
@@ -95,10 +80,10 @@ __global__ void ref_forward(Rule r, float* lse, float* dsum) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
   float m = -INFINITY;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
-    if (r.kept(b, i, j)) m = fmaxf(m, r.score<T>(b, h, i, j));
+    if (r.kept<T>(b, h, i, j)) m = fmaxf(m, r.score<T>(b, h, i, j));
   float acc[128] = {}, l = 0.0f;
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
-    if (!r.kept(b, i, j)) continue;
+    if (!r.kept<T>(b, h, i, j)) continue;
     const float e = expf(r.score<T>(b, h, i, j) - m);
     l += e;
     const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
@@ -126,7 +111,7 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
   float acc[128] = {};
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
-    if (!r.kept(b, i, j)) continue;
+    if (!r.kept<T>(b, h, i, j)) continue;
     const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
     const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]);
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
@@ -146,7 +131,7 @@ __global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, 
   float ak[128] = {}, av[128] = {};
   for (int64_t h = hk * g; h < (hk + 1) * g; ++h)
     for (int64_t i = 0; i < p.seqlen_q; ++i) {
-      if (!r.kept(b, i, j)) continue;
+      if (!r.kept<T>(b, h, i, j)) continue;
       const int64_t row = (b * p.heads_q + h) * p.seqlen_q + i;
       const float pr = expf(r.score<T>(b, h, i, j) - lse[row]);
       const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[row]);
@@ -164,6 +149,8 @@ struct Case {
   int left = -1, right = -1;  // window sides (-1: none); causal sets right = 0
   std::vector<int> q_lens, kv_lens;
   float amp = 1.0f;
+  int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
+  bool mask_b = false, mask_h = false, mask_values = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -218,6 +205,17 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     p.q_lens = lens, p.kv_lens = lens + cs.B, p.lens_stride = 1;
   }
+  T* mask = nullptr;
+  if (cs.mask) {
+    const int64_t mb = cs.mask_b ? cs.B : 1, mh = cs.mask_h ? cs.Hq : 1;
+    const int64_t n = mb * mh * cs.Sq * cs.Skv;
+    CUDA_OK(cudaMalloc(&mask, n * sizeof(T)));
+    p.mask_value = static_cast<float>(static_cast<T>(-0.7f * (cs.bf16 ? 3.3895313892515355e38f : 65504.0f)));
+    fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
+    p.bias = mask, p.mask_bias = true, p.bias_batch = mb, p.bias_heads = mh;
+    p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
+    p.bias_b = cs.mask_b ? mh * cs.Sq * cs.Skv : 0;
+  }
   const Rule rule{p};
   ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
   CUDA_OK(cudaGetLastError());
@@ -262,7 +260,7 @@ void run_case(const Case& cs) {
   check("dk", dk, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
   check("dv", dv, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
-                  (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens})
+                  (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask})
     cudaFree(t);
 }
 
@@ -293,6 +291,14 @@ std::vector<Case> cases() {
        .kv_lens = {200, 256, 17}});
   add({.name = "large_scores", .causal = true, .amp = 4.0f});
   add({.name = "long", .causal = true, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2, .Hkv = 2});
+  // Dense masks: causal written out; a band with holes and rows that keep nothing, per
+  // batch row and head, with bias values; beside a mask type, GQA and padding.
+  add({.name = "mask_causal", .Sq = 512, .Skv = 512, .mask = 1});
+  add({.name = "mask_band_holes_per_head_values", .B = 2, .Sq = 700, .Skv = 640, .Hq = 4, .Hkv = 2,
+       .mask = 2, .mask_b = true, .mask_h = true, .mask_values = true});
+  add({.name = "mask_band_holes_fp16_gqa", .bf16 = false, .Sq = 512, .Skv = 512, .Hq = 6, .Hkv = 2, .mask = 2});
+  add({.name = "mask_with_causal_type_and_padding", .causal = true, .B = 3, .Sq = 384, .Skv = 384,
+       .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true});
   return c;
 }
 
@@ -304,6 +310,14 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   p.head_dim = 64;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dim 128 only");
   EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
+  p.head_dim = 128, p.heads_q = p.heads_kv = 1, p.batch = p.seqlen_q = p.seqlen_kv = 1;
+  int x[4];
+  p.q = p.k = p.v = p.dout = p.dq = p.dk = p.dv = x;
+  p.lse = reinterpret_cast<float*>(x), p.workspace = nullptr;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "lse and the workspace are required");
+  alignas(256) static char ws[256];
+  p.workspace = ws, p.bias = x, p.bias_s = 1;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "a bias only as a folded mask (mask_bias): no dbias");
 }
 
 }  // namespace

@@ -43,6 +43,17 @@ struct BwdArgs {
   int lens_stride;
   float scale_log2;  // scale log2(e)
   float scale;
+  // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
+  // scores: no dbias): tiles classifies (tbl, 64-query block, 128-key block) as
+  // classify_mask does, keep_bits its bits (rows mask_m * 64 a table).
+  const uint16_t* bias;
+  int64_t bias_b, bias_h, bias_s;
+  float bias_mul;  // log2(e): the bias in the softmax's log2 units
+  int bias_heads;
+  uint16_t masked_bits;
+  const uint8_t* tiles;
+  const uint32_t* keep_bits;
+  int words_per_row, mask_m, mask_n;
 };
 
 struct BwdDims {
@@ -123,10 +134,22 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
-  // Stage it's Q, dO, lse2 and D (head h_kv * group + it / blocks, block m_begin + it % blocks).
-  auto load = [&](int it) {
-    const int st = it % 2, h = h_kv * a.heads_per_kv + it / blocks;
-    const int m0 = (tile.m_begin + it % blocks) * kBlockM;
+  // Iteration it: head h_kv * group + it / blocks, query block m_begin + it % blocks; a dense
+  // mask's class of it (1: no mask; 0: nothing kept, skipped).
+  auto head_of = [&](int it) { return h_kv * a.heads_per_kv + it / blocks; };
+  auto block_of = [&](int it) { return tile.m_begin + it % blocks; };
+  auto table_of = [&](int h) { return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0); };
+  auto class_of = [&](int it) -> int {
+    if (!a.tiles) return 1;
+    return a.tiles[(int64_t(table_of(head_of(it))) * a.mask_m + block_of(it)) * a.mask_n + n];
+  };
+  auto next = [&](int it) {
+    while (it < total && !(class_of(it) & 1)) ++it;
+    return it;
+  };
+  // Stage st's Q, dO, lse2 and D of iteration it.
+  auto load = [&](int it, int st) {
+    const int h = head_of(it), m0 = block_of(it) * kBlockM;
     mbar_expect_bytes(&sm.full[st], 4 * kQ + 2 * kBlockM * 4);
     for (int sp = 0; sp < 2; ++sp) {
       tma_load_4d(&a.q, &sm.full[st], sm.q[st] + sp * kQ, 64 * sp, m0, h, b);
@@ -136,7 +159,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     bulk_load(sm.lse2[st], a.lse2 + row, kBlockM * 4, &sm.full[st]);
     bulk_load(sm.dsum[st], a.dsum + row, kBlockM * 4, &sm.full[st]);
   };
-  if (threadIdx.x == 0 && total > 0) {
+  const int first = next(0);
+  if (threadIdx.x == 0 && first < total) {
     tma_prefetch_map(&a.q);
     tma_prefetch_map(&a.dout);
     mbar_expect_bytes(&sm.kv_full, 4 * kKV);
@@ -144,7 +168,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       tma_load_4d(&a.k, &sm.kv_full, sm.k + sp * kKV, 64 * sp, tile.n0, h_kv, b);
       tma_load_4d(&a.v, &sm.kv_full, sm.v + sp * kKV, 64 * sp, tile.n0, h_kv, b);
     }
-    load(0);
+    load(first, 0);
   }
 
   float dk[64], dv[64];
@@ -153,13 +177,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v), ds_addr = smem_addr(sm.ds);
   const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
   const int key0 = tile.n0 + key_l;
-  if (total > 0) mbar_wait(&sm.kv_full, 0);
-  for (int it = 0; it < total; ++it) {
-    const int st = it % 2;
-    if (threadIdx.x == 0 && it + 1 < total) load(it + 1);  // its stage was freed at it - 1's end
-    const int h = h_kv * a.heads_per_kv + it / blocks;
-    const int m0 = (tile.m_begin + it % blocks) * kBlockM;
-    mbar_wait(&sm.full[st], (it / 2) & 1);
+  if (first < total) mbar_wait(&sm.kv_full, 0);
+  for (int it = first, k = 0; it < total; ++k) {
+    const int st = k % 2, nx = next(it + 1);
+    if (threadIdx.x == 0 && nx < total) load(nx, st ^ 1);  // its stage was freed at k - 1's end
+    const int h = head_of(it), m0 = block_of(it) * kBlockM, cls = class_of(it);
+    mbar_wait(&sm.full[st], (k / 2) & 1);
     const uint32_t q_addr = smem_addr(sm.q[st]), do_addr = smem_addr(sm.dout[st]);
 
     // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys.
@@ -187,31 +210,53 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_regs(dp);
 
     // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
-    // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh).
+    // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh). kMode: 0 the band alone, 1 a
+    // dense mask's bits (a word a query: the block's 32 keys of this thread's two), 2 its
+    // 16-bit values (dropped, or a bias added).
     const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + BwdDims::kBlockN > tile.kv_len ||
                       (kCausal && tile.n0 + BwdDims::kBlockN - 1 > m0 + tile.diag) ||
                       (tile.lo_diag != kNoEdge && tile.n0 < m0 + kBlockM - 1 + tile.lo_diag);
+    auto probs = [&](auto mode_tag) {
+      constexpr int kMode = decltype(mode_tag)::value;
+      const int tbl = table_of(h);
+      const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * kBlockM + m0) *
+                                                            a.words_per_row + n * 4 + key_l / 32
+                                        : nullptr;
+      const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 8 * j + 2 * (lane % 4) + e;
-        const float lse2 = sm.lse2[st][c], dsum = sm.dsum[st][c];
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * j + 2 * (lane % 4) + e, q = m0 + c;
+          const float lse2 = sm.lse2[st][c], dsum = sm.dsum[st][c];
+          uint32_t word = 0;
+          if constexpr (kMode == 1) word = bits[int64_t{c} * a.words_per_row] >> (key_l % 32);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = 4 * j + 2 * r + e;
-          float pr = exp2_approx(fmaf(s[i], a.scale_log2, -lse2));
-          if (edge) {
-            const int key = key0 + 8 * r, q = m0 + c;
-            if (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
-                (tile.lo_diag != kNoEdge && key < q + tile.lo_diag))
-              pr = 0.0f;
+          for (int r = 0; r < 2; ++r) {
+            const int i = 4 * j + 2 * r + e, key = key0 + 8 * r;
+            float x = s[i] * a.scale_log2;
+            bool drop = false;
+            if constexpr (kMode == 1) drop = !((word >> (8 * r)) & 1u);
+            if constexpr (kMode == 2) {
+              if (q < a.seqlen_q && key < a.seqlen_kv) {
+                const uint16_t v = bias[int64_t{q} * a.bias_s + key];
+                if (v == a.masked_bits) drop = true;
+                else x = fmaf(bits_to_float<kBf16>(v), a.bias_mul, x);
+              }
+            }
+            if (edge && (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
+                         (tile.lo_diag != kNoEdge && key < q + tile.lo_diag)))
+              drop = true;
+            const float pr = drop ? 0.0f : exp2_approx(x - lse2);
+            s[i] = pr;
+            dp[i] = pr * (dp[i] - dsum);
           }
-          s[i] = pr;
-          dp[i] = pr * (dp[i] - dsum);
         }
       }
-    }
+    };
+    if (cls == 1) probs(std::integral_constant<int, 0>{});
+    else if (cls & 4) probs(std::integral_constant<int, 2>{});
+    else probs(std::integral_constant<int, 1>{});
     uint32_t p[16], ds[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -273,6 +318,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                   make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
     }
     named_sync(1);  // the stage and dS^T are free
+    it = nx;
   }
 
   // dK (scaled) and dV of this thread's two keys; keys past kv_len get 0 (none of their P).

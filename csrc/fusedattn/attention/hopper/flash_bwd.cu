@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
+#include "fusedattn/attention/hopper/mask_tiles.cuh"
 #include "fusedattn/attention/hopper/tma_map.h"
 #include "fusedattn/platform/cuda/check.h"
 
@@ -16,13 +17,18 @@ constexpr int64_t kBlockM = BwdDims::kBlockM;
 int64_t sq_pad(const FlashBwdParams& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
 int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
+MaskTiles mask_tiles(const FlashBwdParams& p) {
+  return MaskTiles(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, BwdDims::kBlockM, BwdDims::kBlockN);
+}
+
 struct Scratch {  // byte offsets into the workspace
-  int64_t lse2 = 0, dsum = 0, dq_acc = 0, bytes = 0;
+  int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, bytes = 0;
   explicit Scratch(const FlashBwdParams& p) {
     const int64_t rows = p.batch * p.heads_q * sq_pad(p);
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
-    bytes = dq_acc + rows * BwdDims::kD * 4;
+    mask = dq_acc + align256(rows * BwdDims::kD * 4);
+    bytes = mask + (p.bias ? align256(mask_tiles(p).bytes) : 0);
   }
 };
 
@@ -98,6 +104,15 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   for (int64_t s : {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b})
     if (s % 2 != 0) return "strides of dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
+  if (p.bias) {
+    if (!p.mask_bias) return "a bias only as a folded mask (mask_bias): no dbias";
+    if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
+      return "the bias's batch and head extents must be 1 or the call's";
+    if (p.bias_b < 0 || p.bias_h < 0 || p.bias_s < p.seqlen_kv)
+      return "the bias's strides must be >= 0 and its rows Skv apart or more";
+    if (p.bias_batch * p.bias_heads > 65535 || (p.seqlen_q + 63) / 64 > 65535)
+      return "a dense mask's classes take at most 65535 (batch, head) planes and query blocks";
+  }
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
   return "";
 }
@@ -151,6 +166,27 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   a.lens_stride = static_cast<int>(p.lens_stride);
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;
+  if (p.bias) {
+    a.bias = static_cast<const uint16_t*>(p.bias);
+    a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
+    a.bias_s = p.bias_s;
+    a.bias_heads = static_cast<int>(p.bias_heads);
+    a.bias_mul = 1.4426950408889634f;
+    a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
+                           : __half_as_ushort(__float2half_rn(p.mask_value));
+    const MaskTiles mt = mask_tiles(p);
+    auto* bits = reinterpret_cast<uint32_t*>(base + sc.mask);
+    auto* tiles = base + sc.mask + mt.tiles_at;
+    const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
+                    static_cast<unsigned>(mt.tables));
+    classify_mask<BwdDims::kBlockN><<<grid, 256, 0, stream>>>(
+        a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
+        a.masked_bits, tiles, bits);
+    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    a.tiles = tiles, a.keep_bits = bits;
+    a.words_per_row = static_cast<int>(mt.words_per_row);
+    a.mask_m = static_cast<int>(mt.num_m), a.mask_n = static_cast<int>(mt.num_n);
+  }
   const dim3 grid(static_cast<unsigned>((p.seqlen_kv + BwdDims::kBlockN - 1) / BwdDims::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
   Status st = p.causal ? (p.bf16 ? launch_bwd<true, true>(a, grid, stream)

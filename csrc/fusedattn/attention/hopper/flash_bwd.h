@@ -1,6 +1,7 @@
 // The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. First
 // version: head dim 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
-// bottom-right, windows), GQA / MQA, padding lengths. Not yet routed by select_backend: the
+// bottom-right, windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they
+// empty). Not yet routed by select_backend: the
 // kernel tests (tests/cuda/hopper/test_hopper_bwd.cu) and dev/hopper_bwd run it.
 #pragma once
 
@@ -42,6 +43,13 @@ struct FlashBwdParams {
   const int32_t* q_lens = nullptr;
   const int32_t* kv_lens = nullptr;
   int64_t lens_stride = 1;
+  // A dense mask (FlashFwdParams' fields of the same names; mask_bias must be set: a real
+  // bias would want dbias): its kept keys' values, if any, join the scores. The backward
+  // classifies its tiles again (64 queries x 128 keys) into the workspace.
+  const void* bias = nullptr;
+  int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
+  bool mask_bias = false;
+  float mask_value = 0.0f;
   // Device scratch of flash_bwd_workspace_bytes(p) bytes, 256-byte aligned.
   void* workspace = nullptr;
 };
@@ -50,7 +58,7 @@ struct FlashBwdParams {
 // first reason it cannot.
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
 
-// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator.
+// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, a dense mask's tiles.
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 
 // Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).

@@ -10,6 +10,7 @@
 
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/attention/hopper/fwd_kernel.cuh"
+#include "fusedattn/attention/hopper/mask_tiles.cuh"
 #include "fusedattn/attention/hopper/tma_map.h"
 #ifdef FA_HOPPER_SWEEP  // scripts/hopper_fwd_check.sh: every variant, and the probe, in this file
 #include "fusedattn/attention/hopper/launch.cuh"
@@ -59,60 +60,6 @@ __global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int6
   uint32_t* at = m + i / heads * sb + i % heads * sh;
   const float x = max_logit_value(*at);
   memcpy(at, &x, 4);
-}
-
-// A dense mask's classes (FwdArgs::tiles) and bits (keep_bits): block (key block, query
-// tile, table) classifies its tile — bit 0 some key kept, bit 1 some dropped, bit 2 a kept
-// key's bias not 0 (+-0 are 0) — and writes its rows' bits (rows and keys past the extents:
-// 0). A warp reads whole rows of the tile (kBlockN keys: 256 or 128 contiguous bytes), eight
-// loads in flight a lane, and a ballot makes each 32 keys' word.
-template <int kBlockN>
-__global__ void classify_mask(const uint16_t* bias, int64_t sb, int64_t sh, int64_t ss, int heads,
-                              int seqlen_q, int seqlen_kv, int block_m, uint16_t masked,
-                              uint8_t* tiles, uint32_t* bits) {
-  constexpr int kWords = kBlockN / 32, kLoads = 8, kRows = kLoads / kWords;
-  const int n = blockIdx.x, num_n = gridDim.x, mq = blockIdx.y, num_m = gridDim.y, table = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const uint16_t* base = bias + (table / heads) * sb + (table % heads) * sh;
-  const int r0 = mq * block_m, rows = min(block_m, seqlen_q - r0);
-  const int c0 = n * kBlockN, cols = min(kBlockN, seqlen_kv - c0);
-  const int64_t row_words = int64_t{num_n} * kWords;
-  uint32_t* out = bits + (int64_t(table) * num_m * block_m + r0) * row_words + n * kWords;
-  bool kept = false, dropped = false, value = false;
-  for (int r1 = warp * kRows; r1 < block_m; r1 += warps * kRows) {
-    uint16_t x[kLoads];
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
-      x[i] = r < rows && c < cols ? base[int64_t(r0 + r) * ss + c0 + c] : masked;
-    }
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
-      const bool keep = x[i] != masked;
-      dropped |= !keep && r < rows && c < cols;
-      value |= keep && (x[i] & 0x7fffu) != 0;
-      kept |= keep;
-      const uint32_t w = __ballot_sync(0xffffffffu, keep);
-      if (lane == 0 && r < block_m) out[r * row_words + i % kWords] = w;
-    }
-  }
-  kept = __syncthreads_or(kept);
-  dropped = __syncthreads_or(dropped);
-  value = __syncthreads_or(value);
-  if (threadIdx.x == 0)
-    tiles[(int64_t(table) * num_m + mq) * num_n + n] = uint8_t(kept | dropped << 1 | value << 2);
-}
-
-// FwdArgs::ranges from the classes: for each (table, query tile) the first and one past the
-// last key block that keeps a key ({0, 0}: none).
-__global__ void mask_ranges(const uint8_t* tiles, int64_t rows, int num_n, int2* ranges) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= rows) return;
-  int first = -1, last = -1;
-  for (int n = 0; n < num_n; ++n)
-    if (tiles[i * num_n + n] & 1) last = n, first = first < 0 ? n : first;
-  ranges[i] = first < 0 ? make_int2(0, 0) : make_int2(first, last + 1);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -225,18 +172,6 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
 namespace {
 Status run_kernel(const FlashFwdParams& p, cudaStream_t stream);
 
-// A dense mask's scratch for a tile shape (16-byte aligned parts): the bits (num_m * bm rows
-// a table, num_n * bn / 32 words a row), the classes, the ranges.
-struct MaskTiles {
-  int64_t num_m, num_n, tables, words_per_row, tiles_at, ranges_at, bytes;
-  MaskTiles(int64_t bias_batch, int64_t bias_heads, int64_t sq, int64_t skv, int64_t bm, int64_t bn)
-      : num_m((sq + bm - 1) / bm), num_n((skv + bn - 1) / bn), tables(bias_batch * bias_heads) {
-    words_per_row = num_n * bn / 32;
-    tiles_at = tables * num_m * bm * words_per_row * 4;
-    ranges_at = tiles_at + (tables * num_m * num_n + 15) / 16 * 16;
-    bytes = ranges_at + tables * num_m * 8;
-  }
-};
 }  // namespace
 
 int64_t mask_tiles_bytes(int64_t bias_batch, int64_t bias_heads, int64_t seqlen_q, int64_t seqlen_kv) {

@@ -1,0 +1,97 @@
+// Times the Hopper backward (flash_bwd: its three kernels) alone on random inputs, the
+// forward's lse from a random row max (the backward's cost does not depend on it):
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc --expt-relaxed-constexpr dev/hopper_bwd/bwd_time.cu \
+//     csrc/fusedattn/attention/hopper/flash_bwd.cu csrc/fusedattn/attention/hopper/tma_map.cu -o .carry/bwd_time
+//   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16]
+// Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "fusedattn/attention/hopper/flash_bwd.h"
+
+using namespace fusedattn::cuda::hopper;
+
+__global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u + seed;
+    h ^= h >> 15, h *= 0x2c1b3c6d, h ^= h >> 12;
+    x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+__global__ void fill_lse(float* x, size_t n) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = 3.0f;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    fprintf(stderr, "usage: bwd_time B S H Hkv causal [left] [fp16]\n");
+    return 2;
+  }
+  const int64_t B = atoi(argv[1]), S = atoi(argv[2]), H = atoi(argv[3]), Hkv = atoi(argv[4]), D = 128;
+  const bool causal = atoi(argv[5]) != 0;
+  const int left = argc > 6 ? atoi(argv[6]) : -1;
+  const bool fp16 = argc > 7 && atoi(argv[7]) != 0;
+  const int64_t nq = B * S * H * D, nk = B * S * Hkv * D;
+  __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float* lse;
+  for (auto** t : {&q, &o, &dout, &dq}) cudaMalloc(t, nq * 2);
+  for (auto** t : {&k, &v, &dk, &dv}) cudaMalloc(t, nk * 2);
+  cudaMalloc(&lse, B * H * S * 4);
+  uint32_t seed = 1;
+  for (auto* t : {q, o, dout}) fill<<<1024, 256>>>(t, nq, seed++);
+  for (auto* t : {k, v}) fill<<<1024, 256>>>(t, nk, seed++);
+  fill_lse<<<1024, 256>>>(lse, B * H * S);
+  FlashBwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk, p.dv = dv;
+  p.q_b = p.o_b = p.do_b = p.dq_b = S * H * D;
+  p.q_s = p.o_s = p.do_s = p.dq_s = H * D;
+  p.q_h = p.o_h = p.do_h = p.dq_h = D;
+  p.k_b = p.v_b = p.dk_b = p.dv_b = S * Hkv * D;
+  p.k_s = p.v_s = p.dk_s = p.dv_s = Hkv * D;
+  p.k_h = p.v_h = p.dk_h = p.dv_h = D;
+  p.l_b = H * S, p.l_h = S, p.l_s = 1;
+  p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = H, p.heads_kv = Hkv, p.head_dim = D;
+  p.bf16 = !fp16, p.scale = 0.08838834764831845f;
+  p.causal = causal || left >= 0, p.diag = 0;
+  p.left_bound = left >= 0, p.lo_diag = -left;
+  void* ws;
+  cudaMalloc(&ws, flash_bwd_workspace_bytes(p));
+  p.workspace = ws;
+  const std::string why = flash_bwd_unsupported(p, 90);
+  if (!why.empty()) {
+    fprintf(stderr, "unsupported: %s\n", why.c_str());
+    return 1;
+  }
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 25; ++r) {
+    cudaEventRecord(e0);
+    const auto st = flash_bwd(p, 0);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    if (!st.ok()) {
+      fprintf(stderr, "%s\n", st.message.c_str());
+      return 1;
+    }
+    float t;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (r >= 5) ms.push_back(t);
+  }
+  if (cudaGetLastError() != cudaSuccess) return 1;
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  double pairs = double(S) * S;
+  if (left >= 0) pairs = double(S) * (left + 1);
+  else if (causal) pairs /= 2;
+  const double flops = 2.5 * 4.0 * B * H * pairs * D;
+  printf("bwd B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", (long long)B, (long long)S,
+         (long long)H, (long long)Hkv, causal ? "causal" : "full",
+         left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9);
+  return 0;
+}
