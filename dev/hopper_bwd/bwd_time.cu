@@ -2,7 +2,8 @@
 // forward's lse from a random row max (the backward's cost does not depend on it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc --expt-relaxed-constexpr dev/hopper_bwd/bwd_time.cu \
 //     csrc/fusedattn/attention/hopper/flash_bwd.cu csrc/fusedattn/attention/hopper/tma_map.cu -o .carry/bwd_time
-//   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16]
+//   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16] [dense]
+// dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type.
 // Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half).
 #include <cuda_bf16.h>
 
@@ -22,6 +23,14 @@ __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
     x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
+// A dense mask [1, 1, S, S] as a folded bias: j <= i (and j >= i - left when left >= 0)
+// kept as 0, the rest `masked`.
+__global__ void fill_mask(__nv_bfloat16* m, int64_t S, int left, float masked) {
+  for (int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; x < S * S; x += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = x / S, j = x % S;
+    m[x] = __float2bfloat16(j <= i && (left < 0 || j >= i - left) ? 0.0f : masked);
+  }
+}
 __global__ void fill_lse(float* x, size_t n) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = 3.0f;
 }
@@ -35,6 +44,7 @@ int main(int argc, char** argv) {
   const bool causal = atoi(argv[5]) != 0;
   const int left = argc > 6 ? atoi(argv[6]) : -1;
   const bool fp16 = argc > 7 && atoi(argv[7]) != 0;
+  const bool dense = argc > 8 && atoi(argv[8]) != 0;
   const int64_t nq = B * S * H * D, nk = B * S * Hkv * D;
   __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
   float* lse;
@@ -58,6 +68,14 @@ int main(int argc, char** argv) {
   p.bf16 = !fp16, p.scale = 0.08838834764831845f;
   p.causal = causal || left >= 0, p.diag = 0;
   p.left_bound = left >= 0, p.lo_diag = -left;
+  if (dense) {
+    __nv_bfloat16* m;
+    cudaMalloc(&m, S * S * 2);
+    p.mask_value = __bfloat162float(__float2bfloat16(-0.7f * 3.3895313892515355e38f));
+    fill_mask<<<1024, 256>>>(m, S, left, p.mask_value);
+    p.bias = m, p.mask_bias = true, p.bias_s = S;
+    p.causal = false, p.left_bound = false;
+  }
   void* ws;
   cudaMalloc(&ws, flash_bwd_workspace_bytes(p));
   p.workspace = ws;
@@ -90,7 +108,7 @@ int main(int argc, char** argv) {
   if (left >= 0) pairs = double(S) * (left + 1);
   else if (causal) pairs /= 2;
   const double flops = 2.5 * 4.0 * B * H * pairs * D;
-  printf("bwd B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", (long long)B, (long long)S,
+  printf("bwd%s B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", dense ? " (dense mask)" : "", (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9);
   return 0;

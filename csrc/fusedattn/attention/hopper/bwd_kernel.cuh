@@ -112,7 +112,8 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   return t;
 }
 
-template <bool kCausal, bool kBf16>
+// kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
+template <bool kCausal, bool kBf16, bool kDense>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   auto block_of = [&](int it) { return tile.m_begin + it % blocks; };
   auto table_of = [&](int h) { return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0); };
   auto class_of = [&](int it) -> int {
-    if (!a.tiles) return 1;
+    if constexpr (!kDense) return 1;
     return a.tiles[(int64_t(table_of(head_of(it))) * a.mask_m + block_of(it)) * a.mask_n + n];
   };
   auto next = [&](int it) {
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         }
       }
     };
-    if (cls == 1) probs(std::integral_constant<int, 0>{});
+    if (!kDense || cls == 1) probs(std::integral_constant<int, 0>{});
     else if (cls & 4) probs(std::integral_constant<int, 2>{});
     else probs(std::integral_constant<int, 1>{});
     uint32_t p[16], ds[16];

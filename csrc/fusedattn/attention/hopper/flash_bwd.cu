@@ -3,6 +3,7 @@
 #include "fusedattn/attention/hopper/flash_bwd.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
 #include "fusedattn/attention/hopper/mask_tiles.cuh"
@@ -72,9 +73,9 @@ __global__ void bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
   dq[1] = static_cast<T>(v.y * p.scale);
 }
 
-template <bool kCausal, bool kBf16>
+template <bool kCausal, bool kBf16, bool kDense>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_bwd_kernel<kCausal, kBf16>;
+  auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kBwdSmemBytes)));
   kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes, stream>>>(a);
@@ -189,10 +190,14 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen_kv + BwdDims::kBlockN - 1) / BwdDims::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  Status st = p.causal ? (p.bf16 ? launch_bwd<true, true>(a, grid, stream)
-                                 : launch_bwd<true, false>(a, grid, stream))
-                       : (p.bf16 ? launch_bwd<false, true>(a, grid, stream)
-                                 : launch_bwd<false, false>(a, grid, stream));
+  auto launch = [&](auto causal, auto bf16) {
+    return a.tiles ? launch_bwd<decltype(causal)::value, decltype(bf16)::value, true>(a, grid, stream)
+                   : launch_bwd<decltype(causal)::value, decltype(bf16)::value, false>(a, grid, stream);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  const Status st = p.causal ? (p.bf16 ? launch(T{}, T{}) : launch(T{}, F{}))
+                             : (p.bf16 ? launch(F{}, T{}) : launch(F{}, F{}));
   FA_RETURN_IF_NOT_OK(st);
 
   const int64_t pairs = p.batch * p.heads_q * p.seqlen_q * D / 2;
