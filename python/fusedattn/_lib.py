@@ -121,6 +121,7 @@ def _load() -> ctypes.CDLL:
         ctypes.c_int]
     lib.fa_cudnn_graphs_built.restype = ctypes.c_int64
     lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
+    lib.fa_hopper_bwd_launches.restype = ctypes.c_int64
     lib.fa_set_hopper_fwd.argtypes = [ctypes.c_int]
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
@@ -321,6 +322,11 @@ def cudnn_graphs_built() -> int:
 def hopper_fwd_launches() -> int:
     """Launches of the Hopper flash forward (cuda/hopper) so far in this process."""
     return int(lib.fa_hopper_fwd_launches())
+
+
+def hopper_bwd_launches() -> int:
+    """Calls of the Hopper flash backward (cuda/hopper) so far in this process."""
+    return int(lib.fa_hopper_bwd_launches())
 
 
 _HOPPER_MODES = {"off": 0, "always": 1, "measured": 2, None: -1}

@@ -102,6 +102,21 @@ ScoreModForm recognize_score_mod(const ScoreMod* sm) {
   return f;
 }
 
+std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                          const PlatformInfo& info) {
+  // Its forward's rules first (the backward reads the forward's lse and the same tiles).
+  if (std::string no = hopper_fwd_unsupported_reason(p, req, info); !no.empty()) return no;
+  if (p.bias_type == FA_NO_BIAS || !req.mask_bias)
+    return "it serves dense masks only for now (cuDNN's backward is faster on plain calls)";
+  if (!req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
+  if (p.head_dim_qk != 128) return "its backward takes head dim 128 only (got " + std::to_string(p.head_dim_qk) + ")";
+  if (p.softmax_type != FA_VANILLA_SOFTMAX) return "its backward takes no sinks (softmax_type)";
+  if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
+    return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
+  if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";
+  return "";
+}
+
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info) {
   std::ostringstream os;
@@ -293,13 +308,24 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         hopper_no = measured;
       if (hopper_no.empty()) {
         choice.forward = FA_BACKEND_HOPPER_FWD;
+        // The backward of a dense mask: the Hopper backward skips the same tiles.
+        std::string bwd = "; backward cudnn: " + cudnn;
+        if (req.mask_bias) {
+          const std::string bwd_no = hopper_bwd_unsupported_reason(p, req, info);
+          if (bwd_no.empty()) {
+            choice.backward = FA_BACKEND_HOPPER_BWD;
+            bwd = "; backward hopper: the Hopper flash backward, skipping the same tiles";
+          } else {
+            bwd += " (not the Hopper flash backward: " + bwd_no + ")";
+          }
+        }
         choice.reason = std::string("forward hopper: the Hopper flash forward runs this ") + what +
                         " call" +
                         (kind != ScoreModKind::kNone ? " with its score_mod in the kernel"
                          : req.mask_bias ? " with its dense mask (skipping the key tiles it empties)"
                          : measured.empty() ? " (measured faster than cuDNN: hopper/measured.h)"
                                             : " (FUSEDATTN_HOPPER_FWD=1)") +
-                        "; backward cudnn: " + cudnn;
+                        bwd;
       } else {
         choice.reason = "cudnn: " + cudnn + " (not the Hopper flash forward: " + hopper_no + ")";
       }

@@ -4,8 +4,9 @@
 // about are the ones that run.
 //
 // The kernels: the CPU engine (attention/cpu), cuDNN SDPA graphs (attention/cudnn), the
-// Hopper flash forward (attention/hopper: softcap / ALiBi score_mod, head dim 128, sm_90;
-// its backward is cuDNN's), the generic CUDA flash kernels (attention/cuda: every call
+// Hopper flash forward (attention/hopper: score_mods, dense masks and plain calls where
+// measured faster; head dims 64, 128, 256; sm_90) and backward (dense masks at head dim 128;
+// the rest is cuDNN's), the generic CUDA flash kernels (attention/cuda: every call
 // cuDNN declines, forward and backward, O(S) memory), and, where none serves a GPU call
 // (a score_mod cuDNN cannot run), XLA's plain-JAX reference.
 #pragma once
@@ -56,6 +57,8 @@ struct BackendRequest {
   // The bias is a folded boolean mask (kRequestMaskBias): the Hopper forward takes such a
   // bias (it drops those keys and skips the key tiles they empty), no other.
   bool mask_bias = false;
+  // The caller wants no dbias (kRequestNoDbias): the Hopper backward computes none.
+  bool no_dbias = false;
 };
 
 // BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
@@ -72,11 +75,11 @@ constexpr int32_t kRequestScoreModGrads = 32;
 // as any other, which gives the same result (those keys' weights underflow to 0 in every
 // row that keeps a key; rows that keep none are the caller's, dot_product_attention's).
 constexpr int32_t kRequestMaskBias = 8;
-// Not a routing matter: the caller wants no dbias (the bias has no tangent: a constant or
-// a folded mask; fusedattn/_autodiff.py's specialize). The CPU engine and the CUDA flash
-// kernels skip it and write zeros (one memset: the result is never read, but an unwritten
-// buffer could hold NaN bits that jax_debug_nans would see); cuDNN's graph computes it
-// regardless.
+// The caller wants no dbias (the bias has no tangent: a constant or a folded mask;
+// fusedattn/_autodiff.py's specialize; BackendRequest::no_dbias). The CPU engine and the
+// CUDA flash kernels skip it and write zeros (one memset: the result is never read, but an
+// unwritten buffer could hold NaN bits that jax_debug_nans would see); cuDNN's graph
+// computes it regardless; the Hopper backward takes a folded mask only when it is set.
 constexpr int32_t kRequestNoDbias = 16;
 
 struct BackendChoice {
@@ -111,6 +114,13 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 // kernel's rules on the call (hopper::flash_fwd_unsupported checks them again, with the
 // buffers' alignment, which XLA's buffers and head dim 128 always meet).
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                          const PlatformInfo& info);
+
+// Why the Hopper flash backward cannot serve p (empty when it can): for now a dense mask's
+// backward (req.mask_bias, no dbias wanted), whose tiles it skips as the forward does;
+// cuDNN's backward adds the mask as a bias over every tile. Plain calls keep cuDNN's
+// backward (measured faster: dev/hopper_bwd).
+std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
 
 // Why a plain call (no score_mod) the Hopper forward can run stays on cuDNN by the

@@ -12,6 +12,7 @@
 #ifdef FUSEDATTN_WITH_CUDA
 #include "fusedattn/attention/cudnn/sdpa_config.h"
 #include "fusedattn/attention/hopper/flash_fwd.h"
+#include "fusedattn/attention/hopper/flash_bwd.h"
 #include "fusedattn/platform/cuda/platform_info.h"
 #include "fusedattn/attention/ffi_cuda.h"
 #endif
@@ -65,6 +66,7 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
   req.cudnn_rejected = (flags & fusedattn::kRequestCudnnRejected) != 0;
   req.score_mod_grads = (flags & fusedattn::kRequestScoreModGrads) != 0;
   req.mask_bias = (flags & fusedattn::kRequestMaskBias) != 0;
+  req.no_dbias = (flags & fusedattn::kRequestNoDbias) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;
@@ -147,6 +149,15 @@ int64_t fa_cudnn_graphs_built() {
 int64_t fa_hopper_fwd_launches() {
 #ifdef FUSEDATTN_WITH_CUDA
   return fusedattn::cuda::hopper::launch_count();
+#else
+  return 0;
+#endif
+}
+
+// Hopper flash backward calls so far in this process (tests: which kernel ran).
+int64_t fa_hopper_bwd_launches() {
+#ifdef FUSEDATTN_WITH_CUDA
+  return fusedattn::cuda::hopper::bwd_launch_count();
 #else
   return 0;
 #endif

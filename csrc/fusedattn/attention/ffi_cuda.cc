@@ -29,6 +29,7 @@
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/attention/cudnn/sdpa_config.h"
 #include "fusedattn/attention/hopper/band.h"
+#include "fusedattn/attention/hopper/flash_bwd.h"
 #include "fusedattn/attention/hopper/flash_fwd.h"
 #include "fusedattn/attention/ffi_decode.h"
 #include "fusedattn/attention/ffi_cuda.h"
@@ -89,6 +90,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
   req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
   req.mask_bias = (flags & kRequestMaskBias) != 0;
+  req.no_dbias = (flags & kRequestNoDbias) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (!c->status.ok()) return c->status;
   if (c->backend != FA_BACKEND_CUDNN && c->backend != FA_BACKEND_CUDA_FLASH)
@@ -362,6 +364,68 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
                            "cudaMemsetAsync(max_logit)");
 }
 
+Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what) {
+  if (!p || bytes == 0) return Status::Ok();
+  return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
+}
+
+// The Hopper flash backward's parameters for a call select_backend() gave it (a dense mask,
+// no dbias); workspace: its scratch, 256-byte aligned (null: sizing only).
+hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace) {
+  hopper::FlashBwdParams bp;
+  bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
+  bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
+  bp.q_b = t.sq.b, bp.q_s = t.sq.s, bp.q_h = t.sq.h;
+  bp.k_b = t.sk.b, bp.k_s = t.sk.s, bp.k_h = t.sk.h;
+  bp.v_b = t.sv.b, bp.v_s = t.sv.s, bp.v_h = t.sv.h;
+  bp.o_b = t.so.b, bp.o_s = t.so.s, bp.o_h = t.so.h;
+  bp.do_b = t.sdo.b, bp.do_s = t.sdo.s, bp.do_h = t.sdo.h;
+  bp.dq_b = t.sdq.b, bp.dq_s = t.sdq.s, bp.dq_h = t.sdq.h;
+  bp.dk_b = t.sdk.b, bp.dk_s = t.sdk.s, bp.dk_h = t.sdk.h;
+  bp.dv_b = t.sdv.b, bp.dv_s = t.sdv.s, bp.dv_h = t.sdv.h;
+  bp.l_b = t.slse.b, bp.l_h = t.slse.h, bp.l_s = t.slse.s;
+  bp.batch = p.batch, bp.seqlen_q = p.seqlen_q, bp.seqlen_kv = p.seqlen_kv;
+  bp.heads_q = p.heads_q, bp.heads_kv = p.heads_kv, bp.head_dim = p.head_dim_qk;
+  bp.bf16 = p.dtype == FA_BFLOAT16;
+  bp.scale = p.scale;
+  const hopper_rules::Band band = hopper_rules::band(p);
+  bp.causal = band.causal, bp.diag = band.diag;
+  bp.left_bound = band.left_bound, bp.lo_diag = band.lo_diag;
+  bp.bottom_right = band.bottom_right;
+  if (has_padding(p.mask_type)) bp.q_lens = t.q_seqlens, bp.kv_lens = t.kv_seqlens, bp.lens_stride = p.max_segments;
+  bp.bias = t.bias;
+  bp.bias_b = t.bias_b, bp.bias_h = t.bias_h, bp.bias_s = t.bias_s;
+  bp.bias_batch = p.bias_batch, bp.bias_heads = p.bias_heads;
+  bp.mask_bias = true;
+  bp.mask_value = fa_masked_bias_value(p.dtype);
+  bp.workspace = workspace;
+  return bp;
+}
+
+// Bytes of the Hopper backward's workspace result (with the slack to align its start).
+size_t hopper_bwd_workspace(const AttnParams& p) {
+  return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(hopper_bwd_params(p, AttnTensors{}, nullptr))) + 255;
+}
+
+// Runs the Hopper flash backward, which select_backend() chose (a dense mask's, no dbias:
+// zeros there, never read).
+Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
+                  ffi::AnyBuffer* workspace, int device, cudaStream_t stream) {
+  PlatformInfo info;
+  FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  const size_t need = hopper_bwd_workspace(p);
+  if (workspace->size_bytes() < need)
+    return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                            " bytes, the Hopper backward needs " + std::to_string(need));
+  const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+  const hopper::FlashBwdParams bp = hopper_bwd_params(p, t, reinterpret_cast<void*>((u + 255) / 256 * 256));
+  const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
+  if (!why_not.empty())
+    return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
+  FA_RETURN_IF_NOT_OK(memset_async(t.dbias, t.dbias ? dbias_bytes : 0, stream, "cudaMemsetAsync(dbias)"));
+  return hopper::flash_bwd(bp, stream);
+}
+
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
                 ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
                 const AttnAttrs& attrs, const SmArgs& sm) {
@@ -440,10 +504,6 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   return Status::Ok();
 }
 
-Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what) {
-  if (!p || bytes == 0) return Status::Ok();
-  return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
-}
 
 Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
                 const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
@@ -472,6 +532,8 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
                                  stream, fs.args);
   }
+  if (choice.backward == FA_BACKEND_HOPPER_BWD)
+    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream);
   // cuDNN computes no operand gradient: zeros (attention.py takes XLA's).
   const int64_t n_dop = sm.call && sm.call->doperands ? p.num_slices * sm.call->sm.total_size() : 0;
   if (n_dop > 0)
@@ -644,6 +706,10 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p, backend_flags).plan.bytes());
   if (choice.backend == FA_BACKEND_CUDA_FLASH) {
     *bytes = std::max(hopper, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr)));
+    return Status::Ok();
+  }
+  if (backward && choice.backward == FA_BACKEND_HOPPER_BWD) {
+    *bytes = static_cast<int64_t>(hopper_bwd_workspace(p));
     return Status::Ok();
   }
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)

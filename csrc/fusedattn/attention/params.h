@@ -48,6 +48,7 @@ enum FaBackend {
   FA_BACKEND_CUDNN = 3,          // attention/cudnn: a cuDNN SDPA graph
   FA_BACKEND_HOPPER_FWD = 4,     // attention/hopper: the sm_90 flash forward (softcap, ALiBi)
   FA_BACKEND_CUDA_FLASH = 5,     // attention/cuda: the generic CUDA flash kernels (sm_80+)
+  FA_BACKEND_HOPPER_BWD = 6,     // attention/hopper: the sm_90 flash backward (dense masks)
 };
 
 // Shapes are the logical ones: q [B, Sq, Hq, Dqk], k [B, Skv, Hkv, Dqk],

@@ -59,6 +59,7 @@ const char* backend_name(int32_t backend) {
     case FA_BACKEND_CUDNN: return "cudnn";
     case FA_BACKEND_HOPPER_FWD: return "hopper";
     case FA_BACKEND_CUDA_FLASH: return "cuda_flash";
+    case FA_BACKEND_HOPPER_BWD: return "hopper";
   }
   return "unknown";
 }

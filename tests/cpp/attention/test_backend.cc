@@ -286,6 +286,38 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
 }
 
+// A dense mask's backward runs the Hopper backward (it skips the tiles the forward skips)
+// when no dbias is wanted, at head dim 128; else cuDNN's. Plain calls keep cuDNN's backward.
+TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
+  AttnParams p = hopper_params();
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+  BackendRequest req;
+  req.mask_bias = true, req.no_dbias = true;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  EXPECT_TRUE(has(c.reason, "backward hopper")) << c.reason;
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_BWD), "hopper");
+  req.no_dbias = false;  // the bias carries a gradient
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "no dbias")) << c.reason;
+  req.no_dbias = true;
+  AttnParams d64 = p;
+  d64.head_dim_qk = d64.head_dim_v = 64;
+  expect_kernels(select_backend(d64, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d64, req, h100()), "head dim 128"));
+  AttnParams sinks = p;
+  sinks.softmax_type = FA_OFF_BY_ONE_SOFTMAX;
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(sinks, req, h100()), "sinks"));
+  AttnParams plain = hopper_params();
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, BackendRequest{}, h100()), "dense masks only"));
+  BackendOptions off;
+  off.hopper_fwd = HopperFwd::kOff;
+  expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), req, off), FA_BACKEND_CUDNN,
+                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+}
+
 // Without a score_mod the kernel's running max is q.k's, the scores' order only for a
 // positive scale: scale <= 0 keeps cuDNN (a score_mod maps the scores itself).
 TEST(SelectBackend, HopperForwardNeedsAPositiveScaleWithoutScoreMod) {

@@ -550,9 +550,10 @@ DENSE_CASES = [  # name, Sq, Skv, Hkv, head dim
 @pytest.mark.parametrize("name,Sq,Skv,hkv,d", DENSE_CASES, ids=[c[0] for c in DENSE_CASES])
 def test_dense_mask_forward_and_gradients(key, dtype, name, Sq, Skv, hkv, d):
     """dot_product_attention(mask=dense) runs the Hopper forward (the folded mask's dropped keys
-    skipped by tile, the mixed tiles read) and cuDNN's backward over the same bias (rows that
-    keep nothing: out jax's average of V, gradients finite). Output and gradients against
-    float32 jax: within 3x the error of jax's own XLA path in the same dtype (+ a small floor)."""
+    skipped by tile, the mixed tiles read) and, at head dim 128, the Hopper backward (the same
+    tiles skipped; cuDNN's over the bias at the other head dims; rows that keep nothing: out
+    jax's average of V, gradients finite). Output and gradients against float32 jax: within
+    3x the error of jax's own XLA path in the same dtype (+ a small floor)."""
     q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d)
     mask = _dense_mask(name, Sq, Skv)
     loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
@@ -564,7 +565,9 @@ def test_dense_mask_forward_and_gradients(key, dtype, name, Sq, Skv, hkv, d):
     g = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))
     hlo = g.lower(q, k, v).compile().as_text()
     assert 'custom_call_target="fusedattn_attn_bwd_cuda"' in hlo
-    got = (out,) + tuple(g(q, k, v))
+    before = _lib.hopper_bwd_launches()
+    got = (out,) + tuple(jax.block_until_ready(g(q, k, v)))
+    assert (_lib.hopper_bwd_launches() > before) == (d == 128), "which backward ran"
     base = (jax.jit(xla)(q, k, v),) + tuple(jax.jit(jax.grad(loss(xla), argnums=(0, 1, 2)))(q, k, v))
     ref = (jax.jit(f32(xla))(q, k, v),) + tuple(
         jax.jit(jax.grad(loss(f32(xla)), argnums=(0, 1, 2)))(q, k, v))
@@ -574,6 +577,26 @@ def test_dense_mask_forward_and_gradients(key, dtype, name, Sq, Skv, hkv, d):
         scale = max(1.0, float(np.abs(r).max()))
         err, err_base = float(np.abs(a - r).max()), float(np.abs(b - r).max())
         assert err <= 3.0 * err_base + 2e-3 * scale, (what, err, err_base)
+
+
+def test_dense_mask_with_a_learned_bias_keeps_cudnns_backward(key):
+    """A mask with a bias whose gradient is taken: the Hopper backward computes no dbias, so
+    cuDNN's runs (over the folded bias), and dbias matches float32 jax."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 512, 512, 2, 2.0)
+    mask = _dense_mask("causal", 512, 512)
+    bias = (0.3 * jax.random.normal(jax.random.PRNGKey(7), (1, 1, 512, 512))).astype(jnp.bfloat16)
+    loss = lambda f: lambda q, bias: jnp.sum(f(q, bias).astype(jnp.float32) * dout.astype(jnp.float32))
+    ours = lambda q, bias: fusedattn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+    ref = lambda q, bias: jax.nn.dot_product_attention(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+        bias=bias.astype(jnp.float32), mask=mask, implementation="xla")
+    before = _lib.hopper_bwd_launches()
+    got = jax.block_until_ready(jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(q, bias))
+    assert _lib.hopper_bwd_launches() == before, "the Hopper backward ran with a dbias wanted"
+    want = jax.jit(jax.grad(loss(ref), argnums=(0, 1)))(q, bias)
+    for what, a, r in zip(("dq", "dbias"), got, want):
+        a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
+        assert np.abs(a - r).max() <= 2e-2 * max(1.0, np.abs(r).max()), what
 
 
 def test_dense_causal_mask_equals_the_mask_type(key, hopper_always):

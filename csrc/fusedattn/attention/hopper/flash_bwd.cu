@@ -3,6 +3,7 @@
 #include "fusedattn/attention/hopper/flash_bwd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
@@ -14,6 +15,8 @@ namespace fusedattn::cuda::hopper {
 namespace {
 
 constexpr int64_t kBlockM = BwdDims::kBlockM;
+
+std::atomic<int64_t> launches{0};
 
 int64_t sq_pad(const FlashBwdParams& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
 int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
@@ -120,7 +123,10 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
 
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p) { return Scratch(p).bytes; }
 
+int64_t bwd_launch_count() { return launches.load(std::memory_order_relaxed); }
+
 Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+  launches.fetch_add(1, std::memory_order_relaxed);
   const Scratch sc(p);
   const int64_t pad = sq_pad(p), rows = p.batch * p.heads_q * pad;
   auto* base = static_cast<uint8_t*>(p.workspace);

@@ -64,4 +64,7 @@ int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 // Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).
 Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream);
 
+// flash_bwd calls so far in this process (tests: which kernel ran).
+int64_t bwd_launch_count();
+
 }  // namespace fusedattn::cuda::hopper
