@@ -2,12 +2,13 @@
 // forward's lse from a random row max (the backward's cost does not depend on it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc --expt-relaxed-constexpr dev/hopper_bwd/bwd_time.cu \
 //     csrc/fusedattn/attention/hopper/flash_bwd.cu csrc/fusedattn/attention/hopper/tma_map.cu -o .carry/bwd_time
-//   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16] [dense]
+//   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16] [dense] [head dim]
 // dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type.
 // Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half).
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: bwd_time B S H Hkv causal [left] [fp16]\n");
     return 2;
   }
-  const int64_t B = atoi(argv[1]), S = atoi(argv[2]), H = atoi(argv[3]), Hkv = atoi(argv[4]), D = 128;
+  const int64_t B = atoi(argv[1]), S = atoi(argv[2]), H = atoi(argv[3]), Hkv = atoi(argv[4]);
+  const int64_t D = argc > 9 ? atoi(argv[9]) : 128;
   const bool causal = atoi(argv[5]) != 0;
   const int left = argc > 6 ? atoi(argv[6]) : -1;
   const bool fp16 = argc > 7 && atoi(argv[7]) != 0;
@@ -65,7 +67,7 @@ int main(int argc, char** argv) {
   p.k_h = p.v_h = p.dk_h = p.dv_h = D;
   p.l_b = H * S, p.l_h = S, p.l_s = 1;
   p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = H, p.heads_kv = Hkv, p.head_dim = D;
-  p.bf16 = !fp16, p.scale = 0.08838834764831845f;
+  p.bf16 = !fp16, p.scale = 1.0f / sqrtf(float(D));
   p.causal = causal || left >= 0, p.diag = 0;
   p.left_bound = left >= 0, p.lo_diag = -left;
   if (dense) {
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
   if (left >= 0) pairs = double(S) * (left + 1);
   else if (causal) pairs /= 2;
   const double flops = 2.5 * 4.0 * B * H * pairs * D;
-  printf("bwd%s B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", dense ? " (dense mask)" : "", (long long)B, (long long)S,
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9);
   return 0;

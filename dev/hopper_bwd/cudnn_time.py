@@ -1,6 +1,6 @@
 """jax's cuDNN attention at the shapes bwd_time.cu takes: forward and forward+backward ms
 (median), and the backward as their difference: the anchor the Hopper backward is read
-against. python dev/hopper_bwd/cudnn_time.py B S H Hkv causal [left]"""
+against. python dev/hopper_bwd/cudnn_time.py B S H Hkv causal [left] [head dim]"""
 import sys
 import time
 
@@ -21,11 +21,12 @@ def median_ms(fn, *args, reps=20):
 def main():
     b, s, h, hkv, causal = (int(x) for x in sys.argv[1:6])
     left = int(sys.argv[6]) if len(sys.argv) > 6 else -1
+    d = int(sys.argv[7]) if len(sys.argv) > 7 else 128
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
-    q = jax.random.normal(ks[0], (b, s, h, 128), jnp.bfloat16)
-    k = jax.random.normal(ks[1], (b, s, hkv, 128), jnp.bfloat16)
-    v = jax.random.normal(ks[2], (b, s, hkv, 128), jnp.bfloat16)
-    do = jax.random.normal(ks[3], (b, s, h, 128), jnp.bfloat16)
+    q = jax.random.normal(ks[0], (b, s, h, d), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (b, s, hkv, d), jnp.bfloat16)
+    v = jax.random.normal(ks[2], (b, s, hkv, d), jnp.bfloat16)
+    do = jax.random.normal(ks[3], (b, s, h, d), jnp.bfloat16)
     window = (left, 0) if left >= 0 else None
 
     def attn(q, k, v):
@@ -41,7 +42,7 @@ def main():
 
     f = median_ms(fwd, q, k, v)
     fb = median_ms(fwd_bwd, q, k, v, do)
-    print(f"cudnn B {b} S {s} H {h} Hkv {hkv} {'causal' if causal else 'full'}"
+    print(f"cudnn D {d} B {b} S {s} H {h} Hkv {hkv} {'causal' if causal else 'full'}"
           f"{' window %d' % left if left >= 0 else ''}: fwd {f:.3f} ms  fwd+bwd {fb:.3f} ms  bwd {fb - f:.3f} ms")
 
 

@@ -5,7 +5,7 @@
 //
 // The kernels: the CPU engine (attention/cpu), cuDNN SDPA graphs (attention/cudnn), the
 // Hopper flash forward (attention/hopper: score_mods, dense masks and plain calls where
-// measured faster; head dims 64, 128, 256; sm_90) and backward (dense masks at head dim 128;
+// measured faster; head dims 64, 128, 256; sm_90) and backward (dense masks at head dims 64 and 128;
 // the rest is cuDNN's), the generic CUDA flash kernels (attention/cuda: every call
 // cuDNN declines, forward and backward, O(S) memory), and, where none serves a GPU call
 // (a score_mod cuDNN cannot run), XLA's plain-JAX reference.

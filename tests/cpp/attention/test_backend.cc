@@ -287,7 +287,7 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
 }
 
 // A dense mask's backward runs the Hopper backward (it skips the tiles the forward skips)
-// when no dbias is wanted, at head dim 128; else cuDNN's. Plain calls keep cuDNN's backward.
+// when no dbias is wanted, at head dims 64 and 128; else cuDNN's. Plain calls keep cuDNN's backward.
 TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
@@ -305,8 +305,12 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams d64 = p;
   d64.head_dim_qk = d64.head_dim_v = 64;
   expect_kernels(select_backend(d64, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  AttnParams d256 = p;
+  d256.head_dim_qk = d256.head_dim_v = 256;
+  expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d64, req, h100()), "head dim 128"));
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d256, req, h100()), "head dims 64 and 128"));
   AttnParams sinks = p;
   sinks.softmax_type = FA_OFF_BY_ONE_SOFTMAX;
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(sinks, req, h100()), "sinks"));

@@ -87,12 +87,12 @@ __global__ void ref_forward(Rule r, float* lse, float* dsum) {
     const float e = expf(r.score<T>(b, h, i, j) - m);
     l += e;
     const T* v = static_cast<const T*>(p.v) + b * p.v_b + j * p.v_s + hk * p.v_h;
-    for (int x = 0; x < 128; ++x) acc[x] += e * f(v[x]);
+    for (int x = 0; x < p.head_dim; ++x) acc[x] += e * f(v[x]);
   }
   T* out = const_cast<T*>(static_cast<const T*>(p.out)) + b * p.o_b + i * p.o_s + h * p.o_h;
   const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
   float ds = 0.0f;
-  for (int x = 0; x < 128; ++x) {
+  for (int x = 0; x < p.head_dim; ++x) {
     const float o = l > 0.0f ? acc[x] / l : 0.0f;
     out[x] = static_cast<T>(o);
     ds += o * f(d[x]);
@@ -115,9 +115,9 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
     const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
     const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]);
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
-    for (int x = 0; x < 128; ++x) acc[x] += ds * f(k[x]);
+    for (int x = 0; x < p.head_dim; ++x) acc[x] += ds * f(k[x]);
   }
-  for (int x = 0; x < 128; ++x) dq[idx * 128 + x] = acc[x] * p.scale;
+  for (int x = 0; x < p.head_dim; ++x) dq[idx * p.head_dim + x] = acc[x] * p.scale;
 }
 
 // dK and dV of a key (b, kv head hk, j): sums over the group's heads and their rows.
@@ -137,14 +137,16 @@ __global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, 
       const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[row]);
       const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
       const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
-      for (int x = 0; x < 128; ++x) ak[x] += ds * f(q[x]), av[x] += pr * f(d[x]);
+      for (int x = 0; x < p.head_dim; ++x) ak[x] += ds * f(q[x]), av[x] += pr * f(d[x]);
     }
-  for (int x = 0; x < 128; ++x) dk[idx * 128 + x] = ak[x] * p.scale, dv[idx * 128 + x] = av[x];
+  for (int x = 0; x < p.head_dim; ++x)
+    dk[idx * p.head_dim + x] = ak[x] * p.scale, dv[idx * p.head_dim + x] = av[x];
 }
 
 struct Case {
   const char* name;
   bool bf16 = true, causal = false, bhsd = false, bottom_right = false;
+  int D = 128;
   int B = 2, Sq = 256, Skv = 256, Hq = 4, Hkv = 4;
   int left = -1, right = -1;  // window sides (-1: none); causal sets right = 0
   std::vector<int> q_lens, kv_lens;
@@ -157,7 +159,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 template <class T>
 void run_case(const Case& cs) {
-  constexpr int64_t D = 128;
+  const int64_t D = cs.D;
   const int64_t nq = int64_t{cs.B} * cs.Sq * cs.Hq * D, nk = int64_t{cs.B} * cs.Skv * cs.Hkv * D;
   const int64_t rows = nq / D, keys = nk / D;
   T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
@@ -290,6 +292,12 @@ std::vector<Case> cases() {
   add({.name = "padding", .causal = true, .B = 3, .Sq = 256, .Skv = 256, .q_lens = {256, 100, 0},
        .kv_lens = {200, 256, 17}});
   add({.name = "large_scores", .causal = true, .amp = 4.0f});
+  add({.name = "d64_full", .D = 64});
+  add({.name = "d64_causal_gqa_fp16", .bf16 = false, .causal = true, .D = 64, .Sq = 300, .Skv = 300, .Hq = 6, .Hkv = 2});
+  add({.name = "d64_window_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200, .Skv = 450,
+       .left = 90});
+  add({.name = "d64_mask_band_holes_values", .D = 64, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
+       .mask_values = true});
   add({.name = "long", .causal = true, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2, .Hkv = 2});
   // Dense masks: causal written out; a band with holes and rows that keep nothing, per
   // batch row and head, with bias values; beside a mask type, GQA and padding.
@@ -307,8 +315,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, HopperBwd, ::testing::ValuesIn(cases()),
 
 TEST(HopperBwdChecks, NamesWhatItDeclines) {
   FlashBwdParams p;
-  p.head_dim = 64;
-  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dim 128 only");
+  p.head_dim = 96;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dims 64 and 128 only");
   EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
   p.head_dim = 128, p.heads_q = p.heads_kv = 1, p.batch = p.seqlen_q = p.seqlen_kv = 1;
   int x[4];

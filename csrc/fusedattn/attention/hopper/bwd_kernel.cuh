@@ -1,4 +1,4 @@
-// Flash attention backward for Hopper (sm_90a), head dim 128, bf16 / fp16: the first version
+// Flash attention backward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16: the first version
 // (flash_bwd.cu runs it; not yet routed by select_backend). FlashAttention-2's loop order
 // with Hopper's instructions:
 //   - a thread block owns 128 keys of one (batch row, kv head): its K and V stay in shared
@@ -9,8 +9,9 @@
 //     shared memory), P^T = exp2(S^T scale log2(e) - lse2) and dS^T = P^T (dP^T - D) in
 //     registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands;
 //   - dS^T goes to shared memory (128-byte swizzled, as the copy engine writes), and each
-//     group adds dQ's 64 columns of the block, dS K, into a float32 accumulator in global
-//     memory (atomic adds); flash_bwd.cu's last kernel scales and converts it.
+//     group adds its part of the block's dS K (head dim 128: 64 columns over the 128 keys;
+//     64: all columns over its 64 keys) into a float32 accumulator in global memory
+//     (atomic adds); flash_bwd.cu's last kernel scales and converts it.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's atomic adds are not (their order varies).
 #pragma once
@@ -32,7 +33,7 @@ struct BwdArgs {
   // is 0: a row that keeps nothing, a padded or absent one) and D = rowsum(dO * O).
   const float* lse2;
   const float* dsum;
-  float* dq_acc;  // [B * Hq, sq_pad, 128], zero at launch
+  float* dq_acc;  // [B * Hq, sq_pad, D], zero at launch
   void* dk;
   void* dv;
   int64_t dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
@@ -57,22 +58,26 @@ struct BwdArgs {
 };
 
 struct BwdDims {
-  static constexpr int kD = 128, kBlockM = 64, kBlockN = 128, kThreads = 256;
+  static constexpr int kBlockM = 64, kBlockN = 128, kThreads = 256;
   static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
   static constexpr uint32_t kQSpanBytes = kBlockM * 128;   // of Q's or dO's 64 rows
 };
 
+// kD / 64 spans of 64 columns a tile (head dims 64 and 128).
+template <int kD>
 struct BwdSmem {
-  uint8_t k[2 * BwdDims::kKVSpanBytes];
-  uint8_t v[2 * BwdDims::kKVSpanBytes];
-  uint8_t q[2][2 * BwdDims::kQSpanBytes];
-  uint8_t dout[2][2 * BwdDims::kQSpanBytes];
+  static constexpr int kSpans = kD / 64;
+  uint8_t k[kSpans * BwdDims::kKVSpanBytes];
+  uint8_t v[kSpans * BwdDims::kKVSpanBytes];
+  uint8_t q[2][kSpans * BwdDims::kQSpanBytes];
+  uint8_t dout[2][kSpans * BwdDims::kQSpanBytes];
   uint8_t ds[BwdDims::kBlockN * 128];  // dS^T: 128 keys of 64 queries (one 128-byte span)
   float lse2[2][BwdDims::kBlockM];
   float dsum[2][BwdDims::kBlockM];
   uint64_t kv_full, full[2];
 };
-constexpr size_t kBwdSmemBytes = sizeof(BwdSmem) + 1024;
+template <int kD>
+constexpr size_t kBwdSmemBytes = sizeof(BwdSmem<kD>) + 1024;
 
 // The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
 struct BwdTile {
@@ -113,7 +118,7 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
 }
 
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-template <bool kCausal, bool kBf16, bool kDense>
+template <bool kCausal, bool kBf16, bool kDense, int kD>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -121,7 +126,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   constexpr int kBlockM = BwdDims::kBlockM;
   constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = BwdDims::kQSpanBytes;
   extern __shared__ uint8_t smem_raw[];
-  BwdSmem& sm = *reinterpret_cast<BwdSmem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  constexpr int kSpans = kD / 64;
+  BwdSmem<kD>& sm = *reinterpret_cast<BwdSmem<kD>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int n = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const BwdTile tile = bwd_tile<kCausal>(a, n, b);
@@ -151,8 +158,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // Stage st's Q, dO, lse2 and D of iteration it.
   auto load = [&](int it, int st) {
     const int h = head_of(it), m0 = block_of(it) * kBlockM;
-    mbar_expect_bytes(&sm.full[st], 4 * kQ + 2 * kBlockM * 4);
-    for (int sp = 0; sp < 2; ++sp) {
+    mbar_expect_bytes(&sm.full[st], 2 * kSpans * kQ + 2 * kBlockM * 4);
+    for (int sp = 0; sp < kSpans; ++sp) {
       tma_load_4d(&a.q, &sm.full[st], sm.q[st] + sp * kQ, 64 * sp, m0, h, b);
       tma_load_4d(&a.dout, &sm.full[st], sm.dout[st] + sp * kQ, 64 * sp, m0, h, b);
     }
@@ -164,17 +171,17 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   if (threadIdx.x == 0 && first < total) {
     tma_prefetch_map(&a.q);
     tma_prefetch_map(&a.dout);
-    mbar_expect_bytes(&sm.kv_full, 4 * kKV);
-    for (int sp = 0; sp < 2; ++sp) {
+    mbar_expect_bytes(&sm.kv_full, 2 * kSpans * kKV);
+    for (int sp = 0; sp < kSpans; ++sp) {
       tma_load_4d(&a.k, &sm.kv_full, sm.k + sp * kKV, 64 * sp, tile.n0, h_kv, b);
       tma_load_4d(&a.v, &sm.kv_full, sm.v + sp * kKV, 64 * sp, tile.n0, h_kv, b);
     }
     load(first, 0);
   }
 
-  float dk[64], dv[64];
+  float dk[kD / 2], dv[kD / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
+  for (int i = 0; i < kD / 2; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
   const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v), ds_addr = smem_addr(sm.ds);
   const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
   const int key0 = tile.n0 + key_l;
@@ -192,14 +199,14 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_regs(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < 4 * kSpans; ++kk) {
       const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
       const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
       wgmma_ss_m64n64k16<kBf16>(s, desc_sw128(k_addr + off_kv, 16, 1024),
                                 desc_sw128(q_addr + off_q, 16, 1024), kk > 0);
     }
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < 4 * kSpans; ++kk) {
       const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
       const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
       wgmma_ss_m64n64k16<kBf16>(dp, desc_sw128(v_addr + off_kv, 16, 1024),
@@ -285,37 +292,43 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint32_t fa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+      if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+      else wgmma_rs_m64n64k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
-      wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+      if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+      else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
     }
     wgmma_commit();
     named_sync(1);  // both groups' dS^T written
 
-    // dQ's columns 64w.. of the block: dS K (K = the block's 128 keys).
+    // dQ's part of the block, dS K: head dim 128, columns 64w.. over the block's 128 keys;
+    // head dim 64, its 64 columns over this group's 64 keys (the groups' sums add up in
+    // dq_acc).
     float dq[32];
     fence_regs(dq);
     wgmma_fence();
+    constexpr int kDqSteps = kD == 128 ? 8 : 4;  // 16 keys a step
+    const uint32_t ds_at = ds_addr + (kD == 128 ? 0 : w * 64 * 128);
+    const uint32_t k_at = k_addr + (kD == 128 ? w * kKV : w * 64 * 128);
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_addr + kk * 16 * 128, kKV, 1024),
-                                   desc_sw128(k_addr + w * kKV + kk * 16 * 128, kKV, 1024),
-                                   kk > 0);
+    for (int kk = 0; kk < kDqSteps; ++kk)
+      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
+                                   desc_sw128(k_at + kk * 16 * 128, kKV, 1024), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
     fence_regs(dv);
     fence_regs(dk);
-    float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * 128 + 64 * w;
+    float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD + (kD == 128 ? 64 * w : 0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * warp + lane / 4 + 8 * r;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        atomicAdd(reinterpret_cast<float2*>(acc + row * 128 + 8 * j + 2 * (lane % 4)),
+        atomicAdd(reinterpret_cast<float2*>(acc + row * kD + 8 * j + 2 * (lane % 4)),
                   make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
     }
     named_sync(1);  // the stage and dS^T are free
@@ -330,7 +343,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     T* dk_row = static_cast<T*>(a.dk) + b * a.dk_b + key * a.dk_s + h_kv * a.dk_h;
     T* dv_row = static_cast<T*>(a.dv) + b * a.dv_b + key * a.dv_s + h_kv * a.dv_h;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kD / 8; ++j) {
       const int col = 8 * j + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(dk_row + col) =
           pack2<kBf16>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);

@@ -31,7 +31,7 @@ struct Scratch {  // byte offsets into the workspace
     const int64_t rows = p.batch * p.heads_q * sq_pad(p);
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
-    mask = dq_acc + align256(rows * BwdDims::kD * 4);
+    mask = dq_acc + align256(rows * p.head_dim * 4);
     bytes = mask + (p.bias ? align256(mask_tiles(p).bytes) : 0);
   }
 };
@@ -76,12 +76,12 @@ __global__ void bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
   dq[1] = static_cast<T>(v.y * p.scale);
 }
 
-template <bool kCausal, bool kBf16, bool kDense>
+template <bool kCausal, bool kBf16, bool kDense, int kD>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense>;
+  auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense, kD>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kBwdSmemBytes)));
-  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes, stream>>>(a);
+                                               static_cast<int>(kBwdSmemBytes<kD>)));
+  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD>, stream>>>(a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
@@ -92,7 +92,7 @@ bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(pt
 
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
-  if (p.head_dim != 128) return "head dim 128 only";
+  if (p.head_dim != 64 && p.head_dim != 128) return "head dims 64 and 128 only";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (!(p.scale > 0.0f)) return "scale must be > 0";
   if (p.seqlen_q <= 0 || p.seqlen_kv <= 0 || p.batch <= 0) return "empty extents";
@@ -133,7 +133,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   auto* lse2 = reinterpret_cast<float*>(base + sc.lse2);
   auto* dsum = reinterpret_cast<float*>(base + sc.dsum);
   auto* dq_acc = reinterpret_cast<float*>(base + sc.dq_acc);
-  FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, rows * BwdDims::kD * 4, stream));
+  FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, rows * p.head_dim * 4, stream));
   const unsigned row_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
   if (p.bf16)
     bwd_rows<__nv_bfloat16><<<row_blocks, 256, 0, stream>>>(
@@ -197,8 +197,10 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_kv + BwdDims::kBlockN - 1) / BwdDims::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
   auto launch = [&](auto causal, auto bf16) {
-    return a.tiles ? launch_bwd<decltype(causal)::value, decltype(bf16)::value, true>(a, grid, stream)
-                   : launch_bwd<decltype(causal)::value, decltype(bf16)::value, false>(a, grid, stream);
+    constexpr bool c = decltype(causal)::value, h = decltype(bf16)::value;
+    if (p.head_dim == 64)
+      return a.tiles ? launch_bwd<c, h, true, 64>(a, grid, stream) : launch_bwd<c, h, false, 64>(a, grid, stream);
+    return a.tiles ? launch_bwd<c, h, true, 128>(a, grid, stream) : launch_bwd<c, h, false, 128>(a, grid, stream);
   };
   using T = std::true_type;
   using F = std::false_type;

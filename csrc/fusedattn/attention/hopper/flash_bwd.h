@@ -1,5 +1,5 @@
 // The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. First
-// version: head dim 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
+// version: head dims 64 and 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
 // bottom-right, windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they
 // empty). Not yet routed by select_backend: the
 // kernel tests (tests/cuda/hopper/test_hopper_bwd.cu) and dev/hopper_bwd run it.

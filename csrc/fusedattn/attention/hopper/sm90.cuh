@@ -284,7 +284,7 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
   }
 }
 
-// The backward's forms (bwd_kernel.cuh). dV += P^T dO and dK += dS^T Q: D[64 x 128] += A[64 x
+// The backward's forms (bwd_kernel.cuh). dV += P^T dO and dK += dS^T Q (head dim 128): D[64 x 128] += A[64 x
 // 16] B[16 x 128], A from registers, B MN-major (as wgmma_rs_m64n136k16, without the ones).
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
@@ -302,6 +302,26 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FA_WGMMA_D64
         ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : FA_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+// The head dim 64 form: D[64 x 64] += A[64 x 16] B[16 x 64], A from registers, B MN-major.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
+                                                   uint64_t b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : FA_OPS32(d, 0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : FA_OPS32(d, 0)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   }
 }
