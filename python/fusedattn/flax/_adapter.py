@@ -6,8 +6,8 @@ Speed: a causal model should say so (make_attention_fn(is_causal=True), or nnx's
 is_causal=True) rather than pass a dense causal mask (Flax's make_causal_mask): the causal
 mask type skips the key tiles above the diagonal everywhere; a dense mask is folded into a
 bias, whose emptied tiles the CPU engine and the Hopper kernels skip too (without dropout:
-dot_product_attention; the Hopper backward at head dim 128) but cuDNN (the GPU backward at
-other head dims) reads in full.
+dot_product_attention; the Hopper backward at head dims 64 and 128) but cuDNN (the GPU
+backward at head dim 256) reads in full.
 """
 
 from __future__ import annotations

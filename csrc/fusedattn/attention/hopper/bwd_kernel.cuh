@@ -1,5 +1,5 @@
 // Flash attention backward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16: the first version
-// (flash_bwd.cu runs it; not yet routed by select_backend). FlashAttention-2's loop order
+// (flash_bwd.cu runs it; select_backend gives it dense masks' backwards). FlashAttention-2's loop order
 // with Hopper's instructions:
 //   - a thread block owns 128 keys of one (batch row, kv head): its K and V stay in shared
 //     memory (the copy engine, TMA), dK and dV in registers; it walks the query blocks (64

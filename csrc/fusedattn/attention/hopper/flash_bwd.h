@@ -1,8 +1,8 @@
 // The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. First
 // version: head dims 64 and 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
 // bottom-right, windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they
-// empty). Not yet routed by select_backend: the
-// kernel tests (tests/cuda/hopper/test_hopper_bwd.cu) and dev/hopper_bwd run it.
+// empty). select_backend gives it a dense mask's backward (no dbias wanted); plain calls
+// keep cuDNN's, faster for now (dev/hopper_bwd). Kernel tests: tests/cuda/hopper/test_hopper_bwd.cu.
 #pragma once
 
 #include <cuda_runtime.h>
