@@ -402,7 +402,8 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
   return bp;
 }
 
-// Bytes of the Hopper backward's workspace result (with the slack to align its start).
+// Bytes of the Hopper backward's workspace result (with the slack to align its start; the
+// mask's part is sized by mask_bias, which hopper_bwd_params sets, not by the pointers).
 size_t hopper_bwd_workspace(const AttnParams& p) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(hopper_bwd_params(p, AttnTensors{}, nullptr))) + 255;
 }

@@ -326,6 +326,16 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   alignas(256) static char ws[256];
   p.workspace = ws, p.bias = x, p.bias_s = 1;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "a bias only as a folded mask (mask_bias): no dbias");
+  // The workspace is sized by mask_bias, before any pointer exists (the FFI handler sizes
+  // it at trace time).
+  p.mask_bias = true, p.bias = nullptr;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "mask_bias needs the bias (the folded mask)");
+  p.seqlen_q = p.seqlen_kv = 1000;
+  const int64_t sized = flash_bwd_workspace_bytes(p);
+  p.bias = x, p.bias_s = 1000;
+  EXPECT_EQ(flash_bwd_workspace_bytes(p), sized);
+  p.mask_bias = false, p.bias = nullptr;
+  EXPECT_LT(flash_bwd_workspace_bytes(p), sized);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ struct Scratch {  // byte offsets into the workspace
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
     mask = dq_acc + align256(rows * p.head_dim * 4);
-    bytes = mask + (p.bias ? align256(mask_tiles(p).bytes) : 0);
+    bytes = mask + (p.mask_bias ? align256(mask_tiles(p).bytes) : 0);
   }
 };
 
@@ -108,6 +108,7 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   for (int64_t s : {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b})
     if (s % 2 != 0) return "strides of dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
+  if (p.mask_bias && !p.bias) return "mask_bias needs the bias (the folded mask)";
   if (p.bias) {
     if (!p.mask_bias) return "a bias only as a folded mask (mask_bias): no dbias";
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))

@@ -58,7 +58,8 @@ struct FlashBwdParams {
 // first reason it cannot.
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
 
-// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, a dense mask's tiles.
+// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, a dense mask's tiles
+// (by p.mask_bias: the pointers do not matter, so a caller may size before it has them).
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 
 // Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).
