@@ -531,7 +531,8 @@ TEST(SelectBackend, InvalidCallsGetNoKernel) {
 
 TEST(BackendNames, HopperHasOne) {
   EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD), "hopper");
-  EXPECT_STREQ(backend_name(FA_BACKEND_CUDA_FLASH + 1), "unknown");
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_BWD), "hopper");
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_BWD + 1), "unknown");
 }
 
 // --- recognize_score_mod ----------------------------------------------------------

@@ -295,7 +295,8 @@ TEST(Names, EveryEnumValueHasAName) {
   EXPECT_STREQ(softmax_name(3), "unknown");
   EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_FWD), "hopper");
   EXPECT_STREQ(backend_name(FA_BACKEND_CUDA_FLASH), "cuda_flash");
-  EXPECT_STREQ(backend_name(6), "unknown");
+  EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_BWD), "hopper");
+  EXPECT_STREQ(backend_name(7), "unknown");
 }
 
 }  // namespace
