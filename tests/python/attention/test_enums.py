@@ -121,9 +121,9 @@ def test_platform_and_backend_codes():
     assert _lib.select_backend(params(), _lib.PLATFORM_CUDA)[:2] == (name, OK)
     name, status, reason = _lib.select_backend(params(), 2)
     assert (name, status) == ("none", INVALID) and "platform" in reason
-    names = [_lib.lib.fa_backend_name(i).decode() for i in range(7)]
+    names = [_lib.lib.fa_backend_name(i).decode() for i in range(8)]
     assert names == ["none", "cpu_flash", "xla_reference", "cudnn", "hopper", "cuda_flash",
-                     "unknown"]
+                     "hopper", "unknown"]  # 4 and 6: the Hopper forward and backward
 
 
 # Each field of the ctypes mirror, set to a bad value, must be reported under its own name:
