@@ -9,9 +9,11 @@
 //     shared memory), P^T = exp2(S^T scale log2(e) - lse2) and dS^T = P^T (dP^T - D) in
 //     registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands;
 //   - dS^T goes to shared memory (128-byte swizzled, as the copy engine writes), and each
-//     group adds its part of the block's dS K (head dim 128: 64 columns over the 128 keys;
-//     64: all columns over its 64 keys) into a float32 accumulator in global memory
-//     (atomic adds); flash_bwd.cu's last kernel scales and converts it.
+//     group computes its part of the block's dS K (head dim 128: 64 columns over the 128
+//     keys; 64: all columns over its 64 keys) and puts it in shared memory, where the copy
+//     engine adds it to a float32 accumulator in global memory (a bulk reduction, waited
+//     for only before the next iteration's part); flash_bwd.cu's last kernel scales and
+//     converts it.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's atomic adds are not (their order varies).
 #pragma once
@@ -33,7 +35,7 @@ struct BwdArgs {
   // is 0: a row that keeps nothing, a padded or absent one) and D = rowsum(dO * O).
   const float* lse2;
   const float* dsum;
-  float* dq_acc;  // [B * Hq, sq_pad, D], zero at launch
+  float* dq_acc;  // [B * Hq, sq_pad, D] in bwd_dq_index's order, zero at launch
   void* dk;
   void* dv;
   int64_t dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
@@ -72,10 +74,22 @@ struct BwdSmem {
   uint8_t q[2][kSpans * BwdDims::kQSpanBytes];
   uint8_t dout[2][kSpans * BwdDims::kQSpanBytes];
   uint8_t ds[BwdDims::kBlockN * 128];  // dS^T: 128 keys of 64 queries (one 128-byte span)
+  float dq[2][BwdDims::kBlockM * 64];   // each group's part of dQ (bwd_dq_index's order)
   float lse2[2][BwdDims::kBlockM];
   float dsum[2][BwdDims::kBlockM];
   uint64_t kv_full, full[2];
 };
+// dq_acc's order: each 64-row block of a (batch, head) holds kD * 64 floats, as the groups'
+// dQ parts leave shared memory: head dim 128, group w's columns 64w.. at 4096 w; a part a
+// float4 per accumulator step j (8 columns) and thread (warp = row / 16, lane = 4 (row % 8)
+// + col % 8 / 2), the float4 holding (row, col + 0, 1) and (row + 8, col + 0, 1). The index
+// of the pair (row, col), (row, col + 1) of a block (col even):
+__host__ __device__ inline int bwd_dq_index(int kD, int row, int col) {
+  const int w = kD == 128 ? col / 64 : 0, c = col % 64, j = c / 8;
+  const int tid = (row / 16) * 32 + (row % 8) * 4 + c % 8 / 2;
+  return w * 4096 + (j * 128 + tid) * 4 + 2 * (row % 16 / 8);
+}
+
 template <int kD>
 constexpr size_t kBwdSmemBytes = sizeof(BwdSmem<kD>) + 1024;
 
@@ -302,7 +316,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
     }
     wgmma_commit();
-    named_sync(1);  // both groups' dS^T written
+    if (tid == 0) bulk_wait_read<0>();  // the last iteration's dQ part has left sm.dq[w]
+    named_sync(1);  // both groups' dS^T written, sm.dq free
 
     // dQ's part of the block, dS K: head dim 128, columns 64w.. over the block's 128 keys;
     // head dim 64, its 64 columns over this group's 64 keys (the groups' sums add up in
@@ -322,19 +337,22 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_regs(dq);
     fence_regs(dv);
     fence_regs(dk);
-    float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD + (kD == 128 ? 64 * w : 0);
+    // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread
+    // a group hands it to the copy engine, which adds it to dq_acc while the loop goes on.
+    float4* part = reinterpret_cast<float4*>(sm.dq[w]);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * warp + lane / 4 + 8 * r;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        atomicAdd(reinterpret_cast<float2*>(acc + row * kD + 8 * j + 2 * (lane % 4)),
-                  make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
+    for (int j = 0; j < 8; ++j) part[j * 128 + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async();
+    named_sync(1);  // the stage, dS^T and both parts are written
+    if (tid == 0) {
+      float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD + (kD == 128 ? 64 * 64 * w : 0);
+      bulk_reduce_add(acc, sm.dq[w], BwdDims::kBlockM * 64 * 4);
+      bulk_commit();
     }
-    named_sync(1);  // the stage and dS^T are free
     it = nx;
   }
 
+  if (tid == 0) bulk_wait<0>();  // the last part added before the block ends
   // dK (scaled) and dV of this thread's two keys; keys past kv_len get 0 (none of their P).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -62,7 +62,7 @@ __global__ void bwd_rows(const T* out, const T* dout, const float* lse, FlashBwd
   }
 }
 
-// dQ = scale * the accumulator, to dq's dtype and strides.
+// dQ = scale * the accumulator (bwd_dq_index's order), to dq's dtype and strides.
 template <class T>
 __global__ void bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;  // a pair of columns
@@ -70,7 +70,9 @@ __global__ void bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
   if (i >= n) return;
   const int64_t x = 2 * i % D, s = 2 * i / D % p.seqlen_q, h = 2 * i / (D * p.seqlen_q) % p.heads_q,
                 b = 2 * i / (D * p.seqlen_q * p.heads_q);
-  const float2 v = *reinterpret_cast<const float2*>(acc + ((b * p.heads_q + h) * pad + s) * D + x);
+  const float2 v = *reinterpret_cast<const float2*>(
+      acc + ((b * p.heads_q + h) * pad + s / kBlockM * kBlockM) * D +
+      bwd_dq_index(static_cast<int>(D), static_cast<int>(s % kBlockM), static_cast<int>(x)));
   T* dq = static_cast<T*>(p.dq) + b * p.dq_b + s * p.dq_s + h * p.dq_h + x;
   dq[0] = static_cast<T>(v.x * p.scale);
   dq[1] = static_cast<T>(v.y * p.scale);

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds bwd_time with parts of the backward's loop cut out (probe.patch applied to a copy of
+# csrc): base, nosoft (no softmax: P = S, dS = dP), noatom (dQ's atomics cut), nosoft_noatom,
+# nodq (no dQ product or atomics), gemm4 (no softmax, no dQ: the four other products alone).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TMP=$(mktemp -d)
+cp -r csrc "$TMP/"
+patch -s -d "$TMP" -p1 < dev/hopper_bwd/probe.patch
+mkdir -p .carry
+build() {
+  nvcc -std=c++17 -O3 -arch=sm_90a -I"$TMP/csrc" --expt-relaxed-constexpr $2 dev/hopper_bwd/bwd_time.cu \
+    "$TMP/csrc/fusedattn/attention/hopper/flash_bwd.cu" "$TMP/csrc/fusedattn/attention/hopper/tma_map.cu" \
+    -o ".carry/probe_$1"
+}
+build base "" & build nosoft "-DBWD_PROBE_NO_SOFTMAX=1" & wait
+build noatom "-DBWD_PROBE_NO_ATOMICS=1" & build nosoft_noatom "-DBWD_PROBE_NO_SOFTMAX=1 -DBWD_PROBE_NO_ATOMICS=1" & wait
+build nodq "-DBWD_PROBE_NO_DQ=1" & build gemm4 "-DBWD_PROBE_NO_SOFTMAX=1 -DBWD_PROBE_NO_DQ=1" & wait
+rm -rf "$TMP"
