@@ -73,8 +73,8 @@ struct BwdSmem {
   uint8_t v[kSpans * BwdDims::kKVSpanBytes];
   uint8_t q[2][kSpans * BwdDims::kQSpanBytes];
   uint8_t dout[2][kSpans * BwdDims::kQSpanBytes];
-  uint8_t ds[BwdDims::kBlockN * 128];  // dS^T: 128 keys of 64 queries (one 128-byte span)
-  float dq[2][BwdDims::kBlockM * 64];   // each group's part of dQ (bwd_dq_index's order)
+  uint8_t ds[2][BwdDims::kBlockN * 128];  // dS^T of alternate iterations: 128 keys of 64 queries
+  float dq[2][BwdDims::kBlockM * 64];      // each group's part of dQ (bwd_dq_index's order)
   float lse2[2][BwdDims::kBlockM];
   float dsum[2][BwdDims::kBlockM];
   uint64_t kv_full, full[2];
@@ -196,13 +196,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   float dk[kD / 2], dv[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v), ds_addr = smem_addr(sm.ds);
+  const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v);
   const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
   const int key0 = tile.n0 + key_l;
   if (first < total) mbar_wait(&sm.kv_full, 0);
   for (int it = first, k = 0; it < total; ++k) {
     const int st = k % 2, nx = next(it + 1);
-    if (threadIdx.x == 0 && nx < total) load(nx, st ^ 1);  // its stage was freed at k - 1's end
     const int h = head_of(it), m0 = block_of(it) * kBlockM, cls = class_of(it);
     mbar_wait(&sm.full[st], (k / 2) & 1);
     const uint32_t q_addr = smem_addr(sm.q[st]), do_addr = smem_addr(sm.dout[st]);
@@ -219,6 +218,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       wgmma_ss_m64n64k16<kBf16>(s, desc_sw128(k_addr + off_kv, 16, 1024),
                                 desc_sw128(q_addr + off_q, 16, 1024), kk > 0);
     }
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < 4 * kSpans; ++kk) {
       const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
@@ -227,9 +227,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                                 desc_sw128(do_addr + off_q, 16, 1024), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S^T (P^T is computed while dP^T's product runs)
     fence_regs(s);
-    fence_regs(dp);
 
     // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
     // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh). kMode: 0 the band alone, 1 a
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * j + 2 * (lane % 4) + e, q = m0 + c;
-          const float lse2 = sm.lse2[st][c], dsum = sm.dsum[st][c];
+          const float lse2 = sm.lse2[st][c];
           uint32_t word = 0;
           if constexpr (kMode == 1) word = bits[int64_t{c} * a.words_per_row] >> (key_l % 32);
 #pragma unroll
@@ -271,7 +270,6 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
               drop = true;
             const float pr = drop ? 0.0f : exp2_approx(x - lse2);
             s[i] = pr;
-            dp[i] = pr * (dp[i] - dsum);
           }
         }
       }
@@ -279,29 +277,38 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if (!kDense || cls == 1) probs(std::integral_constant<int, 0>{});
     else if (cls & 4) probs(std::integral_constant<int, 2>{});
     else probs(std::integral_constant<int, 1>{});
+    wgmma_wait<0>();
+    fence_regs(dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float dsum = sm.dsum[st][8 * j + 2 * (lane % 4) + e];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) dp[4 * j + 2 * r + e] = s[4 * j + 2 * r + e] * (dp[4 * j + 2 * r + e] - dsum);
+      }
     uint32_t p[16], ds[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
       ds[i] = pack2<kBf16>(dp[2 * i], dp[2 * i + 1]);
     }
-    // dS^T to shared memory, 128-byte swizzled: key row kr, queries' 16-byte chunk j at
-    // chunk j ^ (kr % 8) of the row.
+    // dS^T to shared memory (this iteration's buffer), 128-byte swizzled: key row kr, queries'
+    // 16-byte chunk j at chunk j ^ (kr % 8) of the row.
+    uint8_t* ds_buf = sm.ds[k % 2];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int kr = key_l + 8 * r;
-        *reinterpret_cast<uint32_t*>(sm.ds + kr * 128 + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4)) =
+        *reinterpret_cast<uint32_t*>(ds_buf + kr * 128 + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4)) =
             ds[2 * j + r];
       }
     fence_proxy_async();
 
-    // dV += P^T dO, dK += dS^T Q (K = the block's 64 queries, 16 a step).
+    // dV += P^T dO (K = the block's 64 queries, 16 a step), running across the barrier.
     fence_regs(dv);
-    fence_regs(dk);
     fence_regs(p);
-    fence_regs(ds);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -309,6 +316,29 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
       else wgmma_rs_m64n64k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
     }
+    wgmma_commit();
+    if (tid == 0) bulk_wait_read<0>();  // the last iteration's dQ part has left sm.dq[w]
+    // Both groups' dS^T written, and both done with iteration k - 1: its stage (loaded next
+    // here), sm.dq (free above) and the dS^T buffer of k + 1.
+    named_sync(1);
+    if (threadIdx.x == 0 && nx < total) load(nx, st ^ 1);
+
+    // dQ's part of the block, dS K: head dim 128, columns 64w.. over the block's 128 keys;
+    // head dim 64, its 64 columns over this group's 64 keys (the groups' sums add up in
+    // dq_acc). Then dK += dS^T Q, running while the part goes to shared memory.
+    float dq[32];
+    fence_regs(dq);
+    wgmma_fence();
+    constexpr int kDqSteps = kD == 128 ? 8 : 4;  // 16 keys a step
+    const uint32_t ds_at = smem_addr(ds_buf) + (kD == 128 ? 0 : w * 64 * 128);
+    const uint32_t k_at = k_addr + (kD == 128 ? w * kKV : w * 64 * 128);
+#pragma unroll
+    for (int kk = 0; kk < kDqSteps; ++kk)
+      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
+                                   desc_sw128(k_at + kk * 16 * 128, kKV, 1024), kk > 0);
+    wgmma_commit();
+    fence_regs(dk);
+    fence_regs(ds);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
@@ -316,39 +346,23 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
     }
     wgmma_commit();
-    if (tid == 0) bulk_wait_read<0>();  // the last iteration's dQ part has left sm.dq[w]
-    named_sync(1);  // both groups' dS^T written, sm.dq free
-
-    // dQ's part of the block, dS K: head dim 128, columns 64w.. over the block's 128 keys;
-    // head dim 64, its 64 columns over this group's 64 keys (the groups' sums add up in
-    // dq_acc).
-    float dq[32];
+    wgmma_wait<1>();  // dV and dQ's part
     fence_regs(dq);
-    wgmma_fence();
-    constexpr int kDqSteps = kD == 128 ? 8 : 4;  // 16 keys a step
-    const uint32_t ds_at = ds_addr + (kD == 128 ? 0 : w * 64 * 128);
-    const uint32_t k_at = k_addr + (kD == 128 ? w * kKV : w * 64 * 128);
-#pragma unroll
-    for (int kk = 0; kk < kDqSteps; ++kk)
-      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
-                                   desc_sw128(k_at + kk * 16 * 128, kKV, 1024), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
-    fence_regs(dv);
-    fence_regs(dk);
     // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread
     // a group hands it to the copy engine, which adds it to dq_acc while the loop goes on.
     float4* part = reinterpret_cast<float4*>(sm.dq[w]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) part[j * 128 + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     fence_proxy_async();
-    named_sync(1);  // the stage, dS^T and both parts are written
+    group_sync(2 + w);  // the group's part written
     if (tid == 0) {
       float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD + (kD == 128 ? 64 * 64 * w : 0);
       bulk_reduce_add(acc, sm.dq[w], BwdDims::kBlockM * 64 * 4);
       bulk_commit();
     }
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
     it = nx;
   }
 

@@ -91,6 +91,11 @@ __device__ __forceinline__ void named_arrive(uint32_t id) {
   asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 
+// A barrier among one warpgroup's 128 threads.
+__device__ __forceinline__ void group_sync(uint32_t id) {
+  asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
 // ---- register reallocation between warpgroups ---------------------------------------------
 template <uint32_t kRegs>
 __device__ __forceinline__ void regs_dec() {
