@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds bwd_time with parts of the backward's loop cut out (probe.patch applied to a copy of
-# csrc): base, nosoft (no softmax: P = S, dS = dP), noatom (dQ's atomics cut), nosoft_noatom,
-# nodq (no dQ product or atomics), gemm4 (no softmax, no dQ: the four other products alone).
+# csrc): base; nosoft (no softmax: P = S, dS = dP); noreduce (dQ's parts written to shared
+# memory but not added to dq_acc); nosoft_noreduce; nodq (no dQ product, part or
+# reduction); gemm4 (no softmax, no dQ: the four other products alone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TMP=$(mktemp -d)
@@ -14,6 +15,6 @@ build() {
     -o ".carry/probe_$1"
 }
 build base "" & build nosoft "-DBWD_PROBE_NO_SOFTMAX=1" & wait
-build noatom "-DBWD_PROBE_NO_ATOMICS=1" & build nosoft_noatom "-DBWD_PROBE_NO_SOFTMAX=1 -DBWD_PROBE_NO_ATOMICS=1" & wait
+build noreduce "-DBWD_PROBE_NO_REDUCE=1" & build nosoft_noreduce "-DBWD_PROBE_NO_SOFTMAX=1 -DBWD_PROBE_NO_REDUCE=1" & wait
 build nodq "-DBWD_PROBE_NO_DQ=1" & build gemm4 "-DBWD_PROBE_NO_SOFTMAX=1 -DBWD_PROBE_NO_DQ=1" & wait
 rm -rf "$TMP"

@@ -9,7 +9,7 @@ SHAPES=${SHAPES:-"4 4096 16 16 0 -1 0 0 128
 4 4096 16 16 0 -1 0 0 64"}
 while read -r line; do
   [ -z "$line" ] && continue
-  for v in base nosoft noatom nosoft_noatom nodq gemm4; do
+  for v in base nosoft noreduce nosoft_noreduce nodq gemm4; do
     printf '%-14s ' "$v"; .carry/probe_$v $line
   done
 done <<< "$SHAPES"

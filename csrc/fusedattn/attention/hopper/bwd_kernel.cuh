@@ -237,8 +237,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + BwdDims::kBlockN > tile.kv_len ||
                       (kCausal && tile.n0 + BwdDims::kBlockN - 1 > m0 + tile.diag) ||
                       (tile.lo_diag != kNoEdge && tile.n0 < m0 + kBlockM - 1 + tile.lo_diag);
-    auto probs = [&](auto mode_tag) {
+    auto probs = [&](auto mode_tag, auto edge_tag) {
       constexpr int kMode = decltype(mode_tag)::value;
+      constexpr bool kEdge = decltype(edge_tag)::value;  // the tile crosses an edge (checked a key)
       const int tbl = table_of(h);
       const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * kBlockM + m0) *
                                                             a.words_per_row + n * 4 + key_l / 32
@@ -265,18 +266,27 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                 else x = fmaf(bits_to_float<kBf16>(v), a.bias_mul, x);
               }
             }
-            if (edge && (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
+            if (kEdge && (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
                          (tile.lo_diag != kNoEdge && key < q + tile.lo_diag)))
               drop = true;
-            const float pr = drop ? 0.0f : exp2_approx(x - lse2);
-            s[i] = pr;
+            // exp2 of every element, then the select: no branch an element (ex2 of a
+            // dropped one's garbage is discarded).
+            const float pr = exp2_approx(x - lse2);
+            s[i] = drop ? 0.0f : pr;
           }
         }
       }
     };
-    if (!kDense || cls == 1) probs(std::integral_constant<int, 0>{});
-    else if (cls & 4) probs(std::integral_constant<int, 2>{});
-    else probs(std::integral_constant<int, 1>{});
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (!kDense || cls == 1) {
+      if (edge) probs(std::integral_constant<int, 0>{}, Yes{});
+      else probs(std::integral_constant<int, 0>{}, No{});
+    } else if (cls & 4) {
+      probs(std::integral_constant<int, 2>{}, Yes{});
+    } else {
+      probs(std::integral_constant<int, 1>{}, Yes{});
+    }
     wgmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
