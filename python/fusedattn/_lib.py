@@ -123,6 +123,7 @@ def _load() -> ctypes.CDLL:
     lib.fa_hopper_fwd_launches.restype = ctypes.c_int64
     lib.fa_hopper_bwd_launches.restype = ctypes.c_int64
     lib.fa_set_hopper_fwd.argtypes = [ctypes.c_int]
+    lib.fa_set_hopper_bwd.argtypes = [ctypes.c_int]
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.fa_cuda_attn_workspace_bytes.argtypes = [
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -340,6 +341,15 @@ def set_hopper_fwd(mode) -> None:
     if mode not in _HOPPER_MODES:
         raise ValueError(f"mode: got {mode!r}; allowed 'off', 'always', 'measured' or None")
     lib.fa_set_hopper_fwd(_HOPPER_MODES[mode])
+
+
+def set_hopper_bwd(mode) -> None:
+    """set_hopper_fwd for the Hopper flash backward: "off", "always", "measured" (plain
+    calls where hopper/measured_bwd.h found it faster than cuDNN's backward; dense masks
+    always) or None (FUSEDATTN_HOPPER_BWD's choice)."""
+    if mode not in _HOPPER_MODES:
+        raise ValueError(f"mode: got {mode!r}; allowed 'off', 'always', 'measured' or None")
+    lib.fa_set_hopper_bwd(_HOPPER_MODES[mode])
 
 
 def version() -> str:

@@ -6,6 +6,7 @@
 #include "fusedattn/attention/cuda/flash_rules.h"
 #include "fusedattn/attention/hopper/band.h"
 #include "fusedattn/attention/hopper/measured.h"
+#include "fusedattn/attention/hopper/measured_bwd.h"
 #include "fusedattn/attention/validate.h"
 #include "fusedattn/score_mod/device_program_host.h"
 
@@ -104,11 +105,11 @@ ScoreModForm recognize_score_mod(const ScoreMod* sm) {
 
 std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info) {
-  // Its forward's rules first (the backward reads the forward's lse and the same tiles).
+  if (req.score_mod.kind != ScoreModKind::kNone) return "its backward takes no score_mod yet";
+  if (is_thd(p.layout)) return "its backward takes no THD layout yet";
+  // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (std::string no = hopper_fwd_unsupported_reason(p, req, info); !no.empty()) return no;
-  if (p.bias_type == FA_NO_BIAS || !req.mask_bias)
-    return "it serves dense masks only for now (cuDNN's backward is faster on plain calls)";
-  if (!req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
+  if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
   if (p.softmax_type != FA_VANILLA_SOFTMAX) return "its backward takes no sinks (softmax_type)";
@@ -163,27 +164,31 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   return "";
 }
 
-std::string hopper_plain_measured(const AttnParams& p) {
+std::string hopper_plain_measured(const AttnParams& p, bool backward) {
   using namespace hopper_rules;
   const Band b = band(p);
   const int32_t mask = is_thd(p.layout) ? kThd : b.left_bound ? kWindow : b.causal ? kCausal : kFull;
   const char* names[] = {"full", "causal", "windowed", "THD"};
+  const Measured* table = backward ? kMeasuredBwd : kMeasured;
+  const int rows = backward ? kMeasuredBwdRows : kMeasuredRows;
+  const char* on = backward ? kMeasuredBwdOn : kMeasuredOn;
+  const char* file = backward ? "hopper/measured_bwd.h" : "hopper/measured.h";
+  const char* what = backward ? "backward" : "forward";
   // The largest measured length <= Sq of the mask's class at the call's head dim.
   const Measured* row = nullptr;
-  for (int i = 0; i < kMeasuredRows; ++i)
-    if (kMeasured[i].mask == mask && kMeasured[i].head_dim == p.head_dim_qk &&
-        kMeasured[i].seqlen <= p.seqlen_q && (!row || kMeasured[i].seqlen > row->seqlen))
-      row = &kMeasured[i];
+  for (int i = 0; i < rows; ++i)
+    if (table[i].mask == mask && table[i].head_dim == p.head_dim_qk && table[i].seqlen <= p.seqlen_q &&
+        (!row || table[i].seqlen > row->seqlen))
+      row = &table[i];
   std::ostringstream os;
   if (!row) {
-    os << "no measurement of " << names[mask] << " calls at head dim " << p.head_dim_qk
-       << " and Sq <= " << p.seqlen_q << " (hopper/measured.h: " << kMeasuredOn << ")";
+    os << "no measurement of " << names[mask] << " calls' " << what << " at head dim " << p.head_dim_qk
+       << " and Sq <= " << p.seqlen_q << " (" << file << ": " << on << ")";
     return os.str();
   }
   if (row->ratio < hopper_rules::kMargin) {
-    os << "cuDNN's forward measured as fast or faster on " << names[mask] << " calls at head dim "
-       << row->head_dim << ", S " << row->seqlen << " (Hopper " << row->ratio << "x cuDNN, "
-       << kMeasuredOn << ")";
+    os << "cuDNN's " << what << " measured as fast or faster on " << names[mask] << " calls at head dim "
+       << row->head_dim << ", S " << row->seqlen << " (Hopper " << row->ratio << "x cuDNN, " << on << ")";
     return os.str();
   }
   return "";
@@ -299,27 +304,34 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       const char* what = kind == ScoreModKind::kSoftcap ? "softcap"
                          : kind == ScoreModKind::kAlibi ? "ALiBi" : "plain";
       std::string hopper_no = hopper_fwd_unsupported_reason(p, req, info);
-      if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kOff)
+      if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kOff)
         hopper_no = "FUSEDATTN_HOPPER_FWD=0 keeps it off";
       std::string measured;
       // A dense mask: cuDNN adds it over every tile, the Hopper forward skips those it empties.
       if (hopper_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias)
         measured = hopper_plain_measured(p);
-      if (hopper_no.empty() && opts.hopper_fwd == HopperFwd::kMeasured && !measured.empty())
+      if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kMeasured && !measured.empty())
         hopper_no = measured;
+      // The backward, decided alike (either forward's lse serves it): a dense mask's always
+      // (the Hopper backward skips the tiles it empties), plain calls by the measurement.
+      std::string bwd_no = hopper_bwd_unsupported_reason(p, req, info);
+      if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0 keeps it off";
+      std::string bwd_measured;
+      if (bwd_no.empty() && !req.mask_bias) bwd_measured = hopper_plain_measured(p, /*backward=*/true);
+      if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
+        bwd_no = bwd_measured;
+      std::string bwd;
+      if (bwd_no.empty()) {
+        choice.backward = FA_BACKEND_HOPPER_BWD;
+        bwd = std::string("; backward hopper: the Hopper flash backward") +
+              (req.mask_bias              ? ", skipping the mask's empty tiles"
+               : bwd_measured.empty() ? " (measured faster than cuDNN: hopper/measured_bwd.h)"
+                                      : " (FUSEDATTN_HOPPER_BWD=1)");
+      } else {
+        bwd = "; backward cudnn (not the Hopper flash backward: " + bwd_no + ")";
+      }
       if (hopper_no.empty()) {
         choice.forward = FA_BACKEND_HOPPER_FWD;
-        // The backward of a dense mask: the Hopper backward skips the same tiles.
-        std::string bwd = "; backward cudnn: " + cudnn;
-        if (req.mask_bias) {
-          const std::string bwd_no = hopper_bwd_unsupported_reason(p, req, info);
-          if (bwd_no.empty()) {
-            choice.backward = FA_BACKEND_HOPPER_BWD;
-            bwd = "; backward hopper: the Hopper flash backward, skipping the same tiles";
-          } else {
-            bwd += " (not the Hopper flash backward: " + bwd_no + ")";
-          }
-        }
         choice.reason = std::string("forward hopper: the Hopper flash forward runs this ") + what +
                         " call" +
                         (kind != ScoreModKind::kNone ? " with its score_mod in the kernel"
@@ -328,7 +340,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
                                             : " (FUSEDATTN_HOPPER_FWD=1)") +
                         bwd;
       } else {
-        choice.reason = "cudnn: " + cudnn + " (not the Hopper flash forward: " + hopper_no + ")";
+        choice.reason = "cudnn: " + cudnn + " (not the Hopper flash forward: " + hopper_no + ")" + bwd;
       }
       return choice;
     }

@@ -116,16 +116,18 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
 
-// Why the Hopper flash backward cannot serve p (empty when it can): for now a dense mask's
-// backward (req.mask_bias, no dbias wanted), whose tiles it skips as the forward does;
-// cuDNN's backward adds the mask as a bias over every tile. Plain calls keep cuDNN's
-// backward (measured faster: dev/hopper_bwd).
+// Why the Hopper flash backward cannot serve p (empty when it can): calls without a
+// score_mod, THD or sinks at head dims 64 and 128 whose forward the Hopper kernel's rules
+// take, a bias only as a dense mask with no dbias wanted (whose tiles it skips, as the
+// forward does; cuDNN's backward adds the mask over every tile). Whether a plain call takes
+// it is the measurement's (hopper_plain_measured).
 std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
 
-// Why a plain call (no score_mod) the Hopper forward can run stays on cuDNN by the
-// measurement (hopper/measured.h); empty when the Hopper forward was measured faster.
-std::string hopper_plain_measured(const AttnParams& p);
+// Why a plain call (no score_mod) the Hopper forward (backward: the Hopper backward) can
+// run stays on cuDNN by the measurement (hopper/measured.h; measured_bwd.h); empty when the
+// Hopper kernel was measured faster.
+std::string hopper_plain_measured(const AttnParams& p, bool backward = false);
 
 // Why the generic CUDA flash kernels cannot serve p (empty when they can).
 std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& req,

@@ -166,6 +166,8 @@ int64_t fa_hopper_bwd_launches() {
 // options.h's set_hopper_fwd_override: 0 off, 1 always, 2 by the measurement, < 0 the
 // environment's (FUSEDATTN_HOPPER_FWD).
 void fa_set_hopper_fwd(int mode) { fusedattn::set_hopper_fwd_override(mode); }
+// The same for the Hopper backward (FUSEDATTN_HOPPER_BWD).
+void fa_set_hopper_bwd(int mode) { fusedattn::set_hopper_bwd_override(mode); }
 
 const char* fa_backend_name(int backend) { return fusedattn::backend_name(backend); }
 

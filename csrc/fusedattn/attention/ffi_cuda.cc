@@ -83,7 +83,7 @@ T* offset(T* p, int64_t elements, int64_t elem_bytes) {
 // (AttnAttrs::backend_flags); Python routes a call here only when the CUDA handler serves
 // it (backend cudnn or cuda_flash), so anything else is a caller error.
 Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags,
-              BackendChoice* c) {
+              BackendChoice* c, PlatformInfo* info_out = nullptr, BackendRequest* req_out = nullptr) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   req.index_base = (flags & kRequestIndexBase) != 0;
@@ -92,6 +92,8 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   req.mask_bias = (flags & kRequestMaskBias) != 0;
   req.no_dbias = (flags & kRequestNoDbias) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
+  if (info_out) *info_out = info;
+  if (req_out) *req_out = req;
   if (!c->status.ok()) return c->status;
   if (c->backend != FA_BACKEND_CUDNN && c->backend != FA_BACKEND_CUDA_FLASH)
     return Status::Unimplemented("the CUDA attention handler serves cuDNN and CUDA flash "
@@ -369,8 +371,9 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
   return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
 }
 
-// The Hopper flash backward's parameters for a call select_backend() gave it (a dense mask,
-// no dbias); workspace: its scratch, 256-byte aligned (null: sizing only).
+// The Hopper flash backward's parameters for a call select_backend() gave it (a plain call
+// or a dense mask with no dbias); workspace: its scratch, 256-byte aligned (null: sizing
+// only).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
@@ -393,11 +396,13 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
   bp.left_bound = band.left_bound, bp.lo_diag = band.lo_diag;
   bp.bottom_right = band.bottom_right;
   if (has_padding(p.mask_type)) bp.q_lens = t.q_seqlens, bp.kv_lens = t.kv_seqlens, bp.lens_stride = p.max_segments;
-  bp.bias = t.bias;
-  bp.bias_b = t.bias_b, bp.bias_h = t.bias_h, bp.bias_s = t.bias_s;
-  bp.bias_batch = p.bias_batch, bp.bias_heads = p.bias_heads;
-  bp.mask_bias = true;
-  bp.mask_value = fa_masked_bias_value(p.dtype);
+  if (p.bias_type != FA_NO_BIAS) {  // a dense mask (the only bias it takes)
+    bp.bias = t.bias;
+    bp.bias_b = t.bias_b, bp.bias_h = t.bias_h, bp.bias_s = t.bias_s;
+    bp.bias_batch = p.bias_batch, bp.bias_heads = p.bias_heads;
+    bp.mask_bias = true;
+    bp.mask_value = fa_masked_bias_value(p.dtype);
+  }
   bp.workspace = workspace;
   return bp;
 }
@@ -408,8 +413,8 @@ size_t hopper_bwd_workspace(const AttnParams& p) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(hopper_bwd_params(p, AttnTensors{}, nullptr))) + 255;
 }
 
-// Runs the Hopper flash backward, which select_backend() chose (a dense mask's, no dbias:
-// zeros there, never read).
+// Runs the Hopper flash backward, which select_backend() chose (a dense mask's dbias, not
+// wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream) {
   PlatformInfo info;
@@ -701,7 +706,8 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   BackendRequest req;
   if (sm) req.score_mod.kind = ScoreModKind::kOther;
   BackendChoice choice;
-  FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice));
+  PlatformInfo info;
+  FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice, &info, &req));
   // Whichever runs the forward (the score_mod's form, unknown here, may pick the Hopper
   // kernel), the workspace holds the Hopper forward's THD tables too.
   const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p, backend_flags).plan.bytes());
@@ -709,16 +715,24 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
     *bytes = std::max(hopper, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr)));
     return Status::Ok();
   }
-  if (backward && choice.backward == FA_BACKEND_HOPPER_BWD) {
-    *bytes = static_cast<int64_t>(hopper_bwd_workspace(p));
-    return Status::Ok();
-  }
+  // A backward the Hopper kernel can run is sized for it and for cuDNN's, whichever runs
+  // (set_hopper_bwd_override switches compiled functions between them at run time).
+  const int64_t hopper_bwd =
+      backward && hopper_bwd_unsupported_reason(p, req, info).empty() ? static_cast<int64_t>(hopper_bwd_workspace(p)) : 0;
   const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
-  FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
-  *bytes = std::max(hopper, static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes()
-                                                          : FwdPlan(p, c, *g).plan.bytes()));
+  const Status built = cudnn::get_graph(c, backward, device, &g);
+  if (!built.ok() && hopper_bwd > 0 && choice.backward == FA_BACKEND_HOPPER_BWD) {
+    *bytes = hopper_bwd;  // cuDNN cannot build it: the Hopper backward's alone
+    return Status::Ok();
+  }
+  FA_RETURN_IF_NOT_OK(built);
+  if (backward) {
+    *bytes = std::max(hopper_bwd, static_cast<int64_t>(BwdPlan(p, c, *g).plan.bytes()));
+    return Status::Ok();
+  }
+  *bytes = std::max(hopper, static_cast<int64_t>(FwdPlan(p, c, *g).plan.bytes()));
   return Status::Ok();
 }
 

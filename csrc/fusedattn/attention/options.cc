@@ -12,13 +12,18 @@ std::optional<int64_t> number(const char* value) {
   return static_cast<int64_t>(std::atoll(value));
 }
 
+HopperMode hopper_mode(const char* value) {
+  if (value && std::strcmp(value, "0") == 0) return HopperMode::kOff;
+  if (value && std::strcmp(value, "1") == 0) return HopperMode::kAlways;
+  return HopperMode::kMeasured;
+}
+
 }  // namespace
 
 BackendOptions parse_backend_options(const EnvLookup& env) {
   BackendOptions o;
-  const char* hopper = env("FUSEDATTN_HOPPER_FWD");
-  if (hopper && std::strcmp(hopper, "0") == 0) o.hopper_fwd = HopperFwd::kOff;
-  if (hopper && std::strcmp(hopper, "1") == 0) o.hopper_fwd = HopperFwd::kAlways;
+  o.hopper_fwd = hopper_mode(env("FUSEDATTN_HOPPER_FWD"));
+  o.hopper_bwd = hopper_mode(env("FUSEDATTN_HOPPER_BWD"));
   o.hopper_persistent = number(env("FUSEDATTN_HOPPER_PERSISTENT"));
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
   o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
@@ -37,7 +42,7 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
 }
 
 namespace {
-std::atomic<int32_t> hopper_override{-1};
+std::atomic<int32_t> hopper_override{-1}, hopper_bwd_override{-1};
 }  // namespace
 
 BackendOptions backend_options() {
@@ -45,12 +50,18 @@ BackendOptions backend_options() {
       parse_backend_options([](const char* name) { return std::getenv(name); });
   BackendOptions o = options;
   const int32_t mode = hopper_override.load(std::memory_order_relaxed);
-  if (mode >= 0) o.hopper_fwd = static_cast<HopperFwd>(mode);
+  if (mode >= 0) o.hopper_fwd = static_cast<HopperMode>(mode);
+  const int32_t bwd = hopper_bwd_override.load(std::memory_order_relaxed);
+  if (bwd >= 0) o.hopper_bwd = static_cast<HopperMode>(bwd);
   return o;
 }
 
 void set_hopper_fwd_override(int32_t mode) {
   hopper_override.store(mode >= 0 && mode <= 2 ? mode : -1, std::memory_order_relaxed);
+}
+
+void set_hopper_bwd_override(int32_t mode) {
+  hopper_bwd_override.store(mode >= 0 && mode <= 2 ? mode : -1, std::memory_order_relaxed);
 }
 
 }  // namespace fusedattn

@@ -11,6 +11,11 @@
 //                                   forward graph. 0: kOff, cuDNN's forward for all of them.
 //                                   1: kAlways, every call it can run (plain ones included).
 //                                   set_hopper_fwd_override() overrides it for the process.
+//   FUSEDATTN_HOPPER_BWD=0|1        hopper_bwd: the same for the Hopper flash backward (head
+//                                   dims 64 and 128): unset, a dense mask's backward always,
+//                                   plain calls where hopper/measured_bwd.h found it faster
+//                                   than cuDNN's backward graph; 0 none; 1 every call it can
+//                                   run. set_hopper_bwd_override() overrides it.
 //   FUSEDATTN_HOPPER_PERSISTENT=0|1 hopper_persistent: the Hopper forward's blocks, one a
 //                                   tile (0) or one an SM taking tiles in turn (1); unset:
 //                                   the kernel decides (dev/hopper_fwd: measurements).
@@ -55,11 +60,13 @@
 namespace fusedattn {
 
 enum class CudnnHeur : int32_t { kA = 0, kB = 1, kFallback = 2 };
-enum class HopperFwd : int32_t { kOff = 0, kAlways = 1, kMeasured = 2 };
+// Which calls a Hopper kernel takes (FUSEDATTN_HOPPER_FWD, FUSEDATTN_HOPPER_BWD).
+enum class HopperMode : int32_t { kOff = 0, kAlways = 1, kMeasured = 2 };
 enum class F32Matmul : int32_t { kAsCalled = 0, kTf32 = 1, kExact = 2 };
 
 struct BackendOptions {
-  HopperFwd hopper_fwd = HopperFwd::kMeasured;
+  HopperMode hopper_fwd = HopperMode::kMeasured;
+  HopperMode hopper_bwd = HopperMode::kMeasured;
   std::optional<int64_t> hopper_persistent;
   bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
@@ -85,6 +92,9 @@ BackendOptions backend_options();
 // decide at run time, so it applies to compiled functions too (their workspace is cuDNN's
 // either way).
 void set_hopper_fwd_override(int32_t mode);
+// The same for FUSEDATTN_HOPPER_BWD. Workspaces are sized for either backward wherever the
+// Hopper backward can run (ffi_cuda.cc), so it applies to compiled functions too.
+void set_hopper_bwd_override(int32_t mode);
 
 // Whether the CUDA flash kernels multiply a call's float32 inputs in plain TF32: the
 // options' f32_matmul, else the call's request (exact: backend.h's kRequestF32Exact set).

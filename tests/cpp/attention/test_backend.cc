@@ -314,12 +314,49 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams sinks = p;
   sinks.softmax_type = FA_OFF_BY_ONE_SOFTMAX;
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(sinks, req, h100()), "sinks"));
-  AttnParams plain = hopper_params();
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, BackendRequest{}, h100()), "dense masks only"));
+  // Either forward's lse serves it: the forward on cuDNN, the backward still Hopper's;
+  // FUSEDATTN_HOPPER_BWD=0 keeps it off.
   BackendOptions off;
-  off.hopper_fwd = HopperFwd::kOff;
+  off.hopper_fwd = HopperMode::kOff;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), req, off), FA_BACKEND_CUDNN,
-                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_BWD);
+  off.hopper_bwd = HopperMode::kOff;
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, off);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_BWD=0")) << c.reason;
+}
+
+// Plain calls: the Hopper backward can run them (no score_mod, THD or sinks; head dims 64 and
+// 128); the measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it.
+TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
+  const AttnParams plain = hopper_params();
+  EXPECT_EQ(hopper_bwd_unsupported_reason(plain, BackendRequest{}, h100()), "");
+  BackendOptions always;
+  always.hopper_bwd = HopperMode::kAlways;
+  BackendChoice c = select_backend(plain, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always);
+  EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+  EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_BWD=1")) << c.reason;
+  // By the measurement: the table's verdict, named in the reason either way.
+  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+  const std::string measured = hopper_plain_measured(plain, /*backward=*/true);
+  EXPECT_EQ(c.backward, measured.empty() ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_TRUE(has(c.reason, measured.empty() ? "measured_bwd.h" : measured.c_str())) << c.reason;
+  AttnParams thd = plain;
+  thd.layout = FA_THD_THD_THD;
+  thd.max_segments = 2;
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(thd, BackendRequest{}, h100()), "THD")) << thd.layout;
+  BackendRequest softcap;
+  softcap.score_mod.kind = ScoreModKind::kSoftcap;
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, softcap, h100()), "score_mod"));
+  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), softcap, always);
+  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  AttnParams d256 = plain;
+  d256.head_dim_qk = d256.head_dim_v = 256;
+  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_CUDNN);
+  // A bias that is no dense mask: cuDNN's backward (its forward's rules decline it too).
+  AttnParams bias = plain;
+  bias.bias_type = FA_POST_SCALE_BIAS, bias.bias_batch = 1, bias.bias_heads = 1;
+  EXPECT_NE(hopper_bwd_unsupported_reason(bias, BackendRequest{}, h100()), "");
 }
 
 // Without a score_mod the kernel's running max is q.k's, the scores' order only for a
@@ -355,7 +392,7 @@ TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
 
 TEST(SelectBackend, OptionsForceCudnnOverHopper) {
   BackendOptions off;
-  off.hopper_fwd = HopperFwd::kOff;
+  off.hopper_fwd = HopperMode::kOff;
   const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
                                          with(ScoreModKind::kSoftcap), off);
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
@@ -435,12 +472,12 @@ TEST(SelectBackend, HopperForwardTakesPlainCallsByTheMeasurement) {
     EXPECT_TRUE(has(c.reason, measured)) << c.reason;
   }
   BackendOptions always;
-  always.hopper_fwd = HopperFwd::kAlways;
+  always.hopper_fwd = HopperMode::kAlways;
   const BackendChoice a = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, always);
   expect_kernels(a, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
   EXPECT_TRUE(has(a.reason, "plain call")) << a.reason;
   BackendOptions off;
-  off.hopper_fwd = HopperFwd::kOff;
+  off.hopper_fwd = HopperMode::kOff;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), {}, off), FA_BACKEND_CUDNN,
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kOther), always),
@@ -462,7 +499,7 @@ TEST(SelectBackend, HopperForwardTakesThd) {
                  FA_BACKEND_CUDNN);
   if (!measured.empty()) EXPECT_TRUE(has(measured, "THD calls")) << measured;
   BackendOptions always;
-  always.hopper_fwd = HopperFwd::kAlways;
+  always.hopper_fwd = HopperMode::kAlways;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), {}, always), FA_BACKEND_CUDNN,
                  FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
   p.max_segments = int64_t{1} << 26;  // 2 rows x 2^26 segments x 8 heads x 4 blocks: past 2^30 tiles
@@ -473,7 +510,7 @@ TEST(SelectBackend, HopperForwardTakesThd) {
 
 TEST(SelectBackend, HopperForwardTakesSlidingWindows) {
   BackendOptions always;
-  always.hopper_fwd = HopperFwd::kAlways;
+  always.hopper_fwd = HopperMode::kAlways;
   for (auto [mask, left, right] : {std::tuple{FA_CAUSAL_MASK, 64, 0},
                                    std::tuple{FA_NO_MASK, -1, 4},
                                    std::tuple{FA_NO_MASK, 100, 7},
@@ -594,7 +631,7 @@ BackendOptions parse(const std::map<std::string, std::string>& env) {
 
 TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   const BackendOptions o = parse({});
-  EXPECT_EQ(o.hopper_fwd, HopperFwd::kMeasured);
+  EXPECT_EQ(o.hopper_fwd, HopperMode::kMeasured);
   EXPECT_TRUE(o.flash_score_mod);
   EXPECT_EQ(o.cudnn_heur, CudnnHeur::kA);
   EXPECT_FALSE(o.cudnn_plan.has_value());
@@ -627,10 +664,14 @@ TEST(ParseBackendOptions, Float32MatmulFollowsTheCallUnlessForced) {
 }
 
 TEST(ParseBackendOptions, HopperForwardOffAlwaysOrMeasured) {
-  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "0"}}).hopper_fwd, HopperFwd::kOff);
-  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "1"}}).hopper_fwd, HopperFwd::kAlways);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "0"}}).hopper_fwd, HopperMode::kOff);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", "1"}}).hopper_fwd, HopperMode::kAlways);
   for (const char* v : {"", "off", "00", "2"})
-    EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd, HopperFwd::kMeasured) << v;
+    EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_FWD", v}}).hopper_fwd, HopperMode::kMeasured) << v;
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_BWD", "0"}}).hopper_bwd, HopperMode::kOff);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_BWD", "1"}}).hopper_bwd, HopperMode::kAlways);
+  EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_BWD", "1"}}).hopper_fwd, HopperMode::kMeasured);
+  EXPECT_EQ(parse({}).hopper_bwd, HopperMode::kMeasured);
 }
 
 TEST(ParseBackendOptions, HopperPersistentIsANumberWhenSet) {
@@ -640,15 +681,24 @@ TEST(ParseBackendOptions, HopperPersistentIsANumberWhenSet) {
 }
 
 TEST(BackendOptions, HopperOverrideAppliesAndResets) {
-  const HopperFwd env = backend_options().hopper_fwd;
+  const HopperMode env = backend_options().hopper_fwd;
   set_hopper_fwd_override(1);
-  EXPECT_EQ(backend_options().hopper_fwd, HopperFwd::kAlways);
+  EXPECT_EQ(backend_options().hopper_fwd, HopperMode::kAlways);
   set_hopper_fwd_override(0);
-  EXPECT_EQ(backend_options().hopper_fwd, HopperFwd::kOff);
+  EXPECT_EQ(backend_options().hopper_fwd, HopperMode::kOff);
   set_hopper_fwd_override(-1);
   EXPECT_EQ(backend_options().hopper_fwd, env);
   set_hopper_fwd_override(7);  // out of range: back to the environment's
   EXPECT_EQ(backend_options().hopper_fwd, env);
+  // The backward's, independently.
+  const HopperMode env_bwd = backend_options().hopper_bwd;
+  set_hopper_bwd_override(0);
+  EXPECT_EQ(backend_options().hopper_bwd, HopperMode::kOff);
+  EXPECT_EQ(backend_options().hopper_fwd, env);
+  set_hopper_bwd_override(1);
+  EXPECT_EQ(backend_options().hopper_bwd, HopperMode::kAlways);
+  set_hopper_bwd_override(-1);
+  EXPECT_EQ(backend_options().hopper_bwd, env_bwd);
 }
 
 TEST(ParseBackendOptions, CudnnHeuristics) {

@@ -302,14 +302,14 @@ void run_case(const Case& cs) {
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
-class HopperFwd : public ::testing::TestWithParam<Case> {
+class HopperMode : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 GPU (H100, H200)";
   }
 };
 
-TEST_P(HopperFwd, MatchesTheReference) {
+TEST_P(HopperMode, MatchesTheReference) {
   const Case& c = GetParam();
   if (c.bf16) run_case<__nv_bfloat16>(c); else run_case<__half>(c);
 }
@@ -469,7 +469,7 @@ const Case kCases[] = {
       c.D = 256, c.mask = 2, c.mask_h = true, c.Sq = c.Skv = 640; }),
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, HopperFwd, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Cases, HopperMode, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.name);
                          });

@@ -1,7 +1,8 @@
-// The shape of hopper/measured.h (the table scripts/tune_hopper.py writes) and the rule that
-// reads it: select_backend (backend.cc, hopper_plain_measured) sends a plain call to the
-// Hopper forward when its mask class at its head dim measured at least kMargin faster than
-// cuDNN's forward at the largest measured S <= its Sq (no row: cuDNN).
+// The shape of hopper/measured.h and measured_bwd.h (the tables scripts/tune_hopper.py
+// writes) and the rule that reads them: select_backend (backend.cc, hopper_plain_measured)
+// sends a plain call to the Hopper forward (backward) when its mask class at its head dim
+// measured at least kMargin faster than cuDNN's forward (forward + backward, the forward
+// the same) at the largest measured S <= its Sq (no row: cuDNN).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ struct Measured {
   int32_t mask;     // MaskClass
   int64_t head_dim;  // of q, k and v
   int64_t seqlen;   // Sq = Skv of the measured call (batch x seqlen = 16384, 2048 / D heads)
-  double ratio;     // cuDNN's forward time / the Hopper forward's
+  double ratio;     // cuDNN's time / the Hopper kernel's
 };
 
 }  // namespace fusedattn::hopper_rules

@@ -1,0 +1,120 @@
+"""The Hopper flash backward on plain calls (csrc/fusedattn/attention/hopper/bwd_kernel.cuh) on
+an H100 / H200 (pytest -m gpu; skipped without an sm_90 GPU): with set_hopper_bwd("always") it
+runs every plain call it can (its launch counter moves), after the Hopper forward or after
+cuDNN's (either forward's log-sum-exp serves it); gradients of q, k and v against the float32
+reference by test_score_mod_gpu.check's rule, in bf16 and fp16, over the masks, windows, GQA /
+MQA, ragged lengths and head dims 64 and 128. Dense masks: test_hopper_fwd_gpu.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedattn
+from fusedattn import AttnMaskType, _lib
+from test_hopper_fwd_gpu import PADDING_CASES, PLAIN_CASES, PLAIN_TARGETS, _is_hopper, identity, inputs
+from test_score_mod import ref_call
+from test_score_mod_gpu import check
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 GPU (H100, H200)")]
+
+
+@pytest.fixture(params=["hopper-fwd", "cudnn-fwd"])
+def hopper_bwd(request):
+    """The Hopper backward for every call it can run, after either forward; then back."""
+    _lib.set_hopper_fwd("always" if request.param == "hopper-fwd" else "off")
+    _lib.set_hopper_bwd("always")
+    yield
+    _lib.set_hopper_fwd(None)
+    _lib.set_hopper_bwd(None)
+
+
+def check_hopper_bwd(ours, ref, args, dout):
+    before = _lib.hopper_bwd_launches()
+    check(ours, ref, args, dout, PLAIN_TARGETS)
+    assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", PLAIN_CASES,
+                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window",
+                              "causal-window-5", "window-both", "window-right", "window-left",
+                              "bottom-right-window"])
+def test_plain_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                                window_size=window)
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window)
+    check_hopper_bwd(ours, ref, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", [PLAIN_CASES[i] for i in (0, 1, 2, 3)],
+                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window"])
+def test_head_dim_64_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=64)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                                window_size=window)
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window)
+    check_hopper_bwd(ours, ref, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window,ql,kl", PADDING_CASES,
+                         ids=["padding", "padding-causal", "padding-bottom-right",
+                              "padding-causal-window-empty-row"])
+def test_padding_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window, ql, kl):
+    """Padding (a sequence of no queries and one of no keys among them): gradients of padded
+    rows and keys 0, the rest as the reference."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
+    qlen, kvlen = jnp.asarray(ql, jnp.int32), jnp.asarray(kl, jnp.int32)
+    sd = fusedattn.SequenceDescriptor.from_seqlens((qlen, kvlen))
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, sd, None, attn_mask_type=mask,
+                                                window_size=window)
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window,
+                                   q_seqlens=qlen, kv_seqlens=kvlen)
+    check_hopper_bwd(ours, ref, (q, k, v), dout)
+
+
+def test_one_compiled_function_takes_either_backward(key):
+    """set_hopper_bwd decides when a call runs: one compiled gradient runs the Hopper backward,
+    then cuDNN's (its workspace sized for both), and the two agree to 16-bit rounding."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 2.0)
+    loss = lambda q, k, v: jnp.sum(fusedattn.dot_product_attention(q, k, v, is_causal=True)
+                                   .astype(jnp.float32) * dout.astype(jnp.float32))
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    g.lower(q, k, v).compile()
+    try:
+        got = {}
+        for mode in ("always", "off"):
+            _lib.set_hopper_bwd(mode)
+            before = _lib.hopper_bwd_launches()
+            got[mode] = [np.asarray(x, np.float32) for x in jax.block_until_ready(g(q, k, v))]
+            assert (_lib.hopper_bwd_launches() > before) == (mode == "always"), mode
+    finally:
+        _lib.set_hopper_bwd(None)
+    for what, a, b in zip(("dq", "dk", "dv"), got["always"], got["off"]):
+        assert not np.isnan(a).any(), what
+        assert np.abs(a - b).max() <= 2e-2 * max(1.0, float(np.abs(b).max())), what
+
+
+def test_other_calls_keep_cudnns_backward(key):
+    """Calls the Hopper backward does not take run cuDNN's even with set_hopper_bwd("always"):
+    a softcap score_mod, head dim 256, THD."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 512, 512, 2, 1.0, d=256)
+    cap = lambda s, b, h, qi, ki: jnp.tanh(s / 50.0) * 50.0
+    calls = [
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                              attn_mask_type=AttnMaskType.CAUSAL_MASK), (q, k, v)),
+        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap),
+         tuple(x[..., :128] for x in (q, k, v))),
+    ]
+    _lib.set_hopper_bwd("always")
+    try:
+        for fn, args in calls:
+            before = _lib.hopper_bwd_launches()
+            jax.block_until_ready(jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32))))(*args))
+            assert _lib.hopper_bwd_launches() == before
+    finally:
+        _lib.set_hopper_bwd(None)
