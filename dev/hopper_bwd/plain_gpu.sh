@@ -2,8 +2,8 @@
 # GPU machine (session 28; carry .whl and .carry): the Hopper backward on plain calls.
 #   1. the kernel tests (scripts/cuda_tests.sh run --gtest_filter='*HopperBwd*') beside the
 #      Python GPU tests of SELECTIONS (one pytest selection a line) in parallel shards;
-#   2. TUNE=1: scripts/tune_hopper.py --backward (writes $OUT/measured_bwd.h; copy it to
-#      csrc/fusedattn/attention/hopper/ and rebuild);
+#   2. TUNE=1: scripts/tune_hopper.py --backward $TUNE_ARGS (rewrites the tree's
+#      hopper/measured_bwd.h, copied to $OUT: bring it back and rebuild);
 #   3. BENCH=1: python -m fusedattn bench attention at head dims $BENCH_DIMS.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +27,9 @@ if [ -n "${shards:-}" ]; then
   grep -hE "^FAILED|^E  " "$OUT"/shard-*.log | head -30
 fi
 if [ -n "${TUNE:-}" ]; then
-  timeout "${TUNE_TIMEOUT:-300}" "$PY" scripts/tune_hopper.py --backward --out "$OUT/measured_bwd.h" \
+  timeout "${TUNE_TIMEOUT:-300}" "$PY" scripts/tune_hopper.py --backward \
       --json "$OUT/measured_bwd.json" ${TUNE_ARGS:-} > "$OUT/tune.log" 2>&1
+  cp csrc/fusedattn/attention/hopper/measured_bwd.h "$OUT/"
   cat "$OUT/tune.log"
 fi
 if [ -n "${BENCH:-}" ]; then

@@ -118,3 +118,22 @@ def test_other_calls_keep_cudnns_backward(key):
             assert _lib.hopper_bwd_launches() == before
     finally:
         _lib.set_hopper_bwd(None)
+
+
+@pytest.mark.parametrize("S", [1024, 16384])
+def test_plain_calls_follow_the_backward_measurement(key, S):
+    """Without an override a plain call's backward is the one hopper/measured_bwd.h picks for
+    its class, head dim and length, and get_backend names the kernel that then runs (head dim
+    64, causal: the table's rows at S 1024 and 16384)."""
+    q, k, v, dout = (x[:1, :, :2] for x in inputs(key, jnp.bfloat16, S, S, 2, 1.0, d=64))
+    causal = AttnMaskType.CAUSAL_MASK
+    info = fusedattn.get_backend((q, k, v), attn_mask_type=causal, is_training=True, platform="gpu")
+    assert info.backward in ("hopper", "cudnn"), info
+    assert ("measured_bwd.h" in info.reason if info.backward == "hopper"
+            else "cuDNN's backward measured" in info.reason), info.reason
+    loss = lambda q, k, v: jnp.sum(fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=causal)
+                                   .astype(jnp.float32) * dout.astype(jnp.float32))
+    before = _lib.hopper_bwd_launches()
+    grads = jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    assert (_lib.hopper_bwd_launches() > before) == (info.backward == "hopper"), info
+    assert not any(np.isnan(np.asarray(g, np.float32)).any() for g in grads)

@@ -1,21 +1,25 @@
-// Flash attention backward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16: the first version
-// (flash_bwd.cu runs it; select_backend gives it dense masks' backwards). FlashAttention-2's loop order
-// with Hopper's instructions:
+// Flash attention backward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16 (flash_bwd.cu
+// runs it; select_backend gives it dense masks' backwards, and plain calls' where
+// hopper/measured_bwd.h found it faster than cuDNN's). FlashAttention-2's loop order with
+// Hopper's instructions and FlashAttention-3's order within an iteration:
 //   - a thread block owns 128 keys of one (batch row, kv head): its K and V stay in shared
-//     memory (the copy engine, TMA), dK and dV in registers; it walks the query blocks (64
-//     rows) of each query head of the kv head's group that the band lets see its keys, two
-//     stages of Q, dO, lse and D in flight (one thread issues the copies);
-//   - two warpgroups, 64 keys each: S^T = K Q^T and dP^T = V dO^T (wgmma, both operands in
-//     shared memory), P^T = exp2(S^T scale log2(e) - lse2) and dS^T = P^T (dP^T - D) in
-//     registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands;
-//   - dS^T goes to shared memory (128-byte swizzled, as the copy engine writes), and each
-//     group computes its part of the block's dS K (head dim 128: 64 columns over the 128
-//     keys; 64: all columns over its 64 keys) and puts it in shared memory, where the copy
+//     memory (the copy engine, TMA), dK and dV in registers; it walks the query blocks
+//     (kBwdBlockM rows: 128 at head dim 64 without a dense mask, else 64) of each query head
+//     of the kv head's group that the band lets see its keys, two stages of Q, dO, lse and D
+//     in flight (one thread issues the copies, after the iteration's barrier);
+//   - two warpgroups, 64 keys each: S^T = K Q^T, then dP^T = V dO^T (wgmma, both operands in
+//     shared memory), P^T = exp2(S^T scale log2(e) - lse2) while dP^T's product runs,
+//     dS^T = P^T (dP^T - D), all in registers (the band checked only in tiles that cross an
+//     edge); dV += P^T dO with P^T as the register operand, issued before the barrier;
+//   - dS^T goes to shared memory (double-buffered, 128-byte swizzled as the copy engine
+//     writes); after the one 256-thread barrier of the iteration each group computes a
+//     64 x 64 part of the block's dS K (head dim 128: 64 columns over the 128 keys; 64 with
+//     128 queries: 64 queries over the 128 keys; 64 with 64 queries: all over its own 64
+//     keys), then dK += dS^T Q runs while the part goes to shared memory, where the copy
 //     engine adds it to a float32 accumulator in global memory (a bulk reduction, waited
-//     for only before the next iteration's part); flash_bwd.cu's last kernel scales and
-//     converts it.
+//     for only before the next part); flash_bwd.cu's last kernel scales and converts it.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
-// (deterministic); dQ's atomic adds are not (their order varies).
+// (deterministic); dQ's reductions are not (their order varies).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,23 +64,28 @@ struct BwdArgs {
 };
 
 struct BwdDims {
-  static constexpr int kBlockM = 64, kBlockN = 128, kThreads = 256;
+  // kBlockM: the rows of a dense mask's tiles and of dq_acc's blocks; kPadM: Sq's padding in
+  // the scratch (a multiple of every variant's query block).
+  static constexpr int kBlockM = 64, kPadM = 128, kBlockN = 128, kThreads = 256;
   static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
-  static constexpr uint32_t kQSpanBytes = kBlockM * 128;   // of Q's or dO's 64 rows
 };
+// The query block of a variant: 128 rows at head dim 64 without a dense mask (S^T and dP^T
+// m64n128 products, FlashAttention-3's tile there), else 64.
+template <int kD, bool kDense>
+constexpr int kBwdBlockM = kD == 64 && !kDense ? 128 : 64;
 
-// kD / 64 spans of 64 columns a tile (head dims 64 and 128).
-template <int kD>
+// kD / 64 spans of 64 columns a tile (head dims 64 and 128), kM query rows.
+template <int kD, int kM>
 struct BwdSmem {
   static constexpr int kSpans = kD / 64;
   uint8_t k[kSpans * BwdDims::kKVSpanBytes];
   uint8_t v[kSpans * BwdDims::kKVSpanBytes];
-  uint8_t q[2][kSpans * BwdDims::kQSpanBytes];
-  uint8_t dout[2][kSpans * BwdDims::kQSpanBytes];
-  uint8_t ds[2][BwdDims::kBlockN * 128];  // dS^T of alternate iterations: 128 keys of 64 queries
-  float dq[2][BwdDims::kBlockM * 64];      // each group's part of dQ (bwd_dq_index's order)
-  float lse2[2][BwdDims::kBlockM];
-  float dsum[2][BwdDims::kBlockM];
+  uint8_t q[2][kSpans * kM * 128];
+  uint8_t dout[2][kSpans * kM * 128];
+  uint8_t ds[2][kM / 64][BwdDims::kBlockN * 128];  // dS^T of alternate iterations: 128 keys, spans of 64 queries
+  float dq[2][64 * 64];                            // each group's part of dQ (bwd_dq_index's order)
+  float lse2[2][kM];
+  float dsum[2][kM];
   uint64_t kv_full, full[2];
 };
 // dq_acc's order: each 64-row block of a (batch, head) holds kD * 64 floats, as the groups'
@@ -90,15 +99,15 @@ __host__ __device__ inline int bwd_dq_index(int kD, int row, int col) {
   return w * 4096 + (j * 128 + tid) * 4 + 2 * (row % 16 / 8);
 }
 
-template <int kD>
-constexpr size_t kBwdSmemBytes = sizeof(BwdSmem<kD>) + 1024;
+template <int kD, bool kDense>
+constexpr size_t kBwdSmemBytes = sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense>>) + 1024;
 
 // The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
 struct BwdTile {
   int n0, q_len, kv_len, diag, lo_diag, m_begin, m_end;
 };
 
-template <bool kCausal>
+template <bool kCausal, int bm>
 __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   BwdTile t;
   t.n0 = n * BwdDims::kBlockN;
@@ -111,7 +120,6 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   const long long diag0 = a.bottom_right ? t.kv_len - t.q_len : 0;
   t.diag = clamp_edge(diag0 + a.diag);
   t.lo_diag = a.lo_diag == kNoEdge ? kNoEdge : clamp_edge(diag0 + a.lo_diag);
-  constexpr int bm = BwdDims::kBlockM;
   t.m_begin = 0;
   t.m_end = (t.q_len + bm - 1) / bm;
   const int last_key = min(t.n0 + BwdDims::kBlockN, t.kv_len) - 1;
@@ -137,15 +145,16 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  constexpr int kBlockM = BwdDims::kBlockM;
-  constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = BwdDims::kQSpanBytes;
+  constexpr int kBlockM = kBwdBlockM<kD, kDense>;  // this variant's query block
+  constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = kBlockM * 128;  // a 64-column span of K / V, Q / dO
   extern __shared__ uint8_t smem_raw[];
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   constexpr int kSpans = kD / 64;
-  BwdSmem<kD>& sm = *reinterpret_cast<BwdSmem<kD>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  using Smem = BwdSmem<kD, kBlockM>;
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int n = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const BwdTile tile = bwd_tile<kCausal>(a, n, b);
+  const BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
   const int blocks = max(0, tile.m_end - tile.m_begin);
   const int total = blocks * a.heads_per_kv;
 
@@ -206,27 +215,24 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     mbar_wait(&sm.full[st], (k / 2) & 1);
     const uint32_t q_addr = smem_addr(sm.q[st]), do_addr = smem_addr(sm.dout[st]);
 
-    // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys.
-    float s[32], dp[32];
+    // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys (N = the block's queries).
+    constexpr int kAcc = kBlockM / 2;  // accumulators a thread: 64 keys x kBlockM queries
+    float s[kAcc], dp[kAcc];
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
+    auto product = [&](float (&acc)[kAcc], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
-    for (int kk = 0; kk < 4 * kSpans; ++kk) {
-      const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
-      const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
-      wgmma_ss_m64n64k16<kBf16>(s, desc_sw128(k_addr + off_kv, 16, 1024),
-                                desc_sw128(q_addr + off_q, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < 4 * kSpans; ++kk) {
-      const uint32_t off_kv = (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32;
-      const uint32_t off_q = (kk / 4) * kQ + (kk % 4) * 32;
-      wgmma_ss_m64n64k16<kBf16>(dp, desc_sw128(v_addr + off_kv, 16, 1024),
-                                desc_sw128(do_addr + off_q, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+      for (int kk = 0; kk < 4 * kSpans; ++kk) {
+        const uint64_t da = desc_sw128(a_addr + (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32, 16, 1024);
+        const uint64_t db = desc_sw128(b_addr + (kk / 4) * kQ + (kk % 4) * 32, 16, 1024);
+        if constexpr (kBlockM == 128) wgmma_ss_m64n128k16<kBf16>(acc, da, db, kk > 0);
+        else wgmma_ss_m64n64k16<kBf16>(acc, da, db, kk > 0);
+      }
+      wgmma_commit();
+    };
+    product(s, k_addr, q_addr);
+    product(dp, v_addr, do_addr);
     wgmma_wait<1>();  // S^T (P^T is computed while dP^T's product runs)
     fence_regs(s);
 
@@ -241,12 +247,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       constexpr int kMode = decltype(mode_tag)::value;
       constexpr bool kEdge = decltype(edge_tag)::value;  // the tile crosses an edge (checked a key)
       const int tbl = table_of(h);
-      const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * kBlockM + m0) *
+      const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * BwdDims::kBlockM + m0) *
                                                             a.words_per_row + n * 4 + key_l / 32
                                         : nullptr;
       const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * j + 2 * (lane % 4) + e, q = m0 + c;
@@ -290,38 +296,38 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float dsum = sm.dsum[st][8 * j + 2 * (lane % 4) + e];
 #pragma unroll
         for (int r = 0; r < 2; ++r) dp[4 * j + 2 * r + e] = s[4 * j + 2 * r + e] * (dp[4 * j + 2 * r + e] - dsum);
       }
-    uint32_t p[16], ds[16];
+    uint32_t p[kAcc / 2], ds[kAcc / 2];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kAcc / 2; ++i) {
       p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
       ds[i] = pack2<kBf16>(dp[2 * i], dp[2 * i + 1]);
     }
     // dS^T to shared memory (this iteration's buffer), 128-byte swizzled: key row kr, queries'
-    // 16-byte chunk j at chunk j ^ (kr % 8) of the row.
-    uint8_t* ds_buf = sm.ds[k % 2];
+    // 16-byte chunk j at chunk j % 8 ^ (kr % 8) of the row in span j / 8 (64 queries a span).
+    uint8_t* ds_buf = sm.ds[k % 2][0];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int kr = key_l + 8 * r;
-        *reinterpret_cast<uint32_t*>(ds_buf + kr * 128 + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4)) =
-            ds[2 * j + r];
+        *reinterpret_cast<uint32_t*>(ds_buf + (j / 8) * kKV + kr * 128 + (((j % 8) ^ (kr % 8)) << 4) +
+                                     4 * (lane % 4)) = ds[2 * j + r];
       }
     fence_proxy_async();
 
-    // dV += P^T dO (K = the block's 64 queries, 16 a step), running across the barrier.
+    // dV += P^T dO (K = the block's queries, 16 a step), running across the barrier.
     fence_regs(dv);
     fence_regs(p);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
       const uint32_t fa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
       else wgmma_rs_m64n64k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
@@ -333,15 +339,17 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     named_sync(1);
     if (threadIdx.x == 0 && nx < total) load(nx, st ^ 1);
 
-    // dQ's part of the block, dS K: head dim 128, columns 64w.. over the block's 128 keys;
-    // head dim 64, its 64 columns over this group's 64 keys (the groups' sums add up in
-    // dq_acc). Then dK += dS^T Q, running while the part goes to shared memory.
+    // dQ's part of the block, dS K, a 64 x 64 product a group: head dim 128, columns 64w..
+    // over the block's 128 keys; head dim 64 and 128 queries, queries 64w.. over the 128
+    // keys; head dim 64 and 64 queries, all over this group's 64 keys (the groups' sums add
+    // up in dq_acc). Then dK += dS^T Q, running while the part goes to shared memory.
     float dq[32];
     fence_regs(dq);
     wgmma_fence();
-    constexpr int kDqSteps = kD == 128 ? 8 : 4;  // 16 keys a step
-    const uint32_t ds_at = smem_addr(ds_buf) + (kD == 128 ? 0 : w * 64 * 128);
-    const uint32_t k_at = k_addr + (kD == 128 ? w * kKV : w * 64 * 128);
+    constexpr bool kOwnKeys = kD == 64 && kBlockM == 64;
+    constexpr int kDqSteps = kOwnKeys ? 4 : 8;  // 16 keys a step
+    const uint32_t ds_at = smem_addr(ds_buf) + (kOwnKeys ? w * 64 * 128 : kBlockM == 128 ? w * kKV : 0);
+    const uint32_t k_at = k_addr + (kOwnKeys ? w * 64 * 128 : kD == 128 ? w * kKV : 0);
 #pragma unroll
     for (int kk = 0; kk < kDqSteps; ++kk)
       wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
@@ -350,7 +358,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_regs(dk);
     fence_regs(ds);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
       const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
       if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
       else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
@@ -366,8 +374,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_proxy_async();
     group_sync(2 + w);  // the group's part written
     if (tid == 0) {
-      float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD + (kD == 128 ? 64 * 64 * w : 0);
-      bulk_reduce_add(acc, sm.dq[w], BwdDims::kBlockM * 64 * 4);
+      const int rows = m0 + (kBlockM == 128 ? 64 * w : 0);  // the part's 64-row block of dq_acc
+      float* acc = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) * kD + (kD == 128 ? 64 * 64 * w : 0);
+      bulk_reduce_add(acc, sm.dq[w], 64 * 64 * 4);
       bulk_commit();
     }
     wgmma_wait<0>();

@@ -18,7 +18,11 @@ constexpr int64_t kBlockM = BwdDims::kBlockM;
 
 std::atomic<int64_t> launches{0};
 
-int64_t sq_pad(const FlashBwdParams& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
+int64_t sq_pad(const FlashBwdParams& p) {
+  return (p.seqlen_q + BwdDims::kPadM - 1) / BwdDims::kPadM * BwdDims::kPadM;
+}
+// The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask).
+uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && !p.mask_bias ? 128 : 64; }
 int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
 MaskTiles mask_tiles(const FlashBwdParams& p) {
@@ -82,8 +86,8 @@ template <bool kCausal, bool kBf16, bool kDense, int kD>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense, kD>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kBwdSmemBytes<kD>)));
-  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD>, stream>>>(a);
+                                               static_cast<int>(kBwdSmemBytes<kD, kDense>)));
+  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense>, stream>>>(a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
@@ -151,9 +155,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   BwdArgs a{};
   const int64_t D = p.head_dim;
   FA_RETURN_IF_NOT_OK(make_map(&a.q, p.q, p.bf16, D, p.seqlen_q, p.heads_q, p.batch, p.q_s, p.q_h,
-                               p.q_b, BwdDims::kBlockM, "q"));
+                               p.q_b, block_m(p), "q"));
   FA_RETURN_IF_NOT_OK(make_map(&a.dout, p.dout, p.bf16, D, p.seqlen_q, p.heads_q, p.batch, p.do_s,
-                               p.do_h, p.do_b, BwdDims::kBlockM, "dout"));
+                               p.do_h, p.do_b, block_m(p), "dout"));
   FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, D, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
                                p.k_b, BwdDims::kBlockN, "k"));
   FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, D, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
