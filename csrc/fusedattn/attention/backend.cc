@@ -103,12 +103,15 @@ ScoreModForm recognize_score_mod(const ScoreMod* sm) {
   return f;
 }
 
-std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
-                                          const PlatformInfo& info) {
+namespace {
+
+// hopper_bwd_unsupported_reason with its forward's verdict (hopper_fwd_unsupported_reason)
+// given: select_backend has it already.
+std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind != ScoreModKind::kNone) return "its backward takes no score_mod yet";
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
-  if (std::string no = hopper_fwd_unsupported_reason(p, req, info); !no.empty()) return no;
+  if (!fwd_no.empty()) return fwd_no;
   if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
@@ -117,6 +120,13 @@ std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequ
     return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
   if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";
   return "";
+}
+
+}  // namespace
+
+std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
+                                          const PlatformInfo& info) {
+  return hopper_bwd_reason(p, req, hopper_fwd_unsupported_reason(p, req, info));
 }
 
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
@@ -303,7 +313,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       }
       const char* what = kind == ScoreModKind::kSoftcap ? "softcap"
                          : kind == ScoreModKind::kAlibi ? "ALiBi" : "plain";
-      std::string hopper_no = hopper_fwd_unsupported_reason(p, req, info);
+      const std::string fwd_rules = hopper_fwd_unsupported_reason(p, req, info);
+      std::string hopper_no = fwd_rules;
       if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kOff)
         hopper_no = "FUSEDATTN_HOPPER_FWD=0 keeps it off";
       std::string measured;
@@ -314,7 +325,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         hopper_no = measured;
       // The backward, decided alike (either forward's lse serves it): a dense mask's always
       // (the Hopper backward skips the tiles it empties), plain calls by the measurement.
-      std::string bwd_no = hopper_bwd_unsupported_reason(p, req, info);
+      std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0 keeps it off";
       std::string bwd_measured;
       if (bwd_no.empty() && !req.mask_bias) bwd_measured = hopper_plain_measured(p, /*backward=*/true);

@@ -12,7 +12,8 @@ import pytest
 
 import fusedattn
 from fusedattn import AttnMaskType, _lib
-from test_hopper_fwd_gpu import PADDING_CASES, PLAIN_CASES, PLAIN_TARGETS, _is_hopper, identity, inputs
+from test_hopper_fwd_gpu import (PADDING_CASES, PLAIN_CASES, PLAIN_IDS, PLAIN_TARGETS, _is_hopper,
+                                 identity, inputs)
 from test_score_mod import ref_call
 from test_score_mod_gpu import check
 
@@ -36,24 +37,15 @@ def check_hopper_bwd(ours, ref, args, dout):
     assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", PLAIN_CASES,
-                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window",
-                              "causal-window-5", "window-both", "window-right", "window-left",
-                              "bottom-right-window"])
-def test_plain_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window):
-    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
-    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
-                                                window_size=window)
-    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window)
-    check_hopper_bwd(ours, ref, (q, k, v), dout)
+# Every plain case at head dim 128 (64-query blocks), the first four at 64 (128-query blocks).
+PLAIN_D = ([pytest.param(*c, 128, id=i) for c, i in zip(PLAIN_CASES, PLAIN_IDS)] +
+           [pytest.param(*c, 64, id=i + "-d64") for c, i in zip(PLAIN_CASES[:4], PLAIN_IDS)])
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", [PLAIN_CASES[i] for i in (0, 1, 2, 3)],
-                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window"])
-def test_head_dim_64_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window):
-    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=64)
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window,d", PLAIN_D)
+def test_plain_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, window, d):
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
                                                 window_size=window)
     ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask, window_size=window)

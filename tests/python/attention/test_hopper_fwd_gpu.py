@@ -113,13 +113,12 @@ PLAIN_CASES = [  # mask, Sq, Skv, Hkv, window
     (AttnMaskType.NO_MASK, 600, 900, 2, (130, -1)),
     (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 300, 1000, 1, (129, 0)),
 ]
+PLAIN_IDS = ["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window", "causal-window-5",
+             "window-both", "window-right", "window-left", "bottom-right-window"]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", PLAIN_CASES,
-                         ids=["full-ragged", "causal-gqa", "bottom-right-mqa", "causal-window",
-                              "causal-window-5", "window-both", "window-right", "window-left",
-                              "bottom-right-window"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,window", PLAIN_CASES, ids=PLAIN_IDS)
 def test_plain_forward_and_gradients(key, hopper_always, dtype, mask, Sq, Skv, hkv, window):
     q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0)
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
