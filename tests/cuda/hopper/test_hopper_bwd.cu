@@ -153,6 +153,7 @@ struct Case {
   float amp = 1.0f;
   int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
   bool mask_b = false, mask_h = false, mask_values = false;
+  bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -179,7 +180,11 @@ void run_case(const Case& cs) {
   for (T* t : {dq, dk, dv}) CUDA_OK(cudaMemset(t, 0xff, (t == dq ? nq : nk) * sizeof(T)));  // NaN
 
   FlashBwdParams p;
-  p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk, p.dv = dv;
+  if (cs.out_unaligned) {
+    CUDA_OK(cudaFree(o));
+    CUDA_OK(cudaMalloc(&o, (nq + 8) * sizeof(T)));
+  }
+  p.q = q, p.k = k, p.v = v, p.out = cs.out_unaligned ? o + 1 : o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk, p.dv = dv;
   auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
     *sb = S * H * D;
     if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
@@ -298,6 +303,8 @@ std::vector<Case> cases() {
        .left = 90});
   add({.name = "d64_mask_band_holes_values", .D = 64, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
        .mask_values = true});
+  add({.name = "causal_ragged_out_unaligned", .causal = true, .Sq = 333, .Skv = 333, .out_unaligned = true});
+  add({.name = "d64_ragged_out_unaligned", .D = 64, .Sq = 300, .Skv = 280, .out_unaligned = true});
   add({.name = "long", .causal = true, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2, .Hkv = 2});
   // Dense masks: causal written out; a band with holes and rows that keep nothing, per
   // batch row and head, with bias values; beside a mask type, GQA and padding.
@@ -336,6 +343,8 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   EXPECT_EQ(flash_bwd_workspace_bytes(p), sized);
   p.mask_bias = false, p.bias = nullptr;
   EXPECT_LT(flash_bwd_workspace_bytes(p), sized);
+  p.dq_s = 3;  // dQ leaves in column pairs
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "strides of dq, dk and dv must be even");
 }
 
 }  // namespace

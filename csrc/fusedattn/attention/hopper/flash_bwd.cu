@@ -40,46 +40,80 @@ struct Scratch {  // byte offsets into the workspace
   }
 };
 
-// One warp a row of [B * Hq, sq_pad]: D = rowsum(dO * O) (float32), lse in log2 units (+inf
-// where the row's P is 0: lse +-inf, rows past Sq).
-template <class T>
+// The rows of [B * Hq, sq_pad], `lanes` threads a row (a power of two <= 32): D = rowsum(dO * O)
+// (float32), lse in log2 units (+inf where the row's P is 0: lse +-inf, rows past Sq), and the
+// row's D floats of dq_acc zeroed (no memset pass). kVec: O and dO 16-byte aligned with strides
+// of multiples of 8, so a thread loads 8 elements at once (lanes = D / 8); else one at a time.
+template <class T, bool kVec>
 __global__ void bwd_rows(const T* out, const T* dout, const float* lse, FlashBwdParams p,
-                         int64_t pad, float* lse2, float* dsum) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= p.batch * p.heads_q * pad) return;
-  const int64_t s = row % pad, h = row / pad % p.heads_q, b = row / (pad * p.heads_q);
-  if (s >= p.seqlen_q) {
-    if (lane == 0) lse2[row] = INFINITY, dsum[row] = 0.0f;
-    return;
+                         int64_t pad, int lanes, float* lse2, float* dsum, float* dq_acc) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t row = t / lanes;
+  const int g = static_cast<int>(t % lanes);
+  const bool live = row < p.batch * p.heads_q * pad;  // every lane reaches the shuffles below
+  const int D = static_cast<int>(p.head_dim);
+  if (live) {
+    float4* zero = reinterpret_cast<float4*>(dq_acc + row * D);
+    for (int x = g; x < D / 4; x += lanes) zero[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const T* o = out + b * p.o_b + s * p.o_s + h * p.o_h;
-  const T* d = dout + b * p.do_b + s * p.do_s + h * p.do_h;
+  const int64_t s = row % pad, h = row / pad % p.heads_q, b = row / (pad * p.heads_q);
   float acc = 0.0f;
-  for (int x = lane; x < p.head_dim; x += 32) acc += static_cast<float>(o[x]) * static_cast<float>(d[x]);
+  if (live && s < p.seqlen_q) {
+    const T* o = out + b * p.o_b + s * p.o_s + h * p.o_h;
+    const T* d = dout + b * p.do_b + s * p.do_s + h * p.do_h;
+    if constexpr (kVec) {
+      for (int x = 8 * g; x < D; x += 8 * lanes) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(o + x), dv = *reinterpret_cast<const uint4*>(d + x);
+        const T* oe = reinterpret_cast<const T*>(&ov);
+        const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
-    const float l = lse[b * p.l_b + h * p.l_h + s * p.l_s];
-    lse2[row] = isinf(l) ? INFINITY : l * 1.4426950408889634f;
-    dsum[row] = acc;
+        for (int e = 0; e < 8; ++e) acc += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
+      }
+    } else {
+      for (int x = g; x < D; x += lanes) acc += static_cast<float>(o[x]) * static_cast<float>(d[x]);
+    }
+  }
+  for (int off = lanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (live && g == 0) {
+    if (s >= p.seqlen_q) {
+      lse2[row] = INFINITY, dsum[row] = 0.0f;
+    } else {
+      const float l = lse[b * p.l_b + h * p.l_h + s * p.l_s];
+      lse2[row] = isinf(l) ? INFINITY : l * 1.4426950408889634f;
+      dsum[row] = acc;
+    }
   }
 }
 
-// dQ = scale * the accumulator (bwd_dq_index's order), to dq's dtype and strides.
-template <class T>
-__global__ void bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;  // a pair of columns
-  const int64_t D = p.head_dim, n = p.batch * p.heads_q * p.seqlen_q * D / 2;
-  if (i >= n) return;
-  const int64_t x = 2 * i % D, s = 2 * i / D % p.seqlen_q, h = 2 * i / (D * p.seqlen_q) % p.heads_q,
-                b = 2 * i / (D * p.seqlen_q * p.heads_q);
-  const float2 v = *reinterpret_cast<const float2*>(
-      acc + ((b * p.heads_q + h) * pad + s / kBlockM * kBlockM) * D +
-      bwd_dq_index(static_cast<int>(D), static_cast<int>(s % kBlockM), static_cast<int>(x)));
-  T* dq = static_cast<T*>(p.dq) + b * p.dq_b + s * p.dq_s + h * p.dq_h + x;
-  dq[0] = static_cast<T>(v.x * p.scale);
-  dq[1] = static_cast<T>(v.y * p.scale);
+// dQ = scale * the accumulator, to dq's dtype and strides: a thread block a 64-row block of a
+// (batch, head). It reads the block's kD * 64 floats in order (a float4 a thread and step:
+// bwd_dq_index's (row, col .. col + 1) and (row + 8, col .. col + 1)), converts them into a
+// row-major tile in shared memory, and writes the tile's rows (below Sq) a column pair a thread.
+template <class T, int kD>
+__global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p, int64_t pad) {
+  constexpr int kPitch = kD + 8;  // elements: the pairs' 4-byte writes hit 32 banks a warp
+  __shared__ uint32_t tile[kBlockM * kPitch / 2];
+  const int64_t blocks_m = (p.seqlen_q + kBlockM - 1) / kBlockM;  // a 1-D grid: B * Hq can pass 65535
+  const int64_t bh = blockIdx.x / blocks_m, m0 = blockIdx.x % blocks_m * kBlockM;
+  const float4* src = reinterpret_cast<const float4*>(acc + (bh * pad + m0) * kD);
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+#pragma unroll
+  for (int i = 0; i < kD / 16; ++i) {
+    const int f = threadIdx.x + 256 * i;                // the float4 of the block
+    const int w = f / 1024, j = f % 1024 / 128, tid = f % 128;  // bwd_dq_index's parts
+    const int row = tid / 32 * 16 + tid % 32 / 4, col = 64 * w + 8 * j + 2 * (tid % 4);
+    const float4 v = src[f];
+    tile[(row * kPitch + col) / 2] = pack2<bf16>(v.x * p.scale, v.y * p.scale);
+    tile[((row + 8) * kPitch + col) / 2] = pack2<bf16>(v.z * p.scale, v.w * p.scale);
+  }
+  __syncthreads();
+  const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+  const int rows = static_cast<int>(min(int64_t{kBlockM}, p.seqlen_q - m0));
+  for (int x = threadIdx.x; x < rows * kD / 2; x += 256) {
+    const int row = x / (kD / 2), col = 2 * (x % (kD / 2));
+    T* dq = static_cast<T*>(p.dq) + b * p.dq_b + (m0 + row) * p.dq_s + h * p.dq_h + col;
+    *reinterpret_cast<uint32_t*>(dq) = tile[(row * kPitch + col) / 2];
+  }
 }
 
 template <bool kCausal, bool kBf16, bool kDense, int kD>
@@ -111,8 +145,8 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (s % 8 != 0) return "strides of q, k, v and dout must be multiples of 8 elements";
   for (const void* t : {p.dq, p.dk, p.dv})
     if (!aligned(t, 4)) return "dq, dk and dv must be 4-byte aligned";
-  for (int64_t s : {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b})
-    if (s % 2 != 0) return "strides of dk and dv must be even";
+  for (int64_t s : {p.dq_s, p.dq_h, p.dq_b, p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b})
+    if (s % 2 != 0) return "strides of dq, dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
   if (p.mask_bias && !p.bias) return "mask_bias needs the bias (the folded mask)";
   if (p.bias) {
@@ -140,16 +174,19 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   auto* lse2 = reinterpret_cast<float*>(base + sc.lse2);
   auto* dsum = reinterpret_cast<float*>(base + sc.dsum);
   auto* dq_acc = reinterpret_cast<float*>(base + sc.dq_acc);
-  FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, rows * p.head_dim * 4, stream));
-  const unsigned row_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
-  if (p.bf16)
-    bwd_rows<__nv_bfloat16><<<row_blocks, 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(p.out), static_cast<const __nv_bfloat16*>(p.dout), p.lse, p,
-        pad, lse2, dsum);
-  else
-    bwd_rows<__half><<<row_blocks, 256, 0, stream>>>(static_cast<const __half*>(p.out),
-                                                     static_cast<const __half*>(p.dout), p.lse, p,
-                                                     pad, lse2, dsum);
+  // D and lse2 for every row, dq_acc zeroed (bwd_rows), then the kernel, then dQ (bwd_dq).
+  const bool vec = aligned(p.out, 16) && p.o_s % 8 == 0 && p.o_h % 8 == 0 && p.o_b % 8 == 0;
+  const int lanes = vec ? static_cast<int>(p.head_dim / 8) : 32;
+  const unsigned row_blocks = static_cast<unsigned>((rows * lanes + 255) / 256);
+  auto rows_kernel = [&](auto tag) {
+    using T = decltype(tag);
+    const T* out = static_cast<const T*>(p.out);
+    const T* dout = static_cast<const T*>(p.dout);
+    if (vec) bwd_rows<T, true><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc);
+    else bwd_rows<T, false><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc);
+  };
+  if (p.bf16) rows_kernel(__nv_bfloat16{});
+  else rows_kernel(__half{});
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   BwdArgs a{};
@@ -215,12 +252,13 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                              : (p.bf16 ? launch(F{}, T{}) : launch(F{}, F{}));
   FA_RETURN_IF_NOT_OK(st);
 
-  const int64_t pairs = p.batch * p.heads_q * p.seqlen_q * D / 2;
-  const unsigned dq_blocks = static_cast<unsigned>((pairs + 255) / 256);
-  if (p.bf16)
-    bwd_dq<__nv_bfloat16><<<dq_blocks, 256, 0, stream>>>(dq_acc, p, pad);
+  const unsigned dq_grid = static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM * p.batch * p.heads_q);
+  if (p.head_dim == 64)
+    p.bf16 ? bwd_dq<__nv_bfloat16, 64><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
+           : bwd_dq<__half, 64><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);
   else
-    bwd_dq<__half><<<dq_blocks, 256, 0, stream>>>(dq_acc, p, pad);
+    p.bf16 ? bwd_dq<__nv_bfloat16, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
+           : bwd_dq<__half, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
