@@ -154,6 +154,7 @@ struct Case {
   int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
   bool mask_b = false, mask_h = false, mask_values = false;
   bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
+  bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -184,7 +185,17 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaFree(o));
     CUDA_OK(cudaMalloc(&o, (nq + 8) * sizeof(T)));
   }
-  p.q = q, p.k = k, p.v = v, p.out = cs.out_unaligned ? o + 1 : o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk, p.dv = dv;
+  T* dk_at = dk;
+  T* dv_at = dv;
+  if (cs.dkv_unaligned) {
+    for (T** t : {&dk, &dv}) {
+      CUDA_OK(cudaFree(*t));
+      CUDA_OK(cudaMalloc(t, (nk + 8) * sizeof(T)));
+      CUDA_OK(cudaMemset(*t, 0xff, (nk + 8) * sizeof(T)));
+    }
+    dk_at = dk + 2, dv_at = dv + 2;
+  }
+  p.q = q, p.k = k, p.v = v, p.out = cs.out_unaligned ? o + 1 : o, p.dout = dout, p.lse = lse, p.dq = dq, p.dk = dk_at, p.dv = dv_at;
   auto strides = [&](int64_t S, int64_t H, int64_t* sb, int64_t* ss, int64_t* sh) {
     *sb = S * H * D;
     if (cs.bhsd) *sh = S * D, *ss = D; else *ss = H * D, *sh = D;
@@ -264,8 +275,8 @@ void run_case(const Case& cs) {
     printf("  %s: max err %.3g of max |ref| %.3g (%.2e)\n", name, err, big, big > 0 ? err / big : err);
   };
   check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
-  check("dk", dk, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
-  check("dv", dv, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  check("dk", dk_at, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
+  check("dv", dv_at, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask})
     cudaFree(t);
@@ -305,6 +316,9 @@ std::vector<Case> cases() {
        .mask_values = true});
   add({.name = "causal_ragged_out_unaligned", .causal = true, .Sq = 333, .Skv = 333, .out_unaligned = true});
   add({.name = "d64_ragged_out_unaligned", .D = 64, .Sq = 300, .Skv = 280, .out_unaligned = true});
+  add({.name = "causal_gqa_ragged_dkv_unaligned", .causal = true, .Sq = 200, .Skv = 333, .Hq = 6, .Hkv = 2,
+       .dkv_unaligned = true});
+  add({.name = "d64_dkv_unaligned", .D = 64, .Sq = 256, .Skv = 190, .dkv_unaligned = true});
   add({.name = "long", .causal = true, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2, .Hkv = 2});
   // Dense masks: causal written out; a band with holes and rows that keep nothing, per
   // batch row and head, with bias values; beside a mask type, GQA and padding.

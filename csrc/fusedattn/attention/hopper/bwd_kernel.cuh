@@ -43,6 +43,7 @@ struct BwdArgs {
   void* dk;
   void* dv;
   int64_t dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
+  int dkv_vec;  // dk and dv 16-byte aligned, strides multiples of 8: 16-byte stores
   int batch, seqlen_q, seqlen_kv, heads_q, heads_per_kv, sq_pad;
   int diag, lo_diag, bottom_right;  // the band, as FwdArgs
   const int* q_lens;
@@ -411,6 +412,38 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   if (kDqLate && first < total) flush_dq();
   if (tid == 0) bulk_wait<0>();  // the last part added before the block ends
   // dK (scaled) and dV of this thread's two keys; keys past kv_len get 0 (none of their P).
+  if (a.dkv_vec) {
+    // Through shared memory (the Q and dO stages, free now), rows of kD 16-bit values with
+    // their 16-byte chunks swizzled by the row (a warp's pair writes hit 32 banks), then
+    // whole rows out in 16-byte stores (a thread's 4-byte stores filled half a sector).
+    static_assert(sizeof(sm.q) >= BwdDims::kBlockN * kD * 2 && sizeof(sm.dout) >= BwdDims::kBlockN * kD * 2);
+    constexpr int kRow = kD * 2, kChunks = kD / 8;
+    uint8_t* st_k = &sm.q[0][0];
+    uint8_t* st_v = &sm.dout[0][0];
+    __syncthreads();  // both groups done with the last stage
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int kr = key_l + 8 * r;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int at = kr * kRow + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(st_k + at) =
+            pack2<kBf16>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(st_v + at) = pack2<kBf16>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < BwdDims::kBlockN * kChunks; x += BwdDims::kThreads) {
+      const int kr = x / kChunks, c = x % kChunks, key = tile.n0 + kr;
+      if (key >= a.seqlen_kv) continue;
+      const int at = kr * kRow + ((c ^ (kr % 8)) << 4);
+      *reinterpret_cast<uint4*>(static_cast<T*>(a.dk) + b * a.dk_b + key * a.dk_s + h_kv * a.dk_h + 8 * c) =
+          *reinterpret_cast<const uint4*>(st_k + at);
+      *reinterpret_cast<uint4*>(static_cast<T*>(a.dv) + b * a.dv_b + key * a.dv_s + h_kv * a.dv_h + 8 * c) =
+          *reinterpret_cast<const uint4*>(st_v + at);
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;

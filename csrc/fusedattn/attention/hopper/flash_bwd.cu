@@ -203,6 +203,8 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   a.dk = p.dk, a.dv = p.dv;
   a.dk_b = p.dk_b, a.dk_s = p.dk_s, a.dk_h = p.dk_h;
   a.dv_b = p.dv_b, a.dv_s = p.dv_s, a.dv_h = p.dv_h;
+  a.dkv_vec = aligned(p.dk, 16) && aligned(p.dv, 16);
+  for (int64_t s : {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b}) a.dkv_vec = a.dkv_vec && s % 8 == 0;
   a.batch = static_cast<int>(p.batch);
   a.seqlen_q = static_cast<int>(p.seqlen_q), a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_q = static_cast<int>(p.heads_q);
