@@ -1,7 +1,7 @@
 // Where the Hopper flash backward runs plain calls (no score_mod) faster than cuDNN's backward
 // graph: written by scripts/tune_hopper.py from its measurement (device, date and command
 // below); select_backend reads it by the rule of hopper/table.h.
-// Measured on NVIDIA H200, 2026-11-29: python scripts/tune_hopper.py --backward --json /root/out/measured_bwd.json
+// Measured on NVIDIA H200, 2026-11-29: python scripts/tune_hopper.py --backward --json /root/out/measured_bwd.json --head-dims 128 --merge
 // bf16, B x S = 16384 tokens, 2048 / D heads; ratio = cuDNN's forward+backward time / with the Hopper backward (the same forward).
 #pragma once
 
@@ -26,21 +26,21 @@ inline constexpr Measured kMeasuredBwd[] = {
     {kWindow, 64, 4096, 1.024},  // hopper 0.990 ms, cuDNN 1.014 ms
     {kWindow, 64, 8192, 1.022},  // hopper 1.013 ms, cuDNN 1.035 ms
     {kWindow, 64, 16384, 1.024},  // hopper 1.022 ms, cuDNN 1.047 ms
-    {kFull, 128, 1024, 0.937},  // hopper 1.144 ms, cuDNN 1.072 ms
-    {kFull, 128, 2048, 0.982},  // hopper 1.982 ms, cuDNN 1.947 ms
-    {kFull, 128, 4096, 0.999},  // hopper 3.672 ms, cuDNN 3.669 ms
-    {kFull, 128, 8192, 1.008},  // hopper 6.997 ms, cuDNN 7.056 ms
-    {kFull, 128, 16384, 1.007},  // hopper 13.740 ms, cuDNN 13.843 ms
-    {kCausal, 128, 1024, 0.933},  // hopper 0.793 ms, cuDNN 0.740 ms
-    {kCausal, 128, 2048, 0.970},  // hopper 1.223 ms, cuDNN 1.185 ms
-    {kCausal, 128, 4096, 0.993},  // hopper 2.079 ms, cuDNN 2.065 ms
-    {kCausal, 128, 8192, 0.995},  // hopper 3.795 ms, cuDNN 3.774 ms
-    {kCausal, 128, 16384, 1.017},  // hopper 6.972 ms, cuDNN 7.089 ms
-    {kWindow, 128, 1024, 0.932},  // hopper 0.730 ms, cuDNN 0.680 ms
-    {kWindow, 128, 2048, 0.935},  // hopper 0.808 ms, cuDNN 0.755 ms
-    {kWindow, 128, 4096, 0.931},  // hopper 0.843 ms, cuDNN 0.785 ms
-    {kWindow, 128, 8192, 0.931},  // hopper 0.858 ms, cuDNN 0.799 ms
-    {kWindow, 128, 16384, 0.955},  // hopper 0.862 ms, cuDNN 0.824 ms
+    {kFull, 128, 1024, 1.004},  // hopper 1.098 ms, cuDNN 1.103 ms
+    {kFull, 128, 2048, 1.000},  // hopper 1.935 ms, cuDNN 1.934 ms
+    {kFull, 128, 4096, 1.010},  // hopper 3.658 ms, cuDNN 3.694 ms
+    {kFull, 128, 8192, 1.022},  // hopper 6.970 ms, cuDNN 7.121 ms
+    {kFull, 128, 16384, 1.018},  // hopper 13.683 ms, cuDNN 13.932 ms
+    {kCausal, 128, 1024, 1.004},  // hopper 0.743 ms, cuDNN 0.745 ms
+    {kCausal, 128, 2048, 0.995},  // hopper 1.209 ms, cuDNN 1.203 ms
+    {kCausal, 128, 4096, 1.014},  // hopper 2.058 ms, cuDNN 2.087 ms
+    {kCausal, 128, 8192, 1.021},  // hopper 3.767 ms, cuDNN 3.846 ms
+    {kCausal, 128, 16384, 1.028},  // hopper 6.955 ms, cuDNN 7.152 ms
+    {kWindow, 128, 1024, 0.993},  // hopper 0.684 ms, cuDNN 0.679 ms
+    {kWindow, 128, 2048, 0.982},  // hopper 0.768 ms, cuDNN 0.754 ms
+    {kWindow, 128, 4096, 0.988},  // hopper 0.800 ms, cuDNN 0.791 ms
+    {kWindow, 128, 8192, 0.993},  // hopper 0.820 ms, cuDNN 0.814 ms
+    {kWindow, 128, 16384, 0.968},  // hopper 0.843 ms, cuDNN 0.815 ms
 };
 inline constexpr int kMeasuredBwdRows = 30;
 
