@@ -17,7 +17,10 @@
 //     128 queries: 64 queries over the 128 keys; 64 with 64 queries: all over its own 64
 //     keys), then dK += dS^T Q runs while the part goes to shared memory, where the copy
 //     engine adds it to a float32 accumulator in global memory (a bulk reduction, waited
-//     for only before the next part); flash_bwd.cu's last kernel scales and converts it.
+//     for only before the next part; handed over at once or, kDqLate, at the next
+//     iteration's start); flash_bwd.cu's last kernel scales and converts it;
+//   - at the end dK and dV go through shared memory (the free Q / dO stages) and leave in
+//     16-byte row stores.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies).
 #pragma once
