@@ -138,6 +138,19 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
+// One wgmma instruction of the form `shape` ("m64n128k16"...) in bf16 (kBf16) or fp16, its
+// scale-d predicate set from operand `pred` ("%66"), then `operands` (D's registers, A, B, the
+// predicate and the scale / transpose immediates); the asm's outputs and inputs follow.
+#define FA_WGMMA(pred, shape, operands, ...)                                                   \
+  if constexpr (kBf16)                                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " pred ", 0;\n"                            \
+                 "wgmma.mma_async.sync.aligned." shape ".f32.bf16.bf16 " operands ";\n}\n"     \
+                 __VA_ARGS__);                                                                 \
+  else                                                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " pred ", 0;\n"                            \
+                 "wgmma.mma_async.sync.aligned." shape ".f32.f16.f16 " operands ";\n}\n"       \
+                 __VA_ARGS__)
+
 #define FA_WGMMA_D64                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
@@ -182,21 +195,9 @@ __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t a, uint64_t b,
                                                     uint32_t accumulate) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WGMMA_D64
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FA_WGMMA_D64
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+  FA_WGMMA("%66", "m64n128k16", FA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0",
+           : FA_WGMMA_D64_OPS(d)
+           : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // D[64 x 136] += A[64 x 16] B[16 x 136], A from registers (the accumulator layout of a
@@ -206,21 +207,9 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t a, 
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n136k16(float (&d)[68], const uint32_t (&a)[4],
                                                     uint64_t b) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n136k16.f32.bf16.bf16 " FA_WGMMA_D68
-        ", {%68, %69, %70, %71}, %72, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D68_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n136k16.f32.f16.f16 " FA_WGMMA_D68
-        ", {%68, %69, %70, %71}, %72, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D68_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  FA_WGMMA("%73", "m64n136k16", FA_WGMMA_D68 ", {%68, %69, %70, %71}, %72, p, 1, 1, 1",
+           : FA_WGMMA_D68_OPS(d)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
 // The head dim 64 form of the above: D[64 x 72] += A[64 x 16] B[16 x 72], the second span's
@@ -228,21 +217,9 @@ __device__ __forceinline__ void wgmma_rs_m64n136k16(float (&d)[68], const uint32
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n72k16(float (&d)[36], const uint32_t (&a)[4],
                                                    uint64_t b) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 " FA_WGMMA_D36
-        ", {%36, %37, %38, %39}, %40, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D36_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 " FA_WGMMA_D36
-        ", {%36, %37, %38, %39}, %40, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D36_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  FA_WGMMA("%41", "m64n72k16", FA_WGMMA_D36 ", {%36, %37, %38, %39}, %40, p, 1, 1, 1",
+           : FA_WGMMA_D36_OPS(d)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
 #define FA_WGMMA_D32                                                                 \
@@ -272,40 +249,16 @@ __device__ __forceinline__ void wgmma_rs_m64n72k16(float (&d)[36], const uint32_
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b,
                                                    uint32_t accumulate) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : FA_OPS32(d, 0)
-        : "l"(a), "l"(b), "r"(accumulate));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : FA_OPS32(d, 0)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+  FA_WGMMA("%34", "m64n64k16", FA_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0",
+           : FA_OPS32(d, 0)
+           : "l"(a), "l"(b), "r"(accumulate));
 }
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint32_t (&a)[4],
                                                     uint64_t b) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FA_WGMMA_D128
-        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-        : FA_OPS128(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " FA_WGMMA_D128
-        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-        : FA_OPS128(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  FA_WGMMA("%133", "m64n256k16", FA_WGMMA_D128 ", {%128, %129, %130, %131}, %132, p, 1, 1, 1",
+           : FA_OPS128(d)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
 // The backward's forms (bwd_kernel.cuh). dV += P^T dO and dK += dS^T Q (head dim 128): D[64 x 128] += A[64 x
@@ -313,64 +266,29 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
                                                     uint64_t b) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FA_WGMMA_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : FA_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  FA_WGMMA("%69", "m64n128k16", FA_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1",
+           : FA_WGMMA_D64_OPS(d)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 // The head dim 64 form: D[64 x 64] += A[64 x 16] B[16 x 64], A from registers, B MN-major.
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
                                                    uint64_t b) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : FA_OPS32(d, 0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : FA_OPS32(d, 0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  FA_WGMMA("%37", "m64n64k16", FA_WGMMA_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1",
+           : FA_OPS32(d, 0)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 // dQ = dS K: D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory and MN-major
 // (A stored as 16 rows of M: dS^T; B as 16 rows of N: K's keys).
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_ss_m64n64k16_tt(float (&d)[32], uint64_t a, uint64_t b,
                                                       uint32_t accumulate) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WGMMA_D32
-        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : FA_OPS32(d, 0)
-        : "l"(a), "l"(b), "r"(accumulate));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FA_WGMMA_D32
-        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : FA_OPS32(d, 0)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+  FA_WGMMA("%34", "m64n64k16", FA_WGMMA_D32 ", %32, %33, p, 1, 1, 1, 1",
+           : FA_OPS32(d, 0)
+           : "l"(a), "l"(b), "r"(accumulate));
 }
 
+#undef FA_WGMMA
 #undef FA_WGMMA_D32
 #undef FA_WGMMA_D128
 #undef FA_OPS8
