@@ -223,6 +223,9 @@ REQUEST_F32_EXACT = 4
 REQUEST_MASK_BIAS = 8
 REQUEST_NO_DBIAS = 16
 REQUEST_SCORE_MOD_GRADS = 32
+# One dropout mask for every batch entry and head (fused_attn's dropout_broadcast, Flax's
+# broadcast_dropout): the CPU engine and the CUDA flash kernels; cuDNN declines it.
+REQUEST_DROPOUT_BROADCAST = 64
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,

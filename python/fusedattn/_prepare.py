@@ -64,6 +64,8 @@ class Config:
     # the score_mod's array operands' gradient is wanted (_autodiff's specialize):
     # _lib.REQUEST_SCORE_MOD_GRADS, a routing matter on the GPU (backend.h)
     sm_grads: bool = False
+    # one dropout mask for every batch entry and head: _lib.REQUEST_DROPOUT_BROADCAST
+    dropout_broadcast: bool = False
 
     @property
     def thd(self) -> bool:
@@ -72,6 +74,11 @@ class Config:
     @property
     def dropout_on(self) -> bool:
         return self.is_training and self.dropout > 0.0
+
+    @property
+    def dropout_flags(self) -> int:
+        """_lib.REQUEST_DROPOUT_BROADCAST when dropout runs with one shared mask."""
+        return _lib.REQUEST_DROPOUT_BROADCAST if self.dropout_on and self.dropout_broadcast else 0
 
     def ffi_attrs(self) -> dict[str, Any]:
         # Names and types match AttnAttrs in csrc/fusedattn/attention/ffi_decode.h.
@@ -404,7 +411,8 @@ class Call:
 
 def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
             softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
-            window_size, softmax_offset, context_checkpoint_name="context", build=True) -> Call:
+            window_size, softmax_offset, context_checkpoint_name="context", build=True,
+            dropout_broadcast=False) -> Call:
     """Checks a call; with build, also makes the N_OPS FFI operands. Raises on bad input.
     max_segments_per_seq > 1 with a BSHD layout warns and is taken as 1 (one sequence a
     row), as TransformerEngine takes it."""
@@ -482,8 +490,10 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
     dropout = static_float(dropout_probability, "dropout_probability", "fused_attn",
                            "a static Python float in [0, 1)")
     training = static_bool(is_training, "is_training", "fused_attn")
+    broadcast = static_bool(dropout_broadcast, "dropout_broadcast", "fused_attn")
     cfg = Config(layout, mask_type, bias_type, softmax, scale, dropout, training,
-                 window(window_size), checkpoint_name=context_checkpoint_name)
+                 window(window_size), checkpoint_name=context_checkpoint_name,
+                 dropout_broadcast=broadcast)
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
     raise_for_status(*_lib.validate(params))

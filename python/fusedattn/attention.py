@@ -69,10 +69,11 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 
 
 def _bias_flags(cfg: Config) -> int:
-    """The bias's REQUEST_* bits: a folded mask (the Hopper kernels' tiles), no dbias wanted
-    (the Hopper backward takes a folded mask only then)."""
+    """The REQUEST_* bits of the call's bias and dropout: a folded mask (the Hopper kernels'
+    tiles), no dbias wanted (the Hopper backward takes a folded mask only then), one dropout
+    mask for every batch entry and head."""
     return ((_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
-            | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS))
+            | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.dropout_flags)
 
 
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
@@ -155,6 +156,7 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
         window_size=cfg.window, bias=bias if bias.size else None, attn_bias_type=cfg.bias_type,
         softmax_type=cfg.softmax_type, softmax_offset=offset if offset.size else None,
         dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed,
+        dropout_broadcast=cfg.dropout_broadcast,
         score_mod=score_mod, index_base=index_base if index_base.size else None)
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
 
@@ -582,6 +584,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                context_parallel_causal_load_balanced=False,
                stripe_size=None,
                context_checkpoint_name="context",
+               dropout_broadcast=False,
                _mask_bias=False):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
@@ -602,6 +605,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     seed: dropout seed (None, an int, an integer scalar array, a raw uint32 [2] key or a
       typed PRNG key; its kind is checked always); read only when is_training and
       dropout_probability > 0.
+    dropout_broadcast (a static bool): one dropout mask for every batch entry and head (Flax's
+      broadcast_dropout; the mask of query i, key j is the one of batch entry 0, head 0);
+      off (default), each (batch entry, head) draws its own. On the GPU the CUDA flash
+      kernels run such a call (cuDNN draws one mask per batch entry and head).
     dropout_probability (a static float in [0, 1)), is_training (a static bool) and
     max_segments_per_seq (a static int) are not traced. The descriptor is resolved to
     max_segments_per_seq at call time (segment ids found, TransformerEngine's -1-padded
@@ -685,7 +692,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    softmax_type=softmax_type, scaling_factor=scaling_factor,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                   softmax_offset=softmax_offset, context_checkpoint_name=context_checkpoint_name)
+                   softmax_offset=softmax_offset, context_checkpoint_name=context_checkpoint_name,
+                   dropout_broadcast=dropout_broadcast)
     sequence_descriptor = call.sequence_descriptor  # resolved to the call's max_segments_per_seq
     if check_descriptors and sequence_descriptor is not None:
         d = call.dims

@@ -97,16 +97,17 @@ def _padding_note(params: _lib.AttnParams, padded: _lib.AttnParams) -> str:
 
 
 def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool = False,
-                  want_max_logit: bool = False) -> BackendInfo:
+                  want_max_logit: bool = False, flags: int = 0) -> BackendInfo:
     code = _platform_code(platform)
     note = ""
     if code == _lib.PLATFORM_CUDA:
         padded = gpu_params(params)  # the head dims the GPU runs
         params, note = padded, _padding_note(params, padded)
-    choice = _lib.backend_choice(params, code, 0, None, want_max_logit)
+    choice = _lib.backend_choice(params, code, 0, None, want_max_logit, flags)
     if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
-        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training)
+        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training,
+                                      flags=flags)
         if name != choice.name:
             return BackendInfo(name, name in _FUSED_BACKENDS, reason + note)
     return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note,
@@ -128,14 +129,16 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 platform: str | None = None,
                 score_mod=None,
                 score_mod_operands=(),
-                score_mod_grads=False) -> BackendInfo:
+                score_mod_grads=False,
+                dropout_broadcast=False) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
     score_mod / score_mod_operands: as fused_attn's (on the GPU: cuDNN's graph, where it
     builds and no bias comes with the score_mod; else fusedattn's CUDA flash kernels).
     score_mod_grads: the caller takes the gradient of the score_mod's array operands (a
     learnable ALiBi slope; fused_attn learns it from the jvp rule, so a call can only say
     it here): with is_training, the GPU answer is then the CUDA flash kernels' (cuDNN
-    computes no operand gradient).
+    computes no operand gradient). dropout_broadcast: as fused_attn's (on the GPU with
+    dropout on: the CUDA flash kernels).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
     jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
@@ -149,11 +152,13 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                        softmax_type=softmax_type, scaling_factor=scaling_factor,
                        dropout_probability=dropout_probability, is_training=is_training,
                        max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                       softmax_offset=softmax_offset, build=False)
+                       softmax_offset=softmax_offset, build=False,
+                       dropout_broadcast=dropout_broadcast)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
     if score_mod is not None:
         flags = _lib.REQUEST_SCORE_MOD_GRADS if score_mod_grads and is_training else 0
+        flags |= call.cfg.dropout_flags
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
                                   bool(is_training), bool(return_max_logit), flags)
     if not return_max_logit:
@@ -161,7 +166,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                                           platform)
         if served:
             return BackendInfo("small_seq", True, reason)
-    return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit))
+    return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit),
+                         call.cfg.dropout_flags)
 
 
 def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,

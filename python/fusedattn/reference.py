@@ -129,11 +129,20 @@ def block_positions(block, Sq: int, Skv: int):
             block_tokens(Skv, block[1], stripe, stride))
 
 
-def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int, index_base=None):
+def dropout_keep(seed, p: float, B: int, H: int, Sq: int, Skv: int, index_base=None,
+                 broadcast: bool = False):
     """bool [B, H, Sq, Skv]: the keep mask of dropout with probability p; index_base
     (batch_base, head_base) shifts the batch and head of the counter, and with 6 or 8
     elements (.., q_pos, kv_pos, q_extent, kv_extent[, stripe, stride]) its query and key
-    are the block's global tokens (None: no shift)."""
+    are the block's global tokens (None: no shift). broadcast: one mask for every batch
+    entry and head, batch entry 0's and head 0's (the bases too)."""
+    if broadcast:
+        base = None
+        if index_base is not None:
+            base = index_base_vector(index_base)
+            base = base.at[:2].set(0)
+        one = dropout_keep(seed, p, 1, 1, Sq, Skv, base)
+        return jnp.broadcast_to(one, (B, H, Sq, Skv))
     seed = jnp.asarray(seed, jnp.uint32)
     b = jnp.arange(B, dtype=jnp.uint32)[:, None, None, None]
     h = jnp.arange(H, dtype=jnp.uint32)[None, :, None, None]
@@ -295,11 +304,13 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
                         thd=False, window_size=None, bias=None,
                         attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
                         softmax_type=SoftmaxType.VANILLA_SOFTMAX, softmax_offset=None,
-                        dropout_probability=0.0, seed=None, score_mod=None, index_base=None):
+                        dropout_probability=0.0, seed=None, score_mod=None, index_base=None,
+                        dropout_broadcast=False):
     """q [B, Sq, Hq, D], k [B, Skv, Hkv, D], v [B, Skv, Hkv, Dv]; q_seqlens / kv_seqlens
     int [B] or [B, M]; q_offsets / kv_offsets int [B, M + 1] (read when thd); bias
     [1|B, 1|Hq, Sq, Skv] (with attn_bias_type); softmax_offset [Hq] (LEARNABLE_SOFTMAX);
-    seed uint32 [2] (dropout_probability > 0: dropout on). score_mod: None, or a function
+    seed uint32 [2] (dropout_probability > 0: dropout on); dropout_broadcast: one dropout
+    mask for every batch entry and head (dropout_keep's broadcast). score_mod: None, or a function
     score_mod(s, q_pos, kv_pos) of the scaled (and biased) logits s [B, Hq, Sq, Skv] f32
     and the positions of sequence_positions() giving the scores the masks and softmax
     then see (fused_attn's score_mod, applied over the grid). index_base: None, or
@@ -373,7 +384,8 @@ def attention_reference(q, k, v, *, attn_mask_type=AttnMaskType.NO_MASK, scaling
     l_safe = jnp.where(l == 0, 1.0, l)  # a NaN l passes
     probs = jnp.where(keep, p / l_safe, 0.0)  # masked keys stay 0 in a NaN row
     if dropout_probability > 0.0:
-        keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv, index_base)
+        keep_drop = dropout_keep(seed, dropout_probability, B, Hq, Sq, Skv, index_base,
+                                 broadcast=dropout_broadcast)
         probs = jnp.where(keep_drop, probs / (1.0 - acc(dropout_probability)), 0.0)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.reshape(B, Hkv, group, Sq, Skv),
                      v.astype(acc), precision="highest").reshape(B, Sq, Hq, -1)

@@ -281,6 +281,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (why_not.empty() && sm_call && p.bias_type != FA_NO_BIAS)
         why_not = "it would apply the bias after the score_mod";
       if (why_not.empty() && req.cudnn_rejected) why_not = "its graph support check rejected the call";
+      if (why_not.empty() && req.dropout_broadcast && has_dropout(p))
+        why_not = "it draws a dropout mask per batch entry and head, and this call shares one "
+                  "over them (dropout_broadcast)";
       // (With the flash kernels' score_mod path on: else cuDNN runs it and XLA's reference
       // gives the operands' gradient.)
       if (why_not.empty() && sm_call && req.score_mod_grads && opts.flash_score_mod)

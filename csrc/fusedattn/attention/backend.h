@@ -59,6 +59,9 @@ struct BackendRequest {
   bool mask_bias = false;
   // The caller wants no dbias (kRequestNoDbias): the Hopper backward computes none.
   bool no_dbias = false;
+  // One dropout mask shared by the batch and the heads (kRequestDropoutBroadcast): cuDNN
+  // draws one per batch entry and head.
+  bool dropout_broadcast = false;
 };
 
 // BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
@@ -81,6 +84,11 @@ constexpr int32_t kRequestMaskBias = 8;
 // unwritten buffer could hold NaN bits that jax_debug_nans would see); cuDNN's graph
 // computes it regardless; the Hopper backward takes a folded mask only when it is set.
 constexpr int32_t kRequestNoDbias = 16;
+// Dropout's mask is shared by every batch entry and head (Flax's broadcast_dropout): the
+// Philox counter takes batch 0 and head 0 for all of them (index_base's bases too), so the
+// mask of query i, key j is the same everywhere (BackendRequest::dropout_broadcast). The
+// CPU engine and the CUDA flash kernels do it; cuDNN cannot.
+constexpr int32_t kRequestDropoutBroadcast = 64;
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):

@@ -67,6 +67,7 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
   req.score_mod_grads = (flags & fusedattn::kRequestScoreModGrads) != 0;
   req.mask_bias = (flags & fusedattn::kRequestMaskBias) != 0;
   req.no_dbias = (flags & fusedattn::kRequestNoDbias) != 0;
+  req.dropout_broadcast = (flags & fusedattn::kRequestDropoutBroadcast) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;

@@ -27,6 +27,7 @@ cpu::Extras extras(const AttnOperands& in, const AttnAttrs& attrs, const AttnTen
   x.index_base = t.index_base;
   x.index_cols = t.index_cols;
   x.mask_bias = (attrs.backend_flags & kRequestMaskBias) != 0;
+  x.dropout_broadcast = (attrs.backend_flags & kRequestDropoutBroadcast) != 0;
   x.scale64 = attrs.scale;
   x.dropout64 = attrs.dropout;
   return x;

@@ -91,6 +91,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
   req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
   req.mask_bias = (flags & kRequestMaskBias) != 0;
   req.no_dbias = (flags & kRequestNoDbias) != 0;
+  req.dropout_broadcast = (flags & kRequestDropoutBroadcast) != 0;
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (info_out) *info_out = info;
   if (req_out) *req_out = req;
@@ -451,7 +452,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
     FlashSm fs;
     FA_RETURN_IF_NOT_OK(fs.pack(sm));
     return cuda::flash::forward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
-                                stream, fs.args);
+                                stream, fs.args, (attrs.backend_flags & kRequestDropoutBroadcast) != 0);
   }
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.forward == FA_BACKEND_HOPPER_FWD)
@@ -536,7 +537,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     FlashSm fs;
     FA_RETURN_IF_NOT_OK(fs.pack(sm));
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
-                                 stream, fs.args);
+                                 stream, fs.args, (attrs.backend_flags & kRequestDropoutBroadcast) != 0);
   }
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
     return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream);

@@ -27,8 +27,9 @@ def make_attention_fn(*, is_causal: bool = False, local_window_size=None):
     deterministic, dtype, precision, module, is_causal) -> [batch..., Sq, Hq, D].
     precision and module are accepted and unused (the engine has its own precision: float32
     accumulation; attention weights are never formed, so there is nothing to sow).
-    Dropout draws fused_attn's seed from dropout_rng and drops each probability on its own
-    (broadcast_dropout is not honoured: the same rate, another pattern)."""
+    Dropout draws fused_attn's seed from dropout_rng; broadcast_dropout (Flax's default True)
+    shares one mask over the batch and heads as Flax's does (fused_attn's dropout_broadcast:
+    on the GPU the CUDA flash kernels), False drops each probability on its own."""
     default_causal = bool(is_causal)
 
     def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
@@ -37,7 +38,7 @@ def make_attention_fn(*, is_causal: bool = False, local_window_size=None):
         return _common.flax_attention(
             query, key, value, bias, mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
             deterministic=deterministic, dtype=dtype, is_causal=default_causal or is_causal,
-            local_window_size=local_window_size)
+            local_window_size=local_window_size, broadcast_dropout=broadcast_dropout)
 
     return attention_fn
 

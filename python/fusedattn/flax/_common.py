@@ -248,7 +248,7 @@ def _mask_4d(a, lead, name):
 
 def flax_attention(query, key, value, bias=None, mask=None, *, dropout_rng=None,
                    dropout_rate=0.0, deterministic=False, dtype=None, is_causal=False,
-                   local_window_size=None):
+                   local_window_size=None, broadcast_dropout=False):
     """Flax's dot_product_attention semantics on fusedattn's engine.
 
     query [batch..., Sq, Hq, D], key / value [batch..., Skv, Hkv, D] (Hq a multiple of
@@ -257,9 +257,9 @@ def flax_attention(query, key, value, bias=None, mask=None, *, dropout_rng=None,
     the call is fusedattn.dot_product_attention (jax.nn's semantics, which are Flax's: a
     row that keeps no key averages the values). With dropout (dropout_rate > 0 and not
     deterministic) it is fused_attn with the mask folded into a POST_SCALE_BIAS and the
-    seed taken from dropout_rng; each probability is dropped on its own (Flax's
-    broadcast_dropout shares one mask over the batch and heads: the rate is the same, the
-    pattern is not)."""
+    seed taken from dropout_rng; broadcast_dropout (Flax's) shares one dropout mask over
+    the batch and heads (fused_attn's dropout_broadcast), else each probability is dropped
+    on its own."""
     query, key, value = (jnp.asarray(x) for x in (query, key, value))
     dt = jnp.dtype(dtype) if dtype is not None else jnp.result_type(query, key, value)
     query, key, value = (x.astype(dt) for x in (query, key, value))
@@ -302,5 +302,6 @@ def flax_attention(query, key, value, bias=None, mask=None, *, dropout_rng=None,
                                      else AttnBiasType.POST_SCALE_BIAS),
                      attn_mask_type=AttnMaskType.CAUSAL_MASK if is_causal else
                      AttnMaskType.NO_MASK, dropout_probability=float(dropout_rate),
-                     is_training=True, window_size=window)
+                     is_training=True, window_size=window,
+                     dropout_broadcast=bool(broadcast_dropout))
     return out.reshape(query.shape[:-1] + (v.shape[-1],))

@@ -185,6 +185,25 @@ TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
   EXPECT_TRUE(has(c.reason, "rejected")) << c.reason;
 }
 
+TEST(SelectBackend, BroadcastDropoutRunsTheCudaFlashKernels) {
+  // One dropout mask for every batch entry and head: cuDNN draws one per (batch, head).
+  AttnParams p = hopper_params();
+  p.is_training = 1, p.dropout = 0.1f;
+  BackendRequest req;
+  req.dropout_broadcast = true;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "dropout_broadcast")) << c.reason;
+  // Without dropout the flag changes nothing.
+  p.dropout = 0.0f;
+  c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  EXPECT_NE(c.backend, FA_BACKEND_CUDA_FLASH) << c.reason;
+  // On the CPU the engine does it.
+  p.dropout = 0.1f;
+  c = select_backend(p, FA_PLATFORM_CPU, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
+}
+
 TEST(SelectBackend, CudaFlashNeedsSm80AndTheSharedMemory) {
   AttnParams p = hopper_params();
   p.dtype = FA_FLOAT32;

@@ -324,6 +324,36 @@ def test_dropout_backward_drops_what_the_forward_dropped(key, platform):
     np.testing.assert_allclose(bwd, fwd, rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_broadcast_dropout_is_the_reference_rule(key, platform):
+    """dropout_broadcast (one mask for every batch entry and head): bf16, a call cuDNN would
+    serve without it, runs the CUDA flash kernels on the GPU; the keep mask (V = identity)
+    is reference.py's broadcast mask, and the backward drops what the forward dropped."""
+    B, S, H, p, row = 2, 128, 4, 0.3, 45
+    seed = jnp.array([5, 17], jnp.uint32)
+    qkv = (jax.ShapeDtypeStruct((B, S, H, 32), jnp.bfloat16),) * 2 + (
+        jax.ShapeDtypeStruct((B, S, H, S), jnp.bfloat16),)
+    info = fusedattn.get_backend(qkv, platform=platform, dropout_probability=p, is_training=True,
+                                 dropout_broadcast=True)
+    assert info.name == EXPECTED[platform] and info.backward == info.name, info
+    with jax.default_device(_device(platform)):
+        kq, kk = jax.random.split(key)
+        q = normal(kq, (B, S, H, 32)).astype(jnp.bfloat16)
+        k = normal(kk, (B, S, H, 32)).astype(jnp.bfloat16)
+        v = jnp.broadcast_to(jnp.eye(S, dtype=jnp.bfloat16)[None, :, None, :], (B, S, H, S))
+        dout = jnp.zeros((B, S, H, S), jnp.bfloat16).at[:, row].set(1.0)
+        attn = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, seed,
+                                                    dropout_probability=p, is_training=True,
+                                                    dropout_broadcast=True)
+        out, dv = jax.jit(lambda q, k, v: (attn(q, k, v), jax.grad(
+            lambda v: jnp.sum(attn(q, k, v).astype(jnp.float32) * dout))(v)))(q, k, v)
+    keep = np.asarray(out).transpose(0, 2, 1, 3) != 0
+    np.testing.assert_array_equal(keep, np.asarray(dropout_keep(seed, p, B, H, S, S, broadcast=True)))
+    fwd = np.asarray(out.astype(jnp.float32))[:, row]          # [B, H, S]: P~[row, :]
+    bwd = np.asarray(dv.astype(jnp.float32))[:, :, :, 0].transpose(0, 2, 1)  # dv[b, j, h, 0]
+    np.testing.assert_array_equal(fwd != 0, bwd != 0)
+
+
 # ---------------------------------------------------------------------------
 # index_base: a shard with dropout, blocks of a context-parallel call. attention._reference
 # on the same FFI operands is the spec (what the GPU ran before issue 24).

@@ -151,3 +151,66 @@ def test_dropout_gradients_against_reference(key, dtype):
     # The reference draws the same mask, so forward and gradients compare directly.
     check(key, Spec(dtype=dtype, mask=AttnMaskType.CAUSAL_MASK, Sq=96, Skv=96, Hq=4, Hkv=2,
                     dropout=0.25, seed=77))
+
+
+def test_broadcast_shares_batch_0_head_0s_mask(key):
+    """dropout_broadcast: one mask for every batch entry and head (Flax's broadcast_dropout),
+    the one batch entry 0, head 0 draws without it; inputs differ everywhere."""
+    q, k = qk(key)
+    seed = jnp.array([11, 5], jnp.uint32)
+    shared = keep_mask(attn(q, k, identity_v(), 0.3, seed, dropout_broadcast=True))
+    own = keep_mask(attn(q, k, identity_v(), 0.3, seed))
+    for b in range(B):
+        for h in range(H):
+            np.testing.assert_array_equal(shared[b, h], shared[0, 0])
+    np.testing.assert_array_equal(shared[0, 0], own[0, 0])
+    assert not np.array_equal(own[1, 3], own[0, 0])  # without it the masks differ
+    want = dropout_keep(seed, 0.3, B, H, S, S, broadcast=True)
+    np.testing.assert_array_equal(shared, np.asarray(want))
+
+
+def test_broadcast_backward_drops_what_the_forward_dropped(key):
+    q, k = qk(key)
+    k, v = k[:, :, :2], identity_v()[:, :, :2]  # GQA: 4 q heads per kv head
+    dout = normal(jax.random.fold_in(key, 2), (B, S, H, S))
+    out, vjp = jax.vjp(lambda v: attn(q, k, v, 0.4, 2025, dropout_broadcast=True), v)
+    (dv,) = vjp(dout)
+    pd = np.asarray(out).reshape(B, S, 2, 4, S)
+    expected = np.einsum("bikgj,bikgd->bjkd", pd, np.asarray(dout).reshape(B, S, 2, 4, S))
+    np.testing.assert_allclose(np.asarray(dv), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", [AttnMaskType.NO_MASK, AttnMaskType.CAUSAL_MASK])
+def test_broadcast_against_reference(key, mask):
+    """Forward and gradients of a broadcast-dropout call against reference.py's, GQA."""
+    from fusedattn.reference import attention_reference
+    ks = jax.random.split(key, 4)
+    q, k, v = normal(ks[0], (2, 64, 4, 16)), normal(ks[1], (2, 64, 2, 16)), normal(ks[2], (2, 64, 2, 16))
+    dout = normal(ks[3], (2, 64, 4, 16))
+    seed = jnp.array([3, 4], jnp.uint32)
+
+    def ours(q, k, v):
+        return fusedattn.fused_attn((q, k, v), None, None, seed, attn_mask_type=mask,
+                                    dropout_probability=0.2, is_training=True,
+                                    dropout_broadcast=True)
+
+    def ref(q, k, v):
+        return attention_reference(q, k, v, attn_mask_type=mask, dropout_probability=0.2,
+                                   seed=seed, dropout_broadcast=True)[0]
+
+    o1, vjp1 = jax.vjp(ours, q, k, v)
+    o2, vjp2 = jax.vjp(ref, q, k, v)
+    np.testing.assert_allclose(np.asarray(o1), np.asarray(o2), rtol=2e-5, atol=2e-6)
+    for name, a, b in zip("qkv", vjp1(dout), vjp2(dout)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_broadcast_routes_the_gpu_to_the_cuda_flash_kernels():
+    from fusedattn.backends import _lib
+    call = dict(dropout_probability=0.1, is_training=True)
+    qkv = tuple(jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16) for _ in range(3))
+    assert fusedattn.get_backend(qkv, platform="cpu", dropout_broadcast=True, **call).name == "cpu_flash"
+    if not _lib.built_with_cuda():
+        return  # the GPU's answer comes from the library's CUDA side (C++ tests cover the rule)
+    info = fusedattn.get_backend(qkv, platform="gpu", dropout_broadcast=True, **call)
+    assert info.name == "cuda_flash" and "dropout_broadcast" in info.reason, info

@@ -2,7 +2,7 @@
 (flax.linen.MultiHeadDotProductAttention, flax.nnx.MultiHeadAttention; boolean and float
 masks, causal by mask and by is_causal, GQA, a fully masked row, under jit, forward and
 gradients), and its dropout keeps 1 - rate of the probabilities with the seed from
-dropout_rng."""
+dropout_rng, one mask for the batch and heads with broadcast_dropout."""
 
 from __future__ import annotations
 
@@ -94,19 +94,24 @@ def test_nnx_multi_head_attention(kv_heads, causal_by, key):
         ref.assert_close(jax.tree_util.keystr(path), a, b)
 
 
-def test_adapter_dropout_statistics(key):
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "own"])
+def test_adapter_dropout_statistics(key, broadcast):
     """local_window_size (0, 0): each query keeps only its own key, so the output is that
-    key's value / (1 - rate) or 0: the kept fraction is 1 - rate within 4 sigma."""
+    key's value / (1 - rate) or 0: the kept fraction is 1 - rate within 4 sigma.
+    broadcast_dropout (Flax's default): one mask for every batch entry and head, as Flax's."""
     kq, kk, kv = jax.random.split(key, 3)
     q, k = normal(kq, (4, 128, 4, 8)), normal(kk, (4, 128, 4, 8))
     v = 1.0 + jax.random.uniform(kv, (4, 128, 4, 8))
     p = 0.25
     attend = jax.jit(fl.make_attention_fn(local_window_size=(0, 0)),
-                     static_argnames=("dropout_rate", "deterministic"))
+                     static_argnames=("dropout_rate", "deterministic", "broadcast_dropout"))
     out = np.asarray(attend(q, k, v, dropout_rng=jax.random.PRNGKey(3), dropout_rate=p,
-                            deterministic=False))
-    kept = out[..., 0] != 0
-    assert abs(kept.mean() - (1 - p)) < 4 * np.sqrt(p * (1 - p) / kept.size), kept.mean()
+                            deterministic=False, broadcast_dropout=broadcast))
+    kept = out[..., 0] != 0  # [batch, query, head]
+    shared = (kept == kept[:1, :, :1]).all()
+    assert shared == broadcast
+    n = kept[0, :, 0].size if broadcast else kept.size  # the independent draws
+    assert abs(kept.mean() - (1 - p)) < 4 * np.sqrt(p * (1 - p) / n), kept.mean()
     np.testing.assert_allclose(out[kept], (np.asarray(v) / (1 - p))[kept], rtol=1e-5)
     same = attend(q, k, v, dropout_rng=jax.random.PRNGKey(3), dropout_rate=p, deterministic=True)
     ref.assert_close("deterministic", same, v)

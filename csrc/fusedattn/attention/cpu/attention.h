@@ -70,6 +70,8 @@ struct Extras {
   // The bias is a folded boolean mask (backend.h: kRequestMaskBias): its masked_bias<T>()
   // entries drop their keys, and tiles they fill are skipped.
   bool mask_bias = false;
+  // One dropout mask for every batch entry and head (backend.h: kRequestDropoutBroadcast).
+  bool dropout_broadcast = false;
   // A float64 call's scale and dropout probability in double (AttnParams holds them
   // rounded to float32): the float64 engine reads these, the float32 one p's.
   double scale64 = 0.0, dropout64 = 0.0;

@@ -202,6 +202,7 @@ class Dropout {
     seed_[1] = x.seed[2 * (b / bs) + 1];
     b_ = b % bs + base.b;
     h_ = h + base.h;
+    if (x.dropout_broadcast) b_ = h_ = 0;  // one mask for every batch entry and head
     q_ = base.pos.q;
     kv_ = base.pos.kv;
     threshold_ = dropout_threshold(p.dropout);

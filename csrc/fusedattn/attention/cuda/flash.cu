@@ -629,7 +629,7 @@ __global__ void store_program_kernel(const __grid_constant__ DeviceScoreMod sm, 
 static_assert(sizeof(DeviceScoreMod) % 4 == 0, "copied in words");
 
 Call make_call(const AttnParams& p, const AttnTensors& a, void* ws, const Plan& plan,
-               bool backward, const ScoreModArgs& sm) {
+               bool backward, const ScoreModArgs& sm, bool drop_broadcast) {
   Call c;
   c.p = p;
   c.a = a;
@@ -642,6 +642,7 @@ Call make_call(const AttnParams& p, const AttnTensors& a, void* ws, const Plan& 
   c.bmul = p.bias_type == FA_PRE_SCALE_BIAS ? p.scale : 1.0f;
   c.threshold = dropout_threshold(p.dropout);
   c.inv_keep = 1.0f / (1.0f - p.dropout);
+  c.drop_broadcast = drop_broadcast;
   char* w = static_cast<char*>(ws);
   c.rows = reinterpret_cast<RowInfo*>(w + plan.rows);
   c.tiles = reinterpret_cast<TileRange*>(w + (backward ? plan.bwd_tiles : plan.fwd_tiles));
@@ -735,9 +736,9 @@ size_t workspace_bytes(const AttnParams& p, bool backward, bool score_mod) {
 }
 
 Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
-               cudaStream_t stream, const ScoreModArgs& sm) {
+               cudaStream_t stream, const ScoreModArgs& sm, bool drop_broadcast) {
   const Plan plan(p, false, sm.program != nullptr);
-  const Call c = make_call(p, a, workspace, plan, false, sm);
+  const Call c = make_call(p, a, workspace, plan, false, sm, drop_broadcast);
   // Query tile of the kernel that runs (the tables and the maxima are per tile).
   const bool mma = mma_fwd_fits(p, a);
   if (sm.program && !mma)
@@ -760,9 +761,9 @@ Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* w
 }
 
 Status backward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* workspace,
-                cudaStream_t stream, const ScoreModArgs& sm) {
+                cudaStream_t stream, const ScoreModArgs& sm, bool drop_broadcast) {
   const Plan plan(p, true, sm.program != nullptr);
-  const Call c = make_call(p, a, workspace, plan, true, sm);
+  const Call c = make_call(p, a, workspace, plan, true, sm, drop_broadcast);
   if (sm.program && !mma_bwd_fits(p, a) && !mma_wide_bwd_fits(p, a))
     return Status::Unimplemented("the CUDA flash backward runs a score_mod only on rows of whole 16-byte "
                                  "chunks (head dims and strides multiples of 16 bytes, aligned pointers)");

@@ -64,11 +64,13 @@ size_t workspace_bytes(const AttnParams& p, bool backward, bool score_mod = fals
 // p must have passed validate(); t holds its tensors as ffi_decode.h decodes them (the
 // forward writes out, lse and max_logit; the backward dq, dk, dv and, where t has them,
 // dbias and dsoftmax_offset); index_base with 6 or 8 columns makes the call a block of a
-// bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32, else 3xTF32 (options.h). The workspace
-// must have workspace_bytes(p, ...) bytes, 256-byte aligned.
+// bigger one (mask.h). f32_tf32: float32 matmuls in plain TF32, else 3xTF32 (options.h).
+// drop_broadcast: one dropout mask for every batch entry and head (backend.h's
+// kRequestDropoutBroadcast). The workspace must have workspace_bytes(p, ...) bytes, 256-byte
+// aligned.
 Status forward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
-               cudaStream_t stream, const ScoreModArgs& sm = {});
+               cudaStream_t stream, const ScoreModArgs& sm = {}, bool drop_broadcast = false);
 Status backward(const AttnParams& p, const AttnTensors& t, bool f32_tf32, void* workspace,
-                cudaStream_t stream, const ScoreModArgs& sm = {});
+                cudaStream_t stream, const ScoreModArgs& sm = {}, bool drop_broadcast = false);
 
 }  // namespace fusedattn::cuda::flash

@@ -62,6 +62,7 @@ struct Call {
   float bmul;           // bias factor: scale for PRE_SCALE_BIAS, else 1
   uint32_t threshold;   // dropout
   float inv_keep;
+  bool drop_broadcast;  // one mask for every batch entry and head (kRequestDropoutBroadcast)
   RowInfo* rows;        // [B, Sq]
   TileRange* tiles;     // [B, n_tiles]
   // score_mod (flash.h's ScoreModArgs; sm null: none): the program (in the workspace), the
@@ -100,6 +101,7 @@ struct Drop {
         kv = pos.kv;
       }
     }
+    if (c.drop_broadcast) b = h = 0;  // one mask for every batch entry and head
     threshold = c.threshold;
     inv_keep = c.inv_keep;
   }
