@@ -251,11 +251,13 @@ def test_sink_with_padding(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 @pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
-def test_dropout(strategy, balanced):
-    """The dropout mask of the unsharded call: Philox counters at global positions."""
+@pytest.mark.parametrize("broadcast", [False, True], ids=["own", "broadcast"])
+def test_dropout(strategy, balanced, broadcast):
+    """The dropout mask of the unsharded call: Philox counters at global positions (one
+    mask for the batch and heads with dropout_broadcast)."""
     run("cp4_dp2", inputs(jax.random.key(12)),
         dict(attn_mask_type=AttnMaskType.CAUSAL_MASK, dropout_probability=0.2,
-             is_training=True), strategy, balanced)
+             is_training=True, dropout_broadcast=broadcast), strategy, balanced)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)

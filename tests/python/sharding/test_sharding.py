@@ -320,13 +320,16 @@ def test_sinks(mesh_name, softmax_type):
          expect_bwd=1 if learnable else 0)
 
 
+@pytest.mark.parametrize("broadcast", [False, True], ids=["own", "broadcast"])
 @pytest.mark.parametrize("mesh_name", ALL_MESHES)
-def test_dropout_mask_does_not_depend_on_the_mesh(mesh_name):
+def test_dropout_mask_does_not_depend_on_the_mesh(mesh_name, broadcast):
     """Philox counters are global (batch, head) indices: the sharded training call equals
-    the single-device one, dropout mask and all."""
+    the single-device one, dropout mask and all (with dropout_broadcast every shard draws
+    batch 0's, head 0's mask)."""
     arrays = _inputs(jax.random.key(10), QKVLayout.BSHD_BSHD_BSHD, 2)
     _run(mesh_name, arrays, dict(attn_mask_type=AttnMaskType.CAUSAL_MASK,
-                                 dropout_probability=0.3, is_training=True), expect_bwd=0)
+                                 dropout_probability=0.3, is_training=True,
+                                 dropout_broadcast=broadcast), expect_bwd=0)
 
 
 def _alibi(s, b, h, qi, ki, per_batch, slope):
