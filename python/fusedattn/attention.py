@@ -68,7 +68,7 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
     return f"fusedattn_attn_{direction}{'' if sm is None else '_sm'}{'_cuda' if cuda else ''}"
 
 
-def _bias_flags(cfg: Config) -> int:
+def _call_flags(cfg: Config) -> int:
     """The REQUEST_* bits of the call's bias and dropout: a folded mask (the Hopper kernels'
     tiles), no dbias wanted (the Hopper backward takes a folded mask only then), one dropout
     mask for every batch entry and head."""
@@ -79,7 +79,7 @@ def _bias_flags(cfg: Config) -> int:
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
     attrs = cfg.ffi_attrs()
     attrs["backend_flags"] = np.int32(
-        flags | _bias_flags(cfg)
+        flags | _call_flags(cfg)
         | (_lib.REQUEST_SCORE_MOD_GRADS if cfg.sm_grads and sm is not None else 0))
     if sm is not None:
         attrs["score_mod"] = _sm.packed_attribute(sm, cuda)
@@ -89,11 +89,11 @@ def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
 def _workspace(ops, cfg: Config, dims: Dims, backward: bool, score_mod=None, flags: int = 0):
     """The CUDA handler's workspace result, sized by the C++ side for this call
     (score_mod: the packed program attribute of a flex-attention call; flags: the
-    decision's REQUEST_* bits; the bias's are added here, as _attrs gives them to the
-    handler: the Hopper kernels then want room for a mask's bits)."""
+    decision's REQUEST_* bits; the call's own (_call_flags) are added here, as _attrs gives
+    them to the handler: the Hopper kernels then want room for a mask's bits)."""
     n = _lib.cuda_attn_workspace_bytes(_params_of(ops, cfg, dims), 0, cfg.want_lse,
                                        cfg.want_max_logit, backward, score_mod,
-                                       flags | _bias_flags(cfg))
+                                       flags | _call_flags(cfg))
     return jax.ShapeDtypeStruct((n,), jnp.uint8)
 
 

@@ -206,7 +206,7 @@ def test_broadcast_against_reference(key, mask):
 
 
 def test_broadcast_routes_the_gpu_to_the_cuda_flash_kernels():
-    from fusedattn.backends import _lib
+    from fusedattn import _lib
     call = dict(dropout_probability=0.1, is_training=True)
     qkv = tuple(jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16) for _ in range(3))
     assert fusedattn.get_backend(qkv, platform="cpu", dropout_broadcast=True, **call).name == "cpu_flash"
