@@ -4,13 +4,16 @@
 //     csrc/fusedattn/attention/hopper/flash_bwd.cu csrc/fusedattn/attention/hopper/tma_map.cu -o .carry/bwd_time
 //   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16] [dense] [head dim]
 // dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type.
-// Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half).
+// Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half), then
+// the sum and the sum of |x| of dq, dk and dv: two builds of the kernel must print the same
+// (dk / dv bitwise; dq to rounding, its atomics add in any order).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "fusedattn/attention/hopper/flash_bwd.h"
@@ -110,8 +113,18 @@ int main(int argc, char** argv) {
   if (left >= 0) pairs = double(S) * (left + 1);
   else if (causal) pairs /= 2;
   const double flops = 2.5 * 4.0 * B * H * pairs * D;
-  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
+  auto sums = [](const __nv_bfloat16* d, int64_t n) {
+    std::vector<__nv_bfloat16> h(n);
+    cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost);
+    double s = 0, a = 0;
+    for (const auto& x : h) s += __bfloat162float(x), a += std::fabs(__bfloat162float(x));
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.5e/%.6e", s, a);
+    return std::string(buf);
+  };
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
-         left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9);
+         left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
+         sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str());
   return 0;
 }

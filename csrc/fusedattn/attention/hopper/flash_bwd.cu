@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <type_traits>
 
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
@@ -128,6 +129,16 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// Tensors whose rows take 16-byte units: every pointer 16-byte aligned, every stride (elements
+// of 2 bytes) a multiple of 8.
+bool rows16(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides) {
+  for (const void* t : ptrs)
+    if (!aligned(t, 16)) return false;
+  for (int64_t s : strides)
+    if (s % 8 != 0) return false;
+  return true;
+}
+
 }  // namespace
 
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
@@ -139,10 +150,9 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (p.seqlen_q > (int64_t{1} << 30) || p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths up to 2^30";
   if (p.batch > 65535 || p.heads_kv > 65535) return "batch and kv heads up to 65535 (the grid)";
-  for (const void* t : {p.q, p.k, p.v, p.dout})
-    if (!aligned(t, 16)) return "q, k, v and dout must be 16-byte aligned";
-  for (int64_t s : {p.q_s, p.q_h, p.q_b, p.k_s, p.k_h, p.k_b, p.v_s, p.v_h, p.v_b, p.do_s, p.do_h, p.do_b})
-    if (s % 8 != 0) return "strides of q, k, v and dout must be multiples of 8 elements";
+  if (!rows16({p.q, p.k, p.v, p.dout},
+              {p.q_s, p.q_h, p.q_b, p.k_s, p.k_h, p.k_b, p.v_s, p.v_h, p.v_b, p.do_s, p.do_h, p.do_b}))
+    return "q, k, v and dout must be 16-byte aligned with strides multiples of 8 elements";
   for (const void* t : {p.dq, p.dk, p.dv})
     if (!aligned(t, 4)) return "dq, dk and dv must be 4-byte aligned";
   for (int64_t s : {p.dq_s, p.dq_h, p.dq_b, p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b})
@@ -175,7 +185,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   auto* dsum = reinterpret_cast<float*>(base + sc.dsum);
   auto* dq_acc = reinterpret_cast<float*>(base + sc.dq_acc);
   // D and lse2 for every row, dq_acc zeroed (bwd_rows), then the kernel, then dQ (bwd_dq).
-  const bool vec = aligned(p.out, 16) && p.o_s % 8 == 0 && p.o_h % 8 == 0 && p.o_b % 8 == 0;
+  const bool vec = rows16({p.out}, {p.o_s, p.o_h, p.o_b});
   const int lanes = vec ? static_cast<int>(p.head_dim / 8) : 32;
   const unsigned row_blocks = static_cast<unsigned>((rows * lanes + 255) / 256);
   auto rows_kernel = [&](auto tag) {
@@ -203,8 +213,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   a.dk = p.dk, a.dv = p.dv;
   a.dk_b = p.dk_b, a.dk_s = p.dk_s, a.dk_h = p.dk_h;
   a.dv_b = p.dv_b, a.dv_s = p.dv_s, a.dv_h = p.dv_h;
-  a.dkv_vec = aligned(p.dk, 16) && aligned(p.dv, 16);
-  for (int64_t s : {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b}) a.dkv_vec = a.dkv_vec && s % 8 == 0;
+  a.dkv_vec = rows16({p.dk, p.dv}, {p.dk_s, p.dk_h, p.dk_b, p.dv_s, p.dv_h, p.dv_b});
   a.batch = static_cast<int>(p.batch);
   a.seqlen_q = static_cast<int>(p.seqlen_q), a.seqlen_kv = static_cast<int>(p.seqlen_kv);
   a.heads_q = static_cast<int>(p.heads_q);
