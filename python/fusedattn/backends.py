@@ -60,8 +60,11 @@ class BackendInfo:
     why this backend and why not the others (or, for "none", what is wrong).
     forward and backward name the kernels that run each pass: name's own, except that
     calls served by "cudnn" may run the forward on "hopper" (fusedattn's sm_90 flash
-    forward: softcap and ALiBi score_mods, and plain calls where its checked-in
-    measurement found it faster; head dims 64, 128 and 256, sinks and max_logit included).
+    forward: softcap and ALiBi score_mods, dense masks, and plain calls where its
+    checked-in measurement found it faster; head dims 64, 128 and 256, sinks and max_logit
+    included) and the backward on "hopper" (the sm_90 flash backward), and calls served by
+    "cuda_flash" with no score_mod may run the forward on "hopper" (a PRE_SCALE_BIAS, which
+    cuDNN does not serve: the CUDA flash kernels then run the backward from its lse).
     """
 
     name: str

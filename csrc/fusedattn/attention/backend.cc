@@ -112,6 +112,8 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
+  if (p.bias_type != FA_NO_BIAS && !req.mask_bias)
+    return "its backward takes a bias only as a folded boolean mask (dot_product_attention's mask)";
   if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
@@ -139,14 +141,13 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   // Its softmax keeps q.k's order (the max of q.k is the max score), which needs scale > 0.
   if (kind == ScoreModKind::kNone && !(p.scale > 0.0f))
     return "it takes scale > 0 without a score_mod (got " + std::to_string(p.scale) + ")";
-  if (p.bias_type == FA_PRE_SCALE_BIAS) return "it takes no PRE_SCALE_BIAS";
-  if (p.bias_type != FA_NO_BIAS && !req.mask_bias)
-    return "it takes a bias only as a folded boolean mask (dot_product_attention's mask)";
+  // A bias (pre- or post-scale) or a dense mask (a folded one), with no score_mod.
   if (p.bias_type != FA_NO_BIAS && kind != ScoreModKind::kNone)
-    return "it would apply the mask before the score_mod";
+    return "it would apply the bias before the score_mod";
   if (p.bias_type != FA_NO_BIAS && (is_thd(p.layout) || p.num_slices != 1))
-    return "its dense mask takes no THD layout and one vmap slice";
-  if (p.bias_type != FA_NO_BIAS && (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 128))
+    return "its bias takes no THD layout and one vmap slice";
+  if (req.mask_bias && p.bias_type != FA_NO_BIAS &&
+      (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 128))
     return "its dense mask takes at most 65535 (batch, head) planes and 65535 x 128 query rows";
   if (has_dropout(p)) return "it has no dropout";
   if (p.dtype != FA_BFLOAT16 && p.dtype != FA_FLOAT16)
@@ -297,6 +298,15 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDA_FLASH;
           choice.reason = "cuda_flash: fusedattn's CUDA flash kernels, O(S) memory (cuDNN "
                           "cannot serve this call: " + why_not + ")";
+          // The Hopper forward runs the forward of a call without a score_mod it can take
+          // (a PRE_SCALE_BIAS, a graph cuDNN rejected): several times the flash kernels'
+          // speed (bench/RESULTS.md); the flash kernels run the backward from its lse.
+          if (req.score_mod.kind == ScoreModKind::kNone && !req.index_base &&
+              opts.hopper_fwd != HopperMode::kOff && hopper_fwd_unsupported_reason(p, req, info).empty()) {
+            choice.forward = FA_BACKEND_HOPPER_FWD;
+            choice.reason = "forward hopper: the Hopper flash forward (cuDNN cannot serve this call: " +
+                            why_not + "); backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
+          }
         } else {
           choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
           choice.reason = "xla_reference: cuDNN cannot serve this call (" + why_not +
@@ -323,7 +333,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       std::string measured;
       // A dense mask: cuDNN adds it over every tile, the Hopper forward skips those it empties.
       if (hopper_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias)
-        measured = hopper_plain_measured(p);
+        measured = p.bias_type != FA_NO_BIAS
+                       ? "a POST_SCALE_BIAS: not measured faster than cuDNN's forward"
+                       : hopper_plain_measured(p);
       if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kMeasured && !measured.empty())
         hopper_no = measured;
       // The backward, decided alike (either forward's lse serves it): a dense mask's always

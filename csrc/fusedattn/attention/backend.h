@@ -54,8 +54,9 @@ struct BackendRequest {
   // slope, a bias table): cuDNN's backward computes none (XLA's reference would, over the
   // materialized scores); the CUDA flash kernels compute it in-kernel.
   bool score_mod_grads = false;
-  // The bias is a folded boolean mask (kRequestMaskBias): the Hopper forward takes such a
-  // bias (it drops those keys and skips the key tiles they empty), no other.
+  // The bias is a folded boolean mask (kRequestMaskBias): the Hopper forward drops those
+  // keys and skips the key tiles they empty (any other bias it adds), and the Hopper
+  // backward takes no other bias.
   bool mask_bias = false;
   // The caller wants no dbias (kRequestNoDbias): the Hopper backward computes none.
   bool no_dbias = false;

@@ -334,8 +334,9 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     fp.lens_stride = p.max_segments;
   }
   fp.scale = p.scale;
-  if (t.bias) {  // select_backend sends only folded masks here (kRequestMaskBias)
+  if (t.bias) {  // a pre- or post-scale bias, or a folded mask (kRequestMaskBias)
     fp.bias = t.bias;
+    fp.bias_pre_scale = p.bias_type == FA_PRE_SCALE_BIAS;
     fp.bias_b = t.bias_b, fp.bias_h = t.bias_h, fp.bias_s = t.bias_s;
     fp.bias_batch = p.bias_batch, fp.bias_heads = p.bias_heads;
     fp.mask_bias = (flags & kRequestMaskBias) != 0;

@@ -166,9 +166,23 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
   for (const auto& [why, call] : cases) {
     const BackendChoice c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{},
                                            BackendOptions{});
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    // The Hopper forward takes the forward of those it can (a pre-scale bias), the flash
+    // kernels the backward from its lse.
+    const bool hopper = why == "PRE_SCALE_BIAS";
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, hopper ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH,
+                   FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "cuda_flash")) << c.reason;
     EXPECT_TRUE(has(c.reason, why)) << why << ": " << c.reason;
+    EXPECT_EQ(has(c.reason, "forward hopper"), hopper) << c.reason;
+    // Kept off, or on a device without wgmma, the flash kernels run both.
+    BackendOptions off;
+    off.hopper_fwd = HopperMode::kOff;
+    expect_kernels(select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    PlatformInfo ampere = h100();
+    ampere.sm = 80;
+    expect_kernels(select_backend(call, FA_PLATFORM_CUDA, ampere, BackendRequest{}, BackendOptions{}),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   }
 }
 
@@ -178,11 +192,16 @@ TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
   BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "index_base")) << c.reason;
+  // A graph cuDNN rejected: the Hopper forward takes the forward it can run.
   req = BackendRequest{};
   req.cudnn_rejected = true;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "rejected")) << c.reason;
+  AttnParams d96 = hopper_params();
+  d96.head_dim_qk = d96.head_dim_v = 96;
+  c = select_backend(d96, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
 }
 
 TEST(SelectBackend, BroadcastDropoutRunsTheCudaFlashKernels) {
@@ -292,19 +311,52 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
   EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
-  req.mask_bias = false;
-  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "folded boolean mask"));
   req = with(ScoreModKind::kSoftcap);
   req.mask_bias = true;
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "before the score_mod"));
   req = BackendRequest{};
   req.mask_bias = true;
-  AttnParams pre = p;
-  pre.bias_type = FA_PRE_SCALE_BIAS;
-  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, req, h100()), "PRE_SCALE_BIAS"));
   AttnParams sliced = p;
   sliced.batch = 4, sliced.num_slices = 2;
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
+}
+
+// Any other bias: the kernel adds it. A post-scale bias keeps cuDNN's forward until measured
+// (FUSEDATTN_HOPPER_FWD=1 runs the Hopper forward); a pre-scale one, which cuDNN does not
+// serve, takes the Hopper forward and the CUDA flash backward. The Hopper backward takes
+// neither, dbias wanted or not.
+TEST(SelectBackend, HopperForwardAddsOtherBiases) {
+  AttnParams p = hopper_params();
+  p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
+  for (bool no_dbias : {false, true}) {
+    BackendRequest req;
+    req.no_dbias = no_dbias;
+    EXPECT_EQ(hopper_fwd_unsupported_reason(p, req, h100()), "");
+    EXPECT_TRUE(has(hopper_bwd_unsupported_reason(p, req, h100()), "folded boolean mask"));
+    BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+    EXPECT_TRUE(has(c.reason, "POST_SCALE_BIAS: not measured")) << c.reason;
+    BackendOptions on;
+    on.hopper_fwd = on.hopper_bwd = HopperMode::kAlways;
+    c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, on);
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    AttnParams pre = p;
+    pre.bias_type = FA_PRE_SCALE_BIAS;
+    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+    EXPECT_TRUE(has(c.reason, "PRE_SCALE_BIAS")) << c.reason;
+    // With a score_mod the kernels would add it after the modifier: the flash kernels.
+    BackendRequest sm = with(ScoreModKind::kSoftcap);
+    sm.no_dbias = no_dbias;
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "before the score_mod"));
+    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  }
+  // THD with a bias: the flash kernels.
+  AttnParams thd = p;
+  thd.bias_type = FA_PRE_SCALE_BIAS;
+  thd.layout = FA_THD_THD_THD, thd.max_segments = 3, thd.mask_type = FA_PADDING_CAUSAL_MASK;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(thd, BackendRequest{}, h100()), "THD"));
 }
 
 // A dense mask's backward runs the Hopper backward (it skips the tiles the forward skips)

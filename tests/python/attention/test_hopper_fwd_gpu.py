@@ -611,3 +611,66 @@ def test_dense_causal_mask_equals_the_mask_type(key, hopper_always):
     assert ran_a and ran_b
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     np.testing.assert_array_equal(np.asarray(ra, np.float32), np.asarray(rb, np.float32))
+
+
+PRE, POST = fusedattn.AttnBiasType.PRE_SCALE_BIAS, fusedattn.AttnBiasType.POST_SCALE_BIAS
+BIAS_CASES = [  # bias type, mask, Sq, Skv, Hkv, the bias's batch and head extents, head dim, window
+    (PRE, AttnMaskType.CAUSAL_MASK, 512, 512, 2, (1, HQ), D, None),
+    (PRE, AttnMaskType.NO_MASK, 300, 777, 4, (B, 1), 64, None),
+    (PRE, AttnMaskType.CAUSAL_MASK, 700, 700, 1, (B, HQ), 256, (200, 0)),
+    (POST, AttnMaskType.NO_MASK, 640, 640, 2, (1, HQ), D, None),
+    (POST, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 4, (1, 1), 64, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("bias_type,mask,Sq,Skv,hkv,extents,d,window", BIAS_CASES,
+                         ids=["pre-causal-1h", "pre-full-b1-d64", "pre-window-bh-d256",
+                              "post-full-1h", "post-bottom-right-11-d64"])
+def test_bias_forward_and_gradients(key, dtype, bias_type, mask, Sq, Skv, hkv, extents, d, window):
+    """A pre- or post-scale bias (not a folded mask): the Hopper forward adds it (a pre-scale
+    one by the default route, cuDNN serving none; a post-scale one where set_hopper_fwd
+    sends it), the backward is the CUDA flash kernels' (pre) or cuDNN's (post), reading
+    this forward's lse. out, lse, and the gradients of q, k, v and the bias against the
+    float32 reference."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
+    bias = (2.0 * jax.random.normal(jax.random.fold_in(key, 9), extents + (Sq, Skv))).astype(dtype)
+    kw = dict(attn_mask_type=mask, window_size=window, attn_bias_type=bias_type)
+    ours = lambda q, k, v, bias: fusedattn.fused_attn((q, k, v), bias, None, None,
+                                                      return_aux=True, **kw)
+    ref = lambda q, k, v, bias: ref_call(q, k, v, identity, (), bias=bias.astype(jnp.float32), **kw)
+    info = fusedattn.get_backend((q, k, v), bias, attn_bias_type=bias_type, attn_mask_type=mask,
+                                 window_size=window, platform="gpu")
+    _lib.set_hopper_fwd("always" if bias_type == POST else None)
+    try:
+        if bias_type == PRE:
+            assert (info.name, info.forward, info.backward) == ("cuda_flash", "hopper", "cuda_flash"), info
+        ref_out, ref_lse, _ = ref(q, k, v, bias)
+        (out, aux), ran = runs_hopper(ours, q, k, v, bias)
+        assert ran, "the Hopper forward did not run"
+        close("out", out, ref_out)
+        lse = np.asarray(aux["softmax_aux"])[..., 0]
+        assert not np.isnan(lse).any()
+        np.testing.assert_allclose(lse, np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
+        check(lambda *a: ours(*a)[0], ref, (q, k, v, bias), dout, PLAIN_TARGETS)
+    finally:
+        _lib.set_hopper_fwd(None)
+
+
+def test_bias_nan_gives_nan_rows(key):
+    """NaN in a pre-scale bias: the rows it reaches give NaN on the Hopper forward, the others
+    the reference's values."""
+    q, k, v, _ = inputs(key, jnp.bfloat16, 256, 256, 2, 1.0)
+    bias = (0.5 * jax.random.normal(jax.random.fold_in(key, 3), (1, HQ, 256, 256))).astype(jnp.bfloat16)
+    bias = bias.at[0, 1, 37, 200].set(jnp.nan)
+    kw = dict(attn_mask_type=AttnMaskType.NO_MASK, attn_bias_type=PRE)
+    out, ran = runs_hopper(lambda q, k, v, b: fusedattn.fused_attn((q, k, v), b, None, None, **kw),
+                           q, k, v, bias)
+    assert ran
+    out = np.asarray(out, np.float32)
+    nan_rows = np.isnan(out).any(axis=-1)  # [B, Sq, Hq]
+    want = np.zeros_like(nan_rows)
+    want[:, 37, 1] = True  # the bias broadcasts over the batch
+    np.testing.assert_array_equal(nan_rows, want)
+    ref_out = ref_call(q, k, v, identity, (), bias=bias.astype(jnp.float32), **kw)[0]
+    close("out", np.where(want[..., None], 0.0, out), np.where(want[..., None], 0.0, ref_out))

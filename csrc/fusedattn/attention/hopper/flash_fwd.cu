@@ -155,6 +155,8 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
     return "sink must be 0, 1, or 2 with sinks";
   if (p.sink == 2 && (p.sink_rows < 1 || p.batch % p.sink_rows != 0))
     return "sink_rows must divide the batch";
+  if (p.bias_pre_scale && (!p.bias || p.softcap > 0.0f || p.alibi_slopes))
+    return "bias_pre_scale needs a bias and no score modifier";
   if (p.bias) {
     if (thd) return "a bias takes no THD sequences";
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
@@ -309,7 +311,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
                        : launch_mod<AlibiScores<false>>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
-  a.bias_mul = 1.0f / p.scale;
+  a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
   return launch_mod<PlainScores>(p, a, grid, stream);
 }
 }  // namespace

@@ -66,13 +66,15 @@ struct FlashFwdParams {
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
   // Non-null: a post-scale bias [bias_batch, bias_heads, Sq, Skv] of q's dtype (bias_b /
-  // bias_h: 0 where broadcast; the key dim contiguous), added after the score modifier.
+  // bias_h: 0 where broadcast; the key dim contiguous), added after the score modifier;
+  // bias_pre_scale: a pre-scale bias instead (scores scale * (q.k + bias); no modifier).
   // mask_bias: it is a folded boolean mask (backend.h's kRequestMaskBias) whose dropped keys
   // hold mask_value: the kernel drops them (as -inf) and skips the key blocks a query tile
   // keeps none of, classified on the device before the launch into `mask_tiles` (device
   // scratch of mask_tiles_bytes(p), 16-byte aligned).
   const void* bias = nullptr;
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
+  bool bias_pre_scale = false;
   bool mask_bias = false;
   float mask_value = 0.0f;
   void* mask_tiles = nullptr;
