@@ -109,10 +109,11 @@ def _backend_info(params: _lib.AttnParams, platform: str | None, training: bool 
     choice = _lib.backend_choice(params, code, 0, None, want_max_logit, flags)
     if code == _lib.PLATFORM_CUDA and _has_gpu():
         # With a GPU at hand the cuDNN graphs themselves are asked too.
-        name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training,
-                                      flags=flags)
-        if name != choice.name:
-            return BackendInfo(name, name in _FUSED_BACKENDS, reason + note)
+        name, reason, gflags = _gpu_choice(_fields(params), False, want_max_logit, training,
+                                           flags=flags)
+        if name != choice.name:  # cuDNN rejected a graph: the kernels the handler then runs
+            c = _lib.backend_choice(params, code, 0, None, want_max_logit, gflags)
+            return BackendInfo(name, name in _FUSED_BACKENDS, reason + note, c.forward, c.backward)
     return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note,
                        choice.forward, choice.backward)
 

@@ -298,14 +298,25 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           choice.backend = choice.forward = choice.backward = FA_BACKEND_CUDA_FLASH;
           choice.reason = "cuda_flash: fusedattn's CUDA flash kernels, O(S) memory (cuDNN "
                           "cannot serve this call: " + why_not + ")";
-          // The Hopper forward runs the forward of a call without a score_mod it can take
-          // (a PRE_SCALE_BIAS, a graph cuDNN rejected): several times the flash kernels'
-          // speed (bench/RESULTS.md); the flash kernels run the backward from its lse.
+          // The Hopper forward can run the forward of such a call without a score_mod (a
+          // PRE_SCALE_BIAS, a graph cuDNN rejected), the flash kernels the backward from its
+          // lse. Its bias path reads the bias with scalar loads in the softmax's critical
+          // path, a cost a score's: with a PRE_SCALE_BIAS it ran the forward at 1.26-1.38x
+          // the flash kernels' speed at head dim 256, 0.81-0.86x at 128, 0.45-0.62x at 64
+          // (H200, session 30, bench/RESULTS.md). So: head dim 256 by that measurement, the
+          // rest with FUSEDATTN_HOPPER_FWD=1.
+          const bool measured_pre = p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256 &&
+                                    opts.hopper_fwd == HopperMode::kMeasured;
           if (req.score_mod.kind == ScoreModKind::kNone && !req.index_base &&
-              opts.hopper_fwd != HopperMode::kOff && hopper_fwd_unsupported_reason(p, req, info).empty()) {
+              (opts.hopper_fwd == HopperMode::kAlways || measured_pre) &&
+              hopper_fwd_unsupported_reason(p, req, info).empty()) {
             choice.forward = FA_BACKEND_HOPPER_FWD;
-            choice.reason = "forward hopper: the Hopper flash forward (cuDNN cannot serve this call: " +
-                            why_not + "); backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
+            choice.reason = std::string("forward hopper: the Hopper flash forward (") +
+                            (measured_pre ? "measured faster than the CUDA flash kernels with a "
+                                            "PRE_SCALE_BIAS at head dim 256"
+                                          : "FUSEDATTN_HOPPER_FWD=1") +
+                            "; cuDNN cannot serve this call: " + why_not +
+                            "); backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
           }
         } else {
           choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
@@ -334,7 +345,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       // A dense mask: cuDNN adds it over every tile, the Hopper forward skips those it empties.
       if (hopper_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias)
         measured = p.bias_type != FA_NO_BIAS
-                       ? "a POST_SCALE_BIAS: not measured faster than cuDNN's forward"
+                       ? "a bias: its bias path measured slower than cuDNN's (bench/RESULTS.md)"
                        : hopper_plain_measured(p);
       if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kMeasured && !measured.empty())
         hopper_no = measured;

@@ -164,24 +164,24 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
   p.seqlen_q = 600, p.mask_type = FA_CAUSAL_BOTTOM_RIGHT_MASK;
   cases.push_back({"Sq <= Skv", p});
   for (const auto& [why, call] : cases) {
-    const BackendChoice c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{},
-                                           BackendOptions{});
-    // The Hopper forward takes the forward of those it can (a pre-scale bias), the flash
-    // kernels the backward from its lse.
-    const bool hopper = why == "PRE_SCALE_BIAS";
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, hopper ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH,
-                   FA_BACKEND_CUDA_FLASH);
+    BackendChoice c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{},
+                                     BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "cuda_flash")) << c.reason;
     EXPECT_TRUE(has(c.reason, why)) << why << ": " << c.reason;
+    // FUSEDATTN_HOPPER_FWD=1: the Hopper forward takes the forward of those it can (a
+    // pre-scale bias), the flash kernels the backward from its lse; not on a device
+    // without wgmma.
+    const bool hopper = why == "PRE_SCALE_BIAS";
+    BackendOptions always;
+    always.hopper_fwd = HopperMode::kAlways;
+    c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, hopper ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH,
+                   FA_BACKEND_CUDA_FLASH);
     EXPECT_EQ(has(c.reason, "forward hopper"), hopper) << c.reason;
-    // Kept off, or on a device without wgmma, the flash kernels run both.
-    BackendOptions off;
-    off.hopper_fwd = HopperMode::kOff;
-    expect_kernels(select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
-                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     PlatformInfo ampere = h100();
     ampere.sm = 80;
-    expect_kernels(select_backend(call, FA_PLATFORM_CUDA, ampere, BackendRequest{}, BackendOptions{}),
+    expect_kernels(select_backend(call, FA_PLATFORM_CUDA, ampere, BackendRequest{}, always),
                    FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   }
 }
@@ -192,15 +192,23 @@ TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
   BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "index_base")) << c.reason;
-  // A graph cuDNN rejected: the Hopper forward takes the forward it can run.
   req = BackendRequest{};
   req.cudnn_rejected = true;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   EXPECT_TRUE(has(c.reason, "rejected")) << c.reason;
+  // FUSEDATTN_HOPPER_FWD=1: the Hopper forward takes the forward it can run (not with an
+  // index_base, nor at head dims it lacks).
+  BackendOptions always;
+  always.hopper_fwd = HopperMode::kAlways;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, always);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
   AttnParams d96 = hopper_params();
   d96.head_dim_qk = d96.head_dim_v = 96;
-  c = select_backend(d96, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+  c = select_backend(d96, FA_PLATFORM_CUDA, h100(), req, always);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  req.index_base = true;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, always);
   expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
 }
 
@@ -321,10 +329,10 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
 }
 
-// Any other bias: the kernel adds it. A post-scale bias keeps cuDNN's forward until measured
-// (FUSEDATTN_HOPPER_FWD=1 runs the Hopper forward); a pre-scale one, which cuDNN does not
-// serve, takes the Hopper forward and the CUDA flash backward. The Hopper backward takes
-// neither, dbias wanted or not.
+// Any other bias: the kernel adds it, but slower than cuDNN and the CUDA flash kernels
+// (bench/RESULTS.md), so only FUSEDATTN_HOPPER_FWD=1 sends it there: a post-scale bias with
+// cuDNN's backward, a pre-scale one (cuDNN serves none) with the CUDA flash backward. The
+// Hopper backward takes neither, dbias wanted or not.
 TEST(SelectBackend, HopperForwardAddsOtherBiases) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
@@ -335,7 +343,7 @@ TEST(SelectBackend, HopperForwardAddsOtherBiases) {
     EXPECT_TRUE(has(hopper_bwd_unsupported_reason(p, req, h100()), "folded boolean mask"));
     BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
     expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
-    EXPECT_TRUE(has(c.reason, "POST_SCALE_BIAS: not measured")) << c.reason;
+    EXPECT_TRUE(has(c.reason, "its bias path measured slower")) << c.reason;
     BackendOptions on;
     on.hopper_fwd = on.hopper_bwd = HopperMode::kAlways;
     c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, on);
@@ -343,15 +351,31 @@ TEST(SelectBackend, HopperForwardAddsOtherBiases) {
     AttnParams pre = p;
     pre.bias_type = FA_PRE_SCALE_BIAS;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, on);
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
     EXPECT_TRUE(has(c.reason, "PRE_SCALE_BIAS")) << c.reason;
     // With a score_mod the kernels would add it after the modifier: the flash kernels.
     BackendRequest sm = with(ScoreModKind::kSoftcap);
     sm.no_dbias = no_dbias;
     EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "before the score_mod"));
-    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
+    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, on);
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   }
+  // Head dim 256: the Hopper forward by the measurement (faster than the flash kernels'
+  // there), for a pre-scale bias only.
+  AttnParams d256 = p;
+  d256.head_dim_qk = d256.head_dim_v = 256;
+  expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  d256.bias_type = FA_PRE_SCALE_BIAS;
+  BackendChoice c = select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "measured faster than the CUDA flash kernels")) << c.reason;
+  BackendOptions off;
+  off.hopper_fwd = HopperMode::kOff;
+  expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
+                 FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   // THD with a bias: the flash kernels.
   AttnParams thd = p;
   thd.bias_type = FA_PRE_SCALE_BIAS;
