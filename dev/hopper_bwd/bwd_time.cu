@@ -6,7 +6,8 @@
 // dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type.
 // Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half), then
 // the sum and the sum of |x| of dq, dk and dv: two builds of the kernel must print the same
-// (dk / dv bitwise; dq to rounding, its atomics add in any order).
+// (dk / dv bitwise; dq to rounding, its atomics add in any order), and how many dq values
+// one more call changes (FA_DETERMINISTIC=1: FlashBwdParams::deterministic, 0 expected).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -81,6 +82,7 @@ int main(int argc, char** argv) {
     p.bias = m, p.mask_bias = true, p.bias_s = S;
     p.causal = false, p.left_bound = false;
   }
+  p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
   void* ws;
   cudaMalloc(&ws, flash_bwd_workspace_bytes(p));
   p.workspace = ws;
@@ -122,9 +124,18 @@ int main(int argc, char** argv) {
     snprintf(buf, sizeof buf, "%.5e/%.6e", s, a);
     return std::string(buf);
   };
-  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
+  // dq of one more call against the last one's, bit for bit.
+  std::vector<__nv_bfloat16> dq1(nq), dq2(nq);
+  cudaMemcpy(dq1.data(), dq, nq * 2, cudaMemcpyDeviceToHost);
+  if (!flash_bwd(p, 0).ok() || cudaDeviceSynchronize() != cudaSuccess) return 1;
+  cudaMemcpy(dq2.data(), dq, nq * 2, cudaMemcpyDeviceToHost);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < nq; ++i)
+    differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
+  printf("%s", p.deterministic ? "[deterministic] " : "");
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
-         sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str());
+         sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str(), (long long)differ);
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -155,6 +156,7 @@ struct Case {
   bool mask_b = false, mask_h = false, mask_values = false;
   bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
   bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
+  bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -242,6 +244,7 @@ void run_case(const Case& cs) {
   CUDA_OK(cudaMalloc(&ws, ws_bytes));
   CUDA_OK(cudaMemset(ws, 0x55, ws_bytes));  // flash_bwd writes what it reads
   p.workspace = ws;
+  p.deterministic = cs.deterministic;
   ASSERT_EQ(flash_bwd_unsupported(p, 90), "");
   const Status st = flash_bwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -277,6 +280,19 @@ void run_case(const Case& cs) {
   check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
   check("dk", dk_at, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
   check("dv", dv_at, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  if (cs.deterministic) {  // the same dq, bit for bit, from fresh scratch
+    std::vector<T> first(nq), again(nq);
+    ASSERT_EQ(cudaMemcpy(first.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int r = 0; r < 3; ++r) {
+      CUDA_OK(cudaMemset(ws, 0x55, ws_bytes));
+      CUDA_OK(cudaMemset(dq, 0xff, nq * sizeof(T)));
+      ASSERT_TRUE(flash_bwd(p, 0).ok());
+      ASSERT_EQ(cudaMemcpy(again.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < nq; ++i) differ += std::memcmp(&first[i], &again[i], sizeof(T)) != 0;
+      EXPECT_EQ(differ, 0) << "call " << r + 2 << ": dq values that differ from the first call's";
+    }
+  }
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask})
     cudaFree(t);
@@ -328,6 +344,23 @@ std::vector<Case> cases() {
   add({.name = "mask_band_holes_fp16_gqa", .bf16 = false, .Sq = 512, .Skv = 512, .Hq = 6, .Hkv = 2, .mask = 2});
   add({.name = "mask_with_causal_type_and_padding", .causal = true, .B = 3, .Sq = 384, .Skv = 384,
        .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true});
+  // Deterministic dQ (a counter a 64-row block, parts added in key-block order): each
+  // variant of the ordering (head dim 128's two column halves, 64's 128-query blocks, 64's
+  // shared blocks with a dense mask), windows (the first key block reaching a query block),
+  // masks' skipped tiles, padding, GQA and a long sequence.
+  add({.name = "det_causal_gqa", .causal = true, .Hq = 6, .Hkv = 2, .deterministic = true});
+  add({.name = "det_full_ragged", .Sq = 300, .Skv = 700, .deterministic = true});
+  add({.name = "det_window_both", .Sq = 700, .Skv = 700, .left = 150, .right = 30, .deterministic = true});
+  add({.name = "det_padding", .causal = true, .B = 3, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17},
+       .deterministic = true});
+  add({.name = "det_d64_window", .causal = true, .D = 64, .Sq = 900, .Skv = 900, .left = 200,
+       .deterministic = true});
+  add({.name = "det_d64_mask_holes", .D = 64, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
+       .deterministic = true});
+  add({.name = "det_mask_band_holes_gqa", .Sq = 700, .Skv = 640, .Hq = 4, .Hkv = 2, .mask = 2, .mask_b = true,
+       .mask_h = true, .deterministic = true});
+  add({.name = "det_long", .causal = true, .B = 1, .Sq = 2048, .Skv = 2048, .Hq = 2, .Hkv = 2,
+       .deterministic = true});
   return c;
 }
 

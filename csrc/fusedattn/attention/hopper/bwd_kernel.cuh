@@ -22,7 +22,11 @@
 //   - at the end dK and dV go through shared memory (the free Q / dO stages) and leave in
 //     16-byte row stores.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
-// (deterministic); dQ's reductions are not (their order varies).
+// (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
+// then each part waits until the key blocks before its own (in launch order: blockIdx.x)
+// have added theirs to its 64-row block (a counter in dq_sem, acquire / release), adds, waits
+// for its addition to complete and counts itself. A block waits only on blocks launched
+// before it, so the chain always moves.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -65,7 +69,22 @@ struct BwdArgs {
   const uint8_t* tiles;
   const uint32_t* keep_bits;
   int words_per_row, mask_m, mask_n;
+  // Non-null: deterministic dQ (kDet); two counters a 64-row block of dq_acc ([B * Hq *
+  // sq_pad / 64, 2]: head dim 128, a group's 64 columns each; else slot 0), zero at launch.
+  int* dq_sem;
 };
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(reinterpret_cast<uint64_t>(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 struct BwdDims {
   // kBlockM: the rows of a dense mask's tiles and of dq_acc's blocks; kPadM: Sq's padding in
@@ -144,7 +163,8 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
 }
 
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-template <bool kCausal, bool kBf16, bool kDense, int kD>
+// kDet: deterministic dQ (BwdArgs::dq_sem).
+template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -223,12 +243,49 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const int key0 = tile.n0 + key_l;
   if (first < total) mbar_wait(&sm.kv_full, 0);
   float* pending = nullptr;  // where the group's part in sm.dq goes
+  int pending_it = 0;          // kDet: the iteration whose part it is
+  // kDet: the parts added to query block mb's rows (kBlockM units) before this block's, by
+  // the key blocks n' < n whose band reaches mb (a run [lo, n): m_begin grows with n', and
+  // without a window every n' <= n reaches it; with one, n' reaches it when its last key
+  // minus lo_diag is at or past mb's first row) and, with a dense mask, keep part of it.
+  auto turn_of = [&](int h, int mb) {
+    int lo = 0;
+    if (tile.lo_diag != kNoEdge) {
+      const long long need = static_cast<long long>(mb) * kBlockM + tile.lo_diag - (BwdDims::kBlockN - 1);
+      lo = need <= 0 ? 0 : static_cast<int>((need + BwdDims::kBlockN - 1) / BwdDims::kBlockN);
+    }
+    int before = max(0, n - lo);
+    if constexpr (kDense) {
+      before = 0;
+      const uint8_t* row = a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n;
+      for (int x = lo; x < n; ++x) before += row[x] != 0;
+    }
+    return before;
+  };
   auto flush_dq = [&] {     // hands the part to the copy engine, which adds it there
     fence_proxy_async();
     group_sync(2 + w);  // the group's part written
     if (tid == 0) {
+      int* sem = nullptr;
+      if constexpr (kDet) {  // wait until the parts before this one are added (and complete)
+        // Its 64-row block's counter (head dim 128: a group's 64 columns each); head dim 64
+        // with 64 queries: both groups add to the same 64 x 64 block, group 0 first.
+        constexpr bool kShared = kD == 64 && kBlockM == 64;
+        const int h = head_of(pending_it), mb = block_of(pending_it);
+        const int rows = mb * kBlockM + (kBlockM == 128 ? 64 * w : 0);
+        sem = a.dq_sem + 2 * (((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) / 64) + (kD == 128 ? w : 0);
+        const int turn = kShared ? 2 * turn_of(h, mb) + w : turn_of(h, mb);
+        while (ld_acquire(sem) != turn) {
+        }
+        fence_proxy_async_global();
+      }
       bulk_reduce_add(pending, sm.dq[w], 64 * 64 * 4);
       bulk_commit();
+      if constexpr (kDet) {  // this one's writes complete, then the next may add
+        bulk_wait<0>();
+        fence_proxy_async_global();
+        red_release_add(sem, 1);
+      }
     }
   };
   for (int it = first, k = 0; it < total; ++k) {
@@ -405,6 +462,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     for (int j = 0; j < 8; ++j) part[j * 128 + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     const int rows = m0 + (kBlockM == 128 ? 64 * w : 0);  // the part's 64-row block of dq_acc
     pending = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) * kD + (kD == 128 ? 64 * 64 * w : 0);
+    if constexpr (kDet) pending_it = it;
     if (!kDqLate) flush_dq();
     wgmma_wait<0>();
     fence_regs(dv);

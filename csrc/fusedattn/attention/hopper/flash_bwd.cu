@@ -31,13 +31,14 @@ MaskTiles mask_tiles(const FlashBwdParams& p) {
 }
 
 struct Scratch {  // byte offsets into the workspace
-  int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, bytes = 0;
+  int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, sem = 0, bytes = 0;
   explicit Scratch(const FlashBwdParams& p) {
     const int64_t rows = p.batch * p.heads_q * sq_pad(p);
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
     mask = dq_acc + align256(rows * p.head_dim * 4);
-    bytes = mask + (p.mask_bias ? align256(mask_tiles(p).bytes) : 0);
+    sem = mask + (p.mask_bias ? align256(mask_tiles(p).bytes) : 0);
+    bytes = sem + (p.deterministic ? align256(rows / kBlockM * 2 * 4) : 0);
   }
 };
 
@@ -47,7 +48,7 @@ struct Scratch {  // byte offsets into the workspace
 // of multiples of 8, so a thread loads 8 elements at once (lanes = D / 8); else one at a time.
 template <class T, bool kVec>
 __global__ void bwd_rows(const T* out, const T* dout, const float* lse, FlashBwdParams p,
-                         int64_t pad, int lanes, float* lse2, float* dsum, float* dq_acc) {
+                         int64_t pad, int lanes, float* lse2, float* dsum, float* dq_acc, int* sem) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t row = t / lanes;
   const int g = static_cast<int>(t % lanes);
@@ -56,6 +57,7 @@ __global__ void bwd_rows(const T* out, const T* dout, const float* lse, FlashBwd
   if (live) {
     float4* zero = reinterpret_cast<float4*>(dq_acc + row * D);
     for (int x = g; x < D / 4; x += lanes) zero[x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (sem && g == 0 && row % kBlockM == 0) sem[2 * (row / kBlockM)] = sem[2 * (row / kBlockM) + 1] = 0;
   }
   const int64_t s = row % pad, h = row / pad % p.heads_q, b = row / (pad * p.heads_q);
   float acc = 0.0f;
@@ -119,7 +121,8 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
 
 template <bool kCausal, bool kBf16, bool kDense, int kD>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense, kD>;
+  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true>
+                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kBwdSmemBytes<kD, kDense>)));
   kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense>, stream>>>(a);
@@ -184,6 +187,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   auto* lse2 = reinterpret_cast<float*>(base + sc.lse2);
   auto* dsum = reinterpret_cast<float*>(base + sc.dsum);
   auto* dq_acc = reinterpret_cast<float*>(base + sc.dq_acc);
+  int* sem = p.deterministic ? reinterpret_cast<int*>(base + sc.sem) : nullptr;
   // D and lse2 for every row, dq_acc zeroed (bwd_rows), then the kernel, then dQ (bwd_dq).
   const bool vec = rows16({p.out}, {p.o_s, p.o_h, p.o_b});
   const int lanes = vec ? static_cast<int>(p.head_dim / 8) : 32;
@@ -192,8 +196,8 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     using T = decltype(tag);
     const T* out = static_cast<const T*>(p.out);
     const T* dout = static_cast<const T*>(p.dout);
-    if (vec) bwd_rows<T, true><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc);
-    else bwd_rows<T, false><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc);
+    if (vec) bwd_rows<T, true><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc, sem);
+    else bwd_rows<T, false><<<row_blocks, 256, 0, stream>>>(out, dout, p.lse, p, pad, lanes, lse2, dsum, dq_acc, sem);
   };
   if (p.bf16) rows_kernel(__nv_bfloat16{});
   else rows_kernel(__half{});
@@ -209,7 +213,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                                p.k_b, BwdDims::kBlockN, "k"));
   FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, D, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
                                p.v_b, BwdDims::kBlockN, "v"));
-  a.lse2 = lse2, a.dsum = dsum, a.dq_acc = dq_acc;
+  a.lse2 = lse2, a.dsum = dsum, a.dq_acc = dq_acc, a.dq_sem = sem;
   a.dk = p.dk, a.dv = p.dv;
   a.dk_b = p.dk_b, a.dk_s = p.dk_s, a.dk_h = p.dk_h;
   a.dv_b = p.dv_b, a.dv_s = p.dv_s, a.dv_h = p.dv_h;

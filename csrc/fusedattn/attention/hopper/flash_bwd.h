@@ -50,6 +50,10 @@ struct FlashBwdParams {
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // Bitwise repeatable dQ: each 64-row block's parts are added in the key blocks' order
+  // (a counter a block in the workspace; a block waits for the ones before it). dK and dV
+  // are repeatable either way.
+  bool deterministic = false;
   // Device scratch of flash_bwd_workspace_bytes(p) bytes, 256-byte aligned.
   void* workspace = nullptr;
 };
@@ -59,7 +63,8 @@ struct FlashBwdParams {
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
 
 // Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, a dense mask's tiles
-// (by p.mask_bias: the pointers do not matter, so a caller may size before it has them).
+// (by p.mask_bias), deterministic's counters (the pointers do not matter, so a caller may
+// size before it has them).
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 
 // Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).
