@@ -63,8 +63,9 @@ class BackendInfo:
     forward: softcap and ALiBi score_mods, dense masks, and plain calls where its
     checked-in measurement found it faster; head dims 64, 128 and 256, sinks and max_logit
     included) and the backward on "hopper" (the sm_90 flash backward), and calls served by
-    "cuda_flash" with no score_mod may run the forward on "hopper" (a PRE_SCALE_BIAS, which
-    cuDNN does not serve: the CUDA flash kernels then run the backward from its lse).
+    "cuda_flash" with no score_mod may run the forward on "hopper" (a PRE_SCALE_BIAS at head
+    dim 256, where it was measured faster; any such call it can run under
+    FUSEDATTN_HOPPER_FWD=1): the CUDA flash kernels then run the backward from its lse.
     """
 
     name: str
