@@ -82,6 +82,26 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 __device__ __forceinline__ void red_release_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(v) : "memory");
 }
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// kDet: waits until *sem reaches turn. A counter that never gets there (a bug in the turn's
+// count) stops the kernel with an error after 10 s instead of hanging the stream.
+__device__ __noinline__ void wait_turn(const int* sem, int turn) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0; ld_acquire(sem) != turn; ++spins) {
+    if ((spins & 1023) != 1023) continue;
+    const uint64_t now = global_ns();
+    if (start == 0) start = now;
+    else if (now - start > 10'000'000'000ull) {
+      printf("fusedattn: the Hopper backward's deterministic dQ waited 10 s for turn %d (counter at "
+             "%d): stopping\n", turn, ld_acquire(sem));
+      __trap();
+    }
+  }
+}
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
@@ -247,7 +267,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // kDet: the parts added to query block mb's rows (kBlockM units) before this block's, by
   // the key blocks n' < n whose band reaches mb (a run [lo, n): m_begin grows with n', and
   // without a window every n' <= n reaches it; with one, n' reaches it when its last key
-  // minus lo_diag is at or past mb's first row) and, with a dense mask, keep part of it.
+  // minus lo_diag is at or past mb's first row) and, with a dense mask, keep a key of it
+  // (class bit 0, as next() skips: a tile whose keys the mask all drops is class 2).
   auto turn_of = [&](int h, int mb) {
     int lo = 0;
     if (tile.lo_diag != kNoEdge) {
@@ -258,7 +279,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if constexpr (kDense) {
       before = 0;
       const uint8_t* row = a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n;
-      for (int x = lo; x < n; ++x) before += row[x] != 0;
+      for (int x = lo; x < n; ++x) before += row[x] & 1;  // class_of's rule: bit 0, a key kept
     }
     return before;
   };
@@ -275,8 +296,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         const int rows = mb * kBlockM + (kBlockM == 128 ? 64 * w : 0);
         sem = a.dq_sem + 2 * (((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) / 64) + (kD == 128 ? w : 0);
         const int turn = kShared ? 2 * turn_of(h, mb) + w : turn_of(h, mb);
-        while (ld_acquire(sem) != turn) {
-        }
+        wait_turn(sem, turn);
         fence_proxy_async_global();
       }
       bulk_reduce_add(pending, sm.dq[w], 64 * 64 * 4);
