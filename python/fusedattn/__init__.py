@@ -4,6 +4,7 @@ from . import _lib
 from .context_parallel import (CPStrategy, ReorderStrategy, inverse_reorder_causal_load_balancing,
                                reorder_causal_load_balancing)
 from .attention import fused_attn
+from .determinism import deterministic, is_deterministic, set_deterministic
 from .backends import BackendInfo, get_backend, is_fused_attn_kernel_available
 from .dot_product import dot_product_attention, install, installed, is_installed, uninstall
 from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxFusionType, SoftmaxType
@@ -21,8 +22,8 @@ num_threads = _lib.num_threads
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "BackendInfo", "CPStrategy", "QKVFormat", "QKVLayout", "ReorderStrategy", "SequenceDescriptor",
     "SmallSeqDescriptor", "SoftmaxFusionType", "SoftmaxType", "attention_reference",
-    "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
-    "install", "installed", "inverse_reorder_causal_load_balancing", "is_installed", "reorder_causal_load_balancing",
+    "deterministic", "dot_product_attention", "fused_attn", "fused_attn_small_seq", "get_backend",
+    "install", "installed", "is_deterministic", "inverse_reorder_causal_load_balancing", "is_installed", "reorder_causal_load_balancing",
     "is_fused_attn_kernel_available", "is_softmax_kernel_available", "make_swa_mask", "num_threads",
-    "set_num_threads", "softmax", "softmax_fallback", "uninstall",
+    "set_deterministic", "set_num_threads", "softmax", "softmax_fallback", "uninstall",
 ]

@@ -137,7 +137,7 @@ def _gpu_choice(fields: tuple, want_lse: bool, want_max_logit: bool,
     checks = [("forward", False)] + ([("backward", True)] if training else [])
     for what, backward in checks:
         code, msg = _lib.cudnn_check(params, 0, want_lse or training, want_max_logit, backward,
-                                     score_mod)
+                                     score_mod, flags)
         if code != _lib.STATUS_OK:
             flags |= _lib.REQUEST_CUDNN_REJECTED
             name, _, reason = _lib.select_backend(params, _lib.PLATFORM_CUDA, 0, score_mod,
@@ -159,7 +159,7 @@ def _choice(ops, cfg: Config, dims: Dims, training: bool, sm) -> tuple[str, str,
     """_gpu_choice for these operands (the N_OPS; a score_mod's program joins the key)."""
     return _gpu_choice(_fields(_params_of(ops, cfg, dims)), cfg.want_lse, cfg.want_max_logit,
                        training, None if sm is None else _sm_key(sm),
-                       _index_flag(ops, cfg, sm) | _precision_flag(ops[0].dtype) | cfg.dropout_flags
+                       _index_flag(ops, cfg, sm) | _precision_flag(ops[0].dtype) | cfg.request_flags
                        | (_lib.REQUEST_SCORE_MOD_GRADS if cfg.sm_grads and sm is not None else 0))
 
 

@@ -129,7 +129,7 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
         ctypes.c_int, i32p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int]
     lib.fa_cudnn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_int, ctypes.c_int, i32p, ctypes.c_int64,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_int, i32p, ctypes.c_int64,
                                    ctypes.c_char_p, ctypes.c_int]
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
     lib.fa_masked_bias_value.restype = ctypes.c_float
@@ -226,6 +226,8 @@ REQUEST_SCORE_MOD_GRADS = 32
 # One dropout mask for every batch entry and head (fused_attn's dropout_broadcast, Flax's
 # broadcast_dropout): the CPU engine and the CUDA flash kernels; cuDNN declines it.
 REQUEST_DROPOUT_BROADCAST = 64
+# A bitwise repeatable backward (determinism.py; backend.h's kRequestDeterministic).
+REQUEST_DETERMINISTIC = 128
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,
@@ -260,14 +262,15 @@ def _int32_array(words):
 
 
 def cudnn_check(params: AttnParams, device: int, want_lse: bool, want_max_logit: bool,
-                backward: bool, score_mod=None) -> tuple[int, str]:
+                backward: bool, score_mod=None, flags: int = 0) -> tuple[int, str]:
     """Builds (once; the graph cache keeps it) the cuDNN graph that will serve the call:
     (status code, message). The last word on whether cuDNN supports a configuration.
-    score_mod: the packed program attribute of a flex-attention call (or None)."""
+    score_mod: the packed program attribute of a flex-attention call (or None); flags:
+    REQUEST_* bits (REQUEST_DETERMINISTIC: the deterministic backward graph)."""
     buf = ctypes.create_string_buffer(2048)
     ptr, n = _int32_array(score_mod)
     code = lib.fa_cudnn_check(ctypes.byref(params), device, int(want_lse), int(want_max_logit),
-                              int(backward), ptr, n, buf, len(buf))
+                              int(backward), int(flags), ptr, n, buf, len(buf))
     return code, buf.value.decode()
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from . import _lib
 from ._args import (ArgumentTypeError, got, is_bool, array, fold_scale, is_traced, scale_arg,
                     static_bool, static_float, static_int)
+from .determinism import is_deterministic
 from .enums import AttnBiasType, AttnMaskType, QKVLayout, SoftmaxType
 from .sequence import SequenceDescriptor, compact, from_dense_mask, packed_offsets
 
@@ -66,6 +67,9 @@ class Config:
     sm_grads: bool = False
     # one dropout mask for every batch entry and head: _lib.REQUEST_DROPOUT_BROADCAST
     dropout_broadcast: bool = False
+    # a bitwise repeatable backward (determinism.py, read at trace time):
+    # _lib.REQUEST_DETERMINISTIC
+    deterministic: bool = False
 
     @property
     def thd(self) -> bool:
@@ -76,9 +80,12 @@ class Config:
         return self.is_training and self.dropout > 0.0
 
     @property
-    def dropout_flags(self) -> int:
-        """_lib.REQUEST_DROPOUT_BROADCAST when dropout runs with one shared mask."""
-        return _lib.REQUEST_DROPOUT_BROADCAST if self.dropout_on and self.dropout_broadcast else 0
+    def request_flags(self) -> int:
+        """The call's own REQUEST_* bits beside the bias's: _lib.REQUEST_DROPOUT_BROADCAST
+        when dropout runs with one shared mask, _lib.REQUEST_DETERMINISTIC in deterministic
+        mode."""
+        return ((_lib.REQUEST_DROPOUT_BROADCAST if self.dropout_on and self.dropout_broadcast else 0)
+                | (_lib.REQUEST_DETERMINISTIC if self.deterministic else 0))
 
     def ffi_attrs(self) -> dict[str, Any]:
         # Names and types match AttnAttrs in csrc/fusedattn/attention/ffi_decode.h.
@@ -493,7 +500,7 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
     broadcast = static_bool(dropout_broadcast, "dropout_broadcast", "fused_attn")
     cfg = Config(layout, mask_type, bias_type, softmax, scale, dropout, training,
                  window(window_size), checkpoint_name=context_checkpoint_name,
-                 dropout_broadcast=broadcast)
+                 dropout_broadcast=broadcast, deterministic=is_deterministic())
     params = cfg.params(dtype, dims.B, dims.Sq, dims.Skv, dims.Hq, dims.Hkv, dims.D, dims.Dv,
                         M, *bias_extent)
     raise_for_status(*_lib.validate(params))

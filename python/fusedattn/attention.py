@@ -69,11 +69,11 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 
 
 def _call_flags(cfg: Config) -> int:
-    """The REQUEST_* bits of the call's bias and dropout: a folded mask (the Hopper kernels'
-    tiles), no dbias wanted (the Hopper backward takes a folded mask only then), one dropout
-    mask for every batch entry and head."""
+    """The REQUEST_* bits of the call's bias, dropout and mode: a folded mask (the Hopper
+    kernels' tiles), no dbias wanted (the Hopper backward takes a folded mask only then), one
+    dropout mask for every batch entry and head, a deterministic backward."""
     return ((_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
-            | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.dropout_flags)
+            | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.request_flags)
 
 
 def _attrs(cfg: Config, sm: _sm.ScoreMod | None, cuda: bool, flags: int = 0):
@@ -264,6 +264,15 @@ def _gpu_backward(*args, cfg: Config, dims: Dims, sm):
     """The backward on the GPU (head dims whole 16-byte chunks: heads_padded)."""
     ops = args[:N_OPS]
     name, flags = _gpu_fused(ops, cfg, dims, True, sm)
+    if cfg.deterministic and name in ("cudnn", "cuda_flash"):
+        choice = _lib.backend_choice(_params_of(ops, cfg, dims), _lib.PLATFORM_CUDA, 0,
+                                     None if sm is None else _sm_key(sm), cfg.want_max_logit,
+                                     flags | _call_flags(cfg))
+        if choice.backward == "none":
+            raise NotImplementedError(
+                "fused_attn: deterministic mode (fusedattn.determinism) has no backward for "
+                f"this call on the GPU: {choice.reason}. Leave the mode off for it, or run it "
+                "where the Hopper backward or cuDNN serves it (bf16 / fp16)")
     gpu = _bwd_reference
     if name == "cudnn":
         # over chunks: dbias of a batch-broadcast bias, d softmax_offset and the score_mod

@@ -163,7 +163,7 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
         return BackendInfo("none", False, str(e))
     if score_mod is not None:
         flags = _lib.REQUEST_SCORE_MOD_GRADS if score_mod_grads and is_training else 0
-        flags |= call.cfg.dropout_flags
+        flags |= call.cfg.request_flags
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
                                   bool(is_training), bool(return_max_logit), flags)
     if not return_max_logit:
@@ -172,7 +172,7 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
         if served:
             return BackendInfo("small_seq", True, reason)
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit),
-                         call.cfg.dropout_flags)
+                         call.cfg.request_flags)
 
 
 def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,

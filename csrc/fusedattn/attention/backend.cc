@@ -242,6 +242,17 @@ std::string flash_unsupported_reason(const AttnParams& p, const BackendRequest& 
   return "";
 }
 
+BackendRequest request_from_flags(int32_t flags, BackendRequest req) {
+  req.index_base = (flags & kRequestIndexBase) != 0;
+  req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
+  req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
+  req.mask_bias = (flags & kRequestMaskBias) != 0;
+  req.no_dbias = (flags & kRequestNoDbias) != 0;
+  req.dropout_broadcast = (flags & kRequestDropoutBroadcast) != 0;
+  req.deterministic = (flags & kRequestDeterministic) != 0;
+  return req;
+}
+
 BackendChoice select_backend(const AttnParams& p, int32_t platform, const PlatformInfo& info,
                              const BackendRequest& req, const BackendOptions& opts) {
   BackendChoice choice;
@@ -318,6 +329,14 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
                             "; cuDNN cannot serve this call: " + why_not +
                             "); backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
           }
+          // Their backward sums dq (and dbias, d softmax_offset, the score_mod operands'
+          // gradients) with float32 atomics: a deterministic call gets no backward here.
+          if (req.deterministic) {
+            choice.backward = FA_BACKEND_NONE;
+            choice.reason += "; no deterministic backward: the CUDA flash kernels' backward sums "
+                             "dq with float32 atomics (not bitwise repeatable), and neither the "
+                             "Hopper backward nor cuDNN serves this call";
+          }
         } else {
           choice.backend = choice.forward = choice.backward = FA_BACKEND_XLA_REFERENCE;
           choice.reason = "xla_reference: cuDNN cannot serve this call (" + why_not +
@@ -332,7 +351,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       // calls where the measurement found it faster.
       const ScoreModKind kind = req.score_mod.kind;
       if (kind == ScoreModKind::kOther) {
-        choice.reason = "cudnn: " + cudnn;
+        choice.reason = "cudnn: " + cudnn + (req.deterministic ? " (its backward's deterministic algorithm)" : "");
         return choice;
       }
       const char* what = kind == ScoreModKind::kSoftcap ? "softcap"
@@ -351,21 +370,31 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         hopper_no = measured;
       // The backward, decided alike (either forward's lse serves it): a dense mask's always
       // (the Hopper backward skips the tiles it empties), plain calls by the measurement.
+      // A deterministic call takes the Hopper backward (its ordered dQ: O(S) memory)
+      // wherever it can run, whatever the measurement: cuDNN's deterministic backward on
+      // sm90 writes dP to a [B, H, Sq, Skv] workspace.
       std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0 keeps it off";
       std::string bwd_measured;
-      if (bwd_no.empty() && !req.mask_bias) bwd_measured = hopper_plain_measured(p, /*backward=*/true);
+      if (bwd_no.empty() && !req.mask_bias && !req.deterministic)
+        bwd_measured = hopper_plain_measured(p, /*backward=*/true);
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
         bwd_no = bwd_measured;
       std::string bwd;
       if (bwd_no.empty()) {
         choice.backward = FA_BACKEND_HOPPER_BWD;
         bwd = std::string("; backward hopper: the Hopper flash backward") +
+              (req.deterministic ? " with its deterministic dQ (added in key-block order)" : "") +
               (req.mask_bias              ? ", skipping the mask's empty tiles"
+               : req.deterministic    ? ""
                : bwd_measured.empty() ? " (measured faster than cuDNN: hopper/measured_bwd.h)"
                                       : " (FUSEDATTN_HOPPER_BWD=1)");
       } else {
-        bwd = "; backward cudnn (not the Hopper flash backward: " + bwd_no + ")";
+        bwd = std::string("; backward cudnn") +
+              (req.deterministic ? " with its deterministic algorithm (on sm90 a [B, H, Sq, Skv] "
+                                   "dP workspace)"
+                                 : "") +
+              " (not the Hopper flash backward: " + bwd_no + ")";
       }
       if (hopper_no.empty()) {
         choice.forward = FA_BACKEND_HOPPER_FWD;

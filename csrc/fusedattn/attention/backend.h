@@ -63,6 +63,10 @@ struct BackendRequest {
   // One dropout mask shared by the batch and the heads (kRequestDropoutBroadcast): cuDNN
   // draws one per batch entry and head.
   bool dropout_broadcast = false;
+  // The caller asks for a bitwise repeatable backward (kRequestDeterministic): the Hopper
+  // backward with its ordered dQ wherever it can run, else cuDNN's deterministic backward;
+  // the CUDA flash kernels sum dq with float32 atomics, so such a call gets no backward.
+  bool deterministic = false;
 };
 
 // BackendRequest's flags as one int (the C API's `flags`), and one that only the CUDA
@@ -90,6 +94,12 @@ constexpr int32_t kRequestNoDbias = 16;
 // mask of query i, key j is the same everywhere (BackendRequest::dropout_broadcast). The
 // CPU engine and the CUDA flash kernels do it; cuDNN cannot.
 constexpr int32_t kRequestDropoutBroadcast = 64;
+// A bitwise repeatable backward (fusedattn.deterministic(); BackendRequest::deterministic).
+constexpr int32_t kRequestDeterministic = 128;
+
+// BackendRequest's routing fields from the flags (everything but score_mod and
+// want_max_logit, which the callers know otherwise).
+BackendRequest request_from_flags(int32_t flags, BackendRequest req = {});
 
 struct BackendChoice {
   // Who serves the call, which is whose FFI handler runs it (Python routes by it):

@@ -60,14 +60,8 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
     }
   }
 #endif
-  fusedattn::BackendRequest req;
+  fusedattn::BackendRequest req = fusedattn::request_from_flags(flags);
   req.want_max_logit = want_max_logit != 0;
-  req.index_base = (flags & fusedattn::kRequestIndexBase) != 0;
-  req.cudnn_rejected = (flags & fusedattn::kRequestCudnnRejected) != 0;
-  req.score_mod_grads = (flags & fusedattn::kRequestScoreModGrads) != 0;
-  req.mask_bias = (flags & fusedattn::kRequestMaskBias) != 0;
-  req.no_dbias = (flags & fusedattn::kRequestNoDbias) != 0;
-  req.dropout_broadcast = (flags & fusedattn::kRequestDropoutBroadcast) != 0;
   fusedattn::BackendChoice c;
   fusedattn::ScoreMod sm;
   fusedattn::Status decoded;
@@ -91,10 +85,12 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
 
 // Builds (or finds in the cache) the cuDNN graph that will serve p on `device`, forward
 // or backward: the last word on whether cuDNN supports a call. score_mod: the packed
-// program attribute (score_mod.h) of a flex-attention call, or null. Returns an FaStatus.
+// program attribute (score_mod.h) of a flex-attention call, or null; flags as
+// fa_select_backend's (kRequestDeterministic: the deterministic backward graph). Returns an
+// FaStatus.
 int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max_logit,
-                   int backward, const int32_t* score_mod, int64_t score_mod_len, char* msg,
-                   int msg_len) {
+                   int backward, int flags, const int32_t* score_mod, int64_t score_mod_len,
+                   char* msg, int msg_len) {
 #ifdef FUSEDATTN_WITH_CUDA
   const fusedattn::cudnn::ScoreModSpec spec{score_mod, score_mod_len};
   const fusedattn::cudnn::ScoreModSpec* sm = score_mod ? &spec : nullptr;
@@ -103,14 +99,16 @@ int fa_cudnn_check(const FaAttnParams* p, int device, int want_lse, int want_max
     s = fusedattn::Status::Unimplemented("score_mod with a bias on cuDNN");
   } else {
     std::shared_ptr<const fusedattn::cudnn::BuiltGraph> g;
+    const bool det = (flags & fusedattn::kRequestDeterministic) != 0;
     s = fusedattn::cudnn::get_graph(
-        fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0, sm), backward != 0,
-        device, &g);
+        backward ? fusedattn::cudnn::make_bwd_config(*p, det, sm)
+                 : fusedattn::cudnn::make_config(*p, want_max_logit != 0, want_lse != 0, sm),
+        backward != 0, device, &g);
   }
   copy_message(s.message, msg, msg_len);
   return s.code;
 #else
-  (void)score_mod, (void)score_mod_len;
+  (void)score_mod, (void)score_mod_len, (void)flags;
   copy_message("this build of fusedattn has no CUDA kernels", msg, msg_len);
   return FA_UNIMPLEMENTED;
 #endif

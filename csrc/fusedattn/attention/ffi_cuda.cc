@@ -86,12 +86,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
               BackendChoice* c, PlatformInfo* info_out = nullptr, BackendRequest* req_out = nullptr) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
-  req.index_base = (flags & kRequestIndexBase) != 0;
-  req.cudnn_rejected = (flags & kRequestCudnnRejected) != 0;
-  req.score_mod_grads = (flags & kRequestScoreModGrads) != 0;
-  req.mask_bias = (flags & kRequestMaskBias) != 0;
-  req.no_dbias = (flags & kRequestNoDbias) != 0;
-  req.dropout_broadcast = (flags & kRequestDropoutBroadcast) != 0;
+  req = request_from_flags(flags, req);
   *c = select_backend(p, FA_PLATFORM_CUDA, info, req);
   if (info_out) *info_out = info;
   if (req_out) *req_out = req;
@@ -375,8 +370,9 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
 
 // The Hopper flash backward's parameters for a call select_backend() gave it (a plain call
 // or a dense mask with no dbias); workspace: its scratch, 256-byte aligned (null: sizing
-// only).
-hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace) {
+// only); deterministic: its ordered dQ (kRequestDeterministic).
+hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
+                                         bool deterministic) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
   bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
@@ -406,19 +402,22 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.mask_value = fa_masked_bias_value(p.dtype);
   }
   bp.workspace = workspace;
+  bp.deterministic = deterministic;
   return bp;
 }
 
 // Bytes of the Hopper backward's workspace result (with the slack to align its start; the
-// mask's part is sized by mask_bias, which hopper_bwd_params sets, not by the pointers).
+// mask's part is sized by mask_bias, which hopper_bwd_params sets, not by the pointers),
+// with room for the deterministic dQ's counters (8 bytes a 64-row block) either way.
 size_t hopper_bwd_workspace(const AttnParams& p) {
-  return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(hopper_bwd_params(p, AttnTensors{}, nullptr))) + 255;
+  return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
+             hopper_bwd_params(p, AttnTensors{}, nullptr, /*deterministic=*/true))) + 255;
 }
 
 // Runs the Hopper flash backward, which select_backend() chose (a dense mask's dbias, not
 // wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
-                  ffi::AnyBuffer* workspace, int device, cudaStream_t stream) {
+                  ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   const size_t need = hopper_bwd_workspace(p);
@@ -426,7 +425,8 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the Hopper backward needs " + std::to_string(need));
   const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-  const hopper::FlashBwdParams bp = hopper_bwd_params(p, t, reinterpret_cast<void*>((u + 255) / 256 * 256));
+  const hopper::FlashBwdParams bp =
+      hopper_bwd_params(p, t, reinterpret_cast<void*>((u + 255) / 256 * 256), deterministic);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
@@ -527,6 +527,9 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
   BackendChoice choice;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
+  const bool deterministic = (attrs.backend_flags & kRequestDeterministic) != 0;
+  if (choice.backward == FA_BACKEND_NONE)  // a deterministic call the flash kernels serve
+    return Status::Unimplemented("no backward serves this call: " + choice.reason);
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, true, sm.call != nullptr, workspace, &ws));
@@ -541,7 +544,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
                                  stream, fs.args, (attrs.backend_flags & kRequestDropoutBroadcast) != 0);
   }
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
-    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream);
+    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic);
   // cuDNN computes no operand gradient: zeros (attention.py takes XLA's).
   const int64_t n_dop = sm.call && sm.call->doperands ? p.num_slices * sm.call->sm.total_size() : 0;
   if (n_dop > 0)
@@ -551,8 +554,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
                                         "select_backend chose ") + backend_name(choice.backward));
-  const SdpaConfig c =
-      cudnn::make_config(p, /*want_max_logit=*/false, /*want_lse=*/false, sm.get());
+  const SdpaConfig c = cudnn::make_bwd_config(p, deterministic, sm.get());
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
 
@@ -721,7 +723,13 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   // (set_hopper_bwd_override switches compiled functions between them at run time).
   const int64_t hopper_bwd =
       backward && hopper_bwd_unsupported_reason(p, req, info).empty() ? static_cast<int64_t>(hopper_bwd_workspace(p)) : 0;
-  const SdpaConfig c = backward ? cudnn::make_config(p, false, false, sm)
+  // A deterministic call's cuDNN graph would hold dP ([B, H, Sq, Skv]): not sized for when
+  // the Hopper backward runs it.
+  if (backward && req.deterministic && choice.backward == FA_BACKEND_HOPPER_BWD) {
+    *bytes = hopper_bwd;
+    return Status::Ok();
+  }
+  const SdpaConfig c = backward ? cudnn::make_bwd_config(p, (backend_flags & kRequestDeterministic) != 0, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   const Status built = cudnn::get_graph(c, backward, device, &g);

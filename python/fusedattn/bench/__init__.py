@@ -21,6 +21,7 @@ BENCHMARKS = {
     "fallback": "the calls cuDNN declines (f32, PRE_SCALE bias, D 512, score_mod + bias) vs XLA, cuDNN",
     "dense_mask": "a causal / window mask passed densely vs the same mask type, and vs jax xla",
     "cp_ring": "the context-parallel ring's schedule simulated on one device (efficiency, speedup)",
+    "deterministic": "deterministic mode's backward vs the default one and jax cudnn (bitwise repeat checked)",
     "multi": "fused_attn sharded over every local device (dp, tp, cp) vs one device",
 }
 SUBCOMMANDS = tuple(BENCHMARKS)

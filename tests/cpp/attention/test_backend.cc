@@ -423,6 +423,62 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_BWD=0")) << c.reason;
 }
 
+// A deterministic call (kRequestDeterministic): the Hopper backward wherever it can run,
+// whatever the measurement says (its ordered dQ, O(S) memory); else cuDNN's deterministic
+// backward; the CUDA flash kernels' backward (float32 atomics) is no backward for it.
+TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
+  const BackendRequest det = request_from_flags(kRequestDeterministic);
+  EXPECT_TRUE(det.deterministic);
+  EXPECT_FALSE(request_from_flags(kRequestMaskBias).deterministic);
+  for (int64_t d : {64, 128}) {
+    AttnParams p = hopper_params();
+    p.head_dim_qk = p.head_dim_v = d;
+    for (int32_t mask : {FA_NO_MASK, FA_CAUSAL_MASK}) {
+      p.mask_type = mask;
+      BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+      EXPECT_EQ(c.backend, FA_BACKEND_CUDNN) << c.reason;
+      EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+      EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
+      // The same call not deterministic: the measurement's verdict (cuDNN or Hopper).
+      const std::string measured = hopper_plain_measured(p, /*backward=*/true);
+      c = select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+      EXPECT_EQ(c.backward, measured.empty() ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN) << c.reason;
+      EXPECT_FALSE(has(c.reason, "deterministic")) << c.reason;
+    }
+  }
+  // A dense mask (no dbias): the Hopper backward, deterministic.
+  AttnParams masked = hopper_params();
+  masked.bias_type = FA_POST_SCALE_BIAS, masked.bias_batch = masked.bias_heads = 1;
+  BackendChoice c = select_backend(masked, FA_PLATFORM_CUDA, h100(),
+                                   request_from_flags(kRequestDeterministic | kRequestMaskBias | kRequestNoDbias),
+                                   BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
+  // Head dim 256 (and FUSEDATTN_HOPPER_BWD=0): cuDNN's deterministic algorithm.
+  AttnParams d256 = hopper_params();
+  d256.head_dim_qk = d256.head_dim_v = 256;
+  c = select_backend(d256, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_TRUE(has(c.reason, "deterministic algorithm")) << c.reason;
+  BackendOptions off;
+  off.hopper_bwd = HopperMode::kOff;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), det, off);
+  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  EXPECT_TRUE(has(c.reason, "deterministic algorithm")) << c.reason;
+  // float32 (the CUDA flash kernels): the forward runs, no deterministic backward.
+  AttnParams f32 = hopper_params();
+  f32.dtype = FA_FLOAT32;
+  c = select_backend(f32, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_NONE);
+  EXPECT_TRUE(c.status.ok()) << c.status.message;
+  EXPECT_TRUE(has(c.reason, "no deterministic backward")) << c.reason;
+  c = select_backend(f32, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  // The CPU engine sums in order always: the flag changes nothing there.
+  c = select_backend(f32, FA_PLATFORM_CPU, PlatformInfo{}, det, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
+}
+
 // Plain calls: the Hopper backward can run them (no score_mod, THD or sinks; head dims 64 and
 // 128); the measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it.
 TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {

@@ -127,3 +127,12 @@ def test_tiny_dense_mask_bench(tmp_path, capsys):
         ("causal", "fwd"), ("causal", "fwd+bwd"), ("window", "fwd"), ("window", "fwd+bwd")]
     for r in rows:
         assert r["ratio_typed"] > 0 and r["ratio_jax"] > 0
+
+
+def test_deterministic_bench_needs_a_gpu(capsys):
+    """On the CPU the engine is deterministic in either mode: the benchmark says so, exit 2
+    (its GPU run: bench/RESULTS.md)."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("runs the benchmark on a GPU")
+    assert cli.main(["bench", "deterministic", "--head-dims", "64"]) == 2
+    assert "needs a GPU" in capsys.readouterr().out

@@ -43,6 +43,12 @@ bool graph_per_slice(const AttnParams& p, const ScoreModSpec* sm) {
          (p.bias_type != FA_NO_BIAS && p.bias_batch == 1);
 }
 
+SdpaConfig make_bwd_config(const AttnParams& p, bool deterministic, const ScoreModSpec* sm) {
+  SdpaConfig c = make_config(p, /*want_max_logit=*/false, /*want_lse=*/false, sm);
+  c.deterministic = deterministic;
+  return c;
+}
+
 SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse,
                        const ScoreModSpec* sm) {
   const LayoutViews l = layout_views(p);

@@ -29,6 +29,10 @@ bool graph_per_slice(const AttnParams& p, const ScoreModSpec* sm = nullptr);
 SdpaConfig make_config(const AttnParams& p, bool want_max_logit, bool want_lse,
                        const ScoreModSpec* sm = nullptr);
 
+// The backward graph of p (make_config's, which the backward ignores the statistics'
+// flags of), with cuDNN's deterministic algorithm when asked (kRequestDeterministic).
+SdpaConfig make_bwd_config(const AttnParams& p, bool deterministic, const ScoreModSpec* sm = nullptr);
+
 // Whether some query row may keep no key, so the forward must be followed by the
 // row fix-up (zero out, lse -inf) and the backward must read the fixed lse.
 bool rows_may_be_empty(const AttnParams& p);

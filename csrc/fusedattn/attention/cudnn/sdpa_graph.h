@@ -59,6 +59,9 @@ struct SdpaConfig {
   // batch extent sm_batch. THD: batch_idx is the graph batch / segments.
   std::vector<int32_t> score_mod;
   int64_t sm_batch = 0, segments = 1;
+  // The backward with cuDNN's deterministic algorithm (a deterministic call: backend.h's
+  // kRequestDeterministic). On sm90 cuDNN then writes dP to a [B, H, Sq, Skv] workspace.
+  bool deterministic = false;
 
   std::vector<int64_t> key() const;
 };
