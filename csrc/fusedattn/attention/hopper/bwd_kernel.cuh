@@ -88,18 +88,16 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 // kDet: waits until *sem reaches turn. A counter that never gets there (a bug in the turn's
-// count) stops the kernel with an error after 10 s instead of hanging the stream.
-__device__ __noinline__ void wait_turn(const int* sem, int turn) {
+// count) stops the kernel after 10 s (a trap: the call fails with a CUDA error) instead of
+// hanging the stream. Inlined and without printf: a call in the kernel (even vprintf's) makes
+// ptxas serialize every wgmma of it (C7510).
+__device__ __forceinline__ void wait_turn(const int* sem, int turn) {
   uint64_t start = 0;
   for (uint32_t spins = 0; ld_acquire(sem) != turn; ++spins) {
     if ((spins & 1023) != 1023) continue;
     const uint64_t now = global_ns();
     if (start == 0) start = now;
-    else if (now - start > 10'000'000'000ull) {
-      printf("fusedattn: the Hopper backward's deterministic dQ waited 10 s for turn %d (counter at "
-             "%d): stopping\n", turn, ld_acquire(sem));
-      __trap();
-    }
+    else if (now - start > 10'000'000'000ull) __trap();
   }
 }
 __device__ __forceinline__ void fence_proxy_async_global() {
