@@ -6,11 +6,16 @@ B * S = 16384, H * D = 2048) three ways in the same run:
   deterministic  the same call traced under fusedattn.deterministic(): the Hopper backward's
                  ordered dQ where it runs (head dims 64, 128), cuDNN's deterministic
                  algorithm elsewhere (head dim 256)
+  det_cudnn      where the Hopper backward took the deterministic call: the same call with it
+                 off (fusedattn._lib.set_hopper_bwd("off") while traced and timed), so
+                 cuDNN's deterministic algorithm runs it (its dP workspace: O(S^2) memory)
   jax_cudnn      jax.nn.dot_product_attention(implementation="cudnn") (jax's default, not
                  deterministic), the anchor of the other tables
 and checks the deterministic gradients bitwise against one more call of the same function
 (the "repeat" column: values of dq that differ, 0 expected; the default's count beside it).
-ratio = default time / deterministic time (< 1: the mode's cost). Needs a GPU (on the CPU
+ratio = default time / deterministic time (< 1: the mode's cost); "x det cudnn" = det_cudnn time
+/ deterministic time (> 1: the Hopper backward's ordered dQ is the faster deterministic
+backward). Needs a GPU (on the CPU
 the engine is deterministic in either mode: nothing to measure).
 """
 
@@ -23,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fusedattn
-from fusedattn import AttnMaskType
+from fusedattn import AttnMaskType, _lib
 
 from . import report
 from .common import run_info, time_fn
@@ -94,19 +99,35 @@ def run(args):
                 row[f"{name}_error"] = str(e).splitlines()[0][:160]
                 continue
             row[f"{name}_ms"] = sec * 1e3
+        if row["det_kernels"].endswith("/hopper") and not args.no_det_cudnn:
+            _lib.set_hopper_bwd("off")  # traced and run with cuDNN's deterministic backward
+            try:
+                with fusedattn.deterministic():
+                    g = jax.jit(jax.grad(_loss(c), argnums=(0, 1, 2)))
+                    jax.block_until_ready(g(*qkvd))
+                sec, _ = time_fn(g, qkvd, repeats=args.repeats)
+                row["det_cudnn_ms"] = sec * 1e3
+                row["repeat_det_cudnn"] = _differ(g, qkvd)
+            except Exception as e:  # e.g. its dP workspace out of memory
+                row["det_cudnn_error"] = str(e).splitlines()[0][:160]
+            finally:
+                _lib.set_hopper_bwd(None)
         row["repeat_det"] = _differ(grads["deterministic"], qkvd)
         row["repeat_default"] = _differ(grads["default"], qkvd)
         if "deterministic_ms" in row and "default_ms" in row:
             row["ratio_default"] = row["default_ms"] / row["deterministic_ms"]
         if "deterministic_ms" in row and "jax_cudnn_ms" in row:
             row["ratio_jax_cudnn"] = row["jax_cudnn_ms"] / row["deterministic_ms"]
+        if "deterministic_ms" in row and "det_cudnn_ms" in row:
+            row["ratio_det_cudnn"] = row["det_cudnn_ms"] / row["deterministic_ms"]
         rows.append(row)
         print(_fmt(row), flush=True)
     return rows
 
 
 _HEADER = (f"{'mask':6} {'D':>3} {'S':>5} {'B':>2} {'H':>2} | {'default':>8} {'determ.':>8} "
-           f"{'cudnn':>8} ms | {'x dflt':>6} {'x cudnn':>7} | {'repeat':>9} | kernels (det)")
+           f"{'det cud':>8} {'cudnn':>8} ms | {'x dflt':>6} {'x detcud':>8} {'x cudnn':>7} | "
+           f"{'repeat':>9} | kernels (det)")
 
 
 def _fmt(r):
@@ -114,11 +135,12 @@ def _fmt(r):
     x = lambda n: f"{r[f'ratio_{n}']:.2f}" if f"ratio_{n}" in r else "-"
     rep = f"{r['repeat_det']}/{r['repeat_default']}"
     return (f"{r['mask']:6} {r['D']:3d} {r['S']:5d} {r['B']:2d} {r['H']:2d} | "
-            f"{ms('default'):>8} {ms('deterministic'):>8} {ms('jax_cudnn'):>8}    | "
-            f"{x('default'):>6} {x('jax_cudnn'):>7} | {rep:>9} | {r['det_kernels']}")
+            f"{ms('default'):>8} {ms('deterministic'):>8} {ms('det_cudnn'):>8} {ms('jax_cudnn'):>8}    | "
+            f"{x('default'):>6} {x('det_cudnn'):>8} {x('jax_cudnn'):>7} | {rep:>9} | {r['det_kernels']}")
 
 
 RATIOS = {"deterministic vs default fusedattn": "ratio_default",
+          "hopper ordered dQ vs cuDNN deterministic": "ratio_det_cudnn",
           "deterministic vs jax cudnn (not deterministic)": "ratio_jax_cudnn"}
 
 
@@ -134,6 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", nargs="+", type=int, default=[4096])
     p.add_argument("--masks", nargs="+", default=["causal", "full"], choices=list(_MASKS))
     p.add_argument("--no-jax", action="store_true", help="skip the jax cuDNN anchor")
+    p.add_argument("--no-det-cudnn", action="store_true",
+                   help="skip cuDNN's deterministic backward where the Hopper one ran")
     p.add_argument("--repeats", type=int, default=5)
     report.add_output_args(p)
     args = p.parse_args(argv)
