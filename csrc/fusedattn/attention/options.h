@@ -51,6 +51,10 @@
 //                                   list of plans, the engines' knobs and the plan built to
 //                                   stderr.
 // Numbers are read as atoll reads them (a value that is no number reads as 0).
+//
+// Not here: FUSEDATTN_DETERMINISTIC=1 (a bitwise repeatable backward) is a property of a call,
+// read by Python when the call is traced (python/fusedattn/determinism.py, also TE's and XLA's
+// switches) and passed as backend.h's kRequestDeterministic, as jax's matmul precision is.
 #pragma once
 
 #include <cstdint>
