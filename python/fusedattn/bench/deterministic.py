@@ -11,7 +11,9 @@ B * S = 16384, H * D = 2048) three ways in the same run:
                  cuDNN's deterministic algorithm runs it (its dP workspace: O(S^2) memory)
   jax_cudnn      jax.nn.dot_product_attention(implementation="cudnn") (jax's default, not
                  deterministic), the anchor of the other tables
-and checks the deterministic gradients bitwise against one more call of the same function
+with each compiled gradient's temporary memory (memory_analysis: cuDNN's deterministic dP
+workspace shows there), and checks the deterministic gradients bitwise against one more call
+of the same function
 (the "repeat" column: values of dq that differ, 0 expected; the default's count beside it).
 ratio = default time / deterministic time (< 1: the mode's cost); "x det cudnn" = det_cudnn time
 / deterministic time (> 1: the Hopper backward's ordered dQ is the faster deterministic
@@ -69,6 +71,15 @@ def _differ(g, args) -> int:
     return int(np.sum(a.view(np.uint16) != b.view(np.uint16)))
 
 
+def _temp_mib(g, args) -> float:
+    """The compiled gradient's temporary memory (XLA's buffers, the kernels' workspaces
+    among them), MiB."""
+    try:
+        return g.lower(*args).compile().memory_analysis().temp_size_in_bytes / 2 ** 20
+    except Exception:  # a backend without memory_analysis
+        return float("nan")
+
+
 def run(args):
     rows = []
     for i, c in enumerate(_cases(args.head_dims, args.seqlens, args.masks)):
@@ -99,6 +110,8 @@ def run(args):
                 row[f"{name}_error"] = str(e).splitlines()[0][:160]
                 continue
             row[f"{name}_ms"] = sec * 1e3
+            if name != "jax_cudnn":
+                row[f"{name}_temp_mib"] = _temp_mib(g, qkvd)
         if row["det_kernels"].endswith("/hopper") and not args.no_det_cudnn:
             _lib.set_hopper_bwd("off")  # traced and run with cuDNN's deterministic backward
             try:
@@ -107,6 +120,7 @@ def run(args):
                     jax.block_until_ready(g(*qkvd))
                 sec, _ = time_fn(g, qkvd, repeats=args.repeats)
                 row["det_cudnn_ms"] = sec * 1e3
+                row["det_cudnn_temp_mib"] = _temp_mib(g, qkvd)
                 row["repeat_det_cudnn"] = _differ(g, qkvd)
             except Exception as e:  # e.g. its dP workspace out of memory
                 row["det_cudnn_error"] = str(e).splitlines()[0][:160]
@@ -127,16 +141,18 @@ def run(args):
 
 _HEADER = (f"{'mask':6} {'D':>3} {'S':>5} {'B':>2} {'H':>2} | {'default':>8} {'determ.':>8} "
            f"{'det cud':>8} {'cudnn':>8} ms | {'x dflt':>6} {'x detcud':>8} {'x cudnn':>7} | "
-           f"{'repeat':>9} | kernels (det)")
+           f"{'repeat':>9} | {'temp MiB: dflt':>14} {'det':>6} {'det cud':>7} | kernels (det)")
 
 
 def _fmt(r):
     ms = lambda n: f"{r[f'{n}_ms']:.3f}" if f"{n}_ms" in r else ("err" if f"{n}_error" in r else "-")
     x = lambda n: f"{r[f'ratio_{n}']:.2f}" if f"ratio_{n}" in r else "-"
     rep = f"{r['repeat_det']}/{r['repeat_default']}"
+    mib = lambda n: f"{r[f'{n}_temp_mib']:.0f}" if f"{n}_temp_mib" in r else "-"
     return (f"{r['mask']:6} {r['D']:3d} {r['S']:5d} {r['B']:2d} {r['H']:2d} | "
             f"{ms('default'):>8} {ms('deterministic'):>8} {ms('det_cudnn'):>8} {ms('jax_cudnn'):>8}    | "
-            f"{x('default'):>6} {x('det_cudnn'):>8} {x('jax_cudnn'):>7} | {rep:>9} | {r['det_kernels']}")
+            f"{x('default'):>6} {x('det_cudnn'):>8} {x('jax_cudnn'):>7} | {rep:>9} | "
+            f"{mib('default'):>6} {mib('deterministic'):>6} {mib('det_cudnn'):>7} | {r['det_kernels']}")
 
 
 RATIOS = {"deterministic vs default fusedattn": "ratio_default",
