@@ -11,14 +11,13 @@ B * S = 16384, H * D = 2048) three ways in the same run:
                  cuDNN's deterministic algorithm runs it (its dP workspace: O(S^2) memory)
   jax_cudnn      jax.nn.dot_product_attention(implementation="cudnn") (jax's default, not
                  deterministic), the anchor of the other tables
-with each compiled gradient's temporary memory (memory_analysis: cuDNN's deterministic dP
-workspace shows there), and checks the deterministic gradients bitwise against one more call
-of the same function
-(the "repeat" column: values of dq that differ, 0 expected; the default's count beside it).
-ratio = default time / deterministic time (< 1: the mode's cost); "x det cudnn" = det_cudnn time
-/ deterministic time (> 1: the Hopper backward's ordered dQ is the faster deterministic
-backward). Needs a GPU (on the CPU
-the engine is deterministic in either mode: nothing to measure).
+with each compiled gradient's temporary memory ("temp MiB", memory_analysis: cuDNN's
+deterministic dP workspace shows there), and checks the deterministic gradients bitwise
+against one more call of the same function ("repeat": dq values that differ, 0 expected; the
+default's count beside it). "x dflt" = default time / deterministic time (< 1: the mode's
+cost); "x detcud" = det_cudnn time / deterministic time (> 1: the Hopper backward's ordered dQ
+is the faster deterministic backward). Needs a GPU (on the CPU the engine is deterministic in
+either mode: nothing to measure).
 """
 
 from __future__ import annotations
