@@ -87,18 +87,19 @@ __device__ __forceinline__ uint64_t global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// kDet: waits until *sem reaches turn. A counter that never gets there (a bug in the turn's
-// count) stops the kernel after 10 s (a trap: the call fails with a CUDA error) instead of
-// hanging the stream. Inlined and without printf: a call in the kernel (even vprintf's) makes
-// ptxas serialize every wgmma of it (C7510).
-__device__ __forceinline__ void wait_turn(const int* sem, int turn) {
+// kDet: waits until *sem reaches turn; false when it gave up after 10 s (a counter that never
+// gets there: a bug in the turn's count), so that the stream does not hang (the caller then
+// makes the result visibly wrong). No trap and no call here: either makes ptxas serialize
+// every wgmma of the kernel (C7518, C7510).
+__device__ __forceinline__ bool wait_turn(const int* sem, int turn) {
   uint64_t start = 0;
   for (uint32_t spins = 0; ld_acquire(sem) != turn; ++spins) {
     if ((spins & 1023) != 1023) continue;
     const uint64_t now = global_ns();
     if (start == 0) start = now;
-    else if (now - start > 10'000'000'000ull) __trap();
+    else if (now - start > 10'000'000'000ull) return false;
   }
+  return true;
 }
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -294,7 +295,10 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         const int rows = mb * kBlockM + (kBlockM == 128 ? 64 * w : 0);
         sem = a.dq_sem + 2 * (((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) / 64) + (kD == 128 ? w : 0);
         const int turn = kShared ? 2 * turn_of(h, mb) + w : turn_of(h, mb);
-        wait_turn(sem, turn);
+        if (!wait_turn(sem, turn)) {  // gave up: this part adds NaN, so dQ's rows show it
+          for (int i = 0; i < 64 * 64; ++i) sm.dq[w][i] = __int_as_float(0x7fc00000);
+          fence_proxy_async();
+        }
         fence_proxy_async_global();
       }
       bulk_reduce_add(pending, sm.dq[w], 64 * 64 * 4);
