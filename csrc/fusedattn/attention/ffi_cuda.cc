@@ -729,7 +729,7 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
     *bytes = hopper_bwd;
     return Status::Ok();
   }
-  const SdpaConfig c = backward ? cudnn::make_bwd_config(p, (backend_flags & kRequestDeterministic) != 0, sm)
+  const SdpaConfig c = backward ? cudnn::make_bwd_config(p, req.deterministic, sm)
                                 : cudnn::make_config(p, want_max_logit, want_lse, sm);
   std::shared_ptr<const cudnn::BuiltGraph> g;
   const Status built = cudnn::get_graph(c, backward, device, &g);

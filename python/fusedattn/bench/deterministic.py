@@ -127,12 +127,9 @@ def run(args):
                 _lib.set_hopper_bwd(None)
         row["repeat_det"] = _differ(grads["deterministic"], qkvd)
         row["repeat_default"] = _differ(grads["default"], qkvd)
-        if "deterministic_ms" in row and "default_ms" in row:
-            row["ratio_default"] = row["default_ms"] / row["deterministic_ms"]
-        if "deterministic_ms" in row and "jax_cudnn_ms" in row:
-            row["ratio_jax_cudnn"] = row["jax_cudnn_ms"] / row["deterministic_ms"]
-        if "deterministic_ms" in row and "det_cudnn_ms" in row:
-            row["ratio_det_cudnn"] = row["det_cudnn_ms"] / row["deterministic_ms"]
+        for name in ("default", "jax_cudnn", "det_cudnn"):  # anchor time / deterministic time
+            if "deterministic_ms" in row and f"{name}_ms" in row:
+                row[f"ratio_{name}"] = row[f"{name}_ms"] / row["deterministic_ms"]
         rows.append(row)
         print(_fmt(row), flush=True)
     return rows
