@@ -117,7 +117,6 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
   if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
-  if (p.softmax_type != FA_VANILLA_SOFTMAX) return "its backward takes no sinks (softmax_type)";
   if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
     return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
   if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";

@@ -401,6 +401,10 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.mask_bias = true;
     bp.mask_value = fa_masked_bias_value(p.dtype);
   }
+  if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {  // its gradient (off-by-one's logit has none)
+    bp.sinks = t.softmax_offset, bp.dsinks = t.dsoftmax_offset;
+    bp.sink_rows = p.batch / std::max<int64_t>(p.num_slices, 1);
+  }
   bp.workspace = workspace;
   bp.deterministic = deterministic;
   return bp;
@@ -431,6 +435,9 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
   FA_RETURN_IF_NOT_OK(memset_async(t.dbias, t.dbias ? dbias_bytes : 0, stream, "cudaMemsetAsync(dbias)"));
+  if (!bp.dsinks)  // a d softmax_offset no sink gradient fills (off-by-one): zeros
+    FA_RETURN_IF_NOT_OK(memset_async(t.dsoftmax_offset, t.dsoftmax_offset ? p.batch * p.heads_q * 4 : 0, stream,
+                                     "cudaMemsetAsync(dsoftmax_offset)"));
   return hopper::flash_bwd(bp, stream);
 }
 

@@ -408,9 +408,13 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d256, req, h100()), "head dims 64 and 128"));
+  // Sinks: the lse holds the extra logit, and a learnable one's gradient comes from the rows'
+  // D (FlashBwdParams::dsinks).
   AttnParams sinks = p;
-  sinks.softmax_type = FA_OFF_BY_ONE_SOFTMAX;
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(sinks, req, h100()), "sinks"));
+  for (int32_t type : {FA_OFF_BY_ONE_SOFTMAX, FA_LEARNABLE_SOFTMAX}) {
+    sinks.softmax_type = type;
+    EXPECT_EQ(hopper_bwd_unsupported_reason(sinks, req, h100()), "");
+  }
   // Either forward's lse serves it: the forward on cuDNN, the backward still Hopper's;
   // FUSEDATTN_HOPPER_BWD=0 keeps it off.
   BackendOptions off;
@@ -479,7 +483,7 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
   expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
 }
 
-// Plain calls: the Hopper backward can run them (no score_mod, THD or sinks; head dims 64 and
+// Plain calls: the Hopper backward can run them (no score_mod or THD; head dims 64 and
 // 128); the measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it.
 TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   const AttnParams plain = hopper_params();

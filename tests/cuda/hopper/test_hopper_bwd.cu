@@ -3,8 +3,8 @@
 // query row for the forward and dQ, one a key for dK and dV) on fresh random inputs, with
 // dq, dk and dv poisoned (NaN) before the run so an unwritten element shows. Cases: full,
 // causal top-left / bottom-right (rows that keep nothing among them), windows, GQA / MQA,
-// BSHD and BHSD strides, ragged lengths, padding, bf16 and fp16. Skipped without an sm_90
-// device.
+// BSHD and BHSD strides, ragged lengths, padding, learnable sinks (their gradient too), bf16
+// and fp16. Skipped without an sm_90 device.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -37,6 +37,9 @@ struct Rule {
       *q_len = ql < 0 ? 0 : ql > p.seqlen_q ? p.seqlen_q : ql;
       *kv_len = kl < 0 ? 0 : kl > p.seqlen_kv ? p.seqlen_kv : kl;
     }
+  }
+  __device__ float sink(int64_t b, int64_t h) const {  // -inf: none
+    return p.sinks ? p.sinks[(b / p.sink_rows) * p.heads_q + h] : -INFINITY;
   }
   template <class T>
   __device__ float bias(int64_t b, int64_t h, int64_t i, int64_t j) const {  // the dense mask's value
@@ -79,10 +82,11 @@ __global__ void ref_forward(Rule r, float* lse, float* dsum) {
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
   const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q, b = idx / (p.seqlen_q * p.heads_q);
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  float m = -INFINITY;
+  const float sink = r.sink(b, h);  // an extra logit with no value
+  float m = sink;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
     if (r.kept<T>(b, h, i, j)) m = fmaxf(m, r.score<T>(b, h, i, j));
-  float acc[128] = {}, l = 0.0f;
+  float acc[128] = {}, l = sink == -INFINITY ? 0.0f : expf(sink - m);
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!r.kept<T>(b, h, i, j)) continue;
     const float e = expf(r.score<T>(b, h, i, j) - m);
@@ -100,6 +104,18 @@ __global__ void ref_forward(Rule r, float* lse, float* dsum) {
   }
   lse[idx] = l > 0.0f ? m + logf(l) : -INFINITY;
   dsum[idx] = ds;
+}
+
+// d sink of (b, h): -sum_i exp(sink - lse_i) D_i.
+__global__ void ref_dsink(Rule r, const float* lse, const float* dsum, float* dsink) {
+  const FlashBwdParams& p = r.p;
+  const int64_t bh = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (bh >= p.batch * p.heads_q) return;
+  const float sink = r.sink(bh / p.heads_q, bh % p.heads_q);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < p.seqlen_q; ++i)
+    if (lse[bh * p.seqlen_q + i] != -INFINITY) acc += expf(sink - lse[bh * p.seqlen_q + i]) * dsum[bh * p.seqlen_q + i];
+  dsink[bh] = -acc;
 }
 
 // dQ of a row: scale sum_j P_ij (dP_ij - D_i) K_j.
@@ -157,6 +173,7 @@ struct Case {
   bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
   bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
   bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
+  int sink_slices = 0;  // learnable sinks [sink_slices, Hq] (0: none), dsinks [B, Hq] checked
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -236,6 +253,18 @@ void run_case(const Case& cs) {
     p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
     p.bias_b = cs.mask_b ? mh * cs.Sq * cs.Skv : 0;
   }
+  float *sinks = nullptr, *dsinks = nullptr, *rsinks = nullptr;
+  const int64_t bh = int64_t{cs.B} * cs.Hq;
+  if (cs.sink_slices) {
+    std::vector<float> h(int64_t{cs.sink_slices} * cs.Hq);
+    for (size_t x = 0; x < h.size(); ++x) h[x] = -2.0f + 0.7f * float(x % 7);  // some above the scores
+    CUDA_OK(cudaMalloc(&sinks, h.size() * 4));
+    CUDA_OK(cudaMemcpy(sinks, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&dsinks, bh * 4));
+    CUDA_OK(cudaMemset(dsinks, 0xff, bh * 4));  // NaN: written by the kernel
+    CUDA_OK(cudaMalloc(&rsinks, bh * 4));
+    p.sinks = sinks, p.dsinks = dsinks, p.sink_rows = cs.B / cs.sink_slices;
+  }
   const Rule rule{p};
   ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
   CUDA_OK(cudaGetLastError());
@@ -250,6 +279,7 @@ void run_case(const Case& cs) {
   ASSERT_TRUE(st.ok()) << st.message;
   ref_dq<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum, rq);
   ref_dkv<T><<<(keys + 127) / 128, 128>>>(rule, lse, dsum, rk, rv);
+  if (sinks) ref_dsink<<<(bh + 127) / 128, 128>>>(rule, lse, dsum, rsinks);
   CUDA_OK(cudaDeviceSynchronize());
 
   // Each gradient against its reference ([B, H, S, D] by row index; ours through the
@@ -280,6 +310,19 @@ void run_case(const Case& cs) {
   check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
   check("dk", dk_at, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
   check("dv", dv_at, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  if (sinks) {  // D from the stored (rounded) output against the reference's exact one: dq's rule
+    std::vector<float> got(bh), want(bh);
+    ASSERT_EQ(cudaMemcpy(got.data(), dsinks, bh * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(want.data(), rsinks, bh * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    double big = 0, err = 0;
+    for (float x : want) big = std::max(big, double(std::fabs(x)));
+    for (int64_t x = 0; x < bh; ++x) {
+      EXPECT_TRUE(std::isfinite(got[x])) << "dsink " << x;
+      EXPECT_NEAR(got[x], want[x], tol * std::max(1.0, big)) << "dsink " << x;
+      err = std::max(err, double(std::fabs(got[x] - want[x])));
+    }
+    printf("  dsink: max err %.3g of max |ref| %.3g\n", err, big);
+  }
   if (cs.deterministic) {  // the same dq, bit for bit, from fresh scratch
     std::vector<T> first(nq), again(nq);
     ASSERT_EQ(cudaMemcpy(first.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -294,7 +337,8 @@ void run_case(const Case& cs) {
     }
   }
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
-                  (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask})
+                  (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask,
+                  (void*)sinks, (void*)dsinks, (void*)rsinks})
     cudaFree(t);
 }
 
@@ -361,6 +405,14 @@ std::vector<Case> cases() {
        .mask_h = true, .deterministic = true});
   add({.name = "det_long", .causal = true, .B = 1, .Sq = 2048, .Skv = 2048, .Hq = 2, .Hkv = 2,
        .deterministic = true});
+  // Learnable sinks: dQ, dK, dV from the lse that holds the sink, and its gradient; rows that
+  // keep only the sink (padding, a bottom-right edge), per-slice sinks (vmap).
+  add({.name = "sink_causal", .causal = true, .sink_slices = 1});
+  add({.name = "sink_padding_gqa_slices", .causal = true, .B = 4, .Hq = 6, .Hkv = 2, .q_lens = {256, 100, 0, 77},
+       .kv_lens = {200, 256, 17, 0}, .sink_slices = 2});
+  add({.name = "sink_d64_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 320, .Skv = 200,
+       .sink_slices = 1});
+  add({.name = "sink_det_mask", .Sq = 700, .Skv = 640, .mask = 2, .deterministic = true, .sink_slices = 1});
   return c;
 }
 

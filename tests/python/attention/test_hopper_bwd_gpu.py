@@ -129,3 +129,32 @@ def test_plain_calls_follow_the_backward_measurement(key, S):
     grads = jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
     assert (_lib.hopper_bwd_launches() > before) == (info.backward == "hopper"), info
     assert not any(np.isnan(np.asarray(g, np.float32)).any() for g in grads)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("softmax,mask", [
+    (fusedattn.SoftmaxType.LEARNABLE_SOFTMAX, AttnMaskType.CAUSAL_MASK),
+    (fusedattn.SoftmaxType.LEARNABLE_SOFTMAX, AttnMaskType.NO_MASK),
+    (fusedattn.SoftmaxType.OFF_BY_ONE_SOFTMAX, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK)],
+    ids=["learnable-causal", "learnable-full", "off-by-one-bottom-right"])
+def test_sink_gradients(key, hopper_bwd, dtype, softmax, mask):
+    """Sinks: dq, dk, dv from the lse that holds the extra logit, and a learnable offset's
+    gradient (-sum exp(sink - lse) D, per batch entry, summed) against the reference; a
+    bottom-right mask with Sq < Skv. (Rows that keep only the sink, Sq > Skv bottom-right, are
+    no Hopper call: its forward declines them; the kernel tests cover them.)"""
+    learnable = softmax == fusedattn.SoftmaxType.LEARNABLE_SOFTMAX
+    Sq, Skv = (512, 640) if mask == AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK else (512, 512)
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, 2, 2.0)
+    off = jnp.linspace(-1.0, 3.0, q.shape[2]).astype(jnp.float32)  # some above the scores
+
+    def ours(q, k, v, *o):
+        return fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                    softmax_type=softmax, softmax_offset=o[0] if o else None)
+
+    def ref(q, k, v, *o):
+        return fusedattn.attention_reference(
+            q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+            attn_mask_type=mask, softmax_type=softmax, softmax_offset=o[0] if o else None)
+
+    args = (q, k, v, off) if learnable else (q, k, v)
+    check_hopper_bwd(ours, ref, args, dout)

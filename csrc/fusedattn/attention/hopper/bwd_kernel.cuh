@@ -195,7 +195,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   constexpr int kSpans = kD / 64;
   using Smem = BwdSmem<kD, kBlockM>;
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  const int n = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  // kDet with a right edge (causal, a window's right side) takes the parts in descending
+  // key-block order (turn_of): the blocks launch from the last key block down, so that a
+  // block still waits only on blocks launched before it.
+  constexpr bool kDescending = kDet && kCausal;
+  const int n = kDescending ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
   const int blocks = max(0, tile.m_end - tile.m_begin);
@@ -269,6 +274,22 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // minus lo_diag is at or past mb's first row) and, with a dense mask, keep a key of it
   // (class bit 0, as next() skips: a tile whose keys the mask all drops is class 2).
   auto turn_of = [&](int h, int mb) {
+    if constexpr (kDescending) {
+      // The parts added before this block's: the key blocks n' > n that reach mb. Those run
+      // up to hi, the last block holding a key (kv_len) whose first key the right edge lets
+      // mb's last row see (n' 128 <= (mb + 1) kBlockM - 1 + diag); a window's left edge
+      // lets every n' > n see mb, as it lets n (its last key only grows with n').
+      const int last = (tile.kv_len + BwdDims::kBlockN - 1) / BwdDims::kBlockN - 1;
+      const long long edge = static_cast<long long>(mb + 1) * kBlockM - 1 + tile.diag;
+      const int hi = edge < 0 ? -1 : static_cast<int>(min(static_cast<long long>(last), edge / BwdDims::kBlockN));
+      int after = max(0, hi - n);
+      if constexpr (kDense) {
+        after = 0;
+        const uint8_t* row = a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n;
+        for (int x = n + 1; x <= hi; ++x) after += row[x] & 1;
+      }
+      return after;
+    }
     int lo = 0;
     if (tile.lo_diag != kNoEdge) {
       const long long need = static_cast<long long>(mb) * kBlockM + tile.lo_diag - (BwdDims::kBlockN - 1);

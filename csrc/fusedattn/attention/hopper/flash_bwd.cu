@@ -88,6 +88,30 @@ __global__ void bwd_rows(const T* out, const T* dout, const float* lse, FlashBwd
   }
 }
 
+// d sink [B, Hq] = -sum_i exp(sink - lse_i) D_i: a block a (batch, head), its rows' terms
+// summed by thread (rows t, t + 256, ...), then across the warp and the warps in a fixed
+// order (repeatable). Rows whose lse is -inf (nothing kept, not even the sink: sink -inf)
+// add nothing; a row whose lse is the sink (it kept only the sink) adds D_i exactly.
+__global__ void bwd_sink_grad(const float* lse, FlashBwdParams p, int64_t pad, const float* dsum) {
+  __shared__ float warp_sums[8];
+  const int64_t bh = blockIdx.x, h = bh % p.heads_q, b = bh / p.heads_q;
+  const float sink = p.sinks[(b / p.sink_rows) * p.heads_q + h];
+  float acc = 0.0f;
+  for (int64_t s = threadIdx.x; s < p.seqlen_q; s += blockDim.x) {
+    const float l = lse[b * p.l_b + h * p.l_h + s * p.l_s];
+    if (l == -INFINITY) continue;
+    acc += (sink == l ? 1.0f : expf(sink - l)) * dsum[bh * pad + s];
+  }
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < 8; ++w) total += warp_sums[w];
+    p.dsinks[bh] = -total;
+  }
+}
+
 // dQ = scale * the accumulator, to dq's dtype and strides: a thread block a 64-row block of a
 // (batch, head). It reads the block's kD * 64 floats in order (a float4 a thread and step:
 // bwd_dq_index's (row, col .. col + 1) and (row + 8, col .. col + 1)), converts them into a
@@ -171,6 +195,8 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (p.bias_batch * p.bias_heads > 65535 || (p.seqlen_q + 63) / 64 > 65535)
       return "a dense mask's classes take at most 65535 (batch, head) planes and query blocks";
   }
+  if (p.dsinks && (!p.sinks || p.sink_rows <= 0 || p.batch % p.sink_rows != 0))
+    return "dsinks needs sinks and sink_rows dividing the batch";
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
   return "";
 }
@@ -202,6 +228,10 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.bf16) rows_kernel(__nv_bfloat16{});
   else rows_kernel(__half{});
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.dsinks) {
+    bwd_sink_grad<<<static_cast<unsigned>(p.batch * p.heads_q), 256, 0, stream>>>(p.lse, p, pad, dsum);
+    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
 
   BwdArgs a{};
   const int64_t D = p.head_dim;

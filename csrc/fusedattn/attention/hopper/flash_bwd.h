@@ -50,6 +50,13 @@ struct FlashBwdParams {
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // A learnable sink (softmax_type LEARNABLE: an extra logit sinks[slice, h] a row, with no
+  // value): the lse already holds it, so dQ, dK and dV are the plain ones; dsinks [B, Hq]
+  // (null: not wanted) gets its gradient -sum_i exp(sink - lse_i) D_i, each (b, h)'s rows
+  // summed in a fixed order. Batch entry b reads slice b / sink_rows.
+  const float* sinks = nullptr;
+  int64_t sink_rows = 1;
+  float* dsinks = nullptr;
   // Bitwise repeatable dQ: each 64-row block's parts are added in the key blocks' order
   // (a counter a block in the workspace; a block waits for the ones before it). dK and dV
   // are repeatable either way.
