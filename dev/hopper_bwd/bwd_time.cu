@@ -8,6 +8,7 @@
 // the sum and the sum of |x| of dq, dk and dv: two builds of the kernel must print the same
 // (dk / dv bitwise; dq to rounding, its atomics add in any order), and how many dq values
 // one more call changes (FA_DETERMINISTIC=1: FlashBwdParams::deterministic, 0 expected).
+// FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -83,9 +84,10 @@ int main(int argc, char** argv) {
     p.causal = false, p.left_bound = false;
   }
   p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
+  if (getenv("FA_SOFTCAP")) p.softcap = static_cast<float>(atof(getenv("FA_SOFTCAP")));
   void* ws;
   cudaMalloc(&ws, flash_bwd_workspace_bytes(p));
-  p.workspace = ws;
+  p.workspace = ws, p.workspace_bytes = flash_bwd_workspace_bytes(p);
   const std::string why = flash_bwd_unsupported(p, 90);
   if (!why.empty()) {
     fprintf(stderr, "unsupported: %s\n", why.c_str());
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   int64_t differ = 0;
   for (int64_t i = 0; i < nq; ++i)
     differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
-  printf("%s", p.deterministic ? "[deterministic] " : "");
+  printf("%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "");
   printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,

@@ -368,11 +368,12 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
   return cuda::cuda_status(cudaMemsetAsync(p, 0, bytes, stream), what);
 }
 
-// The Hopper flash backward's parameters for a call select_backend() gave it (a plain call
-// or a dense mask with no dbias); workspace: its scratch, 256-byte aligned (null: sizing
-// only); deterministic: its ordered dQ (kRequestDeterministic).
+// The Hopper flash backward's parameters for a call select_backend() gave it (a plain call,
+// softcap's (form), or a dense mask with no dbias); workspace: its scratch, 256-byte aligned
+// (null: sizing only) of workspace_bytes; deterministic: its ordered dQ (kRequestDeterministic).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
-                                         bool deterministic) {
+                                         int64_t workspace_bytes, bool deterministic,
+                                         const ScoreModForm& form = {}) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
   bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
@@ -405,7 +406,12 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.sinks = t.softmax_offset, bp.dsinks = t.dsoftmax_offset;
     bp.sink_rows = p.batch / std::max<int64_t>(p.num_slices, 1);
   }
+  if (form.kind == ScoreModKind::kSoftcap) {  // as the forward: k1 tanh(k2 scale q.k)
+    bp.softcap = form.softcap_k1;
+    bp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
+  }
   bp.workspace = workspace;
+  bp.workspace_bytes = workspace_bytes;
   bp.deterministic = deterministic;
   return bp;
 }
@@ -415,13 +421,14 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
 // with room for the deterministic dQ's counters (8 bytes a 64-row block) either way.
 size_t hopper_bwd_workspace(const AttnParams& p) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
-             hopper_bwd_params(p, AttnTensors{}, nullptr, /*deterministic=*/true))) + 255;
+             hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true))) + 255;
 }
 
 // Runs the Hopper flash backward, which select_backend() chose (a dense mask's dbias, not
 // wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
-                  ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic) {
+                  ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
+                  const ScoreModForm& form) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   const size_t need = hopper_bwd_workspace(p);
@@ -429,8 +436,10 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the Hopper backward needs " + std::to_string(need));
   const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+  const uintptr_t aligned = (u + 255) / 256 * 256;
   const hopper::FlashBwdParams bp =
-      hopper_bwd_params(p, t, reinterpret_cast<void*>((u + 255) / 256 * 256), deterministic);
+      hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
+                        static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, form);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
@@ -550,13 +559,13 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
                                  stream, fs.args, (attrs.backend_flags & kRequestDropoutBroadcast) != 0);
   }
-  if (choice.backward == FA_BACKEND_HOPPER_BWD)
-    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic);
-  // cuDNN computes no operand gradient: zeros (attention.py takes XLA's).
+  // cuDNN and the Hopper backward compute no operand gradient: zeros (attention.py takes XLA's).
   const int64_t n_dop = sm.call && sm.call->doperands ? p.num_slices * sm.call->sm.total_size() : 0;
   if (n_dop > 0)
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
+  if (choice.backward == FA_BACKEND_HOPPER_BWD)
+    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic, req.score_mod);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
@@ -711,11 +720,17 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                             bool backward, int32_t backend_flags, int64_t* bytes,
                             const cudnn::ScoreModSpec* sm) {
-  // The workspace holds the cuDNN graph's temporaries or the flash kernels' tables and
-  // program (and the Hopper forward's THD tables), so the score_mod's form does not matter here, only
-  // that there is one.
+  // The workspace holds the cuDNN graph's temporaries, the flash kernels' tables and
+  // program, the Hopper forward's THD tables or the Hopper backward's scratch: the
+  // score_mod's form decides as in the handlers (softcap's backward runs the Hopper kernel);
+  // a program that does not decode is sized as a general one (cuDNN's graph).
   BackendRequest req;
-  if (sm) req.score_mod.kind = ScoreModKind::kOther;
+  if (sm) {
+    req.score_mod.kind = ScoreModKind::kOther;
+    ScoreMod decoded;
+    const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
+    if (decode_score_mod(sm->attr, sm->n, ext, &decoded).ok()) req.score_mod = recognize_score_mod(&decoded);
+  }
   BackendChoice choice;
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice, &info, &req));

@@ -1,11 +1,14 @@
 """python -m fusedattn bench score_mod: flex attention (score_mod) beside plain attention.
 
 docs/BENCH.md's flex grid: softcap (tanh(s / 50) * 50) and ALiBi (per-head slopes) at
-head dim 128, causal, forward and forward+backward, beside fused_attn without score_mod
-(the same mask) and beside XLA running the same fn on materialized scores (the
-reference path). The GPU grid is S 4096 and 16384 (B * S = 16384 tokens, H = 16, bf16);
-the CPU grid is smaller (B = 1, H = 4, S 512 and 1024, float32). ratio_plain = plain time /
-score_mod time (goal on the GPU: >= 0.85); vs_xla = XLA time / ours (goal: >= 3).
+head dim 128 (--head-dims), causal, forward and forward+backward, beside fused_attn without
+score_mod (the same mask) and beside XLA running the same fn on materialized scores (the
+reference path). The GPU grid is S 4096 and 16384 (--seqlens; B * S = 16384 tokens, H = 2048
+/ D, bf16); the CPU grid is smaller (B = 1, H = 4, S 512 and 1024, float32). ratio_plain =
+plain time / score_mod time (goal on the GPU: >= 0.85; issue 25's for softcap and ALiBi
+forward+backward: >= 0.95); vs_xla = XLA time / ours (goal: >= 3). Where the Hopper
+backward runs softcap's gradients, softcap's forward+backward is timed again with it off
+(cuDNN's backward: the softcap_cudnn_bwd column, the same run's anchor for that kernel).
 Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
@@ -32,10 +35,12 @@ def alibi(s, b, h, q, k, slopes):
     return s - slopes * (q - k).astype(jnp.float32)
 
 
-def _cases(gpu):
+def _cases(gpu, head_dims, seqlens):
     if gpu:
-        return [dict(S=S, B=16384 // S, H=16, D=128, dtype=jnp.bfloat16) for S in (4096, 16384)]
-    return [dict(S=S, B=1, H=4, D=128, dtype=jnp.float32) for S in (512, 1024)]
+        return [dict(S=S, B=max(1, 16384 // S), H=2048 // D, D=D, dtype=jnp.bfloat16)
+                for D in head_dims for S in (seqlens or (4096, 16384))]
+    return [dict(S=S, B=1, H=4, D=D, dtype=jnp.float32) for D in head_dims
+            for S in (seqlens or (512, 1024))]
 
 
 def _impls(c):
@@ -71,7 +76,7 @@ def _xla(q, k, v, fn, ops):
 def run(args):
     gpu = jax.default_backend() == "gpu"
     rows = []
-    for i, c in enumerate(_cases(gpu)):
+    for i, c in enumerate(_cases(gpu, args.head_dims, args.seqlens)):
         ks = jax.random.split(jax.random.PRNGKey(i), 4)
         shape = (c["B"], c["S"], c["H"], c["D"])
         q, k, v, do = (jax.random.normal(kk, shape, jnp.float32).astype(c["dtype"]) for kk in ks)
@@ -86,16 +91,25 @@ def run(args):
                     fn, fargs = jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, do)
                 else:
                     fn, fargs = jax.jit(f), (q, k, v)
-                launches = _lib.hopper_fwd_launches()
+                launches, bwd_launches = _lib.hopper_fwd_launches(), _lib.hopper_bwd_launches()
                 row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
-                # whether its forward ran fusedattn's Hopper kernel (attention/hopper)
+                # whether its forward / backward ran fusedattn's Hopper kernels (attention/hopper)
                 row[f"{name}_hopper_fwd"] = _lib.hopper_fwd_launches() > launches
+                row[f"{name}_hopper_bwd"] = _lib.hopper_bwd_launches() > bwd_launches
+                if name == "softcap" and row["softcap_hopper_bwd"]:
+                    _lib.set_hopper_bwd("off")  # the same compiled function, cuDNN's backward
+                    try:
+                        row["softcap_cudnn_bwd_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
+                    finally:
+                        _lib.set_hopper_bwd(None)
             slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
             for name, fn_, ops in (("softcap", softcap, ()), ("alibi", alibi, (slopes,))):
                 # which backend ran it (a fallback to the reference must show in the table)
                 row[f"{name}_backend"] = fusedattn.get_backend(
                     (q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK, score_mod=fn_,
                     score_mod_operands=ops, is_training=mode != "fwd").name
+            if "softcap_cudnn_bwd_ms" in row:
+                row["softcap_vs_cudnn_bwd"] = row["softcap_cudnn_bwd_ms"] / row["softcap_ms"]
             for name in ("softcap", "alibi"):
                 row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
                 if f"{name}_xla_ms" in row:
@@ -108,10 +122,13 @@ def run(args):
 def _fmt(r):
     g = lambda k, f="{:.2f}": f.format(r[k]) if k in r else "-"
     # the backend get_backend names, and "fwd hopper" when the forward ran attention/hopper
-    b = lambda n: r.get(f"{n}_backend", "-") + (", fwd hopper" if r.get(f"{n}_hopper_fwd") else "")
-    return (f"S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | softcap "
-            f"[{b('softcap')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
-            f"plain, {g('softcap_vs_xla')}x xla) | alibi [{b('alibi')}] "
+    b = lambda n: (r.get(f"{n}_backend", "-") + (", fwd hopper" if r.get(f"{n}_hopper_fwd") else "")
+                   + (", bwd hopper" if r.get(f"{n}_hopper_bwd") else ""))
+    cudnn_bwd = (f"; with cuDNN's backward {g('softcap_cudnn_bwd_ms')} ms, "
+                 f"{g('softcap_vs_cudnn_bwd')}x" if "softcap_cudnn_bwd_ms" in r else "")
+    return (f"D {r['D']:3d} S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | "
+            f"softcap [{b('softcap')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
+            f"plain, {g('softcap_vs_xla')}x xla{cudnn_bwd}) | alibi [{b('alibi')}] "
             f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
 
 
@@ -121,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--xla-max-seq", type=int, default=4096)
+    p.add_argument("--head-dims", nargs="+", type=int, default=[128])
+    p.add_argument("--seqlens", nargs="+", type=int, default=None,
+                   help="default: 4096 16384 on the GPU, 512 1024 on the CPU")
     report.add_output_args(p)
     args = p.parse_args(argv)
     info = run_info()
@@ -129,6 +149,7 @@ def main(argv=None) -> int:
     report.finish("score_mod", args, dict(info=info, rows=rows), rows,
                   {"softcap vs plain fused_attn": "softcap_vs_plain",
                    "alibi vs plain fused_attn": "alibi_vs_plain",
-                   "softcap vs xla": "softcap_vs_xla", "alibi vs xla": "alibi_vs_xla"},
-                  lambda r: f"S{r['S']} B{r['B']} {r['mode']}")
+                   "softcap vs xla": "softcap_vs_xla", "alibi vs xla": "alibi_vs_xla",
+                   "softcap: Hopper backward vs cuDNN's": "softcap_vs_cudnn_bwd"},
+                  lambda r: f"D{r['D']} S{r['S']} B{r['B']} {r['mode']}")
     return 0

@@ -257,9 +257,14 @@ TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
       p.mask_type = mask;
       const BackendChoice c =
           select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{});
-      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+      // softcap's backward runs the Hopper kernel too (tanh's derivative in the kernel);
+      // ALiBi's stays cuDNN's.
+      const bool softcap = kind == ScoreModKind::kSoftcap;
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD,
+                     softcap ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
       EXPECT_TRUE(has(c.reason, "forward hopper")) << c.reason;
-      EXPECT_TRUE(has(c.reason, "backward cudnn")) << c.reason;
+      EXPECT_TRUE(has(c.reason, softcap ? "backward hopper" : "backward cudnn")) << c.reason;
+      if (softcap) EXPECT_TRUE(has(c.reason, "with softcap in the kernel")) << c.reason;
       EXPECT_TRUE(has(c.reason, kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi")) << c.reason;
     }
   }
@@ -273,7 +278,7 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
     p.head_dim_qk = p.head_dim_v = d;
     expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
                                   BackendOptions{}),
-                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, d == 64 ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
     p.mask_type = FA_CAUSAL_MASK, p.seqlen_q = p.seqlen_kv = 16384;
     const std::string measured = hopper_plain_measured(p);
     const std::string name = "head dim " + std::to_string(d);
@@ -298,7 +303,7 @@ TEST(SelectBackend, HopperForwardTakesSinks) {
     p.softmax_type = type;
     expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
                                   BackendOptions{}),
-                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     PlatformInfo old = h100();
     old.cudnn_version = 91200;
     const BackendChoice c =
@@ -502,11 +507,19 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   thd.layout = FA_THD_THD_THD;
   thd.max_segments = 2;
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(thd, BackendRequest{}, h100()), "THD")) << thd.layout;
-  BackendRequest softcap;
-  softcap.score_mod.kind = ScoreModKind::kSoftcap;
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, softcap, h100()), "score_mod"));
-  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), softcap, always);
+  // softcap: always the Hopper backward (no table); ALiBi and other programs: cuDNN's.
+  EXPECT_EQ(hopper_bwd_unsupported_reason(plain, with(ScoreModKind::kSoftcap), h100()), "");
+  BackendOptions off;
+  off.hopper_bwd = HopperMode::kOff;
+  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap), BackendOptions{});
+  EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap), off);
   EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  for (ScoreModKind kind : {ScoreModKind::kAlibi, ScoreModKind::kOther}) {
+    EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, with(kind), h100()), "score_mod"));
+    c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(kind), always);
+    EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+  }
   AttnParams d256 = plain;
   d256.head_dim_qk = d256.head_dim_v = 256;
   EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_CUDNN);
@@ -536,7 +549,7 @@ TEST(SelectBackend, HopperForwardReturnsMaxLogit) {
   AttnParams p = hopper_params();
   EXPECT_EQ(hopper_fwd_unsupported_reason(p, req, h100()), "");
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
-                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
 }
 
 TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
@@ -544,16 +557,20 @@ TEST(SelectBackend, HopperForwardServesPackedLayoutsAndFloat16) {
   p.layout = FA_BS3HD, p.heads_kv = p.heads_q, p.dtype = FA_FLOAT16;
   const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(),
                                          with(ScoreModKind::kSoftcap), BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
 }
 
 TEST(SelectBackend, OptionsForceCudnnOverHopper) {
   BackendOptions off;
   off.hopper_fwd = HopperMode::kOff;
-  const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
-                                         with(ScoreModKind::kSoftcap), off);
-  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(),
+                                   with(ScoreModKind::kSoftcap), off);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_BWD);  // each its own switch
   EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_FWD=0")) << c.reason;
+  off.hopper_bwd = HopperMode::kOff;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap), off);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  EXPECT_TRUE(has(c.reason, "FUSEDATTN_HOPPER_BWD=0")) << c.reason;
 }
 
 // Each call the Hopper forward does not take runs cuDNN both ways, and the reason says why.
@@ -676,7 +693,8 @@ TEST(SelectBackend, HopperForwardTakesSlidingWindows) {
     p.mask_type = mask, p.window_left = left, p.window_right = right;
     for (ScoreModKind kind : {ScoreModKind::kNone, ScoreModKind::kSoftcap}) {
       const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), always);
-      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD,
+                     kind == ScoreModKind::kSoftcap ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
     }
   }
 }

@@ -3,8 +3,8 @@
 // query row for the forward and dQ, one a key for dK and dV) on fresh random inputs, with
 // dq, dk and dv poisoned (NaN) before the run so an unwritten element shows. Cases: full,
 // causal top-left / bottom-right (rows that keep nothing among them), windows, GQA / MQA,
-// BSHD and BHSD strides, ragged lengths, padding, learnable sinks (their gradient too), bf16
-// and fp16. Skipped without an sm_90 device.
+// BSHD and BHSD strides, ragged lengths, padding, learnable sinks (their gradient too),
+// softcap, bf16 and fp16. Skipped without an sm_90 device.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -60,7 +60,15 @@ struct Rule {
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
     float d = 0.0f;
     for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
+    if (p.softcap > 0.0f) return p.softcap * tanhf(d * p.scale / p.softcap);
     return d * p.scale + bias<T>(b, h, i, j);
+  }
+  // d score / d (scale q.k): softcap's 1 - tanh^2, else 1.
+  template <class T>
+  __device__ float dscore(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (p.softcap <= 0.0f) return 1.0f;
+    const float t = score<T>(b, h, i, j) / p.softcap;
+    return 1.0f - t * t;
   }
   template <class T>
   __device__ float dprob(int64_t b, int64_t h, int64_t i, int64_t j) const {  // dO_i . V_j
@@ -130,7 +138,7 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!r.kept<T>(b, h, i, j)) continue;
     const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
-    const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]);
+    const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]) * r.dscore<T>(b, h, i, j);
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
     for (int x = 0; x < p.head_dim; ++x) acc[x] += ds * f(k[x]);
   }
@@ -151,7 +159,7 @@ __global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, 
       if (!r.kept<T>(b, h, i, j)) continue;
       const int64_t row = (b * p.heads_q + h) * p.seqlen_q + i;
       const float pr = expf(r.score<T>(b, h, i, j) - lse[row]);
-      const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[row]);
+      const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[row]) * r.dscore<T>(b, h, i, j);
       const T* q = static_cast<const T*>(p.q) + b * p.q_b + i * p.q_s + h * p.q_h;
       const T* d = static_cast<const T*>(p.dout) + b * p.do_b + i * p.do_s + h * p.do_h;
       for (int x = 0; x < p.head_dim; ++x) ak[x] += ds * f(q[x]), av[x] += pr * f(d[x]);
@@ -174,6 +182,7 @@ struct Case {
   bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
   bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
   int sink_slices = 0;  // learnable sinks [sink_slices, Hq] (0: none), dsinks [B, Hq] checked
+  float softcap = 0.0f;  // FlashBwdParams::softcap (0: none)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -230,6 +239,7 @@ void run_case(const Case& cs) {
   p.l_b = int64_t{cs.Hq} * cs.Sq, p.l_h = cs.Sq, p.l_s = 1;
   p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq, p.heads_kv = cs.Hkv;
   p.head_dim = D, p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(float(D));
+  p.softcap = cs.softcap;
   const int right = cs.causal ? 0 : cs.right;
   p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
   p.left_bound = cs.left >= 0, p.lo_diag = cs.left >= 0 ? -cs.left : 0;
@@ -269,11 +279,11 @@ void run_case(const Case& cs) {
   ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
   CUDA_OK(cudaGetLastError());
   void* ws = nullptr;
+  p.deterministic = cs.deterministic;  // before the size: the counters are a part of it
   const int64_t ws_bytes = flash_bwd_workspace_bytes(p);
   CUDA_OK(cudaMalloc(&ws, ws_bytes));
   CUDA_OK(cudaMemset(ws, 0x55, ws_bytes));  // flash_bwd writes what it reads
-  p.workspace = ws;
-  p.deterministic = cs.deterministic;
+  p.workspace = ws, p.workspace_bytes = ws_bytes;
   ASSERT_EQ(flash_bwd_unsupported(p, 90), "");
   const Status st = flash_bwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -413,6 +423,17 @@ std::vector<Case> cases() {
   add({.name = "sink_d64_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 320, .Skv = 200,
        .sink_slices = 1});
   add({.name = "sink_det_mask", .Sq = 700, .Skv = 640, .mask = 2, .deterministic = true, .sink_slices = 1});
+  // softcap (c tanh(s scale / c)): large scores so that tanh saturates (its derivative near
+  // 0), a small cap, GQA, padding, head dim 64's 128-query blocks, deterministic, sinks.
+  add({.name = "softcap_causal", .causal = true, .amp = 4.0f, .softcap = 5.0f});
+  add({.name = "softcap_full_fp16_gqa", .bf16 = false, .Sq = 300, .Skv = 260, .Hq = 6, .Hkv = 2, .amp = 2.0f,
+       .softcap = 1.5f});
+  add({.name = "softcap_d64_padding", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
+       .kv_lens = {200, 256, 17}, .amp = 4.0f, .softcap = 30.0f});
+  add({.name = "softcap_d64_window_fp16", .bf16 = false, .causal = true, .D = 64, .Sq = 384, .Skv = 384,
+       .left = 100, .amp = 3.0f, .softcap = 3.0f});
+  add({.name = "softcap_det_sink", .causal = true, .Sq = 640, .Skv = 640, .amp = 4.0f, .deterministic = true,
+       .sink_slices = 1, .softcap = 5.0f});
   return c;
 }
 
@@ -430,7 +451,7 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   p.lse = reinterpret_cast<float*>(x), p.workspace = nullptr;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "lse and the workspace are required");
   alignas(256) static char ws[256];
-  p.workspace = ws, p.bias = x, p.bias_s = 1;
+  p.workspace = ws, p.workspace_bytes = 1 << 20, p.bias = x, p.bias_s = 1;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "a bias only as a folded mask (mask_bias): no dbias");
   // The workspace is sized by mask_bias, before any pointer exists (the FFI handler sizes
   // it at trace time).
@@ -444,6 +465,12 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   EXPECT_LT(flash_bwd_workspace_bytes(p), sized);
   p.dq_s = 3;  // dQ leaves in column pairs
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "strides of dq, dk and dv must be even");
+  // A workspace sized before deterministic was set has no room for its counters.
+  p.dq_s = 2, p.seqlen_q = p.seqlen_kv = 64;
+  p.workspace_bytes = flash_bwd_workspace_bytes(p);
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
+  p.deterministic = true;
+  EXPECT_NE(flash_bwd_unsupported(p, 90).find("workspace_bytes"), std::string::npos) << flash_bwd_unsupported(p, 90);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 """Deterministic mode (fusedattn.determinism) on an H100 / H200 (pytest -m gpu; skipped without
 an sm_90 GPU): the Hopper backward's ordered dQ and cuDNN's deterministic backward give
 gradients that are bitwise the same call after call (three more calls of one compiled
-gradient), and correct (test_score_mod_gpu.check's rule against the float32 reference);
+gradient), and correct (test_score_mod_gpu.check's rule against the float32 reference),
+softcap's too;
 get_backend names the deterministic kernel; a call whose backward only the CUDA flash
 kernels serve (float32) raises when its backward is traced, and its forward runs."""
 
@@ -93,6 +94,24 @@ def test_windowed_and_dense_mask_backward_is_bitwise_repeatable(key):
         for name, a, b in zip(("dq", "dk", "dv"), got, want):
             err = float(jnp.max(jnp.abs(a.astype(jnp.float32) - b)))
             assert err <= 3e-2 * max(1.0, float(jnp.max(jnp.abs(b)))), (name, err)
+
+
+def test_softcap_backward_is_bitwise_repeatable(key):
+    """softcap's backward (the Hopper kernel with tanh's derivative) in the mode: the ordered
+    dQ, bitwise repeatable and correct."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 2.0)
+    cap = lambda s, b, h, qi, ki: jnp.tanh(s / 5.0) * 5.0
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap,
+                                                attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    ref = lambda q, k, v: ref_call(q, k, v, cap, (), attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    with fusedattn.deterministic():
+        info = fusedattn.get_backend((q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                     score_mod=cap, is_training=True)
+        assert info.backward == "hopper" and "deterministic dQ" in info.reason, info
+        before = _lib.hopper_bwd_launches()
+        check(ours, ref, (q, k, v), dout)
+        assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
+        assert_repeatable(_loss(ours, dout), (q, k, v))
 
 
 def test_cudnn_deterministic_backward_at_head_dim_256(key):

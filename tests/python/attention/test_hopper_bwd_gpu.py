@@ -158,3 +158,29 @@ def test_sink_gradients(key, hopper_bwd, dtype, softmax, mask):
 
     args = (q, k, v, off) if learnable else (q, k, v)
     check_hopper_bwd(ours, ref, args, dout)
+
+
+def _softcap(c):
+    def softcap(s, b, h, q, k):
+        return jnp.tanh(s / c) * c
+    return softcap
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,d,cap", [
+    (AttnMaskType.CAUSAL_MASK, 512, 512, 2, 128, 2.0),
+    (AttnMaskType.NO_MASK, 300, 260, 1, 128, 30.0),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 256, 384, 2, 64, 5.0),
+    (AttnMaskType.NO_MASK, 384, 384, 4, 64, 1.0)],
+    ids=["causal-cap2", "full-mqa-ragged-cap30", "bottom-right-d64-cap5", "full-d64-cap1"])
+def test_softcap_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, cap):
+    """softcap (c tanh(s / c)): the Hopper backward takes its gradients (tanh's derivative in
+    the kernel) after either forward; small caps saturate tanh (derivative near 0)."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
+    fn = _softcap(cap)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                                score_mod=fn)
+    ref = lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask)
+    before = _lib.hopper_bwd_launches()
+    check(ours, ref, (q, k, v), dout)
+    assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"

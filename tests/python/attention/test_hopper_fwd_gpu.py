@@ -2,7 +2,8 @@
 without an sm_90 GPU): softcap and ALiBi score_mods at head dim 128 run there (its launch
 counter moves) at head dims 128, 64 and 256, and plain calls (no score_mod) where the measurement (hopper/measured.h) or
 set_hopper_fwd("always") sends them; other calls do not; forward, log-sum-exp and gradients
-(cuDNN's backward reads this forward's log-sum-exp) against the float32 reference with fn
+(the backward, cuDNN's or the Hopper one — softcap's runs there —, reads this forward's
+log-sum-exp) against the float32 reference with fn
 over the materialized scores, in bf16 and fp16, with and without causal masks, sliding
 windows, GQA, ragged lengths and the packed layout."""
 
@@ -59,8 +60,8 @@ PLAIN_TARGETS = ("fusedattn_attn_fwd_cuda", "fusedattn_attn_bwd_cuda")
 
 def check_on_hopper(ours, ref, q, k, v, dout, targets=SM_TARGETS):
     """ours(q, k, v) -> (out, aux) must run the Hopper forward; out and the log-sum-exp
-    against ref(q, k, v) -> (out, lse, _), then q, k, v gradients through cuDNN's backward
-    (targets: the custom calls the gradient's HLO must hold)."""
+    against ref(q, k, v) -> (out, lse, _), then q, k, v gradients through the backward select_backend
+    picks (targets: the custom calls the gradient's HLO must hold)."""
     ref_out, ref_lse, _ = ref(q, k, v)
     (out, aux), ran = runs_hopper(ours, q, k, v)
     assert ran, "the Hopper forward did not run"
@@ -477,7 +478,7 @@ SINK_CASES = [  # d, softmax, mask, Sq, Skv, Hkv, window, fn, q / kv lengths (pa
 def test_sinks_forward_and_gradients(key, hopper_always, d, softmax, mask, Sq, Skv, hkv, window, fn,
                                      lens):
     """Sinks (OFF_BY_ONE / LEARNABLE softmax: one extra logit a head in the denominator and
-    lse) in the kernel's epilogue; cuDNN's backward reads its lse: out, lse, and the
+    lse) in the kernel's epilogue; the backward reads its lse: out, lse, and the
     gradients of q, k, v and the learnable offset against the reference. Rows that keep no
     key (batch row 0 of the last case, no keys) get out 0 and lse = their head's sink."""
     q, k, v, dout = inputs(key, jnp.bfloat16, Sq, Skv, hkv, 2.0, d=d)

@@ -21,6 +21,12 @@
 //     iteration's start); flash_bwd.cu's last kernel scales and converts it;
 //   - at the end dK and dV go through shared memory (the free Q / dO stages) and leave in
 //     16-byte row stores.
+// kSoftcap (the softcap score_mod, c tanh(s scale / c)): t = tanh(s scale / c) (tanh.approx,
+// as the forward) while dP^T's product runs, kept in S^T's registers (-inf where dropped);
+// after it P^T = exp2(t c log2(e) - lse2) and dS^T = P^T (dP^T - D) (1 - t^2), the scale folded
+// into BwdArgs::scale as for plain calls. Two MUFU operations an element, no register more
+// than a plain call's (recovering t from P instead, a third, lg2, took 1.11-1.23x the time:
+// session 32, dev/hopper_bwd/README.md).
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
 // then each part waits until the key blocks before its own (in launch order: blockIdx.x)
@@ -58,6 +64,8 @@ struct BwdArgs {
   int lens_stride;
   float scale_log2;  // scale log2(e)
   float scale;
+  // kSoftcap: x = cap_out tanh(s cap_in) (cap_in = scale / c, cap_out = c log2(e)).
+  float cap_in, cap_out;
   // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
   // scores: no dbias): tiles classifies (tbl, 64-query block, 128-key block) as
   // classify_mask does, keep_bits its bits (rows mask_m * 64 a table).
@@ -182,10 +190,11 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
 }
 
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-// kDet: deterministic dQ (BwdArgs::dq_sem).
-template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet>
+// kDet: deterministic dQ (BwdArgs::dq_sem). kSoftcap: the softcap score_mod (no dense mask).
+template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, bool kSoftcap = false>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
+  static_assert(!(kSoftcap && kDense), "softcap takes no dense mask");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockM = kBwdBlockM<kD, kDense>;  // this variant's query block
@@ -407,9 +416,15 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                          (tile.lo_diag != kNoEdge && key < q + tile.lo_diag)))
               drop = true;
             // exp2 of every element, then the select: no branch an element (ex2 of a
-            // dropped one's garbage is discarded).
-            const float pr = exp2_approx(x - lse2);
-            s[i] = drop ? 0.0f : pr;
+            // dropped one's garbage is discarded). kSoftcap: t now, P after dP's product.
+            if constexpr (kSoftcap) {
+              (void)lse2;  // read after dP's product
+              const float t = tanh_approx(s[i] * a.cap_in);
+              s[i] = drop ? -INFINITY : t;
+            } else {
+              const float pr = exp2_approx(x - lse2);
+              s[i] = drop ? 0.0f : pr;
+            }
           }
         }
       }
@@ -430,9 +445,23 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float dsum = sm.dsum[st][8 * j + 2 * (lane % 4) + e];
+        const int c = 8 * j + 2 * (lane % 4) + e;
+        const float dsum = sm.dsum[st][c];
+        float lse2 = 0.0f;
+        if constexpr (kSoftcap) lse2 = kLseEarly ? lse_r[2 * j + e] : sm.lse2[st][c];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) dp[4 * j + 2 * r + e] = s[4 * j + 2 * r + e] * (dp[4 * j + 2 * r + e] - dsum);
+        for (int r = 0; r < 2; ++r) {
+          const int i = 4 * j + 2 * r + e;
+          if constexpr (kSoftcap) {  // s holds t: P, and d(c tanh(u)) / du = 1 - t^2. Dropped
+            // (t -inf) or a row of lse +inf: P 0 and 1 - t^2 of t clamped to -1, 0; a NaN t
+            // gives P NaN (fmaxf drops the NaN from the derivative only)
+            const float t = s[i], tc = fmaxf(t, -1.0f);
+            s[i] = exp2_approx(fmaf(t, a.cap_out, -lse2));
+            dp[i] = s[i] * (dp[i] - dsum) * fmaf(-tc, tc, 1.0f);
+          } else {
+            dp[i] = s[i] * (dp[i] - dsum);
+          }
+        }
       }
     uint32_t p[kAcc / 2], ds[kAcc / 2];
 #pragma unroll

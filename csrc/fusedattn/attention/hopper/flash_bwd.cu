@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
   }
 }
 
-template <bool kCausal, bool kBf16, bool kDense, int kD>
+template <bool kCausal, bool kBf16, bool kDense, int kD, bool kSoftcap = false>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true>
-                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false>;
+  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kSoftcap>
+                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kSoftcap>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kBwdSmemBytes<kD, kDense>)));
   kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense>, stream>>>(a);
@@ -172,7 +172,8 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
   if (p.head_dim != 64 && p.head_dim != 128) return "head dims 64 and 128 only";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if (!(p.scale > 0.0f)) return "scale must be > 0";
+  if (p.softcap > 0.0f ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
+    return "scale must be > 0 (with softcap: finite and nonzero)";
   if (p.seqlen_q <= 0 || p.seqlen_kv <= 0 || p.batch <= 0) return "empty extents";
   if (p.seqlen_q > (int64_t{1} << 30) || p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths up to 2^30";
@@ -195,9 +196,14 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (p.bias_batch * p.bias_heads > 65535 || (p.seqlen_q + 63) / 64 > 65535)
       return "a dense mask's classes take at most 65535 (batch, head) planes and query blocks";
   }
+  if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) return "softcap must be finite and >= 0 (0: none)";
+  if (p.softcap > 0.0f && p.bias) return "softcap takes no dense mask";
   if (p.dsinks && (!p.sinks || p.sink_rows <= 0 || p.batch % p.sink_rows != 0))
     return "dsinks needs sinks and sink_rows dividing the batch";
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
+  if (p.workspace_bytes < flash_bwd_workspace_bytes(p))
+    return "workspace_bytes " + std::to_string(p.workspace_bytes) + " is less than the " +
+           std::to_string(flash_bwd_workspace_bytes(p)) + " bytes flash_bwd_workspace_bytes asks";
   return "";
 }
 
@@ -206,6 +212,10 @@ int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p) { return Scratch(p).b
 int64_t bwd_launch_count() { return launches.load(std::memory_order_relaxed); }
 
 Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+  if (p.workspace_bytes < flash_bwd_workspace_bytes(p))  // (flash_bwd_unsupported says the rest)
+    return Status::Invalid("flash_bwd: workspace_bytes " + std::to_string(p.workspace_bytes) +
+                           " is less than flash_bwd_workspace_bytes(p) = " +
+                           std::to_string(flash_bwd_workspace_bytes(p)));
   launches.fetch_add(1, std::memory_order_relaxed);
   const Scratch sc(p);
   const int64_t pad = sq_pad(p), rows = p.batch * p.heads_q * pad;
@@ -262,6 +272,10 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   a.lens_stride = static_cast<int>(p.lens_stride);
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;
+  if (p.softcap > 0.0f) {
+    a.cap_in = p.scale / p.softcap;
+    a.cap_out = p.softcap * 1.4426950408889634f;
+  }
   if (p.bias) {
     a.bias = static_cast<const uint16_t*>(p.bias);
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
@@ -287,6 +301,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
   auto launch = [&](auto causal, auto bf16) {
     constexpr bool c = decltype(causal)::value, h = decltype(bf16)::value;
+    if (p.softcap > 0.0f)
+      return p.head_dim == 64 ? launch_bwd<c, h, false, 64, true>(a, grid, stream)
+                              : launch_bwd<c, h, false, 128, true>(a, grid, stream);
     if (p.head_dim == 64)
       return a.tiles ? launch_bwd<c, h, true, 64>(a, grid, stream) : launch_bwd<c, h, false, 64>(a, grid, stream);
     return a.tiles ? launch_bwd<c, h, true, 128>(a, grid, stream) : launch_bwd<c, h, false, 128>(a, grid, stream);

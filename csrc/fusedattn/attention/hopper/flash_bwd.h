@@ -1,8 +1,10 @@
-// The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. First
-// version: head dims 64 and 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or
-// bottom-right, windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they
-// empty). select_backend gives it a dense mask's backward (no dbias wanted); plain calls
-// keep cuDNN's, faster for now (dev/hopper_bwd). Kernel tests: tests/cuda/hopper/test_hopper_bwd.cu.
+// The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. Head dims
+// 64 and 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or bottom-right,
+// windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they empty), sinks
+// (a learnable one's gradient too), softcap, a deterministic dQ. select_backend gives it a
+// dense mask's and softcap's backward, plain calls' where hopper/measured_bwd.h found it
+// faster than cuDNN's, and a deterministic call's (dev/hopper_bwd). Kernel tests:
+// tests/cuda/hopper/test_hopper_bwd.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +52,9 @@ struct FlashBwdParams {
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
+  // FlashFwdParams::softcap); no dense mask with it.
+  float softcap = 0.0f;
   // A learnable sink (softmax_type LEARNABLE: an extra logit sinks[slice, h] a row, with no
   // value): the lse already holds it, so dQ, dK and dV are the plain ones; dsinks [B, Hq]
   // (null: not wanted) gets its gradient -sum_i exp(sink - lse_i) D_i, each (b, h)'s rows
@@ -61,8 +66,11 @@ struct FlashBwdParams {
   // (a counter a block in the workspace; a block waits for the ones before it). dK and dV
   // are repeatable either way.
   bool deterministic = false;
-  // Device scratch of flash_bwd_workspace_bytes(p) bytes, 256-byte aligned.
+  // Device scratch of flash_bwd_workspace_bytes(p) bytes or more, 256-byte aligned, and its
+  // size (checked: the scratch's parts depend on mask_bias and deterministic, so a workspace
+  // sized before one of them changed would be written past its end).
   void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 // Empty when the kernel can run p on a device of compute capability cc; otherwise the
