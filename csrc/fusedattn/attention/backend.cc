@@ -108,8 +108,8 @@ namespace {
 // hopper_bwd_unsupported_reason with its forward's verdict (hopper_fwd_unsupported_reason)
 // given: select_backend has it already.
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
-  if (req.score_mod.kind != ScoreModKind::kNone && req.score_mod.kind != ScoreModKind::kSoftcap)
-    return "its backward takes no score_mod but softcap yet";
+  if (req.score_mod.kind == ScoreModKind::kOther)
+    return "its backward's score_mods are softcap and ALiBi only";
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -375,7 +375,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       // sm90 writes dP to a [B, H, Sq, Skv] workspace.
       std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0 keeps it off";
-      // softcap's backward: always (cuDNN's runs its score_mod graph, a second tanh).
+      // softcap's and ALiBi's backward: always (cuDNN's runs its score_mod graph; softcap's a
+      // second tanh there).
       std::string bwd_measured;
       if (bwd_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias && !req.deterministic)
         bwd_measured = hopper_plain_measured(p, /*backward=*/true);
@@ -387,7 +388,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         bwd = std::string("; backward hopper: the Hopper flash backward") +
               (req.deterministic ? " with its deterministic dQ (added in key-block order)" : "") +
               (req.mask_bias              ? ", skipping the mask's empty tiles"
-               : kind == ScoreModKind::kSoftcap ? " with softcap in the kernel"
+               : kind != ScoreModKind::kNone ? std::string(" with ") + what + " in the kernel"
                : req.deterministic    ? ""
                : bwd_measured.empty() ? " (measured faster than cuDNN: hopper/measured_bwd.h)"
                                       : " (FUSEDATTN_HOPPER_BWD=1)");

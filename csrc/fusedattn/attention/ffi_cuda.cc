@@ -369,11 +369,12 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
 }
 
 // The Hopper flash backward's parameters for a call select_backend() gave it (a plain call,
-// softcap's (form), or a dense mask with no dbias); workspace: its scratch, 256-byte aligned
-// (null: sizing only) of workspace_bytes; deterministic: its ordered dQ (kRequestDeterministic).
+// softcap's or ALiBi's (form, its operands in sm), or a dense mask with no dbias); workspace:
+// its scratch, 256-byte aligned (null: sizing only) of workspace_bytes; deterministic: its
+// ordered dQ (kRequestDeterministic).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
                                          int64_t workspace_bytes, bool deterministic,
-                                         const ScoreModForm& form = {}) {
+                                         const ScoreModForm& form = {}, const SmArgs& sm = {}) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
   bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
@@ -409,6 +410,12 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
   if (form.kind == ScoreModKind::kSoftcap) {  // as the forward: k1 tanh(k2 scale q.k)
     bp.softcap = form.softcap_k1;
     bp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
+  } else if (form.kind == ScoreModKind::kAlibi && sm.call) {  // as the forward
+    const ScoreMod& m = sm.call->sm;
+    bp.alibi_slopes = sm.call->operands + m.offset(0);
+    bp.alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
+    bp.alibi_sign = form.alibi.sign;
+    bp.alibi_abs = form.alibi.abs;
   }
   bp.workspace = workspace;
   bp.workspace_bytes = workspace_bytes;
@@ -428,7 +435,7 @@ size_t hopper_bwd_workspace(const AttnParams& p) {
 // wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
-                  const ScoreModForm& form) {
+                  const ScoreModForm& form, const SmArgs& sm) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   const size_t need = hopper_bwd_workspace(p);
@@ -439,7 +446,7 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   const uintptr_t aligned = (u + 255) / 256 * 256;
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
-                        static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, form);
+                        static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, form, sm);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
@@ -565,7 +572,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
-    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic, req.score_mod);
+    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic, req.score_mod, sm);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "

@@ -7,8 +7,8 @@ reference path). The GPU grid is S 4096 and 16384 (--seqlens; B * S = 16384 toke
 / D, bf16); the CPU grid is smaller (B = 1, H = 4, S 512 and 1024, float32). ratio_plain =
 plain time / score_mod time (goal on the GPU: >= 0.85; issue 25's for softcap and ALiBi
 forward+backward: >= 0.95); vs_xla = XLA time / ours (goal: >= 3). Where the Hopper
-backward runs softcap's gradients, softcap's forward+backward is timed again with it off
-(cuDNN's backward: the softcap_cudnn_bwd column, the same run's anchor for that kernel).
+backward runs a score_mod's gradients, its forward+backward is timed again with it off
+(cuDNN's backward: the <name>_cudnn_bwd columns, the same run's anchor for that kernel).
 Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
@@ -96,10 +96,10 @@ def run(args):
                 # whether its forward / backward ran fusedattn's Hopper kernels (attention/hopper)
                 row[f"{name}_hopper_fwd"] = _lib.hopper_fwd_launches() > launches
                 row[f"{name}_hopper_bwd"] = _lib.hopper_bwd_launches() > bwd_launches
-                if name == "softcap" and row["softcap_hopper_bwd"]:
+                if name in ("softcap", "alibi") and row[f"{name}_hopper_bwd"]:
                     _lib.set_hopper_bwd("off")  # the same compiled function, cuDNN's backward
                     try:
-                        row["softcap_cudnn_bwd_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
+                        row[f"{name}_cudnn_bwd_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
                     finally:
                         _lib.set_hopper_bwd(None)
             slopes = jnp.ones((1, c["H"], 1, 1), jnp.float32)
@@ -108,8 +108,9 @@ def run(args):
                 row[f"{name}_backend"] = fusedattn.get_backend(
                     (q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK, score_mod=fn_,
                     score_mod_operands=ops, is_training=mode != "fwd").name
-            if "softcap_cudnn_bwd_ms" in row:
-                row["softcap_vs_cudnn_bwd"] = row["softcap_cudnn_bwd_ms"] / row["softcap_ms"]
+            for name in ("softcap", "alibi"):
+                if f"{name}_cudnn_bwd_ms" in row:
+                    row[f"{name}_vs_cudnn_bwd"] = row[f"{name}_cudnn_bwd_ms"] / row[f"{name}_ms"]
             for name in ("softcap", "alibi"):
                 row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
                 if f"{name}_xla_ms" in row:
@@ -124,12 +125,13 @@ def _fmt(r):
     # the backend get_backend names, and "fwd hopper" when the forward ran attention/hopper
     b = lambda n: (r.get(f"{n}_backend", "-") + (", fwd hopper" if r.get(f"{n}_hopper_fwd") else "")
                    + (", bwd hopper" if r.get(f"{n}_hopper_bwd") else ""))
-    cudnn_bwd = (f"; with cuDNN's backward {g('softcap_cudnn_bwd_ms')} ms, "
-                 f"{g('softcap_vs_cudnn_bwd')}x" if "softcap_cudnn_bwd_ms" in r else "")
+    cudnn_bwd = lambda n: (f"; with cuDNN's backward {g(n + '_cudnn_bwd_ms')} ms, "
+                           f"{g(n + '_vs_cudnn_bwd')}x" if f"{n}_cudnn_bwd_ms" in r else "")
     return (f"D {r['D']:3d} S {r['S']:6d} B {r['B']:3d} {r['mode']:8} | plain {g('plain_ms')} ms | "
             f"softcap [{b('softcap')}] {g('softcap_ms')} ms ({g('softcap_vs_plain')}x "
-            f"plain, {g('softcap_vs_xla')}x xla{cudnn_bwd}) | alibi [{b('alibi')}] "
-            f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla)")
+            f"plain, {g('softcap_vs_xla')}x xla{cudnn_bwd('softcap')}) | alibi [{b('alibi')}] "
+            f"{g('alibi_ms')} ms ({g('alibi_vs_plain')}x plain, {g('alibi_vs_xla')}x xla"
+            f"{cudnn_bwd('alibi')})")
 
 
 def main(argv=None) -> int:
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
                   {"softcap vs plain fused_attn": "softcap_vs_plain",
                    "alibi vs plain fused_attn": "alibi_vs_plain",
                    "softcap vs xla": "softcap_vs_xla", "alibi vs xla": "alibi_vs_xla",
-                   "softcap: Hopper backward vs cuDNN's": "softcap_vs_cudnn_bwd"},
+                   "softcap: Hopper backward vs cuDNN's": "softcap_vs_cudnn_bwd",
+                   "alibi: Hopper backward vs cuDNN's": "alibi_vs_cudnn_bwd"},
                   lambda r: f"D{r['D']} S{r['S']} B{r['B']} {r['mode']}")
     return 0

@@ -257,14 +257,12 @@ TEST(SelectBackend, SoftcapAndAlibiRunTheHopperForwardOnSm90) {
       p.mask_type = mask;
       const BackendChoice c =
           select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{});
-      // softcap's backward runs the Hopper kernel too (tanh's derivative in the kernel);
-      // ALiBi's stays cuDNN's.
+      // Their backward runs the Hopper kernel too (tanh's derivative, ALiBi's bias in it).
       const bool softcap = kind == ScoreModKind::kSoftcap;
-      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD,
-                     softcap ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
       EXPECT_TRUE(has(c.reason, "forward hopper")) << c.reason;
-      EXPECT_TRUE(has(c.reason, softcap ? "backward hopper" : "backward cudnn")) << c.reason;
-      if (softcap) EXPECT_TRUE(has(c.reason, "with softcap in the kernel")) << c.reason;
+      EXPECT_TRUE(has(c.reason, "backward hopper")) << c.reason;
+      EXPECT_TRUE(has(c.reason, softcap ? "with softcap in the kernel" : "with ALiBi in the kernel")) << c.reason;
       EXPECT_TRUE(has(c.reason, kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi")) << c.reason;
     }
   }
@@ -507,7 +505,7 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   thd.layout = FA_THD_THD_THD;
   thd.max_segments = 2;
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(thd, BackendRequest{}, h100()), "THD")) << thd.layout;
-  // softcap: always the Hopper backward (no table); ALiBi and other programs: cuDNN's.
+  // softcap and ALiBi: always the Hopper backward (no table); other programs: cuDNN's.
   EXPECT_EQ(hopper_bwd_unsupported_reason(plain, with(ScoreModKind::kSoftcap), h100()), "");
   BackendOptions off;
   off.hopper_bwd = HopperMode::kOff;
@@ -515,11 +513,12 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
   c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap), off);
   EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
-  for (ScoreModKind kind : {ScoreModKind::kAlibi, ScoreModKind::kOther}) {
-    EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, with(kind), h100()), "score_mod"));
-    c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(kind), always);
-    EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
-  }
+  EXPECT_EQ(hopper_bwd_unsupported_reason(plain, with(ScoreModKind::kAlibi), h100()), "");
+  EXPECT_EQ(select_backend(plain, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kAlibi), BackendOptions{}).backward,
+            FA_BACKEND_HOPPER_BWD);
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(plain, with(ScoreModKind::kOther), h100()), "score_mod"));
+  c = select_backend(plain, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kOther), always);
+  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
   AttnParams d256 = plain;
   d256.head_dim_qk = d256.head_dim_v = 256;
   EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_CUDNN);

@@ -61,6 +61,11 @@ struct Rule {
     float d = 0.0f;
     for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
     if (p.softcap > 0.0f) return p.softcap * tanhf(d * p.scale / p.softcap);
+    if (p.alibi_slopes) {
+      const float rel = static_cast<float>(j - i);
+      d = d * p.scale + p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
+      return d;
+    }
     return d * p.scale + bias<T>(b, h, i, j);
   }
   // d score / d (scale q.k): softcap's 1 - tanh^2, else 1.
@@ -183,6 +188,7 @@ struct Case {
   bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
   int sink_slices = 0;  // learnable sinks [sink_slices, Hq] (0: none), dsinks [B, Hq] checked
   float softcap = 0.0f;  // FlashBwdParams::softcap (0: none)
+  int alibi = 0;  // ALiBi: 1 slopes per head, 2 one slope; negative: |kv - q| (and sign -1)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -240,6 +246,15 @@ void run_case(const Case& cs) {
   p.batch = cs.B, p.seqlen_q = cs.Sq, p.seqlen_kv = cs.Skv, p.heads_q = cs.Hq, p.heads_kv = cs.Hkv;
   p.head_dim = D, p.bf16 = cs.bf16, p.scale = 1.0f / std::sqrt(float(D));
   p.softcap = cs.softcap;
+  float* slopes = nullptr;
+  if (cs.alibi) {
+    std::vector<float> h(cs.Hq);
+    for (int x = 0; x < cs.Hq; ++x) h[x] = std::exp2(-8.0f * (x + 1) / cs.Hq);
+    CUDA_OK(cudaMalloc(&slopes, h.size() * 4));
+    CUDA_OK(cudaMemcpy(slopes, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    p.alibi_slopes = slopes, p.alibi_stride = std::abs(cs.alibi) == 1 ? 1 : 0;
+    p.alibi_abs = cs.alibi < 0, p.alibi_sign = cs.alibi < 0 ? -1.0f : 1.0f;
+  }
   const int right = cs.causal ? 0 : cs.right;
   p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
   p.left_bound = cs.left >= 0, p.lo_diag = cs.left >= 0 ? -cs.left : 0;
@@ -348,7 +363,7 @@ void run_case(const Case& cs) {
   }
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask,
-                  (void*)sinks, (void*)dsinks, (void*)rsinks})
+                  (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes})
     cudaFree(t);
 }
 
@@ -434,6 +449,14 @@ std::vector<Case> cases() {
        .left = 100, .amp = 3.0f, .softcap = 3.0f});
   add({.name = "softcap_det_sink", .causal = true, .Sq = 640, .Skv = 640, .amp = 4.0f, .deterministic = true,
        .sink_slices = 1, .softcap = 5.0f});
+  // ALiBi (scale s + sign slope_h g(kv - q)): per-head slopes and one, signed and |kv - q|,
+  // GQA, padding, bottom-right, head dim 64, deterministic.
+  add({.name = "alibi_causal_gqa", .causal = true, .Hq = 6, .Hkv = 2, .alibi = 1});
+  add({.name = "alibi_abs_full_fp16_ragged", .bf16 = false, .Sq = 300, .Skv = 260, .alibi = -1});
+  add({.name = "alibi_one_slope_d64_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200,
+       .Skv = 450, .alibi = 2});
+  add({.name = "alibi_abs_d64_padding_det", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
+       .kv_lens = {200, 256, 17}, .deterministic = true, .alibi = -2});
   return c;
 }
 

@@ -3,7 +3,8 @@ an H100 / H200 (pytest -m gpu; skipped without an sm_90 GPU): with set_hopper_bw
 runs every plain call it can (its launch counter moves), after the Hopper forward or after
 cuDNN's (either forward's log-sum-exp serves it); gradients of q, k and v against the float32
 reference by test_score_mod_gpu.check's rule, in bf16 and fp16, over the masks, windows, GQA /
-MQA, ragged lengths and head dims 64 and 128. Dense masks: test_hopper_fwd_gpu.py."""
+MQA, ragged lengths and head dims 64 and 128; sinks (a learnable one's gradient), softcap
+and ALiBi (their backward always runs here). Dense masks: test_hopper_fwd_gpu.py."""
 
 import jax
 import jax.numpy as jnp
@@ -181,6 +182,36 @@ def test_softcap_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, cap):
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
                                                 score_mod=fn)
     ref = lambda q, k, v: ref_call(q, k, v, fn, (), attn_mask_type=mask)
+    before = _lib.hopper_bwd_launches()
+    check(ours, ref, (q, k, v), dout)
+    assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
+
+
+def _alibi_abs(s, b, h, q, k, slopes):
+    return s - slopes * jnp.abs(q - k).astype(jnp.float32)
+
+
+def _alibi_signed(s, b, h, q, k, slopes):
+    return s - slopes * (q - k).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask,Sq,Skv,hkv,d,fn,per_head", [
+    (AttnMaskType.CAUSAL_MASK, 512, 512, 2, 128, _alibi_signed, True),
+    (AttnMaskType.NO_MASK, 300, 260, 1, 128, _alibi_abs, True),
+    (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 256, 384, 2, 64, _alibi_signed, False),
+    (AttnMaskType.NO_MASK, 384, 384, 4, 64, _alibi_abs, False)],
+    ids=["causal-gqa", "full-mqa-ragged-abs", "bottom-right-d64-one-slope", "full-d64-abs-one-slope"])
+def test_alibi_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, fn, per_head):
+    """ALiBi (slopes a constant here: their gradient taken sends the call to the CUDA flash
+    kernels): the Hopper backward adds the bias as the forward does."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
+    hq = q.shape[2]
+    slopes = (jnp.exp2(-8.0 * jnp.arange(1, hq + 1, dtype=jnp.float32) / hq).reshape(1, hq, 1, 1)
+              if per_head else jnp.full((1, 1, 1, 1), 0.25, jnp.float32))
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
+                                                score_mod=fn, score_mod_operands=(slopes,))
+    ref = lambda q, k, v: ref_call(q, k, v, fn, (slopes,), attn_mask_type=mask)
     before = _lib.hopper_bwd_launches()
     check(ours, ref, (q, k, v), dout)
     assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"

@@ -27,6 +27,8 @@
 // into BwdArgs::scale as for plain calls. Two MUFU operations an element, no register more
 // than a plain call's (recovering t from P instead, a third, lg2, took 1.11-1.23x the time:
 // session 32, dev/hopper_bwd/README.md).
+// ALiBi (kAlibi: x = s scale log2(e) + slope_h g(kv - q), the sign and log2(e) folded into
+// slope_mul, g = identity or |.|): the bias joins x as the forward adds it; dS is plain.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
 // then each part waits until the key blocks before its own (in launch order: blockIdx.x)
@@ -66,6 +68,10 @@ struct BwdArgs {
   float scale;
   // kSoftcap: x = cap_out tanh(s cap_in) (cap_in = scale / c, cap_out = c log2(e)).
   float cap_in, cap_out;
+  // kAlibi: head h's slope slopes[h * slope_stride] * slope_mul (+-log2(e)).
+  const float* slopes;
+  int slope_stride;
+  float slope_mul;
   // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
   // scores: no dbias): tiles classifies (tbl, 64-query block, 128-key block) as
   // classify_mask does, keep_bits its bits (rows mask_m * 64 a table).
@@ -190,11 +196,14 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
 }
 
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-// kDet: deterministic dQ (BwdArgs::dq_sem). kSoftcap: the softcap score_mod (no dense mask).
-template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, bool kSoftcap = false>
+// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; no dense mask
+// with one).
+enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs = 3 };
+template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = kBwdPlain>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
-  static_assert(!(kSoftcap && kDense), "softcap takes no dense mask");
+  constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
+  static_assert(kMod == kBwdPlain || !kDense, "a score modifier takes no dense mask");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockM = kBwdBlockM<kD, kDense>;  // this variant's query block
@@ -391,6 +400,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                                                             a.words_per_row + n * 4 + key_l / 32
                                         : nullptr;
       const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
+      const float slope = kAlibi ? a.slopes[h * a.slope_stride] * a.slope_mul : 0.0f;
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
@@ -403,6 +413,10 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
           for (int r = 0; r < 2; ++r) {
             const int i = 4 * j + 2 * r + e, key = key0 + 8 * r;
             float x = s[i] * a.scale_log2;
+            if constexpr (kAlibi) {
+              const float rel = static_cast<float>(key - q);
+              x = fmaf(slope, kMod == kBwdAlibiAbs ? fabsf(rel) : rel, x);
+            }
             bool drop = false;
             if constexpr (kMode == 1) drop = !((word >> (8 * r)) & 1u);
             if constexpr (kMode == 2) {

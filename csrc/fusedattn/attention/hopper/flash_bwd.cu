@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
   }
 }
 
-template <bool kCausal, bool kBf16, bool kDense, int kD, bool kSoftcap = false>
+template <bool kCausal, bool kBf16, bool kDense, int kD, int kMod = kBwdPlain>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kSoftcap>
-                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kSoftcap>;
+  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>
+                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kMod>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kBwdSmemBytes<kD, kDense>)));
   kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense>, stream>>>(a);
@@ -172,8 +172,9 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
   if (p.head_dim != 64 && p.head_dim != 128) return "head dims 64 and 128 only";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if (p.softcap > 0.0f ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
-    return "scale must be > 0 (with softcap: finite and nonzero)";
+  const bool modified = p.softcap > 0.0f || p.alibi_slopes;
+  if (modified ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
+    return "scale must be > 0 (with softcap or ALiBi: finite and nonzero)";
   if (p.seqlen_q <= 0 || p.seqlen_kv <= 0 || p.batch <= 0) return "empty extents";
   if (p.seqlen_q > (int64_t{1} << 30) || p.seqlen_kv > (int64_t{1} << 30))
     return "sequence lengths up to 2^30";
@@ -197,7 +198,11 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
       return "a dense mask's classes take at most 65535 (batch, head) planes and query blocks";
   }
   if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) return "softcap must be finite and >= 0 (0: none)";
-  if (p.softcap > 0.0f && p.bias) return "softcap takes no dense mask";
+  if (p.softcap > 0.0f && p.alibi_slopes) return "one score modifier: softcap or ALiBi";
+  if (modified && p.bias) return "softcap and ALiBi take no dense mask";
+  if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
+                         (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
+    return "alibi_stride must be 0 or 1 and alibi_sign +-1";
   if (p.dsinks && (!p.sinks || p.sink_rows <= 0 || p.batch % p.sink_rows != 0))
     return "dsinks needs sinks and sink_rows dividing the batch";
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
@@ -276,6 +281,11 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.cap_in = p.scale / p.softcap;
     a.cap_out = p.softcap * 1.4426950408889634f;
   }
+  if (p.alibi_slopes) {
+    a.slopes = p.alibi_slopes;
+    a.slope_stride = static_cast<int>(p.alibi_stride);
+    a.slope_mul = p.alibi_sign * 1.4426950408889634f;
+  }
   if (p.bias) {
     a.bias = static_cast<const uint16_t*>(p.bias);
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
@@ -301,9 +311,17 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
   auto launch = [&](auto causal, auto bf16) {
     constexpr bool c = decltype(causal)::value, h = decltype(bf16)::value;
-    if (p.softcap > 0.0f)
-      return p.head_dim == 64 ? launch_bwd<c, h, false, 64, true>(a, grid, stream)
-                              : launch_bwd<c, h, false, 128, true>(a, grid, stream);
+    const int mod = p.softcap > 0.0f ? kBwdSoftcap
+                    : p.alibi_slopes ? (p.alibi_abs ? kBwdAlibiAbs : kBwdAlibi)
+                                     : kBwdPlain;
+    auto modified = [&](auto tag) {
+      constexpr int m = decltype(tag)::value;
+      return p.head_dim == 64 ? launch_bwd<c, h, false, 64, m>(a, grid, stream)
+                              : launch_bwd<c, h, false, 128, m>(a, grid, stream);
+    };
+    if (mod == kBwdSoftcap) return modified(std::integral_constant<int, kBwdSoftcap>{});
+    if (mod == kBwdAlibi) return modified(std::integral_constant<int, kBwdAlibi>{});
+    if (mod == kBwdAlibiAbs) return modified(std::integral_constant<int, kBwdAlibiAbs>{});
     if (p.head_dim == 64)
       return a.tiles ? launch_bwd<c, h, true, 64>(a, grid, stream) : launch_bwd<c, h, false, 64>(a, grid, stream);
     return a.tiles ? launch_bwd<c, h, true, 128>(a, grid, stream) : launch_bwd<c, h, false, 128>(a, grid, stream);

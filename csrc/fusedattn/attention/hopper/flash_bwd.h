@@ -1,10 +1,10 @@
 // The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. Head dims
 // 64 and 128, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or bottom-right,
 // windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they empty), sinks
-// (a learnable one's gradient too), softcap, a deterministic dQ. select_backend gives it a
-// dense mask's and softcap's backward, plain calls' where hopper/measured_bwd.h found it
-// faster than cuDNN's, and a deterministic call's (dev/hopper_bwd). Kernel tests:
-// tests/cuda/hopper/test_hopper_bwd.cu.
+// (a learnable one's gradient too), softcap and ALiBi, a deterministic dQ. select_backend
+// gives it a dense mask's and the score_mods' (softcap, ALiBi) backward, plain calls' where
+// hopper/measured_bwd.h found it faster than cuDNN's, and a deterministic call's
+// (dev/hopper_bwd). Kernel tests: tests/cuda/hopper/test_hopper_bwd.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,6 +55,12 @@ struct FlashBwdParams {
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
   // FlashFwdParams::softcap); no dense mask with it.
   float softcap = 0.0f;
+  // Non-null: ALiBi, as FlashFwdParams' fields of the same names (scores scale * s + sign *
+  // slopes[h * stride] * g(kv - q), g = |.| when abs); no dense mask with it.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 0;
+  float alibi_sign = 1.0f;
+  bool alibi_abs = false;
   // A learnable sink (softmax_type LEARNABLE: an extra logit sinks[slice, h] a row, with no
   // value): the lse already holds it, so dQ, dK and dV are the plain ones; dsinks [B, Hq]
   // (null: not wanted) gets its gradient -sum_i exp(sink - lse_i) D_i, each (b, h)'s rows
