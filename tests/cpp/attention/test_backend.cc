@@ -453,6 +453,19 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
       EXPECT_FALSE(has(c.reason, "deterministic")) << c.reason;
     }
   }
+  // softcap and ALiBi: their Hopper backward, deterministic too; another program: cuDNN's
+  // deterministic algorithm.
+  for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kAlibi, ScoreModKind::kOther}) {
+    BackendRequest req = det;
+    req.score_mod.kind = kind;
+    const BackendChoice c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
+    if (kind == ScoreModKind::kOther) {
+      EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
+    } else {
+      EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+      EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
+    }
+  }
   // A dense mask (no dbias): the Hopper backward, deterministic.
   AttnParams masked = hopper_params();
   masked.bias_type = FA_POST_SCALE_BIAS, masked.bias_batch = masked.bias_heads = 1;
