@@ -62,7 +62,9 @@ class BackendInfo:
     calls served by "cudnn" may run the forward on "hopper" (fusedattn's sm_90 flash
     forward: softcap and ALiBi score_mods, dense masks, and plain calls where its
     checked-in measurement found it faster; head dims 64, 128 and 256, sinks and max_logit
-    included) and the backward on "hopper" (the sm_90 flash backward), and calls served by
+    included) and the backward on "hopper" (the sm_90 flash backward at head dims 64 and 128:
+    dense masks, softcap and ALiBi, deterministic mode, and plain calls where its measurement
+    found it faster), and calls served by
     "cuda_flash" with no score_mod may run the forward on "hopper" (a PRE_SCALE_BIAS at head
     dim 256, where it was measured faster; any such call it can run under
     FUSEDATTN_HOPPER_FWD=1): the CUDA flash kernels then run the backward from its lse.

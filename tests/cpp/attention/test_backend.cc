@@ -499,8 +499,9 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
   expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
 }
 
-// Plain calls: the Hopper backward can run them (no score_mod or THD; head dims 64 and
-// 128); the measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it.
+// Plain calls: the Hopper backward can run them (no THD; head dims 64 and 128); the
+// measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it. softcap and
+// ALiBi take it always, other score_mods never.
 TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   const AttnParams plain = hopper_params();
   EXPECT_EQ(hopper_bwd_unsupported_reason(plain, BackendRequest{}, h100()), "");
