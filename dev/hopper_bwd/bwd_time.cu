@@ -8,7 +8,8 @@
 // the sum and the sum of |x| of dq, dk and dv: two builds of the kernel must print the same
 // (dk / dv bitwise; dq to rounding, its atomics add in any order), and how many dq values
 // one more call changes (FA_DETERMINISTIC=1: FlashBwdParams::deterministic, 0 expected).
-// FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap).
+// FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap). FA_ALIBI=slope: ALiBi with
+// one slope, scores - slope |kv - q| (FlashBwdParams::alibi_*).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -85,6 +86,13 @@ int main(int argc, char** argv) {
   }
   p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
   if (getenv("FA_SOFTCAP")) p.softcap = static_cast<float>(atof(getenv("FA_SOFTCAP")));
+  if (getenv("FA_ALIBI")) {
+    const float slope = static_cast<float>(atof(getenv("FA_ALIBI")));
+    float* d_slope;
+    cudaMalloc(&d_slope, 4);
+    cudaMemcpy(d_slope, &slope, 4, cudaMemcpyHostToDevice);
+    p.alibi_slopes = d_slope, p.alibi_stride = 0, p.alibi_sign = -1.0f, p.alibi_abs = true;
+  }
   void* ws;
   cudaMalloc(&ws, flash_bwd_workspace_bytes(p));
   p.workspace = ws, p.workspace_bytes = flash_bwd_workspace_bytes(p);
@@ -134,7 +142,8 @@ int main(int argc, char** argv) {
   int64_t differ = 0;
   for (int64_t i = 0; i < nq; ++i)
     differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
-  printf("%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "");
+  printf("%s%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "",
+         p.alibi_slopes ? "[alibi] " : "");
   printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
