@@ -136,3 +136,18 @@ def test_deterministic_bench_needs_a_gpu(capsys):
         pytest.skip("runs the benchmark on a GPU")
     assert cli.main(["bench", "deterministic", "--head-dims", "64"]) == 2
     assert "needs a GPU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(_has_gpu(), reason="with a GPU the score_mod bench runs its GPU grid")
+def test_tiny_score_mod_bench_takes_head_dims_and_seqlens(tmp_path, capsys):
+    argv = ["score_mod", "--head-dims", "16", "32", "--seqlens", "32", "--modes", "fwd+bwd",
+            "--repeats", "1", "--xla-max-seq", "0", "--out-dir", str(tmp_path), "--no-plot"]
+    assert cli.main(["bench"] + argv) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "bench-score_mod.json").read_text())["rows"]
+    assert [(r["D"], r["S"], r["mode"]) for r in rows] == [(16, 32, "fwd+bwd"), (32, 32, "fwd+bwd")]
+    for r in rows:  # the CPU engine both ways: no Hopper kernel, so no cuDNN-backward anchor
+        assert r["softcap_backend"] == r["alibi_backend"] == "cpu_flash"
+        assert not r["softcap_hopper_bwd"] and "softcap_cudnn_bwd_ms" not in r
+        assert r["softcap_ms"] > 0 and r["alibi_vs_plain"] > 0
+    assert "D  16 S     32" in out and "summary: softcap vs plain fused_attn geomean" in out
