@@ -438,6 +438,8 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   const ScoreModForm& form, const SmArgs& sm) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
+  if (form.kind == ScoreModKind::kAlibi && !sm.call)
+    return Status::Internal("the Hopper backward was chosen for ALiBi without its slopes");
   const size_t need = hopper_bwd_workspace(p);
   if (workspace->size_bytes() < need)
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
