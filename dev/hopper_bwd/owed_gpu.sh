@@ -12,7 +12,7 @@ timeout 150 .carry/fusedattn_cuda_tests --gtest_filter='*HopperBwd*' > "$OUT/cud
 echo "kernel tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
 T=tests/python
 timeout 500 scripts/gpu_shards.sh \
-  "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and hopper'" "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and cudnn'" \
-  "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and fp16 and hopper'" "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and fp16 and cudnn'" \
+  "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and hopper-fwd'" "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and cudnn-fwd'" \
+  "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and fp16 and hopper-fwd'" "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and fp16 and cudnn-fwd'" \
   "$T/score_mod/test_score_mod_gpu.py -k 'alibi'"
 grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
