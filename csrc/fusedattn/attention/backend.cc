@@ -103,6 +103,17 @@ ScoreModForm recognize_score_mod(const ScoreMod* sm) {
   return f;
 }
 
+Status recognize_score_mod_program(const AttnParams& p, const int32_t* program, int64_t n,
+                                   ScoreModForm* form) {
+  *form = ScoreModForm{};
+  if (!program) return Status::Ok();
+  ScoreMod sm;
+  const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
+  FA_RETURN_IF_NOT_OK(decode_score_mod(program, n, ext, &sm));
+  *form = recognize_score_mod(&sm);
+  return Status::Ok();
+}
+
 namespace {
 
 // hopper_bwd_unsupported_reason with its forward's verdict (hopper_fwd_unsupported_reason)

@@ -40,6 +40,11 @@ struct ScoreModForm {
 // The form of sm (null: no score_mod).
 ScoreModForm recognize_score_mod(const ScoreMod* sm);
 
+// The form of a packed score_mod program (score_mod.h's attribute, n int32 words; null: no
+// score_mod) decoded at p's extents; the decoder's error when it does not decode.
+Status recognize_score_mod_program(const AttnParams& p, const int32_t* program, int64_t n,
+                                   ScoreModForm* form);
+
 // What a call asks beyond its AttnParams, where a kernel's choice depends on it.
 struct BackendRequest {
   ScoreModForm score_mod;

@@ -63,14 +63,12 @@ int fa_select_backend(const FaAttnParams* p, int platform, int device, const int
   fusedattn::BackendRequest req = fusedattn::request_from_flags(flags);
   req.want_max_logit = want_max_logit != 0;
   fusedattn::BackendChoice c;
-  fusedattn::ScoreMod sm;
   fusedattn::Status decoded;
-  if (score_mod && fusedattn::validate(*p).ok()) {
-    const int64_t ext[4] = {fusedattn::slice_batch(*p), p->heads_q, p->seqlen_q, p->seqlen_kv};
-    decoded = fusedattn::decode_score_mod(score_mod, score_mod_len, ext, &sm);
-  }
+  if (score_mod && !fusedattn::validate(*p).ok())  // select_backend names what is wrong
+    req.score_mod.kind = fusedattn::ScoreModKind::kOther;
+  else
+    decoded = fusedattn::recognize_score_mod_program(*p, score_mod, score_mod_len, &req.score_mod);
   if (decoded.ok()) {
-    req.score_mod = fusedattn::recognize_score_mod(score_mod ? &sm : nullptr);
     c = fusedattn::select_backend(*p, platform, info, req);
   } else {
     c.status = decoded;

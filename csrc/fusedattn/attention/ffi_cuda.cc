@@ -734,12 +734,8 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   // score_mod's form decides as in the handlers (softcap's backward runs the Hopper kernel);
   // a program that does not decode is sized as a general one (cuDNN's graph).
   BackendRequest req;
-  if (sm) {
+  if (sm && !recognize_score_mod_program(p, sm->attr, sm->n, &req.score_mod).ok())
     req.score_mod.kind = ScoreModKind::kOther;
-    ScoreMod decoded;
-    const int64_t ext[4] = {slice_batch(p), p.heads_q, p.seqlen_q, p.seqlen_kv};
-    if (decode_score_mod(sm->attr, sm->n, ext, &decoded).ok()) req.score_mod = recognize_score_mod(&decoded);
-  }
   BackendChoice choice;
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, backend_flags, &choice, &info, &req));
