@@ -111,7 +111,6 @@ def run(args):
             for name in ("softcap", "alibi"):
                 if f"{name}_cudnn_bwd_ms" in row:
                     row[f"{name}_vs_cudnn_bwd"] = row[f"{name}_cudnn_bwd_ms"] / row[f"{name}_ms"]
-            for name in ("softcap", "alibi"):
                 row[f"{name}_vs_plain"] = row["plain_ms"] / row[f"{name}_ms"]
                 if f"{name}_xla_ms" in row:
                     row[f"{name}_vs_xla"] = row[f"{name}_xla_ms"] / row[f"{name}_ms"]
