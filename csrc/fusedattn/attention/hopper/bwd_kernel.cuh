@@ -412,11 +412,10 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i = 4 * j + 2 * r + e, key = key0 + 8 * r;
-            float x = s[i] * a.scale_log2;
-            if constexpr (kAlibi) {
-              const float rel = static_cast<float>(key - q);
-              x = fmaf(slope, kMod == kBwdAlibiAbs ? fabsf(rel) : rel, x);
-            }
+            // the forward's score functors (fwd_kernel.cuh): ALiBi's x, softcap's t below
+            float x = kAlibi ? AlibiScores<kMod == kBwdAlibiAbs>::pre(s[i], a.scale_log2, slope, 0.0f,
+                                                                      static_cast<float>(key - q))
+                             : s[i] * a.scale_log2;
             bool drop = false;
             if constexpr (kMode == 1) drop = !((word >> (8 * r)) & 1u);
             if constexpr (kMode == 2) {
@@ -433,7 +432,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
             // dropped one's garbage is discarded). kSoftcap: t now, P after dP's product.
             if constexpr (kSoftcap) {
               (void)lse2;  // read after dP's product
-              const float t = tanh_approx(s[i] * a.cap_in);
+              const float t = SoftcapScores::pre(s[i], a.cap_in, 0.0f, 0.0f, 0.0f);
               s[i] = drop ? -INFINITY : t;
             } else {
               const float pr = exp2_approx(x - lse2);

@@ -206,9 +206,9 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (p.dsinks && (!p.sinks || p.sink_rows <= 0 || p.batch % p.sink_rows != 0))
     return "dsinks needs sinks and sink_rows dividing the batch";
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
-  if (p.workspace_bytes < flash_bwd_workspace_bytes(p))
+  if (const int64_t need = flash_bwd_workspace_bytes(p); p.workspace_bytes < need)
     return "workspace_bytes " + std::to_string(p.workspace_bytes) + " is less than the " +
-           std::to_string(flash_bwd_workspace_bytes(p)) + " bytes flash_bwd_workspace_bytes asks";
+           std::to_string(need) + " bytes flash_bwd_workspace_bytes asks";
   return "";
 }
 
@@ -217,12 +217,12 @@ int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p) { return Scratch(p).b
 int64_t bwd_launch_count() { return launches.load(std::memory_order_relaxed); }
 
 Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
-  if (p.workspace_bytes < flash_bwd_workspace_bytes(p))  // (flash_bwd_unsupported says the rest)
+  const Scratch sc(p);
+  if (p.workspace_bytes < sc.bytes)  // (flash_bwd_unsupported says the rest)
     return Status::Invalid("flash_bwd: workspace_bytes " + std::to_string(p.workspace_bytes) +
                            " is less than flash_bwd_workspace_bytes(p) = " +
-                           std::to_string(flash_bwd_workspace_bytes(p)));
+                           std::to_string(sc.bytes));
   launches.fetch_add(1, std::memory_order_relaxed);
-  const Scratch sc(p);
   const int64_t pad = sq_pad(p), rows = p.batch * p.heads_q * pad;
   auto* base = static_cast<uint8_t*>(p.workspace);
   auto* lse2 = reinterpret_cast<float*>(base + sc.lse2);
