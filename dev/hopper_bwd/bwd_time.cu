@@ -9,7 +9,8 @@
 // (dk / dv bitwise; dq to rounding, its atomics add in any order), and how many dq values
 // one more call changes (FA_DETERMINISTIC=1: FlashBwdParams::deterministic, 0 expected).
 // FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap). FA_ALIBI=slope: ALiBi with
-// one slope, scores - slope |kv - q| (FlashBwdParams::alibi_*).
+// one slope, scores - slope |kv - q| (FlashBwdParams::alibi_*). FA_BIAS=1 / 2: a bias [1, H,
+// S, S] of values in [-1, 1), post- / pre-scale (no dbias), instead of a dense mask.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -84,6 +85,13 @@ int main(int argc, char** argv) {
     p.bias = m, p.mask_bias = true, p.bias_s = S;
     p.causal = false, p.left_bound = false;
   }
+  if (getenv("FA_BIAS") && atoi(getenv("FA_BIAS")) != 0) {
+    __nv_bfloat16* bias;
+    cudaMalloc(&bias, H * S * S * 2);
+    fill<<<1024, 256>>>(bias, H * S * S, 99);
+    p.bias = bias, p.bias_s = S, p.bias_h = S * S, p.bias_heads = H;
+    p.pre_scale_bias = atoi(getenv("FA_BIAS")) == 2;
+  }
   p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
   if (getenv("FA_SOFTCAP")) p.softcap = static_cast<float>(atof(getenv("FA_SOFTCAP")));
   if (getenv("FA_ALIBI")) {
@@ -144,7 +152,7 @@ int main(int argc, char** argv) {
     differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
   printf("%s%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "",
          p.alibi_slopes ? "[alibi] " : "");
-  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : "", (long long)D, (long long)B, (long long)S,
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : p.bias ? (p.pre_scale_bias ? " (pre-scale bias)" : " (bias)") : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
          sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str(), (long long)differ);

@@ -137,7 +137,8 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                 score_mod=None,
                 score_mod_operands=(),
                 score_mod_grads=False,
-                dropout_broadcast=False) -> BackendInfo:
+                dropout_broadcast=False,
+                bias_grads=True) -> BackendInfo:
     """The backend fused_attn would use for these arguments (arrays or ShapeDtypeStructs).
     score_mod / score_mod_operands: as fused_attn's (on the GPU: cuDNN's graph, where it
     builds and no bias comes with the score_mod; else fusedattn's CUDA flash kernels).
@@ -145,7 +146,9 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
     learnable ALiBi slope; fused_attn learns it from the jvp rule, so a call can only say
     it here): with is_training, the GPU answer is then the CUDA flash kernels' (cuDNN
     computes no operand gradient). dropout_broadcast: as fused_attn's (on the GPU with
-    dropout on: the CUDA flash kernels).
+    dropout on: the CUDA flash kernels). bias_grads: the caller takes the bias's gradient
+    (fused_attn learns it from the jvp rule); False answers for a bias that takes none (a
+    constant, a folded mask: on the GPU the Hopper backward can add it).
 
     platform: "cpu" or "gpu" (anything else raises ValueError); None means
     jax.default_backend(). On a machine with a GPU, a GPU query also builds the cuDNN
@@ -163,9 +166,10 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
                        dropout_broadcast=dropout_broadcast)
     except (ValueError, NotImplementedError) as e:
         return BackendInfo("none", False, str(e))
+    request = call.cfg.request_flags | (_lib.REQUEST_NO_DBIAS if not bias_grads else 0)
     if score_mod is not None:
         flags = _lib.REQUEST_SCORE_MOD_GRADS if score_mod_grads and is_training else 0
-        flags |= call.cfg.request_flags
+        flags |= request
         return _score_mod_backend(call, score_mod, score_mod_operands, platform,
                                   bool(is_training), bool(return_max_logit), flags)
     if not return_max_logit:
@@ -174,7 +178,7 @@ def get_backend(qkv, bias=None, sequence_descriptor=None, seed=0, *,
         if served:
             return BackendInfo("small_seq", True, reason)
     return _backend_info(call.params, platform, bool(is_training), bool(return_max_logit),
-                         call.cfg.request_flags)
+                         request)
 
 
 def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, attn_bias_type,

@@ -124,8 +124,6 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
-  if (p.bias_type != FA_NO_BIAS && !req.mask_bias)
-    return "its backward takes a bias only as a folded boolean mask (dot_product_attention's mask)";
   if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
@@ -337,12 +335,24 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
                             (measured_pre ? "measured faster than the CUDA flash kernels with a "
                                             "PRE_SCALE_BIAS at head dim 256"
                                           : "FUSEDATTN_HOPPER_FWD=1") +
-                            "; cuDNN cannot serve this call: " + why_not +
-                            "); backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
+                            "; cuDNN cannot serve this call: " + why_not + ")";
           }
-          // Their backward sums dq (and dbias, d softmax_offset, the score_mod operands'
-          // gradients) with float32 atomics: a deterministic call gets no backward here.
-          if (req.deterministic) {
+          // The Hopper backward takes the backward of those it can run (a pre-scale bias, a
+          // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
+          // kernels' (bench/RESULTS.md), with a deterministic dQ.
+          std::string bwd_no = hopper_bwd_reason(p, req, hopper_fwd_unsupported_reason(p, req, info));
+          if (bwd_no.empty() && (sm_call || req.index_base)) bwd_no = "a score_mod or an index_base";
+          if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0";
+          if (bwd_no.empty()) {
+            choice.backward = FA_BACKEND_HOPPER_BWD;
+            choice.reason += "; backward hopper: the Hopper flash backward, from this forward's lse";
+          } else if (choice.forward == FA_BACKEND_HOPPER_FWD) {
+            choice.reason += "; backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
+          }
+          // The flash kernels' backward sums dq (and dbias, d softmax_offset, the score_mod
+          // operands' gradients) with float32 atomics: a deterministic call gets no backward
+          // there.
+          if (req.deterministic && choice.backward == FA_BACKEND_CUDA_FLASH) {
             choice.backward = FA_BACKEND_NONE;
             choice.reason += "; no deterministic backward: the CUDA flash kernels' backward sums "
                              "dq with float32 atomics (not bitwise repeatable), and neither the "
@@ -390,7 +400,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       // second tanh there).
       std::string bwd_measured;
       if (bwd_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias && !req.deterministic)
-        bwd_measured = hopper_plain_measured(p, /*backward=*/true);
+        bwd_measured = p.bias_type != FA_NO_BIAS
+                           ? "a bias: its backward is not measured against cuDNN's yet"
+                           : hopper_plain_measured(p, /*backward=*/true);
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
         bwd_no = bwd_measured;
       std::string bwd;

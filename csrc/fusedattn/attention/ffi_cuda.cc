@@ -369,11 +369,12 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
 }
 
 // The Hopper flash backward's parameters for a call select_backend() gave it (a plain call,
-// softcap's or ALiBi's (form, its operands in sm), or a dense mask with no dbias); workspace:
-// its scratch, 256-byte aligned (null: sizing only) of workspace_bytes; deterministic: its
-// ordered dQ (kRequestDeterministic).
+// softcap's or ALiBi's (form, its operands in sm), or a bias or dense mask with no dbias);
+// workspace: its scratch, 256-byte aligned (null: sizing only) of workspace_bytes;
+// deterministic: its ordered dQ (kRequestDeterministic); mask_bias: the bias is a folded
+// mask (kRequestMaskBias; sizing takes it for any bias: the larger scratch).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
-                                         int64_t workspace_bytes, bool deterministic,
+                                         int64_t workspace_bytes, bool deterministic, bool mask_bias,
                                          const ScoreModForm& form = {}, const SmArgs& sm = {}) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
@@ -396,11 +397,12 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
   bp.left_bound = band.left_bound, bp.lo_diag = band.lo_diag;
   bp.bottom_right = band.bottom_right;
   if (has_padding(p.mask_type)) bp.q_lens = t.q_seqlens, bp.kv_lens = t.kv_seqlens, bp.lens_stride = p.max_segments;
-  if (p.bias_type != FA_NO_BIAS) {  // a dense mask (the only bias it takes)
+  if (p.bias_type != FA_NO_BIAS) {  // a bias or a folded mask (no dbias)
     bp.bias = t.bias;
     bp.bias_b = t.bias_b, bp.bias_h = t.bias_h, bp.bias_s = t.bias_s;
     bp.bias_batch = p.bias_batch, bp.bias_heads = p.bias_heads;
-    bp.mask_bias = true;
+    bp.pre_scale_bias = p.bias_type == FA_PRE_SCALE_BIAS;
+    bp.mask_bias = mask_bias;
     bp.mask_value = fa_masked_bias_value(p.dtype);
   }
   if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {  // its gradient (off-by-one's logit has none)
@@ -423,19 +425,19 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
   return bp;
 }
 
-// Bytes of the Hopper backward's workspace result (with the slack to align its start; the
-// mask's part is sized by mask_bias, which hopper_bwd_params sets, not by the pointers),
-// with room for the deterministic dQ's counters (8 bytes a 64-row block) either way.
+// Bytes of the Hopper backward's workspace result (with the slack to align its start; a
+// bias's part sized as a folded mask's, the larger), with room for the deterministic dQ's
+// counters (8 bytes a 64-row block) either way.
 size_t hopper_bwd_workspace(const AttnParams& p) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
-             hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true))) + 255;
+             hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true, /*mask_bias=*/true))) + 255;
 }
 
-// Runs the Hopper flash backward, which select_backend() chose (a dense mask's dbias, not
-// wanted: zeros there, never read).
+// Runs the Hopper flash backward, which select_backend() chose (a bias's or dense mask's
+// dbias, not wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
-                  const ScoreModForm& form, const SmArgs& sm) {
+                  bool mask_bias, const ScoreModForm& form, const SmArgs& sm) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   if (form.kind == ScoreModKind::kAlibi && !sm.call)
@@ -448,7 +450,8 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   const uintptr_t aligned = (u + 255) / 256 * 256;
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
-                        static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, form, sm);
+                        static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, mask_bias,
+                        form, sm);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
@@ -574,7 +577,8 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
-    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic, req.score_mod, sm);
+    return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic,
+                      (attrs.backend_flags & kRequestMaskBias) != 0, req.score_mod, sm);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
@@ -742,14 +746,15 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   // Whichever runs the forward (the score_mod's form, unknown here, may pick the Hopper
   // kernel), the workspace holds the Hopper forward's THD tables too.
   const int64_t hopper = backward ? 0 : static_cast<int64_t>(HopperPlan(p, backend_flags).plan.bytes());
-  if (choice.backend == FA_BACKEND_CUDA_FLASH) {
-    *bytes = std::max(hopper, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr)));
-    return Status::Ok();
-  }
-  // A backward the Hopper kernel can run is sized for it and for cuDNN's, whichever runs
-  // (set_hopper_bwd_override switches compiled functions between them at run time).
+  // A backward the Hopper kernel can run is sized for it and for cuDNN's or the flash
+  // kernels', whichever runs (set_hopper_bwd_override switches compiled functions between
+  // them at run time).
   const int64_t hopper_bwd =
       backward && hopper_bwd_unsupported_reason(p, req, info).empty() ? static_cast<int64_t>(hopper_bwd_workspace(p)) : 0;
+  if (choice.backend == FA_BACKEND_CUDA_FLASH) {
+    *bytes = std::max({hopper, hopper_bwd, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr))});
+    return Status::Ok();
+  }
   // A deterministic call's cuDNN graph would hold dP ([B, H, Sq, Skv]): not sized for when
   // the Hopper backward runs it.
   if (backward && req.deterministic && choice.backward == FA_BACKEND_HOPPER_BWD) {

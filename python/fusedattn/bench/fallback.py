@@ -4,7 +4,8 @@ Before issue 24 every GPU call that cuDNN and the Hopper forward decline ran ref
 under XLA (materialized [B, H, Sq, Skv] scores); fusedattn's generic CUDA flash attention
 ("cuda_flash") serves them now. Each row times fused_attn (its backend, from get_backend,
 in the table: a row that still falls back shows "xla_reference") beside anchors measured in
-the same run, forward and forward+backward (gradients of q, k, v):
+the same run, forward and forward+backward (gradients of q, k, v; a bias is a constant, so
+no dbias: on an H100 / H200 the Hopper backward then adds it):
   f32      float32 causal, B 1, S 8192, H 8, D 64 (fusedattn's matmuls follow jax's matmul
            precision: TF32 by default as XLA's, 3xTF32 under "highest") vs
            jax.nn.dot_product_attention(implementation="xla") at the default precision
@@ -146,7 +147,8 @@ def _fwd_bwd(f, n: int):
 def _backend(c, q, bias, bias_type, sm, training):
     grads = dict(score_mod_grads=True) if c["kind"] == "slopes" else {}
     info = fusedattn.get_backend((q, q, q), bias, None, None, attn_bias_type=bias_type,
-                                 attn_mask_type=CAUSAL, is_training=training, **sm, **grads)
+                                 attn_mask_type=CAUSAL, is_training=training, bias_grads=False,
+                                 **sm, **grads)
     return info.name if info.forward == info.backward else f"{info.forward}/{info.backward}"
 
 

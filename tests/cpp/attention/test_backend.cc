@@ -167,15 +167,16 @@ TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
   EXPECT_TRUE(has(c.reason, "index_base")) << c.reason;
   req = BackendRequest{};
   req.cudnn_rejected = true;
+  // A graph cuDNN rejected: the Hopper backward takes the backward it can run.
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "rejected")) << c.reason;
   // FUSEDATTN_HOPPER_FWD=1: the Hopper forward takes the forward it can run (not with an
   // index_base, nor at head dims it lacks).
   BackendOptions always;
   always.hopper_fwd = HopperMode::kAlways;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, always);
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   AttnParams d96 = hopper_params();
   d96.head_dim_qk = d96.head_dim_v = 96;
   c = select_backend(d96, FA_PLATFORM_CUDA, h100(), req, always);

@@ -107,32 +107,60 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(sliced, req, h100()), "one vmap slice"));
 }
 
-// Any other bias: the kernel adds it, but slower than cuDNN and the CUDA flash kernels
+// Any other bias: the forward adds it, but slower than cuDNN and the CUDA flash kernels
 // (bench/RESULTS.md), so only FUSEDATTN_HOPPER_FWD=1 sends it there: a post-scale bias with
-// cuDNN's backward, a pre-scale one (cuDNN serves none) with the CUDA flash backward. The
-// Hopper backward takes neither, dbias wanted or not.
-TEST(SelectBackend, HopperForwardAddsOtherBiases) {
+// cuDNN's backward, a pre-scale one (cuDNN serves none) with the flash kernels' forward. The
+// Hopper backward adds either when no dbias is wanted: a pre-scale bias's always (the flash
+// kernels' backward is the other choice), a post-scale one's with FUSEDATTN_HOPPER_BWD=1
+// (not measured against cuDNN's).
+TEST(SelectBackend, HopperKernelsAddOtherBiases) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
   for (bool no_dbias : {false, true}) {
     BackendRequest req;
     req.no_dbias = no_dbias;
+    const int32_t hopper_bwd = no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH;
     EXPECT_EQ(hopper_fwd_unsupported_reason(p, req, h100()), "");
-    EXPECT_TRUE(has(hopper_bwd_unsupported_reason(p, req, h100()), "folded boolean mask"));
+    EXPECT_EQ(has(hopper_bwd_unsupported_reason(p, req, h100()), "no dbias"), !no_dbias);
     BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
     expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
     EXPECT_TRUE(has(c.reason, "its bias path measured slower")) << c.reason;
+    if (no_dbias) EXPECT_TRUE(has(c.reason, "not measured against cuDNN's")) << c.reason;
     BackendOptions on;
     on.hopper_fwd = on.hopper_bwd = HopperMode::kAlways;
     c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, on);
-    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD,
+                   no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
     AttnParams pre = p;
     pre.bias_type = FA_PRE_SCALE_BIAS;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, hopper_bwd);
+    EXPECT_EQ(has(c.reason, "backward hopper"), no_dbias) << c.reason;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, on);
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, hopper_bwd);
     EXPECT_TRUE(has(c.reason, "PRE_SCALE_BIAS")) << c.reason;
+    EXPECT_TRUE(has(c.reason, no_dbias ? "backward hopper" : "backward cuda_flash")) << c.reason;
+    // Deterministic: the Hopper backward's ordered dQ, else none (the flash kernels'
+    // atomics).
+    BackendRequest det = req;
+    det.deterministic = true;
+    c = select_backend(pre, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH,
+                   no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_NONE);
+    // FUSEDATTN_HOPPER_BWD=0 and devices without wgmma keep the flash kernels' backward.
+    BackendOptions off;
+    off.hopper_bwd = HopperMode::kOff;
+    expect_kernels(select_backend(pre, FA_PLATFORM_CUDA, h100(), req, off), FA_BACKEND_CUDA_FLASH,
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    PlatformInfo ampere = h100();
+    ampere.sm = 80;
+    expect_kernels(select_backend(pre, FA_PLATFORM_CUDA, ampere, req, BackendOptions{}),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    // Head dim 256: no Hopper backward.
+    AttnParams pre256 = pre;
+    pre256.head_dim_qk = pre256.head_dim_v = 256;
+    EXPECT_EQ(select_backend(pre256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}).backward,
+              FA_BACKEND_CUDA_FLASH);
     // With a score_mod the kernels would add it after the modifier: the flash kernels.
     BackendRequest sm = with(ScoreModKind::kSoftcap);
     sm.no_dbias = no_dbias;

@@ -42,7 +42,7 @@ struct Rule {
     return p.sinks ? p.sinks[(b / p.sink_rows) * p.heads_q + h] : -INFINITY;
   }
   template <class T>
-  __device__ float bias(int64_t b, int64_t h, int64_t i, int64_t j) const {  // the dense mask's value
+  __device__ float bias(int64_t b, int64_t h, int64_t i, int64_t j) const {  // the bias's or dense mask's value
     return p.bias ? f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + i * p.bias_s + j]) : 0.0f;
   }
   template <class T>
@@ -51,7 +51,7 @@ struct Rule {
     lens(b, &q_len, &kv_len);
     const int64_t base = p.bottom_right ? kv_len - q_len : 0;
     return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
-           (!p.left_bound || j >= i + base + p.lo_diag) && !(p.bias && bias<T>(b, h, i, j) == p.mask_value);
+           (!p.left_bound || j >= i + base + p.lo_diag) && !(p.mask_bias && bias<T>(b, h, i, j) == p.mask_value);
   }
   template <class T>
   __device__ float score(int64_t b, int64_t h, int64_t i, int64_t j) const {
@@ -66,6 +66,7 @@ struct Rule {
       d = d * p.scale + p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
       return d;
     }
+    if (p.pre_scale_bias) return (d + bias<T>(b, h, i, j)) * p.scale;
     return d * p.scale + bias<T>(b, h, i, j);
   }
   // d score / d (scale q.k): softcap's 1 - tanh^2, else 1.
@@ -189,6 +190,8 @@ struct Case {
   int sink_slices = 0;  // learnable sinks [sink_slices, Hq] (0: none), dsinks [B, Hq] checked
   float softcap = 0.0f;  // FlashBwdParams::softcap (0: none)
   int alibi = 0;  // ALiBi: 1 slopes per head, 2 one slope; negative: |kv - q| (and sign -1)
+  int bias = 0;  // a bias (values of fill's amplitude 2) instead of a mask: 1 post-scale, 2 pre-scale;
+                 // the mask's extents (mask_b, mask_h)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -268,13 +271,15 @@ void run_case(const Case& cs) {
     p.q_lens = lens, p.kv_lens = lens + cs.B, p.lens_stride = 1;
   }
   T* mask = nullptr;
-  if (cs.mask) {
+  if (cs.mask || cs.bias) {
     const int64_t mb = cs.mask_b ? cs.B : 1, mh = cs.mask_h ? cs.Hq : 1;
     const int64_t n = mb * mh * cs.Sq * cs.Skv;
     CUDA_OK(cudaMalloc(&mask, n * sizeof(T)));
     p.mask_value = static_cast<float>(static_cast<T>(-0.7f * (cs.bf16 ? 3.3895313892515355e38f : 65504.0f)));
-    fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
-    p.bias = mask, p.mask_bias = true, p.bias_batch = mb, p.bias_heads = mh;
+    if (cs.mask) fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
+    else fill<<<1024, 256>>>(mask, n, seed++, 2.0f);
+    p.bias = mask, p.mask_bias = cs.mask != 0, p.pre_scale_bias = cs.bias == 2;
+    p.bias_batch = mb, p.bias_heads = mh;
     p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
     p.bias_b = cs.mask_b ? mh * cs.Sq * cs.Skv : 0;
   }
@@ -457,6 +462,15 @@ std::vector<Case> cases() {
        .Skv = 450, .alibi = 2});
   add({.name = "alibi_abs_d64_padding_det", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
        .kv_lens = {200, 256, 17}, .deterministic = true, .alibi = -2});
+  // A bias (no dbias), post- and pre-scale: per head, per batch row, both; GQA, padding,
+  // windows, head dim 64's dense variant, deterministic.
+  add({.name = "bias_post_causal_per_head", .causal = true, .Sq = 384, .Skv = 384, .mask_h = true, .bias = 1});
+  add({.name = "bias_pre_full_fp16_gqa_ragged", .bf16 = false, .Sq = 300, .Skv = 260, .Hq = 6, .Hkv = 2,
+       .mask_b = true, .bias = 2});
+  add({.name = "bias_pre_d64_padding_det", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
+       .kv_lens = {200, 256, 17}, .mask_b = true, .mask_h = true, .deterministic = true, .bias = 2});
+  add({.name = "bias_post_d64_window_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200,
+       .Skv = 450, .left = 90, .bias = 1});
   return c;
 }
 
@@ -474,18 +488,21 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   p.lse = reinterpret_cast<float*>(x), p.workspace = nullptr;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "lse and the workspace are required");
   alignas(256) static char ws[256];
-  p.workspace = ws, p.workspace_bytes = 1 << 20, p.bias = x, p.bias_s = 1;
-  EXPECT_EQ(flash_bwd_unsupported(p, 90), "a bias only as a folded mask (mask_bias): no dbias");
-  // The workspace is sized by mask_bias, before any pointer exists (the FFI handler sizes
-  // it at trace time).
-  p.mask_bias = true, p.bias = nullptr;
+  p.workspace = ws, p.workspace_bytes = 1 << 20;
+  // The workspace: a folded mask's bits and classes by mask_bias, before any pointer exists
+  // (the FFI handler sizes it at trace time so, for any bias); a bias's classes alone by its
+  // pointer.
+  p.mask_bias = true;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "mask_bias needs the bias (the folded mask)");
   p.seqlen_q = p.seqlen_kv = 1000;
   const int64_t sized = flash_bwd_workspace_bytes(p);
   p.bias = x, p.bias_s = 1000;
   EXPECT_EQ(flash_bwd_workspace_bytes(p), sized);
-  p.mask_bias = false, p.bias = nullptr;
-  EXPECT_LT(flash_bwd_workspace_bytes(p), sized);
+  p.mask_bias = false;
+  const int64_t bias_sized = flash_bwd_workspace_bytes(p);
+  EXPECT_LT(bias_sized, sized);
+  p.bias = nullptr;
+  EXPECT_LT(flash_bwd_workspace_bytes(p), bias_sized);
   p.dq_s = 3;  // dQ leaves in column pairs
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "strides of dq, dk and dv must be even");
   // A workspace sized before deterministic was set has no room for its counters.

@@ -4,7 +4,8 @@ runs every plain call it can (its launch counter moves), after the Hopper forwar
 cuDNN's (either forward's log-sum-exp serves it); gradients of q, k and v against the float32
 reference by test_score_mod_gpu.check's rule, in bf16 and fp16, over the masks, windows, GQA /
 MQA, ragged lengths and head dims 64 and 128; sinks (a learnable one's gradient), softcap
-and ALiBi (their backward always runs here). Dense masks: test_hopper_fwd_gpu.py."""
+and ALiBi (their backward always runs here); a bias without dbias. Dense masks:
+test_hopper_fwd_gpu.py."""
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import fusedattn
 from fusedattn import AttnMaskType, _lib
 from test_hopper_fwd_gpu import (PADDING_CASES, PLAIN_CASES, PLAIN_IDS, PLAIN_TARGETS, SM_TARGETS,
                                  _is_hopper, identity, inputs)
-from test_score_mod import ref_call
+from test_score_mod import B, HQ, ref_call
 from test_score_mod_gpu import check
 
 pytestmark = [pytest.mark.gpu,
@@ -211,3 +212,40 @@ def test_alibi_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, fn, per_
                                                 score_mod=fn, score_mod_operands=(slopes,))
     ref = lambda q, k, v: ref_call(q, k, v, fn, (slopes,), attn_mask_type=mask)
     check_hopper_bwd(ours, ref, (q, k, v), dout, SM_TARGETS)
+
+
+PRE, POST = fusedattn.AttnBiasType.PRE_SCALE_BIAS, fusedattn.AttnBiasType.POST_SCALE_BIAS
+BIAS_BWD = [  # bias type, mask, Sq, Skv, Hkv, the bias's batch and head extents, head dim, window
+    pytest.param(PRE, AttnMaskType.CAUSAL_MASK, 512, 512, 2, (1, HQ), 128, None, id="pre-causal-1h"),
+    pytest.param(PRE, AttnMaskType.NO_MASK, 300, 777, 4, (B, 1), 64, None, id="pre-full-b1-d64"),
+    pytest.param(POST, AttnMaskType.NO_MASK, 640, 640, 2, (B, HQ), 128, None, id="post-full-bh"),
+    pytest.param(POST, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 200, 650, 4, (1, 1), 64, (100, 0),
+                 id="post-window-bottom-right-11-d64"),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("bias_type,mask,Sq,Skv,hkv,extents,d,window", BIAS_BWD)
+def test_bias_gradients_without_dbias(key, dtype, bias_type, mask, Sq, Skv, hkv, extents, d, window):
+    """A bias that takes no gradient (a constant here): the Hopper backward adds it, before
+    the scale or after — a pre-scale bias's by default (after the CUDA flash kernels'
+    forward: cuDNN serves none), a post-scale one's with set_hopper_bwd("always") (after
+    cuDNN's forward). Gradients of q, k and v against the float32 reference."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
+    bias = (2.0 * jax.random.normal(jax.random.fold_in(key, 9), extents + (Sq, Skv))).astype(dtype)
+    kw = dict(attn_mask_type=mask, window_size=window, attn_bias_type=bias_type)
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), bias, None, None, **kw)
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), bias=bias.astype(jnp.float32), **kw)
+    info = lambda grads: fusedattn.get_backend(
+        (q, k, v), bias, attn_bias_type=bias_type, attn_mask_type=mask, window_size=window,
+        is_training=True, platform="gpu", bias_grads=grads)
+    if bias_type == PRE:  # cuDNN serves none: the flash kernels' backward when dbias is wanted
+        assert info(False).backward == "hopper" and info(True).backward == "cuda_flash"
+    else:
+        assert info(False).backward == "cudnn" and "not measured" in info(False).reason
+    if bias_type == POST:
+        _lib.set_hopper_bwd("always")
+    try:
+        check_hopper_bwd(ours, ref, (q, k, v), dout)
+    finally:
+        _lib.set_hopper_bwd(None)

@@ -73,13 +73,14 @@ struct BwdArgs {
   int slope_stride;
   float slope_mul;
   // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
-  // scores: no dbias): tiles classifies (tbl, 64-query block, 128-key block) as
-  // classify_mask does, keep_bits its bits (rows mask_m * 64 a table).
+  // scores: no dbias) or a bias (no dbias): tiles classifies (tbl, 64-query block, 128-key
+  // block) as classify_mask does (a bias: every tile 5, its values read; no bits),
+  // keep_bits a mask's bits (rows mask_m * 64 a table).
   const uint16_t* bias;
   int64_t bias_b, bias_h, bias_s;
-  float bias_mul;  // log2(e): the bias in the softmax's log2 units
+  float bias_mul;  // the bias in the softmax's log2 units: log2(e), scale log2(e) pre-scale
   int bias_heads;
-  uint16_t masked_bits;
+  uint32_t masked_bits;  // a mask's dropped value; kNoMaskedBits for a bias (none dropped)
   const uint8_t* tiles;
   const uint32_t* keep_bits;
   int words_per_row, mask_m, mask_n;
@@ -87,6 +88,9 @@ struct BwdArgs {
   // sq_pad / 64, 2]: head dim 128, a group's 64 columns each; else slot 0), zero at launch.
   int* dq_sem;
 };
+
+// BwdArgs::masked_bits of a bias: no 16-bit value equals it.
+constexpr uint32_t kNoMaskedBits = 0x10000u;
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
@@ -413,9 +417,11 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
           for (int r = 0; r < 2; ++r) {
             const int i = 4 * j + 2 * r + e, key = key0 + 8 * r;
             // the forward's score functors (fwd_kernel.cuh): ALiBi's x, softcap's t below
-            float x = kAlibi ? AlibiScores<kMod == kBwdAlibiAbs>::pre(s[i], a.scale_log2, slope, 0.0f,
-                                                                      static_cast<float>(key - q))
-                             : s[i] * a.scale_log2;
+            float x;
+            if constexpr (kAlibi)
+              x = AlibiScores<kMod == kBwdAlibiAbs>::pre(s[i], a.scale_log2, slope, 0.0f, static_cast<float>(key - q));
+            else
+              x = s[i] * a.scale_log2;
             bool drop = false;
             if constexpr (kMode == 1) drop = !((word >> (8 * r)) & 1u);
             if constexpr (kMode == 2) {

@@ -23,11 +23,18 @@ int64_t sq_pad(const FlashBwdParams& p) {
   return (p.seqlen_q + BwdDims::kPadM - 1) / BwdDims::kPadM * BwdDims::kPadM;
 }
 // The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask).
-uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && !p.mask_bias ? 128 : 64; }
+// (a bias, a folded mask's or not, runs the dense variants).
+uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && !p.bias ? 128 : 64; }
 int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
 MaskTiles mask_tiles(const FlashBwdParams& p) {
   return MaskTiles(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, BwdDims::kBlockM, BwdDims::kBlockN);
+}
+// The dense variants' scratch: a folded mask's bits and classes (mask_bias, the pointer
+// aside: the most a bias can need), a bias's classes only.
+int64_t mask_scratch_bytes(const FlashBwdParams& p) {
+  const MaskTiles mt = mask_tiles(p);
+  return p.mask_bias ? mt.bytes : p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
 }
 
 struct Scratch {  // byte offsets into the workspace
@@ -37,7 +44,7 @@ struct Scratch {  // byte offsets into the workspace
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
     mask = dq_acc + align256(rows * p.head_dim * 4);
-    sem = mask + (p.mask_bias ? align256(mask_tiles(p).bytes) : 0);
+    sem = mask + align256(mask_scratch_bytes(p));
     bytes = sem + (p.deterministic ? align256(rows / kBlockM * 2 * 4) : 0);
   }
 };
@@ -188,8 +195,7 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (s % 2 != 0) return "strides of dq, dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
   if (p.mask_bias && !p.bias) return "mask_bias needs the bias (the folded mask)";
-  if (p.bias) {
-    if (!p.mask_bias) return "a bias only as a folded mask (mask_bias): no dbias";
+  if (p.bias) {  // (a bias's gradient: none computed, the caller wants none)
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
       return "the bias's batch and head extents must be 1 or the call's";
     if (p.bias_b < 0 || p.bias_h < 0 || p.bias_s < p.seqlen_kv)
@@ -291,19 +297,27 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
     a.bias_s = p.bias_s;
     a.bias_heads = static_cast<int>(p.bias_heads);
-    a.bias_mul = 1.4426950408889634f;
-    a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
-                           : __half_as_ushort(__float2half_rn(p.mask_value));
+    // A pre-scale bias joins q.k before the scale: (s + b) scale log2(e).
+    a.bias_mul = (p.pre_scale_bias ? p.scale : 1.0f) * 1.4426950408889634f;
     const MaskTiles mt = mask_tiles(p);
-    auto* bits = reinterpret_cast<uint32_t*>(base + sc.mask);
-    auto* tiles = base + sc.mask + mt.tiles_at;
-    const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
-                    static_cast<unsigned>(mt.tables));
-    classify_mask<BwdDims::kBlockN><<<grid, 256, 0, stream>>>(
-        a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
-        a.masked_bits, tiles, bits);
-    FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    a.tiles = tiles, a.keep_bits = bits;
+    if (p.mask_bias) {  // classify the folded mask's tiles (empty ones skipped, bits or values read)
+      a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
+                             : __half_as_ushort(__float2half_rn(p.mask_value));
+      auto* bits = reinterpret_cast<uint32_t*>(base + sc.mask);
+      auto* tiles = base + sc.mask + mt.tiles_at;
+      const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
+                      static_cast<unsigned>(mt.tables));
+      classify_mask<BwdDims::kBlockN><<<grid, 256, 0, stream>>>(
+          a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
+          static_cast<uint16_t>(a.masked_bits), tiles, bits);
+      FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      a.tiles = tiles, a.keep_bits = bits;
+    } else {  // a bias: every tile keeps its keys and reads its values (class 5), none dropped
+      a.masked_bits = kNoMaskedBits;
+      auto* tiles = base + sc.mask;
+      FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tiles, 5, mt.tables * mt.num_m * mt.num_n, stream));
+      a.tiles = tiles, a.keep_bits = nullptr;
+    }
     a.words_per_row = static_cast<int>(mt.words_per_row);
     a.mask_m = static_cast<int>(mt.num_m), a.mask_n = static_cast<int>(mt.num_n);
   }

@@ -45,11 +45,14 @@ struct FlashBwdParams {
   const int32_t* q_lens = nullptr;
   const int32_t* kv_lens = nullptr;
   int64_t lens_stride = 1;
-  // A dense mask (FlashFwdParams' fields of the same names; mask_bias must be set: a real
-  // bias would want dbias): its kept keys' values, if any, join the scores. The backward
-  // classifies its tiles again (64 queries x 128 keys) into the workspace.
+  // A bias (FlashFwdParams' fields of the same names), added to the scores after the scale
+  // or, pre_scale_bias, before it; no dbias is computed (the caller wants none). mask_bias:
+  // it is a folded mask (keys holding mask_value dropped, its kept keys' values, if any,
+  // added), whose tiles the backward classifies again (64 queries x 128 keys) into the
+  // workspace and skips where empty.
   const void* bias = nullptr;
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
+  bool pre_scale_bias = false;
   bool mask_bias = false;
   float mask_value = 0.0f;
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
@@ -83,9 +86,10 @@ struct FlashBwdParams {
 // first reason it cannot.
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
 
-// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, a dense mask's tiles
-// (by p.mask_bias), deterministic's counters (the pointers do not matter, so a caller may
-// size before it has them).
+// Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, deterministic's
+// counters, a folded mask's bits and classes (by mask_bias) or a bias's classes (by the
+// pointer). Only that pointer matters, so a caller may size before it has them, with
+// mask_bias set for any bias (the most either needs).
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 
 // Enqueues the backward on `stream` (three kernels: rows' D, the blocks, dQ's conversion).
