@@ -3,7 +3,8 @@
 # and session 32's owed ALiBi tests. Built on the CPU machine: the wheel (README: `pip wheel .
 # ... -C cmake.define.FUSEDATTN_CUDA=ON`), the kernel tests (`scripts/cuda_tests.sh build`) and
 # bwd_time (its header's line). PART=1: kernel tests, bwd_time (plain / bias / pre-scale bias /
-# softcap / ALiBi), `bench fallback --kinds pre_bias`; PART=2: the Python GPU tests in shards
+# softcap / ALiBi), `bench fallback --kinds pre_bias`, a post-scale bias's
+# forward+backward with either backward (bias_vs_cudnn.py); PART=2: the Python GPU tests in shards
 # (each compiles for a minute or more: keep them split). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,8 @@ if [ "${PART:-1}" = 1 ]; then
   source scripts/gpu_env.sh
   timeout 300 "$PY" -m fusedattn bench fallback --kinds pre_bias --repeats 3 --out "$OUT/bench-fallback.json" \
     > "$OUT/bench-fallback.log" 2>&1
-  echo "bench rc=$?"; tail -15 "$OUT/bench-fallback.log"
+  echo "bench rc=$?"; tail -4 "$OUT/bench-fallback.log"
+  timeout 230 "$PY" dev/hopper_bwd/bias_vs_cudnn.py --rounds 1 2>&1 | tee "$OUT/bias_vs_cudnn.log" | tail -8
 else
   timeout 560 scripts/gpu_shards.sh \
     "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and hopper-fwd'" "$T/attention/test_hopper_bwd_gpu.py -k 'alibi and bf16 and cudnn-fwd'" \

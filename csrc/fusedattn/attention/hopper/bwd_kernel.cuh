@@ -41,6 +41,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "fusedattn/attention/hopper/fwd_kernel.cuh"  // pack2, clamp_edge, kNoEdge
@@ -50,6 +51,11 @@ namespace fusedattn::cuda::hopper {
 
 struct BwdArgs {
   CUtensorMap q, k, v, dout;  // {D, S, H, B}; q and dout boxes {64, 64}, k and v {64, 128}
+  // The bias's {Skv, Sq, H, B} (boxes {64, 64}: two a tile) when bias_tma: its tiles come
+  // through shared memory (BwdSmem::bias) with Q and dO; else (rows not 16-byte multiples)
+  // each value is read from global memory where it is added.
+  CUtensorMap bias_map;
+  int bias_tma;
   // [B * Hq, sq_pad] (sq_pad: Sq rounded up to 64): lse in log2 units (+inf where a row's P
   // is 0: a row that keeps nothing, a padded or absent one) and D = rowsum(dO * O).
   const float* lse2;
@@ -119,6 +125,13 @@ __device__ __forceinline__ bool wait_turn(const int* sem, int turn) {
   }
   return true;
 }
+// Four 8 x 8 blocks of 16-bit values, transposed: r[m] holds block m's (row 2 (lane % 4) + 0, 1;
+// column lane / 4); lane L gives the address of block L / 8's row L % 8 (16 bytes).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
@@ -147,6 +160,9 @@ struct BwdSmem {
   float lse2[2][kM];
   float dsum[2][kM];
   uint64_t kv_full, full[2];
+  // The dense variants' bias tiles (BwdArgs::bias_tma), with the stage's Q and dO: kM rows of
+  // two 64-key spans, 128-byte swizzled. Last: the other variants' shared memory ends before it.
+  alignas(1024) uint8_t bias[2][2 * kM * 128];
 };
 // dq_acc's order: each 64-row block of a (batch, head) holds kD * 64 floats, as the groups'
 // dQ parts leave shared memory: head dim 128, group w's columns 64w.. at 4096 w; a part a
@@ -159,8 +175,12 @@ __host__ __device__ inline int bwd_dq_index(int kD, int row, int col) {
   return w * 4096 + (j * 128 + tid) * 4 + 2 * (row % 16 / 8);
 }
 
+template <class Smem>
+constexpr size_t kBiasAt = offsetof(Smem, bias);
 template <int kD, bool kDense>
-constexpr size_t kBwdSmemBytes = sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense>>) + 1024;
+constexpr size_t kBwdSmemBytes =
+    (kDense ? sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense>>) : kBiasAt<BwdSmem<kD, kBwdBlockM<kD, kDense>>>) + 1024;
+static_assert(kBwdSmemBytes<128, true> <= 227 * 1024, "the dense head dim 128 variant's shared memory");
 
 // The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
 struct BwdTile {
@@ -206,7 +226,7 @@ enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs 
 template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = kBwdPlain>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
-  constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
+  [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
   static_assert(kMod == kBwdPlain || !kDense, "a score modifier takes no dense mask");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
@@ -251,10 +271,18 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // Stage st's Q, dO, lse2 and D of iteration it.
   auto load = [&](int it, int st) {
     const int h = head_of(it), m0 = block_of(it) * kBlockM;
-    mbar_expect_bytes(&sm.full[st], 2 * kSpans * kQ + 2 * kBlockM * 4);
+    // a tile whose bias values join the scores (class bit 2): its bias tile too
+    const bool bias_tile = kDense && a.bias_tma && (class_of(it) & 4);
+    mbar_expect_bytes(&sm.full[st], 2 * kSpans * kQ + 2 * kBlockM * 4 + (bias_tile ? 2 * kQ : 0));
     for (int sp = 0; sp < kSpans; ++sp) {
       tma_load_4d(&a.q, &sm.full[st], sm.q[st] + sp * kQ, 64 * sp, m0, h, b);
       tma_load_4d(&a.dout, &sm.full[st], sm.dout[st] + sp * kQ, 64 * sp, m0, h, b);
+    }
+    if constexpr (kDense) {
+      if (bias_tile)
+        for (int sp = 0; sp < 2; ++sp)
+          tma_load_4d(&a.bias_map, &sm.full[st], sm.bias[st] + sp * kQ, tile.n0 + 64 * sp, m0,
+                      a.bias_heads > 1 ? h : 0, a.bias_b ? b : 0);
     }
     const int64_t row = (int64_t{b} * a.heads_q + h) * a.sq_pad + m0;
     bulk_load(sm.lse2[st], a.lse2 + row, kBlockM * 4, &sm.full[st]);
@@ -392,7 +420,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
     // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh). kMode: 0 the band alone, 1 a
     // dense mask's bits (a word a query: the block's 32 keys of this thread's two), 2 its
-    // 16-bit values (dropped, or a bias added).
+    // 16-bit values (dropped, or a bias added), 3 a bias's values from the stage's tile
+    // (class bit 3: none dropped).
     const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + BwdDims::kBlockN > tile.kv_len ||
                       (kCausal && tile.n0 + BwdDims::kBlockN - 1 > m0 + tile.diag) ||
                       (tile.lo_diag != kNoEdge && tile.n0 < m0 + kBlockM - 1 + tile.lo_diag);
@@ -404,9 +433,20 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
                                                             a.words_per_row + n * 4 + key_l / 32
                                         : nullptr;
       const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
-      const float slope = kAlibi ? a.slopes[h * a.slope_stride] * a.slope_mul : 0.0f;
+      [[maybe_unused]] const float slope = kAlibi ? a.slopes[h * a.slope_stride] * a.slope_mul : 0.0f;
+      // kMode 3: the bias pairs (queries c, c + 1 of key key_l + 8 r) of query chunks j, j + 1,
+      // four 8 x 8 blocks of the stage's tile transposed by one ldmatrix (block 2 (j % 2) + r;
+      // lane L addresses row L % 8 of block L / 8: query 8 (j + L / 16) + L % 8, keys
+      // 16 warp + 8 (L / 8 % 2) of span w, 128-byte swizzled).
+      [[maybe_unused]] uint32_t bv[4];
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
+        if constexpr (kMode == 3) {
+          if (j % 2 == 0) {
+            const int c = 8 * (j + lane / 16) + lane % 8, chunk = 2 * warp + lane / 8 % 2;
+            ldsm_x4_trans(bv, smem_addr(sm.bias[st] + w * kQ + c * 128 + ((chunk ^ (c % 8)) << 4)));
+          }
+        }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * j + 2 * (lane % 4) + e, q = m0 + c;
@@ -425,11 +465,23 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
             bool drop = false;
             if constexpr (kMode == 1) drop = !((word >> (8 * r)) & 1u);
             if constexpr (kMode == 2) {
-              if (q < a.seqlen_q && key < a.seqlen_kv) {
-                const uint16_t v = bias[int64_t{q} * a.bias_s + key];
-                if (v == a.masked_bits) drop = true;
-                else x = fmaf(bits_to_float<kBf16>(v), a.bias_mul, x);
+              // the stage's tile: row c, key kl = key_l + 8 r's 16-byte chunk (kl % 64) / 8 of
+              // span kl / 64 at chunk ^ (c % 8) (128-byte swizzle); rows and keys past the
+              // extents read 0 there (the edge drops them)
+              uint16_t v = 0;
+              if (a.bias_tma) {
+                const int kl = key_l + 8 * r;
+                v = *reinterpret_cast<const uint16_t*>(sm.bias[st] + (kl / 64) * kQ + c * 128 +
+                                                       ((((kl % 64) / 8) ^ (c % 8)) * 16) + (kl % 8) * 2);
+              } else if (q < a.seqlen_q && key < a.seqlen_kv) {
+                v = bias[int64_t{q} * a.bias_s + key];
               }
+              if (v == a.masked_bits) drop = true;
+              else x = fmaf(bits_to_float<kBf16>(v), a.bias_mul, x);
+            }
+            if constexpr (kMode == 3) {
+              const uint32_t pair = bv[2 * (j % 2) + r];
+              x = fmaf(bits_to_float<kBf16>(static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu)), a.bias_mul, x);
             }
             if (kEdge && (q >= tile.q_len || key >= tile.kv_len || (kCausal && key > q + tile.diag) ||
                          (tile.lo_diag != kNoEdge && key < q + tile.lo_diag)))
@@ -453,6 +505,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if (!kDense || cls == 1) {
       if (edge) probs(std::integral_constant<int, 0>{}, Yes{});
       else probs(std::integral_constant<int, 0>{}, No{});
+    } else if (cls & 8) {  // a bias through the copy engine: no key dropped by value
+      if (edge) probs(std::integral_constant<int, 3>{}, Yes{});
+      else probs(std::integral_constant<int, 3>{}, No{});
     } else if (cls & 4) {
       probs(std::integral_constant<int, 2>{}, Yes{});
     } else {

@@ -297,6 +297,12 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
     a.bias_s = p.bias_s;
     a.bias_heads = static_cast<int>(p.bias_heads);
+    // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map).
+    if (rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
+      FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
+                                   p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
+      a.bias_tma = 1;
+    }
     // A pre-scale bias joins q.k before the scale: (s + b) scale log2(e).
     a.bias_mul = (p.pre_scale_bias ? p.scale : 1.0f) * 1.4426950408889634f;
     const MaskTiles mt = mask_tiles(p);
@@ -313,9 +319,11 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       a.tiles = tiles, a.keep_bits = bits;
     } else {  // a bias: every tile keeps its keys and reads its values (class 5), none dropped
+      // (class bit 3: through ldmatrix from the stage's tile when bias_tma)
       a.masked_bits = kNoMaskedBits;
       auto* tiles = base + sc.mask;
-      FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tiles, 5, mt.tables * mt.num_m * mt.num_n, stream));
+      FA_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(tiles, a.bias_tma ? 13 : 5, mt.tables * mt.num_m * mt.num_n, stream));
       a.tiles = tiles, a.keep_bits = nullptr;
     }
     a.words_per_row = static_cast<int>(mt.words_per_row);

@@ -1,0 +1,52 @@
+"""A post-scale bias that takes no gradient: fused_attn's forward+backward (gradients of q, k,
+v; the bias a constant) with the Hopper backward and with cuDNN's, the same compiled function
+switched by fusedattn._lib.set_hopper_bwd, alternating rounds; the forward alone beside them
+(cuDNN's, the default for a bias). bf16, B * S = 16384, H * D = 2048, bias [1, H, S, S].
+  python dev/hopper_bwd/bias_vs_cudnn.py [--seqlens 4096] [--head-dims 64 128] [--rounds 2]"""
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import fusedattn
+from fusedattn import AttnBiasType, AttnMaskType, _lib
+from fusedattn.bench.common import time_fn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    print(f"{'D':>4} {'S':>6} {'mask':7} {'fwd ms':>8} {'f+b hopper':>11} {'f+b cudnn':>10} {'cudnn/hopper':>12}")
+    for d in args.head_dims:
+        for s in args.seqlens:
+            for mask in (AttnMaskType.CAUSAL_MASK, AttnMaskType.NO_MASK):
+                b, h = 16384 // s, 2048 // d
+                ks = jax.random.split(jax.random.PRNGKey(s + d), 5)
+                q, k, v, do = (jax.random.normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks[:4])
+                bias = jax.random.normal(ks[4], (1, h, s, s), jnp.bfloat16)
+                f = lambda q, k, v: fusedattn.fused_attn((q, k, v), bias, None, None,
+                                                         attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+                                                         attn_mask_type=mask)
+                loss = lambda q, k, v, do: jnp.sum(f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+                fb = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                fwd = jax.jit(f)
+                times = {"hopper": [], "cudnn": []}
+                for _ in range(args.rounds):
+                    for mode, name in (("always", "hopper"), ("off", "cudnn")):
+                        _lib.set_hopper_bwd(mode)
+                        before = _lib.hopper_bwd_launches()
+                        times[name].append(time_fn(fb, (q, k, v, do), repeats=5)[0] * 1e3)
+                        ran = _lib.hopper_bwd_launches() > before
+                        assert ran == (name == "hopper"), (name, ran)
+                _lib.set_hopper_bwd(None)
+                tf = time_fn(fwd, (q, k, v), repeats=5)[0] * 1e3
+                th, tc = min(times["hopper"]), min(times["cudnn"])
+                print(f"{d:4d} {s:6d} {mask.name[:7]:7} {tf:8.3f} {th:11.3f} {tc:10.3f} {tc / th:12.2f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
