@@ -5,8 +5,10 @@ hopper/measured.h sends it: the "fwd" column names the kernel that ran) beside j
 implementation="cudnn" (XLA's own cuDNN fusion) and "xla", in the same run, bf16:
 head dims 64/128/256, B*S = 16384 tokens with S in {1024, 4096, 16384}, H = 2048 / D,
 causal and not, forward and forward+backward; plus GQA (Hq = 4 Hkv), THD packed
-ragged sequences (jax's anchor: the same sequences padded, with seq lengths) and a
-sliding window of 256. TFLOP/s count the kept (query, key) pairs: 4*B*H*D per pair
+ragged sequences (jax's anchor: the same sequences padded, with seq lengths), a
+sliding window of 256 and a post-scale bias [1, H, S, S] that takes no gradient (jax's
+`bias=`; a constant, so fused_attn computes no dbias). The "fwd" column names the forward
+kernel that ran, "bwd" (forward+backward rows) the backward's. TFLOP/s count the kept (query, key) pairs: 4*B*H*D per pair
 (full: Sq*Skv, causal: S*(S+1)/2 ~ half), forward+backward 3.5x forward.
 ratio = the jax cudnn anchor's time / ours (>= 1: we are faster).
 Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py), and
@@ -49,6 +51,7 @@ def _case_list(args):
         cases.append(dict(kind="gqa", D=D, Hq=H, Hkv=H // 4, S=S, B=B, causal=True))
         cases.append(dict(kind="window256", D=D, Hq=H, Hkv=H, S=S, B=B, causal=True, window=256))
         cases.append(dict(kind="thd", D=D, Hq=H, Hkv=H, S=S, B=B, causal=True, segments=4))
+        cases.append(dict(kind="bias", D=D, Hq=H, Hkv=H, S=S, B=B, causal=True))
     return cases
 
 
@@ -96,20 +99,29 @@ def _impls(c, q, k, v, dout, thd=None):
         return {"fusedattn": (ours, (q, k, v, dout)),
                 "jax_cudnn": (anchor, (n(q), n(k), n(v), n(dout)))}
 
+    bias = _bias(c) if c["kind"] == "bias" else None
+
     def ours(q, k, v):
-        return fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask,
-                                    window_size=window)
+        return fusedattn.fused_attn((q, k, v), bias, None, None, attn_mask_type=mask,
+                                    window_size=window, attn_bias_type=fusedattn.AttnBiasType.NO_BIAS
+                                    if bias is None else fusedattn.AttnBiasType.POST_SCALE_BIAS)
 
     impls = {"fusedattn": (ours, (q, k, v, dout))}
     for impl in ("cudnn", "xla"):
         def anchor(q, k, v, impl=impl):
-            return jax.nn.dot_product_attention(q, k, v, is_causal=c["causal"], implementation=impl,
-                                                local_window_size=window)
+            return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=c["causal"],
+                                                implementation=impl, local_window_size=window)
         impls[f"jax_{impl}"] = (anchor, (q, k, v, dout))
-    if window is None:  # in float16: its bfloat16 path fails in jax 0.11.2 (a dtype mismatch)
+    if window is None and bias is None:  # in float16: its bfloat16 path fails in jax 0.11.2 (a dtype mismatch)
         f16 = lambda x: x.astype(jnp.float16)
         impls["pallas_mgpu"] = (_pallas_mgpu(c), (f16(q), f16(k), f16(v), f16(dout)))
     return impls
+
+
+def _bias(c):
+    """The bias row's [1, H, S, S] bf16 bias (added after the scale, as jax's `bias=`)."""
+    shape = (1, c["Hq"], c["S"], c["S"])
+    return jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32).astype(jnp.bfloat16)
 
 
 def _pallas_mgpu(c):
@@ -154,7 +166,7 @@ def run(args):
                     continue  # materializes B*H*S*S scores: out of memory or minutes
                 fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
                 fargs = inputs if backward else inputs[:3]
-                launches = _lib.hopper_fwd_launches()
+                launches, bwd_launches = _lib.hopper_fwd_launches(), _lib.hopper_bwd_launches()
                 try:
                     sec, _ = time_fn(fn, fargs, repeats=args.repeats)
                 except Exception as e:  # an anchor that rejects the shape: say so in the row
@@ -162,9 +174,12 @@ def run(args):
                     continue
                 row[f"{name}_ms"] = sec * 1e3
                 row[f"{name}_tflops"] = flops / sec / 1e12
-                if name == "fusedattn":  # the forward kernel that ran
+                if name == "fusedattn":  # the kernels that ran
                     row["fwd_kernel"] = ("hopper" if _lib.hopper_fwd_launches() > launches
                                          else "cudnn")
+                    if backward:
+                        row["bwd_kernel"] = ("hopper" if _lib.hopper_bwd_launches() > bwd_launches
+                                             else "cudnn")
             if "jax_cudnn_ms" in row and "fusedattn_ms" in row:
                 row["ratio"] = row["jax_cudnn_ms"] / row["fusedattn_ms"]
             if "jax_xla_ms" in row and "fusedattn_ms" in row:
@@ -177,7 +192,7 @@ def run(args):
 
 
 _HEADER = (f"{'case':10} {'D':>4} {'S':>6} {'B':>3} {'causal':>6} {'mode':8} | {'ours TF/s':>9} | "
-           f"{'cudnn TF/s':>10} {'xla TF/s':>8} {'pallas TF/s':>11} | {'ratio':>6} {'fwd':>6}")
+           f"{'cudnn TF/s':>10} {'xla TF/s':>8} {'pallas TF/s':>11} | {'ratio':>6} {'fwd':>6} {'bwd':>6}")
 
 
 def _fmt(r):
@@ -186,7 +201,7 @@ def _fmt(r):
     return (f"{r['kind']:10} {r['D']:4d} {r['S']:6d} {r['B']:3d} {str(r['causal']):>6} {r['mode']:8} | "
             f"{g('fusedattn_tflops'):>9} | {g('jax_cudnn_tflops'):>10} {g('jax_xla_tflops'):>8}"
             f" {g('pallas_mgpu_tflops'):>11} | {ratio:>6}"
-            f" {r.get('fwd_kernel', '-'):>6}")
+            f" {r.get('fwd_kernel', '-'):>6} {r.get('bwd_kernel', '-'):>6}")
 
 
 def _plot(rows, path):

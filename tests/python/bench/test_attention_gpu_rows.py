@@ -1,0 +1,29 @@
+"""The GPU attention bench's rows (fusedattn/bench/attention_gpu.py) compare the same math:
+run here on the CPU engine and XLA at a tiny size (the GPU runs them at the grid's)."""
+
+import argparse
+
+import numpy as np
+
+from fusedattn.bench import attention_gpu
+
+
+def test_the_grid_has_a_bias_row():
+    args = argparse.Namespace(head_dims=[64], seqlens=[1024], tokens=16384)
+    kinds = [c["kind"] for c in attention_gpu._case_list(args)]
+    assert kinds.count("bias") == 1 and {"mha", "gqa", "window256", "thd"} <= set(kinds)
+
+
+def test_bias_row_ours_and_jax_agree(key):
+    """fused_attn with a POST_SCALE_BIAS and jax.nn.dot_product_attention(bias=) are the same
+    attention (jax adds the bias after the scale); no Pallas anchor (it takes no bias)."""
+    c = dict(kind="bias", D=32, Hq=2, Hkv=2, S=64, B=2, causal=True)
+    q, k, v, dout = attention_gpu._inputs(c, key)
+    impls = attention_gpu._impls(c, q, k, v, dout)
+    assert set(impls) == {"fusedattn", "jax_cudnn", "jax_xla"}
+    ours, xla = impls["fusedattn"][0](q, k, v), impls["jax_xla"][0](q, k, v)
+    err = np.abs(np.asarray(ours, np.float32) - np.asarray(xla, np.float32)).max()
+    assert err < 3e-2, err
+    # and not the same as without the bias: the row really adds it
+    plain = attention_gpu._impls(dict(c, kind="mha"), q, k, v, dout)["jax_xla"][0](q, k, v)
+    assert np.abs(np.asarray(plain, np.float32) - np.asarray(xla, np.float32)).max() > 0.1
