@@ -80,8 +80,9 @@ struct BwdArgs {
   float slope_mul;
   // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
   // scores: no dbias) or a bias (no dbias): tiles classifies (tbl, 64-query block, 128-key
-  // block) as classify_mask does (a bias: every tile 5, its values read; no bits),
-  // keep_bits a mask's bits (rows mask_m * 64 a table).
+  // block) as classify_mask does (a bias: every tile 5, its values read, or 13 with its
+  // tiles by TMA, bit 3: read by ldmatrix; no bits), keep_bits a mask's bits (rows
+  // mask_m * 64 a table).
   const uint16_t* bias;
   int64_t bias_b, bias_h, bias_s;
   float bias_mul;  // the bias in the softmax's log2 units: log2(e), scale log2(e) pre-scale
