@@ -327,9 +327,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // rest with FUSEDATTN_HOPPER_FWD=1.
           const bool measured_pre = p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256 &&
                                     opts.hopper_fwd == HopperMode::kMeasured;
+          const std::string fwd_rules = hopper_fwd_unsupported_reason(p, req, info);
           if (req.score_mod.kind == ScoreModKind::kNone && !req.index_base &&
-              (opts.hopper_fwd == HopperMode::kAlways || measured_pre) &&
-              hopper_fwd_unsupported_reason(p, req, info).empty()) {
+              (opts.hopper_fwd == HopperMode::kAlways || measured_pre) && fwd_rules.empty()) {
             choice.forward = FA_BACKEND_HOPPER_FWD;
             choice.reason = std::string("forward hopper: the Hopper flash forward (") +
                             (measured_pre ? "measured faster than the CUDA flash kernels with a "
@@ -340,7 +340,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // The Hopper backward takes the backward of those it can run (a pre-scale bias, a
           // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
           // kernels' (bench/RESULTS.md), with a deterministic dQ.
-          std::string bwd_no = hopper_bwd_reason(p, req, hopper_fwd_unsupported_reason(p, req, info));
+          std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
           if (bwd_no.empty() && (sm_call || req.index_base)) bwd_no = "a score_mod or an index_base";
           if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0";
           if (bwd_no.empty()) {

@@ -14,8 +14,8 @@ import pytest
 
 import fusedattn
 from fusedattn import AttnMaskType, _lib
-from test_hopper_fwd_gpu import (PADDING_CASES, PLAIN_CASES, PLAIN_IDS, PLAIN_TARGETS, SM_TARGETS,
-                                 _is_hopper, identity, inputs)
+from test_hopper_fwd_gpu import (POST, PRE, PADDING_CASES, PLAIN_CASES, PLAIN_IDS, PLAIN_TARGETS,
+                                 SM_TARGETS, _is_hopper, identity, inputs)
 from test_score_mod import B, HQ, ref_call
 from test_score_mod_gpu import check
 
@@ -214,7 +214,6 @@ def test_alibi_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, fn, per_
     check_hopper_bwd(ours, ref, (q, k, v), dout, SM_TARGETS)
 
 
-PRE, POST = fusedattn.AttnBiasType.PRE_SCALE_BIAS, fusedattn.AttnBiasType.POST_SCALE_BIAS
 BIAS_BWD = [  # bias type, mask, Sq, Skv, Hkv, the bias's batch and head extents, head dim, window
     pytest.param(PRE, AttnMaskType.CAUSAL_MASK, 512, 512, 2, (1, HQ), 128, None, id="pre-causal-1h"),
     pytest.param(PRE, AttnMaskType.NO_MASK, 300, 777, 4, (B, 1), 64, None, id="pre-full-b1-d64"),
