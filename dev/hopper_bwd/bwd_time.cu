@@ -10,7 +10,8 @@
 // one more call changes (FA_DETERMINISTIC=1: FlashBwdParams::deterministic, 0 expected).
 // FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap). FA_ALIBI=slope: ALiBi with
 // one slope, scores - slope |kv - q| (FlashBwdParams::alibi_*). FA_BIAS=1 / 2: a bias [1, H,
-// S, S] of values in [-1, 1), post- / pre-scale (no dbias), instead of a dense mask.
+// S, S] of values in [-1, 1), post- / pre-scale (no dbias), instead of a dense mask; with
+// FA_DBIAS=1 its gradient too.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -91,6 +92,11 @@ int main(int argc, char** argv) {
     fill<<<1024, 256>>>(bias, H * S * S, 99);
     p.bias = bias, p.bias_s = S, p.bias_h = S * S, p.bias_heads = H;
     p.pre_scale_bias = atoi(getenv("FA_BIAS")) == 2;
+    if (getenv("FA_DBIAS") && atoi(getenv("FA_DBIAS")) != 0) {  // its gradient too ([1, H]: summed over B)
+      void* dbias;
+      cudaMalloc(&dbias, H * S * S * 2);
+      p.dbias = dbias, p.want_dbias = true;
+    }
   }
   p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
   if (getenv("FA_SOFTCAP")) p.softcap = static_cast<float>(atof(getenv("FA_SOFTCAP")));
@@ -152,7 +158,7 @@ int main(int argc, char** argv) {
     differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
   printf("%s%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "",
          p.alibi_slopes ? "[alibi] " : "");
-  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : p.bias ? (p.pre_scale_bias ? " (pre-scale bias)" : " (bias)") : "", (long long)D, (long long)B, (long long)S,
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : p.bias ? (p.dbias ? (p.pre_scale_bias ? " (pre-scale bias, dbias)" : " (bias, dbias)") : (p.pre_scale_bias ? " (pre-scale bias)" : " (bias)")) : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
          sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str(), (long long)differ);

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# GPU machine (carry .whl and .carry): dbias in the Hopper backward (dev/hopper_bwd/dbias.patch,
-# session 33: compiled, not yet run). On the CPU machine first: `git apply
-# dev/hopper_bwd/dbias.patch`, the wheel (README's `pip wheel . ... FUSEDATTN_CUDA=ON`), the kernel
-# tests (`scripts/cuda_tests.sh build`), bwd_time (its header's line, with the patch). PART=1:
-# kernel tests (four dbias_* cases among them), bwd_time with and without dbias; PART=2: the
-# Python tests in shards. Logs in $OUT.
+# GPU machine (carry .whl and .carry): dbias in the Hopper backward (session 34). On the CPU
+# machine first: the wheel (README's `pip wheel . ... FUSEDATTN_CUDA=ON`), the kernel tests
+# (`scripts/cuda_tests.sh build`), bwd_time (its header's line). PART=1: kernel tests (four
+# dbias_* cases among them), bwd_time with and without dbias; PART=2: the Python tests in
+# shards. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}

@@ -124,7 +124,10 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
-  if (p.bias_type != FA_NO_BIAS && !req.no_dbias) return "it computes no dbias (the bias carries a gradient)";
+  // dbias: dS where the bias has the call's extents, float32 atomic sums where it broadcasts
+  if (p.bias_type != FA_NO_BIAS && !req.no_dbias && req.deterministic &&
+      (p.bias_batch < p.batch || p.bias_heads < p.heads_q))
+    return "its dbias of a broadcast bias sums with float32 atomics (not bitwise repeatable)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
     return "its backward takes head dims 64 and 128 (got " + std::to_string(p.head_dim_qk) + ")";
   if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
@@ -404,6 +407,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (bwd_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias && !req.deterministic &&
           p.bias_type == FA_NO_BIAS)
         bwd_measured = hopper_plain_measured(p, /*backward=*/true);
+      if (bwd_no.empty() && p.bias_type != FA_NO_BIAS && !req.mask_bias && !req.no_dbias && !req.deterministic)
+        bwd_measured = "a bias's gradient: its dbias is not measured against cuDNN's yet";
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
         bwd_no = bwd_measured;
       std::string bwd;
@@ -413,7 +418,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
               (req.deterministic ? " with its deterministic dQ (added in key-block order)" : "") +
               (req.mask_bias              ? ", skipping the mask's empty tiles"
                : kind != ScoreModKind::kNone ? std::string(" with ") + what + " in the kernel"
-               : p.bias_type != FA_NO_BIAS ? std::string(" adding the bias (no dbias)")
+               : p.bias_type != FA_NO_BIAS
+                   ? std::string(req.no_dbias ? " adding the bias (no dbias)" : " adding the bias, with dbias")
                : req.deterministic    ? ""
                : bwd_measured.empty() ? " (measured faster than cuDNN: hopper/measured_bwd.h)"
                                       : " (FUSEDATTN_HOPPER_BWD=1)");

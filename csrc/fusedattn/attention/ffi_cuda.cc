@@ -372,10 +372,12 @@ Status memset_async(void* p, size_t bytes, cudaStream_t stream, const char* what
 // softcap's or ALiBi's (form, its operands in sm), or a bias or dense mask with no dbias);
 // workspace: its scratch, 256-byte aligned (null: sizing only) of workspace_bytes;
 // deterministic: its ordered dQ (kRequestDeterministic); mask_bias: the bias is a folded
-// mask (kRequestMaskBias; sizing takes it for any bias: the larger scratch).
+// mask (kRequestMaskBias; sizing takes it for any bias: the larger scratch); want_dbias: the
+// bias's gradient is wanted (no kRequestNoDbias; sizing takes it: its float32 sums).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
                                          int64_t workspace_bytes, bool deterministic, bool mask_bias,
-                                         const ScoreModForm& form = {}, const SmArgs& sm = {}) {
+                                         bool want_dbias, const ScoreModForm& form = {},
+                                         const SmArgs& sm = {}) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
   bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
@@ -404,6 +406,8 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.pre_scale_bias = p.bias_type == FA_PRE_SCALE_BIAS;
     bp.mask_bias = mask_bias;
     bp.mask_value = fa_masked_bias_value(p.dtype);
+    bp.want_dbias = want_dbias;
+    bp.dbias = want_dbias ? t.dbias : nullptr;
   }
   if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {  // its gradient (off-by-one's logit has none)
     bp.sinks = t.softmax_offset, bp.dsinks = t.dsoftmax_offset;
@@ -427,22 +431,24 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
 
 // Bytes of the Hopper backward's workspace result (with the slack to align its start; a
 // bias's part sized as a folded mask's, the larger), with room for the deterministic dQ's
-// counters (8 bytes a 64-row block) either way.
-size_t hopper_bwd_workspace(const AttnParams& p) {
+// counters (8 bytes a 64-row block) either way, and a broadcast bias's float32 dbias when
+// want_dbias.
+size_t hopper_bwd_workspace(const AttnParams& p, bool want_dbias) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
-             hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true, /*mask_bias=*/true))) + 255;
+             hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true, /*mask_bias=*/true,
+                               want_dbias && p.bias_type != FA_NO_BIAS))) + 255;
 }
 
 // Runs the Hopper flash backward, which select_backend() chose (a bias's or dense mask's
 // dbias, not wanted: zeros there, never read).
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
-                  bool mask_bias, const ScoreModForm& form, const SmArgs& sm) {
+                  bool mask_bias, bool want_dbias, const ScoreModForm& form, const SmArgs& sm) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   if (form.kind == ScoreModKind::kAlibi && !sm.call)
     return Status::Internal("the Hopper backward was chosen for ALiBi without its slopes");
-  const size_t need = hopper_bwd_workspace(p);
+  const size_t need = hopper_bwd_workspace(p, want_dbias);
   if (workspace->size_bytes() < need)
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the Hopper backward needs " + std::to_string(need));
@@ -451,7 +457,7 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
                         static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, mask_bias,
-                        form, sm);
+                        want_dbias, form, sm);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);
@@ -578,7 +584,8 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
         cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
     return hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic,
-                      (attrs.backend_flags & kRequestMaskBias) != 0, req.score_mod, sm);
+                      (attrs.backend_flags & kRequestMaskBias) != 0,
+                      t.dbias && !(attrs.backend_flags & kRequestNoDbias), req.score_mod, sm);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "
@@ -750,7 +757,7 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
   // kernels', whichever runs (set_hopper_bwd_override switches compiled functions between
   // them at run time).
   const int64_t hopper_bwd =
-      backward && hopper_bwd_unsupported_reason(p, req, info).empty() ? static_cast<int64_t>(hopper_bwd_workspace(p)) : 0;
+      backward && hopper_bwd_unsupported_reason(p, req, info).empty() ? static_cast<int64_t>(hopper_bwd_workspace(p, !req.no_dbias)) : 0;
   if (choice.backend == FA_BACKEND_CUDA_FLASH) {
     *bytes = std::max({hopper, hopper_bwd, static_cast<int64_t>(flash_workspace(p, backward, sm != nullptr))});
     return Status::Ok();

@@ -139,7 +139,9 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
   for (const auto& [why, call] : cases) {
     BackendChoice c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{},
                                      BackendOptions{});
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    // (a pre-scale bias's backward, dbias too: the Hopper backward)
+    const int32_t bwd = why == "PRE_SCALE_BIAS" ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH;
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, bwd);
     EXPECT_TRUE(has(c.reason, "cuda_flash")) << c.reason;
     EXPECT_TRUE(has(c.reason, why)) << why << ": " << c.reason;
     // FUSEDATTN_HOPPER_FWD=1: the Hopper forward takes the forward of those it can (a
@@ -149,8 +151,7 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
     BackendOptions always;
     always.hopper_fwd = HopperMode::kAlways;
     c = select_backend(call, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always);
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, hopper ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH,
-                   FA_BACKEND_CUDA_FLASH);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, hopper ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH, bwd);
     EXPECT_EQ(has(c.reason, "forward hopper"), hopper) << c.reason;
     PlatformInfo ampere = h100();
     ampere.sm = 80;

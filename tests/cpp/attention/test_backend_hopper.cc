@@ -93,9 +93,9 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
   BackendRequest req;
-  req.mask_bias = true;
+  req.mask_bias = true;  // (its dbias wanted: the Hopper backward computes it)
   BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
   req = with(ScoreModKind::kSoftcap);
   req.mask_bias = true;
@@ -110,42 +110,47 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
 // Any other bias: the forward adds it, but slower than cuDNN and the CUDA flash kernels
 // (bench/RESULTS.md), so only FUSEDATTN_HOPPER_FWD=1 sends it there: a post-scale bias with
 // cuDNN's forward, a pre-scale one (cuDNN serves none) with the flash kernels' forward. The
-// Hopper backward adds either when no dbias is wanted (faster than cuDNN's and the flash
-// kernels' backward, bench/RESULTS.md).
+// Hopper backward adds either, and computes dbias: without dbias always (faster than cuDNN's
+// and the flash kernels' backward, bench/RESULTS.md), with it a pre-scale bias's always (the
+// flash kernels' is the other choice), a post-scale one's with FUSEDATTN_HOPPER_BWD=1.
 TEST(SelectBackend, HopperKernelsAddOtherBiases) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
   for (bool no_dbias : {false, true}) {
     BackendRequest req;
     req.no_dbias = no_dbias;
-    const int32_t hopper_bwd = no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH;
     EXPECT_EQ(hopper_fwd_unsupported_reason(p, req, h100()), "");
-    EXPECT_EQ(has(hopper_bwd_unsupported_reason(p, req, h100()), "no dbias"), !no_dbias);
+    EXPECT_EQ(hopper_bwd_unsupported_reason(p, req, h100()), "");
     BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
     expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
     EXPECT_TRUE(has(c.reason, "its bias path measured slower")) << c.reason;
     EXPECT_EQ(has(c.reason, "adding the bias (no dbias)"), no_dbias) << c.reason;
+    EXPECT_EQ(has(c.reason, "dbias is not measured"), !no_dbias) << c.reason;
     BackendOptions on;
     on.hopper_fwd = on.hopper_bwd = HopperMode::kAlways;
     c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, on);
-    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD,
-                   no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+    EXPECT_EQ(has(c.reason, "adding the bias, with dbias"), !no_dbias) << c.reason;
     AttnParams pre = p;
     pre.bias_type = FA_PRE_SCALE_BIAS;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, hopper_bwd);
-    EXPECT_EQ(has(c.reason, "backward hopper"), no_dbias) << c.reason;
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_BWD);
+    EXPECT_TRUE(has(c.reason, "backward hopper")) << c.reason;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), req, on);
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, hopper_bwd);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     EXPECT_TRUE(has(c.reason, "PRE_SCALE_BIAS")) << c.reason;
-    EXPECT_TRUE(has(c.reason, no_dbias ? "backward hopper" : "backward cuda_flash")) << c.reason;
-    // Deterministic: the Hopper backward's ordered dQ, else none (the flash kernels'
-    // atomics).
+    // Deterministic: the Hopper backward's ordered dQ, and dbias where the bias has the call's
+    // extents (each element written once); a broadcast bias's dbias sums with atomics: none.
     BackendRequest det = req;
     det.deterministic = true;
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_BWD);
+    AttnParams pre1h = pre;
+    pre1h.bias_batch = 1;
+    c = select_backend(pre1h, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH,
                    no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_NONE);
+    EXPECT_EQ(has(hopper_bwd_unsupported_reason(pre1h, det, h100()), "atomics"), !no_dbias);
     // FUSEDATTN_HOPPER_BWD=0 and devices without wgmma keep the flash kernels' backward.
     BackendOptions off;
     off.hopper_bwd = HopperMode::kOff;
@@ -199,10 +204,9 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "backward hopper")) << c.reason;
   EXPECT_STREQ(backend_name(FA_BACKEND_HOPPER_BWD), "hopper");
-  req.no_dbias = false;  // the bias carries a gradient
+  req.no_dbias = false;  // the bias carries a gradient: the kernel's dbias
   c = select_backend(p, FA_PLATFORM_CUDA, h100(), req, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
-  EXPECT_TRUE(has(c.reason, "no dbias")) << c.reason;
+  expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   req.no_dbias = true;
   AttnParams d64 = p;
   d64.head_dim_qk = d64.head_dim_v = 64;
@@ -338,10 +342,10 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   AttnParams d256 = plain;
   d256.head_dim_qk = d256.head_dim_v = 256;
   EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_CUDNN);
-  // A bias that is no dense mask: cuDNN's backward (its forward's rules decline it too).
+  // A bias that is no dense mask: the kernel runs it (dbias too), the table does not decide it.
   AttnParams bias = plain;
   bias.bias_type = FA_POST_SCALE_BIAS, bias.bias_batch = 1, bias.bias_heads = 1;
-  EXPECT_NE(hopper_bwd_unsupported_reason(bias, BackendRequest{}, h100()), "");
+  EXPECT_EQ(hopper_bwd_unsupported_reason(bias, BackendRequest{}, h100()), "");
 }
 
 // Without a score_mod the kernel's running max is q.k's, the scores' order only for a

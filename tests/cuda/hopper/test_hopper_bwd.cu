@@ -151,6 +151,25 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
   for (int x = 0; x < p.head_dim; ++x) dq[idx * p.head_dim + x] = acc[x] * p.scale;
 }
 
+// dbias of element (table, i, j) of the bias: sum of dS over the (b, h) that read it, times
+// the scale for a pre-scale bias.
+template <class T>
+__global__ void ref_dbias(Rule r, const float* lse, const float* dsum, float* dbias) {
+  const FlashBwdParams& p = r.p;
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv) return;
+  const int64_t j = idx % p.seqlen_kv, i = idx / p.seqlen_kv % p.seqlen_q, tbl = idx / (p.seqlen_q * p.seqlen_kv);
+  const int64_t bb = tbl / p.bias_heads, hh = tbl % p.bias_heads;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      if ((p.bias_batch > 1 && b != bb) || (p.bias_heads > 1 && h != hh) || !r.kept<T>(b, h, i, j)) continue;
+      const int64_t row = (b * p.heads_q + h) * p.seqlen_q + i;
+      acc += expf(r.score<T>(b, h, i, j) - lse[row]) * (r.dprob<T>(b, h, i, j) - dsum[row]);
+    }
+  dbias[idx] = acc * (p.pre_scale_bias ? p.scale : 1.0f);
+}
+
 // dK and dV of a key (b, kv head hk, j): sums over the group's heads and their rows.
 template <class T>
 __global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, float* dv) {
@@ -192,6 +211,7 @@ struct Case {
   int alibi = 0;  // ALiBi: 1 slopes per head, 2 one slope; negative: |kv - q| (and sign -1)
   int bias = 0;  // a bias (values of fill's amplitude 2) instead of a mask: 1 post-scale, 2 pre-scale;
                  // the mask's extents (mask_b, mask_h)
+  bool dbias = false;  // the bias's gradient too (FlashBwdParams::dbias), checked
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -295,6 +315,15 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaMalloc(&rsinks, bh * 4));
     p.sinks = sinks, p.dsinks = dsinks, p.sink_rows = cs.B / cs.sink_slices;
   }
+  T* dbias = nullptr;
+  float* rdbias = nullptr;
+  const int64_t nbias = cs.dbias ? p.bias_batch * p.bias_heads * cs.Sq * cs.Skv : 0;
+  if (cs.dbias) {
+    CUDA_OK(cudaMalloc(&dbias, nbias * sizeof(T)));
+    CUDA_OK(cudaMemset(dbias, 0xff, nbias * sizeof(T)));  // NaN: written by flash_bwd
+    CUDA_OK(cudaMalloc(&rdbias, nbias * 4));
+    p.dbias = dbias, p.want_dbias = true;
+  }
   const Rule rule{p};
   ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
   CUDA_OK(cudaGetLastError());
@@ -310,6 +339,7 @@ void run_case(const Case& cs) {
   ref_dq<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum, rq);
   ref_dkv<T><<<(keys + 127) / 128, 128>>>(rule, lse, dsum, rk, rv);
   if (sinks) ref_dsink<<<(bh + 127) / 128, 128>>>(rule, lse, dsum, rsinks);
+  if (cs.dbias) ref_dbias<T><<<(nbias + 127) / 128, 128>>>(rule, lse, dsum, rdbias);
   CUDA_OK(cudaDeviceSynchronize());
 
   // Each gradient against its reference ([B, H, S, D] by row index; ours through the
@@ -353,6 +383,22 @@ void run_case(const Case& cs) {
     }
     printf("  dsink: max err %.3g of max |ref| %.3g\n", err, big);
   }
+  if (cs.dbias) {  // dS from the stored (rounded) output's D: dq's rule, over the bias's elements
+    std::vector<T> got(nbias);
+    std::vector<float> want(nbias);
+    ASSERT_EQ(cudaMemcpy(got.data(), dbias, nbias * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(want.data(), rdbias, nbias * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    double big = 0, err = 0;
+    int64_t bad = 0;
+    for (float x : want) big = std::max(big, double(std::fabs(x)));
+    for (int64_t x = 0; x < nbias; ++x) {
+      const double e = std::fabs(double(static_cast<float>(got[x])) - want[x]);
+      if (!(e <= tol * big)) ++bad;
+      if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
+    }
+    EXPECT_EQ(bad, 0) << "dbias: " << bad << " elements off by more than " << tol << " x " << big;
+    printf("  dbias: max err %.3g of max |ref| %.3g\n", err, big);
+  }
   if (cs.deterministic) {  // the same dq, bit for bit, from fresh scratch
     std::vector<T> first(nq), again(nq);
     ASSERT_EQ(cudaMemcpy(first.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -368,7 +414,7 @@ void run_case(const Case& cs) {
   }
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask,
-                  (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes})
+                  (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes, (void*)dbias, (void*)rdbias})
     cudaFree(t);
 }
 
@@ -471,6 +517,17 @@ std::vector<Case> cases() {
        .kv_lens = {200, 256, 17}, .mask_b = true, .mask_h = true, .deterministic = true, .bias = 2});
   add({.name = "bias_post_d64_window_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200,
        .Skv = 450, .left = 90, .bias = 1});
+  // dbias: written per element (the call's extents), summed in float32 where the bias
+  // broadcasts over batch rows or heads (GQA's group of heads too), pre- and post-scale,
+  // with a padding mask's rows and keys that keep nothing (0 there).
+  add({.name = "dbias_post_causal_bh", .causal = true, .Sq = 384, .Skv = 384, .mask_b = true, .mask_h = true,
+       .bias = 1, .dbias = true});
+  add({.name = "dbias_pre_full_fp16_gqa_1h", .bf16 = false, .Sq = 300, .Skv = 260, .Hq = 6, .Hkv = 2,
+       .mask_h = true, .bias = 2, .dbias = true});
+  add({.name = "dbias_pre_d64_padding_11", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
+       .kv_lens = {200, 256, 17}, .bias = 2, .dbias = true});
+  add({.name = "dbias_post_d64_window_bh_det", .causal = true, .D = 64, .Sq = 384, .Skv = 384, .left = 100,
+       .mask_b = true, .mask_h = true, .deterministic = true, .bias = 1, .dbias = true});
   return c;
 }
 

@@ -244,3 +244,23 @@ def test_bias_gradients_without_dbias(key, dtype, bias_type, mask, Sq, Skv, hkv,
     assert info(False).backward == "hopper", info(False)
     assert info(True).backward == ("cuda_flash" if bias_type == PRE or window else "cudnn"), info(True)
     check_hopper_bwd(ours, ref, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("bias_type,mask,Sq,Skv,hkv,extents,d,window", BIAS_BWD)
+def test_bias_gradients_with_dbias(key, dtype, bias_type, mask, Sq, Skv, hkv, extents, d, window):
+    """The bias's gradient from the Hopper backward (dS, times the scale before it; summed in
+    float32 where the bias broadcasts): by default for a pre-scale bias, with
+    set_hopper_bwd("always") for a post-scale one. Gradients of q, k, v and the bias against
+    the float32 reference."""
+    q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d=d)
+    bias = (2.0 * jax.random.normal(jax.random.fold_in(key, 9), extents + (Sq, Skv))).astype(dtype)
+    kw = dict(attn_mask_type=mask, window_size=window, attn_bias_type=bias_type)
+    ours = lambda q, k, v, b: fusedattn.fused_attn((q, k, v), b, None, None, **kw)
+    ref = lambda q, k, v, b: ref_call(q, k, v, identity, (), bias=b.astype(jnp.float32), **kw)
+    if bias_type == POST:
+        _lib.set_hopper_bwd("always")
+    try:
+        check_hopper_bwd(ours, ref, (q, k, v, bias), dout)
+    finally:
+        _lib.set_hopper_bwd(None)

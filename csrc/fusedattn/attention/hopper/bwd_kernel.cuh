@@ -88,6 +88,12 @@ struct BwdArgs {
   float bias_mul;  // the bias in the softmax's log2 units: log2(e), scale log2(e) pre-scale
   int bias_heads;
   uint32_t masked_bits;  // a mask's dropped value; kNoMaskedBits for a bias (none dropped)
+  // Non-null (the dense variants): dbias, the bias's strides; each visited element's dS times
+  // dbias_mul goes there in T, or (dbias_acc non-null: the bias broadcasts) is added to
+  // dbias_acc[tbl][q][key] in float32.
+  void* dbias;
+  float* dbias_acc;
+  float dbias_mul;
   const uint8_t* tiles;
   const uint32_t* keep_bits;
   int words_per_row, mask_m, mask_n;
@@ -222,13 +228,15 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
 
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
 // kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; no dense mask
-// with one).
-enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs = 3 };
+// with one), or kBwdDbias: plain, a dense variant's bias whose gradient it writes
+// (BwdArgs::dbias; its stores cost the variants without one 39% when compiled into them).
+enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs = 3, kBwdDbias = 4 };
 template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = kBwdPlain>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
   [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
-  static_assert(kMod == kBwdPlain || !kDense, "a score modifier takes no dense mask");
+  static_assert(kMod == kBwdPlain || kMod == kBwdDbias || !kDense, "a score modifier takes no dense mask");
+  static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockM = kBwdBlockM<kD, kDense>;  // this variant's query block
@@ -535,6 +543,19 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
             dp[i] = s[i] * (dp[i] - dsum) * fmaf(-tc, tc, 1.0f);
           } else {
             dp[i] = s[i] * (dp[i] - dsum);
+          }
+          if constexpr (kMod == kBwdDbias) {
+            {  // this tile's dS is the bias's gradient (times the scale, pre-scale)
+              const int q = m0 + c, key = key0 + 8 * r;
+              if (q < a.seqlen_q && key < a.seqlen_kv) {
+                const float g = dp[i] * a.dbias_mul;
+                if (a.dbias_acc)
+                  atomicAdd(a.dbias_acc + (int64_t(table_of(h)) * a.seqlen_q + q) * a.seqlen_kv + key, g);
+                else
+                  static_cast<T*>(a.dbias)[b * a.bias_b + h * a.bias_h + int64_t{q} * a.bias_s + key] =
+                      static_cast<T>(g);
+              }
+            }
           }
         }
       }

@@ -37,17 +37,36 @@ int64_t mask_scratch_bytes(const FlashBwdParams& p) {
   return p.mask_bias ? mt.bytes : p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
 }
 
+// dbias sums over the batch rows or heads the bias broadcasts over (float32 atomics).
+bool dbias_sums(const FlashBwdParams& p) {
+  return p.want_dbias && (p.bias_batch < p.batch || p.bias_heads < p.heads_q);
+}
+
 struct Scratch {  // byte offsets into the workspace
-  int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, sem = 0, bytes = 0;
+  int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, sem = 0, dbias = 0, bytes = 0;
   explicit Scratch(const FlashBwdParams& p) {
     const int64_t rows = p.batch * p.heads_q * sq_pad(p);
     dsum = align256(rows * 4);
     dq_acc = dsum + align256(rows * 4);
     mask = dq_acc + align256(rows * p.head_dim * 4);
     sem = mask + align256(mask_scratch_bytes(p));
-    bytes = sem + (p.deterministic ? align256(rows / kBlockM * 2 * 4) : 0);
+    dbias = sem + (p.deterministic ? align256(rows / kBlockM * 2 * 4) : 0);
+    bytes = dbias + (dbias_sums(p) ? align256(p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv * 4) : 0);
   }
 };
+
+// dbias from a broadcast bias's float32 sums ([tables, Sq, Skv]), rounded to T; acc null:
+// zeros (before the kernel, which writes the tiles it visits).
+template <class T>
+__global__ void bwd_dbias(const float* acc, FlashBwdParams p) {
+  const int64_t plane = p.seqlen_q * p.seqlen_kv, n = p.bias_batch * p.bias_heads * plane;
+  for (int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; x < n; x += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tbl = x / plane, q = x % plane / p.seqlen_kv, key = x % p.seqlen_kv;
+    const int64_t bb = tbl / p.bias_heads, hh = tbl % p.bias_heads;
+    static_cast<T*>(p.dbias)[bb * p.bias_b + hh * p.bias_h + q * p.bias_s + key] =
+        static_cast<T>(acc ? acc[x] : 0.0f);
+  }
+}
 
 // The rows of [B * Hq, sq_pad], `lanes` threads a row (a power of two <= 32): D = rowsum(dO * O)
 // (float32), lse in log2 units (+inf where the row's P is 0: lse +-inf, rows past Sq), and the
@@ -150,6 +169,15 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
   }
 }
 
+Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream) {
+  const int64_t n = p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
+  p.bf16 ? bwd_dbias<__nv_bfloat16><<<blocks, 256, 0, stream>>>(acc, p)
+         : bwd_dbias<__half><<<blocks, 256, 0, stream>>>(acc, p);
+  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::Ok();
+}
+
 template <bool kCausal, bool kBf16, bool kDense, int kD, int kMod = kBwdPlain>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>
@@ -195,6 +223,10 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (s % 2 != 0) return "strides of dq, dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
   if (p.mask_bias && !p.bias) return "mask_bias needs the bias (the folded mask)";
+  if ((p.dbias || p.want_dbias) && !p.bias) return "dbias needs the bias";
+  if (p.dbias && !p.want_dbias) return "dbias needs want_dbias (the workspace is sized by it)";
+  if (p.deterministic && dbias_sums(p))
+    return "a broadcast bias's dbias sums with float32 atomics: not in deterministic mode";
   if (p.bias) {  // (a bias's gradient: none computed, the caller wants none)
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
       return "the bias's batch and head extents must be 1 or the call's";
@@ -292,6 +324,17 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * 1.4426950408889634f;
   }
+  if (p.dbias) {  // dS (times the scale, pre-scale): straight to dbias, or summed in float32
+    a.dbias = p.dbias;
+    a.dbias_mul = p.pre_scale_bias ? p.scale : 1.0f;
+    if (dbias_sums(p)) {
+      a.dbias_acc = reinterpret_cast<float*>(base + sc.dbias);
+      FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          a.dbias_acc, 0, p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv * 4, stream));
+    } else {  // zeros where no tile writes
+      FA_RETURN_IF_NOT_OK(dbias_pass(p, nullptr, stream));
+    }
+  }
   if (p.bias) {
     a.bias = static_cast<const uint16_t*>(p.bias);
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
@@ -344,6 +387,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (mod == kBwdSoftcap) return modified(std::integral_constant<int, kBwdSoftcap>{});
     if (mod == kBwdAlibi) return modified(std::integral_constant<int, kBwdAlibi>{});
     if (mod == kBwdAlibiAbs) return modified(std::integral_constant<int, kBwdAlibiAbs>{});
+    if (a.dbias)
+      return p.head_dim == 64 ? launch_bwd<c, h, true, 64, kBwdDbias>(a, grid, stream)
+                              : launch_bwd<c, h, true, 128, kBwdDbias>(a, grid, stream);
     if (p.head_dim == 64)
       return a.tiles ? launch_bwd<c, h, true, 64>(a, grid, stream) : launch_bwd<c, h, false, 64>(a, grid, stream);
     return a.tiles ? launch_bwd<c, h, true, 128>(a, grid, stream) : launch_bwd<c, h, false, 128>(a, grid, stream);
@@ -362,6 +408,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     p.bf16 ? bwd_dq<__nv_bfloat16, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
            : bwd_dq<__half, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (a.dbias_acc) FA_RETURN_IF_NOT_OK(dbias_pass(p, a.dbias_acc, stream));
   return Status::Ok();
 }
 

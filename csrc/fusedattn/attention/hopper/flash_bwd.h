@@ -55,6 +55,12 @@ struct FlashBwdParams {
   bool pre_scale_bias = false;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // Non-null: the bias's gradient, written with the bias's extents and strides: dS = P (dP - D)
+  // (times the scale for a pre-scale bias), summed over the batch rows and heads the bias
+  // broadcasts over (float32 atomics into the workspace, then rounded), 0 where no key is
+  // kept. want_dbias sizes that workspace before the pointer exists.
+  void* dbias = nullptr;
+  bool want_dbias = false;
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
   // FlashFwdParams::softcap); no dense mask with it.
   float softcap = 0.0f;
@@ -88,7 +94,7 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc);
 
 // Bytes of scratch p needs: lse and D a row, dQ's float32 accumulator, deterministic's
 // counters, a folded mask's bits and classes (by mask_bias) or a bias's classes (by the
-// pointer). Only that pointer matters, so a caller may size before it has them, with
+// pointer), a broadcast bias's float32 dbias (by want_dbias). Only that pointer matters, so a caller may size before it has them, with
 // mask_bias set for any bias (the most either needs).
 int64_t flash_bwd_workspace_bytes(const FlashBwdParams& p);
 
