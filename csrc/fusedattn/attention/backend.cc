@@ -138,6 +138,18 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
 
 }  // namespace
 
+// A bias the Hopper forward reads as tiles through the copy engine (FlashFwdParams::bias_tile):
+// rows of whole 16-byte units (the FFI passes it contiguous: Skv a multiple of 8). Measured
+// against cuDNN's forward with the same post-scale bias (H200, 2026-11-29, bf16, S 4096, bias
+// [1, H, S, S]): 1.14 / 1.04x at head dim 64 (causal / full), 1.35 / 1.32x at 128, 2.04 /
+// 2.00x at 256; with a pre-scale bias 2.40-3.65x the CUDA flash kernels' forward
+// (bench/RESULTS.md). Other biases are read a score at a time: slower than either.
+namespace {
+bool hopper_bias_tiles(const AttnParams& p) {
+  return p.bias_type != FA_NO_BIAS && p.seqlen_kv % 8 == 0;
+}
+}  // namespace
+
 std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info) {
   return hopper_bwd_reason(p, req, hopper_fwd_unsupported_reason(p, req, info));
@@ -322,22 +334,25 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           choice.reason = "cuda_flash: fusedattn's CUDA flash kernels, O(S) memory (cuDNN "
                           "cannot serve this call: " + why_not + ")";
           // The Hopper forward can run the forward of such a call without a score_mod (a
-          // PRE_SCALE_BIAS, a graph cuDNN rejected), the flash kernels the backward from its
-          // lse. Its bias path reads the bias with scalar loads in the softmax's critical
-          // path, a cost a score's: with a PRE_SCALE_BIAS it ran the forward at 1.26-1.38x
-          // the flash kernels' speed at head dim 256, 0.81-0.86x at 128, 0.45-0.62x at 64
-          // (H200, session 30, bench/RESULTS.md). So: head dim 256 by that measurement, the
-          // rest with FUSEDATTN_HOPPER_FWD=1.
-          const bool measured_pre = p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256 &&
-                                    opts.hopper_fwd == HopperMode::kMeasured;
+          // PRE_SCALE_BIAS, a bias with a window, a graph cuDNN rejected), the flash kernels
+          // the backward from its lse. A bias it reads as tiles (hopper_bias_tiles): always
+          // (2.40-3.65x the flash kernels' forward); read a score at a time, it ran a
+          // PRE_SCALE_BIAS at 1.26-1.38x the flash kernels' speed at head dim 256, 0.45-0.86x
+          // below (H200, session 30). Plain graphs cuDNN rejected: FUSEDATTN_HOPPER_FWD=1.
+          const bool bias_tiles = hopper_bias_tiles(p);
+          const bool measured_pre =
+              (bias_tiles || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
+              opts.hopper_fwd == HopperMode::kMeasured;
           const std::string fwd_rules = hopper_fwd_unsupported_reason(p, req, info);
           if (req.score_mod.kind == ScoreModKind::kNone && !req.index_base &&
               (opts.hopper_fwd == HopperMode::kAlways || measured_pre) && fwd_rules.empty()) {
             choice.forward = FA_BACKEND_HOPPER_FWD;
             choice.reason = std::string("forward hopper: the Hopper flash forward (") +
-                            (measured_pre ? "measured faster than the CUDA flash kernels with a "
-                                            "PRE_SCALE_BIAS at head dim 256"
-                                          : "FUSEDATTN_HOPPER_FWD=1") +
+                            (!measured_pre ? "FUSEDATTN_HOPPER_FWD=1"
+                             : bias_tiles  ? "its bias tiles measured faster than the CUDA flash "
+                                             "kernels' forward"
+                                           : "measured faster than the CUDA flash kernels with a "
+                                             "PRE_SCALE_BIAS at head dim 256") +
                             "; cuDNN cannot serve this call: " + why_not + ")";
           }
           // The Hopper backward takes the backward of those it can run (a pre-scale bias, a
@@ -386,10 +401,13 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
         hopper_no = "FUSEDATTN_HOPPER_FWD=0 keeps it off";
       std::string measured;
       // A dense mask: cuDNN adds it over every tile, the Hopper forward skips those it empties.
+      // A bias: where it reads it as tiles (hopper_bias_tiles: faster than cuDNN's forward).
       if (hopper_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias)
-        measured = p.bias_type != FA_NO_BIAS
-                       ? "a bias: its bias path measured slower than cuDNN's (bench/RESULTS.md)"
-                       : hopper_plain_measured(p);
+        measured = p.bias_type == FA_NO_BIAS ? hopper_plain_measured(p)
+                   : hopper_bias_tiles(p)
+                       ? ""
+                       : "a bias of rows not in 16-byte units (Skv not a multiple of 8): read a "
+                         "score at a time, measured slower than cuDNN's (bench/RESULTS.md)";
       if (hopper_no.empty() && opts.hopper_fwd == HopperMode::kMeasured && !measured.empty())
         hopper_no = measured;
       // The backward, decided alike (either forward's lse serves it): a dense mask's always
@@ -436,6 +454,8 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
                         " call" +
                         (kind != ScoreModKind::kNone ? " with its score_mod in the kernel"
                          : req.mask_bias ? " with its dense mask (skipping the key tiles it empties)"
+                         : p.bias_type != FA_NO_BIAS && measured.empty()
+                             ? " adding the bias's tiles (measured faster than cuDNN's forward with a bias)"
                          : measured.empty() ? " (measured faster than cuDNN: hopper/measured.h)"
                                             : " (FUSEDATTN_HOPPER_FWD=1)") +
                         bwd;

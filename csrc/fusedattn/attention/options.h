@@ -19,6 +19,9 @@
 //   FUSEDATTN_HOPPER_PERSISTENT=0|1 hopper_persistent: the Hopper forward's blocks, one a
 //                                   tile (0) or one an SM taking tiles in turn (1); unset:
 //                                   the kernel decides (dev/hopper_fwd: measurements).
+//   FUSEDATTN_HOPPER_BIAS_TILE=0    hopper_bias_tile = false: the Hopper forward reads a bias
+//                                   a score at a time from global memory instead of its
+//                                   tiles through the copy engine (A/B; FlashFwdParams::bias_tile).
 //   FUSEDATTN_FLASH_SCORE_MOD=0     flash_score_mod = false: the score_mod calls cuDNN
 //                                   declines (a bias, a shard's index_base, a rejected
 //                                   graph, the operands' gradient taken) run XLA's reference
@@ -72,6 +75,7 @@ struct BackendOptions {
   HopperMode hopper_fwd = HopperMode::kMeasured;
   HopperMode hopper_bwd = HopperMode::kMeasured;
   std::optional<int64_t> hopper_persistent;
+  bool hopper_bias_tile = true;
   bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;

@@ -75,10 +75,10 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
     expect_kernels(select_backend(p, FA_PLATFORM_CPU, h100(), with(kind), BackendOptions{}),
                    FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
   }
-  AttnParams p = hopper_params();  // without a score_mod the bias goes to cuDNN
+  AttnParams p = hopper_params();  // without a score_mod: cuDNN's graph, the Hopper forward
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
   expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
-                 FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
 }
 
 // A score_mod whose array operands' gradient the caller takes: cuDNN's backward computes
@@ -124,7 +124,9 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
   p.dtype = FA_FLOAT32;
   cases.push_back({"float32", p});
   p = hopper_params();
-  p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 8;
+  // (Skv not a multiple of 8: the Hopper forward would read the bias a score at a time, so
+  // the flash kernels' forward; a multiple of 8 below.)
+  p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 8, p.seqlen_kv = 500;
   cases.push_back({"PRE_SCALE_BIAS", p});
   p = hopper_params();
   p.head_dim_qk = p.head_dim_v = 100;
@@ -158,6 +160,13 @@ TEST(SelectBackend, CallsCudnnDeclinesRunTheCudaFlashKernels) {
     expect_kernels(select_backend(call, FA_PLATFORM_CUDA, ampere, BackendRequest{}, always),
                    FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   }
+  // A pre-scale bias of Skv a multiple of 8: the Hopper forward reads its tiles (faster than
+  // the flash kernels' forward), by default.
+  p = hopper_params();
+  p.bias_type = FA_PRE_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 8;
+  BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  EXPECT_TRUE(has(c.reason, "bias tiles")) << c.reason;
 }
 
 TEST(SelectBackend, IndexBaseAndRejectedGraphsRunTheCudaFlashKernels) {
@@ -350,6 +359,9 @@ TEST(ParseBackendOptions, HopperPersistentIsANumberWhenSet) {
   EXPECT_FALSE(parse({}).hopper_persistent.has_value());
   EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_PERSISTENT", "1"}}).hopper_persistent, 1);
   EXPECT_EQ(parse({{"FUSEDATTN_HOPPER_PERSISTENT", "0"}}).hopper_persistent, 0);
+  EXPECT_TRUE(parse({}).hopper_bias_tile);
+  EXPECT_TRUE(parse({{"FUSEDATTN_HOPPER_BIAS_TILE", "1"}}).hopper_bias_tile);
+  EXPECT_FALSE(parse({{"FUSEDATTN_HOPPER_BIAS_TILE", "0"}}).hopper_bias_tile);
 }
 
 TEST(BackendOptions, HopperOverrideAppliesAndResets) {

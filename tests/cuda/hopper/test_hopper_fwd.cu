@@ -7,7 +7,10 @@
 // range), THD (packed sequences with gaps, empty ones, cross lengths: the rows of no sequence
 // must stay unwritten), persistent and one-block-a-tile grids, bf16 and fp16, head dims 128
 // and 64 (the d64_ cases), dense masks (a folded boolean mask, with and without bias values,
-// broadcast or per batch row and head, beside mask types and padding: the mask_ cases).
+// broadcast or per batch row and head, beside mask types and padding: the mask_ cases), and
+// a bias (pre- or post-scale, broadcast or not, through the copy engine's tiles or a score at
+// a time from global memory where its rows are not 16-byte units or bias_tile is 0: the bias_
+// cases).
 // Skipped without an sm_90 device (the build runs anywhere: FUSEDATTN_BUILD_CUDA_TESTS).
 // The dev harness dev/hopper_fwd/hopper_fwd_check.cu keeps the timing sweeps.
 #include <cuda_bf16.h>
@@ -37,7 +40,8 @@ __device__ float to_f(T x) { return static_cast<float>(x); }
 // edge; padding: the sequence's lengths). A row that keeps none, or a padded one: out 0,
 // lse -inf. THD: the row's sequence, positions counted from its first token; a row of no
 // sequence gets NaN (the kernel must leave it unwritten). A dense mask (p.bias, mask_bias)
-// drops the keys of value p.mask_value and adds the others' bias. rmax: the row's max kept logit
+// drops the keys of value p.mask_value and adds the others' bias; a bias (not mask_bias) is
+// added after the scale, or to q.k before it (bias_pre_scale). rmax: the row's max kept logit
 // (-inf: none), whose max over a (batch row, head)'s rows max_logit must be.
 template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax) {
@@ -75,9 +79,12 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + (kv0 + j) * p.k_s + hk * p.k_h;
     float d = 0.0f;
     for (int x = 0; x < D; ++x) d += to_f(q[x]) * to_f(k[x]);
+    const float bias =
+        p.bias ? to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]) : 0.0f;
+    if (p.bias_pre_scale) d += bias;
     d *= p.scale;
     if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
-    if (p.bias) d += to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]);
+    if (!p.bias_pre_scale) d += bias;
     if (p.alibi_slopes) {
       const float rel = static_cast<float>(j - i);
       d += p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
@@ -86,7 +93,7 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
   };
   auto kept = [&](int64_t j) {
     const bool dropped =
-        p.bias && to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]) ==
+        p.mask_bias && to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]) ==
                       p.mask_value;
     return i < q_len && j < kv_len && (!p.causal || j <= i + base + p.diag) &&
            (!p.left_bound || j >= i + base + p.lo_diag) && !dropped;
@@ -130,6 +137,11 @@ struct Case {
   std::vector<int> segs;             // first query, queries, first key, keys (in the row)
   int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
   bool mask_b = false, mask_h = false, mask_values = false;
+  // A bias (1 post-scale, 2 pre-scale) [bias_b ? B : 1, bias_h ? Hq : 1, Sq, Skv], its rows
+  // bias_pad elements longer than Skv; bias_tile: FlashFwdParams::bias_tile.
+  int bias = 0;
+  bool bias_b = false, bias_h = true;
+  int bias_pad = 0, bias_tile = -1;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -241,6 +253,17 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaMemset(mask_tiles, 0x55, bytes));  // flash_fwd writes every class it reads
     p.mask_tiles = mask_tiles;
   }
+  T* bias = nullptr;
+  if (cs.bias) {
+    const int64_t bb = cs.bias_b ? cs.B : 1, bh = cs.bias_h ? cs.Hq : 1, row = cs.Skv + cs.bias_pad;
+    const int64_t n = bb * bh * cs.Sq * row;
+    CUDA_OK(cudaMalloc(&bias, n * sizeof(T)));
+    fill<<<1024, 256>>>(bias, n, seed++, cs.bias == 2 ? 12.0f : 2.0f);
+    p.bias = bias, p.bias_pre_scale = cs.bias == 2, p.bias_batch = bb, p.bias_heads = bh;
+    p.bias_s = row, p.bias_h = cs.bias_h ? int64_t{cs.Sq} * row : 0;
+    p.bias_b = cs.bias_b ? bh * cs.Sq * row : 0;
+    p.bias_tile = cs.bias_tile;
+  }
   ASSERT_EQ(flash_fwd_unsupported(p, 90), "");
   const Status st = flash_fwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -298,7 +321,7 @@ void run_case(const Case& cs) {
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
                     (void*)ref_lse, (void*)ref_max, (void*)max_logit, (void*)slopes, (void*)lens,
-                    (void*)counter, (void*)sinks, (void*)mask, mask_tiles})
+                    (void*)counter, (void*)sinks, (void*)mask, mask_tiles, (void*)bias})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -467,6 +490,30 @@ const Case kCases[] = {
       c.D = 256, c.mask = 1, c.bf16 = false, c.Sq = 500, c.Skv = 700; }),
     make("d256_mask_dense_band_heads", [](Case& c) {
       c.D = 256, c.mask = 2, c.mask_h = true, c.Sq = c.Skv = 640; }),
+    // A bias: its tiles through the copy engine (rows past Sq and keys past Skv read as 0),
+    // or a score at a time (rows not 16-byte units, or bias_tile 0).
+    make("bias_post_causal_tiles", [](Case& c) { c.bias = 1, c.causal = true, c.Sq = c.Skv = 700; }),
+    make("bias_pre_ragged_gqa_tiles", [](Case& c) {
+      c.bias = 2, c.Sq = 300, c.Skv = 776, c.Hkv = 2, c.bias_b = true; }),
+    make("bias_post_batch_only_window_fp16_tiles", [](Case& c) {
+      c.bias = 1, c.bias_b = true, c.bias_h = false, c.bf16 = false, c.causal = true, c.left = 200,
+      c.Sq = c.Skv = 900; }),
+    make("bias_pre_broadcast_padding_bottom_right_tiles", [](Case& c) {
+      c.bias = 2, c.bias_h = false, c.causal = true, c.bottom_right = true, c.Sq = 400, c.Skv = 904,
+      c.q_lens = {200, 400}, c.kv_lens = {850, 130}; }),
+    make("bias_post_padded_rows_many_tiles", [](Case& c) {
+      c.bias = 1, c.bias_pad = 8, c.B = 4, c.Hq = 16, c.Hkv = 4, c.Sq = c.Skv = 1500, c.causal = true; }),
+    make("bias_post_unaligned_rows_global_reads", [](Case& c) {
+      c.bias = 1, c.Sq = 300, c.Skv = 777; }),
+    make("bias_pre_tiles_off", [](Case& c) { c.bias = 2, c.bias_tile = 0, c.Sq = c.Skv = 640; }),
+    make("d64_bias_post_tiles", [](Case& c) { c.D = 64, c.bias = 1, c.Sq = 1000, c.Skv = 1096; }),
+    make("d64_bias_pre_causal_many_tiles_fp16", [](Case& c) {
+      c.D = 64, c.bias = 2, c.bf16 = false, c.causal = true, c.B = 4, c.Hq = 16, c.Sq = c.Skv = 1500; }),
+    make("d64_bias_three_groups_forced", [](Case& c) {
+      c.D = 64, c.groups = 3, c.bias = 1, c.causal = true, c.Sq = c.Skv = 1000; }),
+    make("d256_bias_post_causal_tiles", [](Case& c) { c.D = 256, c.bias = 1, c.causal = true, c.Sq = c.Skv = 700; }),
+    make("d256_bias_pre_ragged_fp16_tiles", [](Case& c) {
+      c.D = 256, c.bias = 2, c.bf16 = false, c.bias_b = true, c.Sq = 300, c.Skv = 520; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperMode, ::testing::ValuesIn(kCases),

@@ -39,9 +39,20 @@ std::atomic<int64_t> launches{0};
 // against cuDNN's: three groups full 1.07 -> 1.17x at S 16384, causal 1.07 -> 1.12x there,
 // but causal 0.85 -> 0.66x at S 1024 and a 512-key window 1.05 -> 0.72x at 16384;
 // bench/runs/2026-11-28/session24).
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Whether p's bias comes through the copy engine's tiles (FlashFwdParams::bias_tile,
+// BiasTileScores): a bias that is no folded mask, no score modifier, rows in 16-byte units.
+bool bias_tiles(const FlashFwdParams& p) {
+  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) && !p.alibi_slopes &&
+         aligned16(p.bias) && p.bias_s % 8 == 0 && (p.bias_heads == 1 || p.bias_h % 8 == 0) &&
+         (p.bias_batch == 1 || p.bias_b % 8 == 0);
+}
+
+// (Head dim 64's bias tiles take two groups: Dims' stages leave room for two groups' tiles.)
 int groups(const FlashFwdParams& p) {
   if (p.groups > 0) return p.groups;
-  if (p.head_dim != 64 || p.left_bound || (p.causal && p.seqlen_q < 8192)) return 2;
+  if (p.head_dim != 64 || p.left_bound || (p.causal && p.seqlen_q < 8192) || bias_tiles(p)) return 2;
   return 3;
 }
 
@@ -62,12 +73,10 @@ __global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int6
   memcpy(at, &x, 4);
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-
 #ifdef FA_HOPPER_SWEEP  // timing probes only (their results are not softcap's)
 struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
   static constexpr bool kRowByRow = true;
+  static constexpr bool kBiasTile = false;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return s * in;
   }
@@ -231,7 +240,13 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   a.seq_q_tok = p.seq_q_tok, a.seq_kv_tok = p.seq_kv_tok;
   a.segments = static_cast<int>(p.segments);
   const float log2e = 1.4426950408889634f;
-  if (p.bias) {
+  const bool bias_tma = bias_tiles(p);
+  if (bias_tma) {  // boxes of 64 keys x 64 query rows (a consumer group's), a.bias left null
+    FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
+                                 p.bias_batch, p.bias_s, p.bias_h, p.bias_b, 64, "bias"));
+    a.bias_b = p.bias_batch > 1 ? p.bias_b : 0;
+    a.bias_heads = static_cast<int>(p.bias_heads);
+  } else if (p.bias) {
     a.bias = static_cast<const uint16_t*>(p.bias);
     // Extents of 1 read entry 0 whatever their stride (mask_table counts on 0 there).
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
@@ -312,7 +327,8 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   }
   a.mul_out = p.scale * log2e;
   a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
-  return launch_mod<PlainScores>(p, a, grid, stream);
+  return bias_tma ? launch_mod<BiasTileScores>(p, a, grid, stream)
+               : launch_mod<PlainScores>(p, a, grid, stream);
 }
 }  // namespace
 

@@ -78,6 +78,11 @@ struct FlashFwdParams {
   bool mask_bias = false;
   float mask_value = 0.0f;
   void* mask_tiles = nullptr;
+  // A bias (not mask_bias) on a call without softcap or ALiBi, its rows in 16-byte units
+  // (pointer 16-byte aligned, strides multiples of 8): -1 (default) reads its tiles through
+  // the copy engine into shared memory (BiasTileScores); 0 reads it a score at a time from
+  // global memory, as any other bias (A/B: FUSEDATTN_HOPPER_BIAS_TILE=0).
+  int bias_tile = -1;
   // Persistent blocks (one an SM, taking tiles in turn) or one block a tile: -1 decides
   // (persistent with a counter below; without one, for calls without a right edge, with a
   // left one, or THD), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).

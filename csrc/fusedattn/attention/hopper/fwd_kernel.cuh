@@ -32,7 +32,7 @@ namespace fusedattn::cuda::hopper {
 // engine's box); a thread block has kGroups consumer warpgroups of 64 query rows each (head
 // dim 64 may take three, as FlashAttention-3 has it there, so two groups' softmax runs while
 // one's products do: flash_fwd.cu's groups() says when).
-template <int kD, int kGroups>
+template <int kD, int kGroups, bool kBiasTile = false>
 struct Dims {
   static_assert(kD == 64 || kD == 128 || kD == 256, "head dims 64, 128 and 256");
   static_assert(kGroups == 2 || (kGroups == 3 && kD == 64), "three groups at head dim 64 only");
@@ -59,8 +59,15 @@ struct Dims {
 #ifndef FA_HOPPER_D64_STAGES
 #define FA_HOPPER_D64_STAGES 4
 #endif
-  static constexpr int kStages = kD == 64 ? FA_HOPPER_D64_STAGES : 2;
-  static_assert(kSpans * kQSpanBytes + kStages * (kTileBytes + kVStageBytes) <= 227 * 1024,
+  // kBiasTile (BiasTileScores): head dim 64 keeps 2 stages, leaving room for the bias ring.
+  static constexpr int kStages = kD == 64 ? (kBiasTile ? 2 : FA_HOPPER_D64_STAGES) : 2;
+  // The bias ring (BiasTileScores): a stage holds each consumer group's 64 rows x kBlockN
+  // keys of the bias (16 or 8 KiB); head dim 128's 192 KiB of Q, K and V leave room for one
+  // stage, the others take two.
+  static constexpr uint32_t kBiasBytes = 64 * kBlockN * 2;
+  static constexpr int kBiasStages = !kBiasTile ? 0 : kD == 128 ? 1 : 2;
+  static_assert(kSpans * kQSpanBytes + kStages * (kTileBytes + kVStageBytes) +
+                        kBiasStages * kConsumers * kBiasBytes <= 227 * 1024 - 2048,
                 "shared memory");
   static_assert((kStages & (kStages - 1)) == 0, "a power of 2");
   // Registers after the producer gives some back: 65536 / kThreads a thread at launch (168
@@ -79,6 +86,9 @@ struct Dims {
 // Everything the kernel reads. Strides are in elements; lse may be null.
 struct FwdArgs {
   CUtensorMap q, k, v;  // {D, S, H, B}, box {64, kBlockM or kBlockN, 1, 1}, 128-byte swizzle
+  // BiasTileScores: the bias as {Skv, Sq, bias_heads, Bm}, box {64, 64} (bias stays null:
+  // bias_b / bias_heads say which planes broadcast).
+  CUtensorMap bias_map;
   void* out;
   int64_t o_b, o_s, o_h;
   float* lse;  // natural log, as the CPU engine and cuDNN write it
@@ -163,32 +173,48 @@ __device__ __forceinline__ float bits_to_float(uint16_t x) {
   else return __half2float(__ushort_as_half(x));
 }
 
-template <int kD, int kGroups>
+// The bias ring of BiasTileScores: stage st's tile of consumer group c (its 64 query rows,
+// kBlockN keys as 64-key spans of 128-byte swizzled rows, 8 KiB apart), filled by the
+// producer (full: one arrival and the bytes) and released by the group's 128 threads (empty).
+template <class Dim, bool kOn = (Dim::kBiasStages > 0)>
+struct BiasRing {
+  uint8_t tile[Dim::kBiasStages][Dim::kConsumers][Dim::kBiasBytes];
+  uint64_t full[Dim::kBiasStages][Dim::kConsumers], empty[Dim::kBiasStages][Dim::kConsumers];
+};
+template <class Dim>
+struct BiasRing<Dim, false> {};
+
+template <int kD, int kGroups, bool kBiasTile = false>
 struct Smem {
-  using Dim = Dims<kD, kGroups>;
+  using Dim = Dims<kD, kGroups, kBiasTile>;
   uint8_t q[Dim::kSpans * Dim::kQSpanBytes];
   static constexpr int kStages = Dim::kStages;
   uint8_t k[kStages][Dim::kTileBytes];
   uint8_t v[kStages][Dim::kVStageBytes];
+  BiasRing<Dim> bias;  // (after whole KiBs: its tiles stay 1024-byte aligned)
   uint64_t q_full, q_empty, k_full[kStages], k_empty[kStages], v_full[kStages],
       v_empty[kStages];
   int tile[2];  // the tile of Q phase k at [k % 2] (-1: no more), written before q_full's arrival
 };
-template <int kD, int kGroups>
-constexpr size_t kSmemBytes = sizeof(Smem<kD, kGroups>) + 1024;  // + slack to align the tiles to 1024
+template <int kD, int kGroups, bool kBiasTile = false>
+constexpr size_t kSmemBytes = sizeof(Smem<kD, kGroups, kBiasTile>) + 1024;  // + slack to align the tiles to 1024
 
 // Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
 // a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
 // exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
 // pre also gets the score's relative position kv - q, as the affine map d0 + off of a
 // per-block d0 and the element's compile-time offset off (ALiBi's bias).
+// kBiasTile: the bias comes through shared memory (FwdArgs::bias_map, BiasRing) and is
+// added to the raw scores before the softmax step (BiasTileScores only).
 struct PlainScores {  // v = s; out = scale * log2(e)
   static constexpr bool kRowByRow = false;  // softmax_step's order (H100: dev/hopper_fwd/hopper_fwd_check)
+  static constexpr bool kBiasTile = false;
   __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
 };
 struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
                         // out = c log2(e)
   static constexpr bool kRowByRow = true;
+  static constexpr bool kBiasTile = false;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return tanh_approx(s * in);
   }
@@ -197,11 +223,18 @@ template <bool kAbs>
 struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in = scale
                       // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
   static constexpr bool kRowByRow = false;
+  static constexpr bool kBiasTile = false;
   __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
                                               float off) {
     if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
     return fmaf(s, in, fmaf(slope, off, slope * d0));  // slope * d0: once a block
   }
+};
+
+// A plain call with a bias [Bm, Hm, Sq, Skv] whose rows take 16-byte units (flash_fwd.cu's
+// bias_tiles): v = s + bias * bias_mul, the bias's tiles through the copy engine.
+struct BiasTileScores : PlainScores {
+  static constexpr bool kBiasTile = true;
 };
 
 template <bool kBf16>
@@ -338,6 +371,35 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kN / 2], float (&mx)[2],
     exponentiate(1);
   }
   return __any_sync(0xffffffffu, moved);
+}
+
+// BiasTileScores: adds a consumer group's bias tile (BiasRing, at `tile`) times mul to this
+// thread's scores s of the block: one ldmatrix.x4 gives a thread its two rows' pairs of two
+// 8-key chunks (blocks: rows 0-7 / 8-15 of the warp's 16, chunk j / j + 1), in the
+// accumulator's layout; the rows are 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)).
+template <bool kBf16, int kN>
+__device__ __forceinline__ void add_bias_tile(float (&s)[kN / 2], uint32_t tile, int warp, int lane,
+                                              float mul) {
+  const int row = 16 * warp + lane % 8 + 8 * (lane / 8 % 2);
+#pragma unroll
+  for (int j = 0; j < kN / 8; j += 2) {
+    const int chunk = j + lane / 16;  // 8 keys of 16 bits
+    uint32_t r[4];
+    ldsm_x4(r, tile + (chunk / 8) * 8192 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4));
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int i = 4 * (j + m / 2) + 2 * (m % 2);
+      float lo, hi;
+      if constexpr (kBf16) {
+        lo = __uint_as_float(r[m] << 16), hi = __uint_as_float(r[m] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r[m]));
+        lo = f.x, hi = f.y;
+      }
+      s[i] = fmaf(lo, mul, s[i]);
+      s[i + 1] = fmaf(hi, mul, s[i + 1]);
+    }
+  }
 }
 
 // What the accumulator's rows take when their max moved from mx_old to mx (1 where it did
@@ -488,7 +550,8 @@ template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
 __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
     flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Dim = Dims<kD, kGroups>;
+  constexpr bool kBiasTile = Mod::kBiasTile;
+  using Dim = Dims<kD, kGroups, kBiasTile>;
   constexpr uint32_t kTileBytes = Dim::kTileBytes;
   constexpr int kOutRegs = Dim::kOutRegs;
   constexpr int kStages = Dim::kStages;
@@ -496,7 +559,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
   constexpr uint32_t kKVSpanBytes = Dim::kKVSpanBytes;
   constexpr uint32_t kConsumerThreads = 128 * kConsumers;
   extern __shared__ uint8_t smem_raw[];
-  Smem<kD, kGroups>& sm = *reinterpret_cast<Smem<kD, kGroups>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  Smem<kD, kGroups, kBiasTile>& sm = *reinterpret_cast<Smem<kD, kGroups, kBiasTile>*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   const int num_m = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int num_n = (a.seqlen_kv + kBlockN - 1) / kBlockN;
   const int num_tiles = num_m * a.heads_q * a.batch * a.segments;
@@ -510,6 +573,13 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       mbar_init(&sm.v_full[st], 1);
       mbar_init(&sm.k_empty[st], kConsumerThreads);
       mbar_init(&sm.v_empty[st], kConsumerThreads);
+    }
+    if constexpr (kBiasTile) {
+      for (int st = 0; st < Dim::kBiasStages; ++st)
+        for (int c = 0; c < kConsumers; ++c) {
+          mbar_init(&sm.bias.full[st][c], 1);
+          mbar_init(&sm.bias.empty[st][c], 128);  // the group's threads release
+        }
     }
     mbar_init_fence();
   }
@@ -529,6 +599,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       tma_prefetch_map(&a.q);
       tma_prefetch_map(&a.k);
       tma_prefetch_map(&a.v);
+      if constexpr (kBiasTile) tma_prefetch_map(&a.bias_map);
       uint32_t kv = 0;
       auto next = [&](int t) {
         return a.counter ? static_cast<int>(gridDim.x) + atomicAdd(a.counter, 1)
@@ -566,6 +637,19 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
           for (int sp = 0; sp < Dim::kSpans; ++sp)
             tma_load_4d(&a.v, &sm.v_full[st], sm.v[st] + sp * kKVSpanBytes, 64 * sp, row, h_kv,
                         tile.b);
+          if constexpr (kBiasTile) {  // each group's rows of the block's bias (past Sq or Skv: 0)
+            const int bst = kv % Dim::kBiasStages;
+            const uint32_t bph = (kv / Dim::kBiasStages) & 1;
+            const int bh = a.bias_heads > 1 ? tile.h : 0, bb = a.bias_b ? tile.b : 0;
+            for (int c = 0; c < kConsumers; ++c) {
+              mbar_wait(&sm.bias.empty[bst][c], bph ^ 1);
+              mbar_expect_bytes(&sm.bias.full[bst][c], Dim::kBiasBytes);
+#pragma unroll
+              for (int sp = 0; sp < kBlockN / 64; ++sp)
+                tma_load_4d(&a.bias_map, &sm.bias.full[bst][c], sm.bias.tile[bst][c] + sp * 8192,
+                            n * kBlockN + 64 * sp, tile.m0 + 64 * c, bh, bb);
+            }
+          }
         }
       }
     }
@@ -609,9 +693,18 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
     float l[2] = {0.0f, 0.0f};  // without the ones (head dim 256): this thread's part of the row sums
     bool rescale = false;  // whether o needs rescale_factors before the next P V
     const float slope = a.slopes ? a.slopes[tile.h * a.slope_stride] * a.slope_mul : 0.0f;
-    // S's softmax for key block n: modify, mask where the block needs it, max, exp2.
-    auto softmax = [&](int n) {
+    // S's softmax for the tile's block it (key block n = n_end - 1 - it): the bias tile
+    // (BiasTileScores), modify, mask where the block needs it, max, exp2.
+    auto softmax = [&](int it) {
+      const int n = n_end - 1 - it;
       const int col0 = n * kBlockN + 2 * (lane % 4);
+      if constexpr (kBiasTile) {
+        const uint32_t idx = kv + it;
+        const int bst = idx % Dim::kBiasStages;
+        mbar_wait(&sm.bias.full[bst][c], (idx / Dim::kBiasStages) & 1);
+        add_bias_tile<kBf16, kBlockN>(s, smem_addr(sm.bias.tile[bst][c]), warp, lane, a.bias_mul);
+        mbar_arrive(&sm.bias.empty[bst][c]);
+      }
       // (The mask's addresses are worked out here, not kept: registers are short.)
       const int cls = !a.bias ? 1 : !a.tiles ? 4
                       : a.tiles[(size_t(mask_table(a, tile.b, tile.h)) * num_m + tile.m0 / kBlockM) *
@@ -679,7 +772,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       fence_regs(s);
       mbar_arrive(&sm.k_empty[st]);
       if (blocks == 1) mbar_arrive(&sm.q_empty);
-      softmax(n_end - 1);
+      softmax(0);
 #pragma unroll
       for (int i = 0; i < kScores / 2; ++i) p[i] = pack2<kBf16>(s[2 * i], s[2 * i + 1]);
     }
@@ -707,7 +800,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       FA_PROFILE_PHASE(kWaitS);
       mbar_arrive(&sm.k_empty[st]);
       if (it == blocks - 1) mbar_arrive(&sm.q_empty);
-      softmax(n_end - 1 - it);
+      softmax(it);
       FA_PROFILE_PHASE(kSoftmax);
       wgmma_wait<0>();
       fence_regs(o);

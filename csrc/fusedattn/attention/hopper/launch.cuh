@@ -14,7 +14,8 @@ namespace fusedattn::cuda::hopper {
 template <class Mod, bool kCausal, bool kBf16, int kD, int kGroups>
 Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = flash_fwd_kernel<Mod, kCausal, kBf16, kD, kGroups>;
-  constexpr size_t smem = kSmemBytes<kD, kGroups>;
+  constexpr size_t smem = kSmemBytes<kD, kGroups, Mod::kBiasTile>;
+  static_assert(smem <= 227 * 1024, "shared memory");
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<grid, Dims<kD, kGroups>::kThreads, smem, stream>>>(a);

@@ -83,6 +83,14 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Four 8 x 8 blocks of 16-bit values from shared memory: r[m] holds block m's (row lane / 4;
+// columns 2 (lane % 4) + 0, 1); lane L gives the address of block L / 8's row L % 8 (16 bytes).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // ---- named barriers among the 256 threads of the two consumer warpgroups ------------------
 __device__ __forceinline__ void named_sync(uint32_t id) {
   asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
