@@ -3,7 +3,10 @@
 # forward (BiasTileScores, session 34) and dbias in the Hopper backward. PART=1: Python test
 # shards (dbias, the forward with a bias, dense masks, NaN); PART=2: timings
 # (dev/hopper_fwd/bias_time.py: the forward with a bias against cuDNN's; bias_vs_cudnn.py
-# --dbias: the backward with dbias against cuDNN's / the flash kernels'). Logs in $OUT.
+# --dbias: the backward with dbias against cuDNN's / the flash kernels'); PART=3: the tests
+# whose routing assertions changed with the bias's default routes, one a shard, then
+# `bench attention` at S 4096 (its bias row); PART=4: the fallback test again (Hopper off for
+# its pre-scale bias) and `bench attention` at S 4096 with its bias as a jit argument. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
@@ -17,6 +20,24 @@ if [ "${PART:-1}" = 1 ]; then
     "$T/attention/test_hopper_fwd_gpu.py -k 'bias_nan or dense_mask_with_a_learned'" \
     "$T/attention/test_hopper_bwd_gpu.py -k 'without_dbias'" "$T/attention/test_hopper_fwd_gpu.py -k 'dense_mask_forward'"
   grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
+elif [ "${PART:-1}" = 3 ]; then
+  F=$T/attention/test_hopper_fwd_gpu.py; W=$T/attention/test_hopper_bwd_gpu.py
+  sels=()
+  for id in pre-causal-1h pre-full-b1-d64 pre-window-bh-d256 post-full-1h post-bottom-right-11-d64 \
+            post-causal-b1-d64 pre-bottom-right-1h-d256; do
+    sels+=("$F::test_bias_forward_and_gradients[$id-bf16]")
+  done
+  sels+=("$W -k 'without_dbias and pre and bf16'" "$W -k 'without_dbias and post and bf16'"
+         "$F -k 'learned_bias or bias_nan'" "$T/attention/test_cuda_flash_gpu.py -k 'low_precision and gpu and bias'"
+         "$T/attention/test_cudnn_gpu.py -k 'fallback or unserved'")
+  timeout 420 scripts/gpu_shards.sh "${sels[@]}"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
+  source scripts/gpu_env.sh
+  timeout 150 "$PY" -m fusedattn bench attention --seqlens 4096 --repeats 3 2>&1 | tee "$OUT/bench_attention.log" | tail -40
+elif [ "${PART:-1}" = 4 ]; then
+  timeout 150 scripts/gpu_shards.sh "$T/attention/test_cudnn_gpu.py -k 'fallback or unserved'"
+  source scripts/gpu_env.sh
+  timeout 300 "$PY" -m fusedattn bench attention --seqlens 4096 --repeats 3 2>&1 | tee "$OUT/bench_attention.log" | tail -30
 else
   source scripts/gpu_env.sh
   timeout 330 "$PY" dev/hopper_fwd/bias_time.py --seqlens 4096 2>&1 | tee "$OUT/bias_time.log"

@@ -99,20 +99,23 @@ def _impls(c, q, k, v, dout, thd=None):
         return {"fusedattn": (ours, (q, k, v, dout)),
                 "jax_cudnn": (anchor, (n(q), n(k), n(v), n(dout)))}
 
-    bias = _bias(c) if c["kind"] == "bias" else None
+    # The bias row's bias goes in as an argument (after dout), the other rows have none.
+    const = (_bias(c),) if c["kind"] == "bias" else ()
 
-    def ours(q, k, v):
-        return fusedattn.fused_attn((q, k, v), bias, None, None, attn_mask_type=mask,
-                                    window_size=window, attn_bias_type=fusedattn.AttnBiasType.NO_BIAS
-                                    if bias is None else fusedattn.AttnBiasType.POST_SCALE_BIAS)
+    def ours(q, k, v, *bias):
+        return fusedattn.fused_attn((q, k, v), bias[0] if bias else None, None, None,
+                                    attn_mask_type=mask, window_size=window,
+                                    attn_bias_type=fusedattn.AttnBiasType.POST_SCALE_BIAS
+                                    if bias else fusedattn.AttnBiasType.NO_BIAS)
 
-    impls = {"fusedattn": (ours, (q, k, v, dout))}
+    impls = {"fusedattn": (ours, (q, k, v, dout) + const)}
     for impl in ("cudnn", "xla"):
-        def anchor(q, k, v, impl=impl):
-            return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=c["causal"],
-                                                implementation=impl, local_window_size=window)
-        impls[f"jax_{impl}"] = (anchor, (q, k, v, dout))
-    if window is None and bias is None:  # in float16: its bfloat16 path fails in jax 0.11.2 (a dtype mismatch)
+        def anchor(q, k, v, *bias, impl=impl):
+            return jax.nn.dot_product_attention(q, k, v, bias=bias[0] if bias else None,
+                                                is_causal=c["causal"], implementation=impl,
+                                                local_window_size=window)
+        impls[f"jax_{impl}"] = (anchor, (q, k, v, dout) + const)
+    if window is None and not const:  # in float16: its bfloat16 path fails in jax 0.11.2 (a dtype mismatch)
         f16 = lambda x: x.astype(jnp.float16)
         impls["pallas_mgpu"] = (_pallas_mgpu(c), (f16(q), f16(k), f16(v), f16(dout)))
     return impls
@@ -141,8 +144,10 @@ def _pallas_mgpu(c):
 
 
 def _fwd_bwd(f):
-    def loss(q, k, v, dout):
-        return jnp.sum(f(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
+    # (args past dout: constants of the call, the bias row's bias: jit arguments, not
+    # literals folded into the program, which a [1, H, S, S] bias would make minutes to compile)
+    def loss(q, k, v, dout, *const):
+        return jnp.sum(f(q, k, v, *const).astype(jnp.float32) * dout.astype(jnp.float32))
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
@@ -165,7 +170,7 @@ def run(args):
                 if name == "jax_xla" and c["S"] > args.xla_max_seq:
                     continue  # materializes B*H*S*S scores: out of memory or minutes
                 fn = jax.jit(_fwd_bwd(f)) if backward else jax.jit(f)
-                fargs = inputs if backward else inputs[:3]
+                fargs = inputs if backward else inputs[:3] + inputs[4:]
                 launches, bwd_launches = _lib.hopper_fwd_launches(), _lib.hopper_bwd_launches()
                 try:
                     sec, _ = time_fn(fn, fargs, repeats=args.repeats)

@@ -298,11 +298,18 @@ def test_backend_reports_cudnn_and_why_not():
 
 def test_unserved_calls_fall_back_correctly(key):
     # float32 and a pre-scale bias: the CUDA flash kernels (float32 at float32 accuracy
-    # under "highest": jax's default would be TF32, as XLA's own).
+    # under "highest": jax's default would be TF32, as XLA's own). (The pre-scale bias's
+    # default is the Hopper kernels, tested in test_hopper_*_gpu.py: turned off here.)
     with jax.default_matmul_precision("highest"):
         check(key, Spec(dtype=jnp.float32, mask=AttnMaskType.CAUSAL_MASK, Sq=64, Skv=64, D=64))
-    check(key, Spec(dtype=BF16, mask=AttnMaskType.CAUSAL_MASK, Sq=64, Skv=64, D=64,
-                    bias_shape=(1, 4, 64, 64), bias_type=AttnBiasType.PRE_SCALE_BIAS))
+    _lib.set_hopper_fwd("off")
+    _lib.set_hopper_bwd("off")
+    try:
+        check(key, Spec(dtype=BF16, mask=AttnMaskType.CAUSAL_MASK, Sq=64, Skv=64, D=64,
+                        bias_shape=(1, 4, 64, 64), bias_type=AttnBiasType.PRE_SCALE_BIAS))
+    finally:
+        _lib.set_hopper_fwd(None)
+        _lib.set_hopper_bwd(None)
 
 
 def test_graphs_are_built_once(key):

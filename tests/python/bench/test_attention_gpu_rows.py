@@ -3,6 +3,7 @@ run here on the CPU engine and XLA at a tiny size (the GPU runs them at the grid
 
 import argparse
 
+import jax
 import numpy as np
 
 from fusedattn.bench import attention_gpu
@@ -21,7 +22,14 @@ def test_bias_row_ours_and_jax_agree(key):
     q, k, v, dout = attention_gpu._inputs(c, key)
     impls = attention_gpu._impls(c, q, k, v, dout)
     assert set(impls) == {"fusedattn", "jax_cudnn", "jax_xla"}
-    ours, xla = impls["fusedattn"][0](q, k, v), impls["jax_xla"][0](q, k, v)
+    # the bias is an argument after dout (a jit argument, not a literal of the program)
+    (f_ours, args_ours), (f_xla, args_xla) = impls["fusedattn"], impls["jax_xla"]
+    assert len(args_ours) == 5 and args_ours[4].shape == (1, 2, 64, 64), [a.shape for a in args_ours]
+    ours = f_ours(*args_ours[:3], *args_ours[4:])
+    xla = f_xla(*args_xla[:3], *args_xla[4:])
+    grads = [jax.jit(attention_gpu._fwd_bwd(f))(*a) for f, a in ((f_ours, args_ours), (f_xla, args_xla))]
+    for g, w in zip(*grads):
+        assert np.abs(np.asarray(g, np.float32) - np.asarray(w, np.float32)).max() < 5e-2
     err = np.abs(np.asarray(ours, np.float32) - np.asarray(xla, np.float32)).max()
     assert err < 3e-2, err
     # and not the same as without the bias: the row really adds it
