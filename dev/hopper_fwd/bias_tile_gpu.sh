@@ -6,7 +6,8 @@
 # --dbias: the backward with dbias against cuDNN's / the flash kernels'); PART=3: the tests
 # whose routing assertions changed with the bias's default routes, one a shard, then
 # `bench attention` at S 4096 (its bias row); PART=4: the fallback test again (Hopper off for
-# its pre-scale bias) and `bench attention` at S 4096 with its bias as a jit argument. Logs in $OUT.
+# its pre-scale bias) and `bench attention` at S 4096 with its bias as a jit argument; PART=5:
+# bias_time.py --fwd-only at S 1024 and 8192 (the routing's range). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
@@ -38,6 +39,9 @@ elif [ "${PART:-1}" = 4 ]; then
   timeout 150 scripts/gpu_shards.sh "$T/attention/test_cudnn_gpu.py -k 'fallback or unserved'"
   source scripts/gpu_env.sh
   timeout 300 "$PY" -m fusedattn bench attention --seqlens 4096 --repeats 3 2>&1 | tee "$OUT/bench_attention.log" | tail -30
+elif [ "${PART:-1}" = 5 ]; then
+  source scripts/gpu_env.sh
+  timeout 250 "$PY" dev/hopper_fwd/bias_time.py --fwd-only --seqlens 1024 8192 2>&1 | tee "$OUT/bias_time_seqlens.log"
 else
   source scripts/gpu_env.sh
   timeout 330 "$PY" dev/hopper_fwd/bias_time.py --seqlens 4096 2>&1 | tee "$OUT/bias_time.log"
