@@ -7,7 +7,9 @@
 # whose routing assertions changed with the bias's default routes, one a shard, then
 # `bench attention` at S 4096 (its bias row); PART=4: the fallback test again (Hopper off for
 # its pre-scale bias) and `bench attention` at S 4096 with its bias as a jit argument; PART=5:
-# bias_time.py --fwd-only at S 1024 and 8192 (the routing's range). Logs in $OUT.
+# bias_time.py --fwd-only at S 1024 and 8192 (the routing's range); PART=6: a bias past
+# cuDNN's 32-bit indexing on the Hopper forward (test_bias_past_cudnns_indexing, its time).
+# Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
@@ -42,6 +44,11 @@ elif [ "${PART:-1}" = 4 ]; then
 elif [ "${PART:-1}" = 5 ]; then
   source scripts/gpu_env.sh
   timeout 250 "$PY" dev/hopper_fwd/bias_time.py --fwd-only --seqlens 1024 8192 2>&1 | tee "$OUT/bias_time_seqlens.log"
+elif [ "${PART:-1}" = 6 ]; then
+  timeout 150 scripts/gpu_shards.sh "$T/attention/test_hopper_fwd_gpu.py -k past_cudnns"
+  grep -hE "^(FAILED|ERROR|E  )" "$OUT"/shard-*.log | head -20
+  source scripts/gpu_env.sh
+  timeout 60 "$PY" dev/hopper_fwd/bias_time.py --fwd-only --dims 64 --seqlens 8192 2>&1 | tee "$OUT/bias_time_2g.log"
 else
   source scripts/gpu_env.sh
   timeout 330 "$PY" dev/hopper_fwd/bias_time.py --seqlens 4096 2>&1 | tee "$OUT/bias_time.log"

@@ -24,6 +24,8 @@ constexpr int64_t kHopperMaxTiles = int64_t{1} << 30;
 // cuDNN's SDPA graphs fail to run with a batch of 65536 or more (a 16-bit batch extent:
 // pytorch/pytorch#181235, measured with cuDNN 9.2 on an H100).
 constexpr int64_t kCudnnMaxBatch = 65535;
+// The elements cuDNN indexes in one tensor (python/fusedattn/_gpu_route.py's _CUDNN_MAX_ELEMENTS).
+constexpr int64_t kCudnnMaxElements = (int64_t{1} << 31) - 1;
 
 std::string fmt_version(int64_t v) {
   std::ostringstream os;
@@ -56,6 +58,14 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
     return "cuDNN adds the bias after the scale (POST_SCALE_BIAS); PRE_SCALE_BIAS is not served";
   if (p.bias_type != FA_NO_BIAS && is_thd(p.layout))
     return std::string("cuDNN has no bias for the THD layouts (") + layout_name(p.layout) + ")";
+  // cuDNN indexes a tensor in 32 bits (Python runs larger calls in batch chunks under it:
+  // _gpu_route._cudnn_chunk), but a bias that broadcasts over the batch, or one batch entry of
+  // it, cannot be split so.
+  if (p.bias_type != FA_NO_BIAS && p.bias_heads * p.seqlen_q * p.seqlen_kv > kCudnnMaxElements) {
+    os << "cuDNN indexes at most 2^31 - 1 elements of a tensor, and one batch entry of the bias "
+       << "has " << p.bias_heads * p.seqlen_q * p.seqlen_kv;
+    return os.str();
+  }
   if (p.softmax_type != FA_VANILLA_SOFTMAX && info.cudnn_version < kCudnnSinkVersion)
     return std::string(softmax_name(p.softmax_type)) + " needs cuDNN 9.13 or newer; loaded " +
            fmt_version(info.cudnn_version);

@@ -194,6 +194,20 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
   off.hopper_fwd = HopperMode::kOff;
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
                  FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  // A bias of 2^31 elements or more in one batch entry (cuDNN indexes 32 bits; a broadcast
+  // bias cannot be split into batch chunks): the Hopper kernels from the flash branch.
+  AttnParams big = hopper_params();
+  big.bias_type = FA_POST_SCALE_BIAS, big.bias_batch = 1, big.bias_heads = 32;
+  big.heads_q = big.heads_kv = 32, big.head_dim_qk = big.head_dim_v = 64;
+  big.seqlen_q = big.seqlen_kv = 8192;  // 32 x 8192^2 = 2^31
+  BackendRequest nodb;
+  nodb.no_dbias = true;
+  c = select_backend(big, FA_PLATFORM_CUDA, h100(), nodb, BackendOptions{});
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  EXPECT_TRUE(has(c.reason, "2^31 - 1 elements")) << c.reason;
+  big.seqlen_kv = 8184;  // just under: cuDNN's graph, the Hopper forward
+  expect_kernels(select_backend(big, FA_PLATFORM_CUDA, h100(), nodb, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   // THD with a bias: the flash kernels.
   AttnParams thd = p;
   thd.bias_type = FA_PRE_SCALE_BIAS;

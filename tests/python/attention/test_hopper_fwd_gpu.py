@@ -691,3 +691,30 @@ def test_bias_nan_gives_nan_rows(key):
     np.testing.assert_array_equal(nan_rows, want)
     ref_out = ref_call(q, k, v, identity, (), bias=bias.astype(jnp.float32), **kw)[0]
     close("out", np.where(want[..., None], 0.0, out), np.where(want[..., None], 0.0, ref_out))
+
+
+def test_bias_past_cudnns_indexing(key):
+    """A broadcast bias of 2^31 elements ([1, 32, 8192, 8192], 4 GiB): cuDNN indexes 32 bits and
+    a broadcast bias cannot be cut into batch chunks, so the call goes to the flash branch,
+    whose Hopper forward reads the bias's tiles. The first and last 64 rows of two heads
+    against the reference (those rows, every key)."""
+    S, H, d = 8192, 32, 64
+    ks = jax.random.split(key, 4)
+    q, k, v = (jax.random.normal(kk, (1, S, H, d), jnp.bfloat16) for kk in ks[:3])
+    bias = jax.random.normal(ks[3], (1, H, S, S), jnp.bfloat16)
+    kw = dict(attn_bias_type=POST, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    info = fusedattn.get_backend((q, k, v), bias, platform="gpu", **kw)
+    assert info.name == "cuda_flash" and info.forward == "hopper" and "2^31 - 1" in info.reason, info
+    out, ran = runs_hopper(lambda q, k, v, b: fusedattn.fused_attn((q, k, v), b, None, None, **kw),
+                           q, k, v, bias)
+    assert ran, "the Hopper forward did not run"
+    f32 = lambda x: np.asarray(x, np.float32)
+    for h in (0, H - 1):
+        for first in (0, S - 64):
+            rows = slice(first, first + 64)
+            s = f32(q[0, rows, h]) @ f32(k[0, :, h]).T * d ** -0.5 + f32(bias[0, h, rows])
+            s = np.where(np.arange(S)[None, :] <= np.arange(first, first + 64)[:, None], s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            want = (p / p.sum(-1, keepdims=True)) @ f32(v[0, :, h])
+            np.testing.assert_allclose(f32(out[0, rows, h]), want, atol=2e-2, rtol=2e-2,
+                                       err_msg=f"head {h}, rows {first}..")
