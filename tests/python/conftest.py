@@ -12,6 +12,7 @@ precision (reference_lowp), plus a small floor. NaN never passes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -106,6 +107,20 @@ def set_threads():
 def key(request):
     """A PRNG key of its own for every test (reproducible: derived from the test id)."""
     return jax.random.PRNGKey(zlib.crc32(request.node.nodeid.encode()))
+
+
+@contextlib.contextmanager
+def hopper_kernels(mode):
+    """The Hopper forward and backward set to mode ("off", "always") for the block, then back
+    to the default (for tests whose subject is another kernel that serves the same call)."""
+    from fusedattn import _lib
+    _lib.set_hopper_fwd(mode)
+    _lib.set_hopper_bwd(mode)
+    try:
+        yield
+    finally:
+        _lib.set_hopper_fwd(None)
+        _lib.set_hopper_bwd(None)
 
 
 def normal(key, shape, dtype=jnp.float32):

@@ -436,7 +436,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           p.bias_type == FA_NO_BIAS)
         bwd_measured = hopper_plain_measured(p, /*backward=*/true);
       if (bwd_no.empty() && p.bias_type != FA_NO_BIAS && !req.mask_bias && !req.no_dbias && !req.deterministic)
-        bwd_measured = "a bias's gradient: its dbias is not measured against cuDNN's yet";
+        bwd_measured = "a bias's gradient: its dbias measured slower than cuDNN's (bench/RESULTS.md)";
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
         bwd_no = bwd_measured;
       std::string bwd;

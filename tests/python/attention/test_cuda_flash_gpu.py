@@ -28,10 +28,9 @@ import numpy as np
 import pytest
 
 import fusedattn
-from conftest import assert_close, assert_lse_close, normal
+from conftest import assert_close, assert_lse_close, hopper_kernels, normal
 from features import KV_PACKED, QKV_PACKED, Spec, check
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
-from fusedattn import _lib
 from fusedattn import attention as attn_mod
 from fusedattn._prepare import N_OPS, prepare
 from fusedattn.reference import dropout_keep
@@ -275,13 +274,8 @@ def test_low_precision_against_reference(key, platform, name):
     if platform != "gpu":
         check_served(key, spec, platform)
         return
-    _lib.set_hopper_fwd("off")
-    _lib.set_hopper_bwd("off")
-    try:
+    with hopper_kernels("off"):
         check_served(key, spec, platform, gpu_names)
-    finally:
-        _lib.set_hopper_fwd(None)
-        _lib.set_hopper_bwd(None)
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fusedattn
-from conftest import normal
+from conftest import hopper_kernels, normal
 from features import Spec, check
 from fusedattn import AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor, SoftmaxType
 from fusedattn import _lib
@@ -302,14 +302,9 @@ def test_unserved_calls_fall_back_correctly(key):
     # default is the Hopper kernels, tested in test_hopper_*_gpu.py: turned off here.)
     with jax.default_matmul_precision("highest"):
         check(key, Spec(dtype=jnp.float32, mask=AttnMaskType.CAUSAL_MASK, Sq=64, Skv=64, D=64))
-    _lib.set_hopper_fwd("off")
-    _lib.set_hopper_bwd("off")
-    try:
+    with hopper_kernels("off"):
         check(key, Spec(dtype=BF16, mask=AttnMaskType.CAUSAL_MASK, Sq=64, Skv=64, D=64,
                         bias_shape=(1, 4, 64, 64), bias_type=AttnBiasType.PRE_SCALE_BIAS))
-    finally:
-        _lib.set_hopper_fwd(None)
-        _lib.set_hopper_bwd(None)
 
 
 def test_graphs_are_built_once(key):

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <type_traits>
 
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
@@ -190,16 +189,6 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
 }
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
-
-// Tensors whose rows take 16-byte units: every pointer 16-byte aligned, every stride (elements
-// of 2 bytes) a multiple of 8.
-bool rows16(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides) {
-  for (const void* t : ptrs)
-    if (!aligned(t, 16)) return false;
-  for (int64_t s : strides)
-    if (s % 8 != 0) return false;
-  return true;
-}
 
 }  // namespace
 

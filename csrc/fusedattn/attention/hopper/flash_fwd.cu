@@ -27,6 +27,15 @@ Status launch(const FwdArgs& a, dim3 grid, cudaStream_t stream);
 
 namespace {
 
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Whether p's bias comes through the copy engine's tiles (FlashFwdParams::bias_tile,
+// BiasTileScores): a bias that is no folded mask, no score modifier, rows in 16-byte units.
+bool bias_tiles(const FlashFwdParams& p) {
+  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) && !p.alibi_slopes &&
+         rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+}
+
 // Tiles: the kernel counts them in int, and a block steps t += gridDim.x up to twice the
 // count (causal grids have a block a tile), so at most 2^30 keeps that in range.
 constexpr int64_t kMaxTiles = int64_t{1} << 30;
@@ -38,18 +47,8 @@ std::atomic<int64_t> launches{0};
 // Sq < 8192, whose rows keep fewer keys than such a tile spans (H200, 2026-11-28, forward
 // against cuDNN's: three groups full 1.07 -> 1.17x at S 16384, causal 1.07 -> 1.12x there,
 // but causal 0.85 -> 0.66x at S 1024 and a 512-key window 1.05 -> 0.72x at 16384;
-// bench/runs/2026-11-28/session24).
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// Whether p's bias comes through the copy engine's tiles (FlashFwdParams::bias_tile,
-// BiasTileScores): a bias that is no folded mask, no score modifier, rows in 16-byte units.
-bool bias_tiles(const FlashFwdParams& p) {
-  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) && !p.alibi_slopes &&
-         aligned16(p.bias) && p.bias_s % 8 == 0 && (p.bias_heads == 1 || p.bias_h % 8 == 0) &&
-         (p.bias_batch == 1 || p.bias_b % 8 == 0);
-}
-
-// (Head dim 64's bias tiles take two groups: Dims' stages leave room for two groups' tiles.)
+// bench/runs/2026-11-28/session24). Head dim 64's bias tiles take two (Dims' stages leave room
+// for two groups' tiles).
 int groups(const FlashFwdParams& p) {
   if (p.groups > 0) return p.groups;
   if (p.head_dim != 64 || p.left_bound || (p.causal && p.seqlen_q < 8192) || bias_tiles(p)) return 2;

@@ -24,6 +24,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
+bool rows16(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides) {
+  for (const void* t : ptrs)
+    if (reinterpret_cast<uintptr_t>(t) % 16 != 0) return false;
+  for (int64_t s : strides)
+    if (s % 8 != 0) return false;
+  return true;
+}
+
 Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_t S, int64_t H,
                 int64_t B, int64_t s_s, int64_t s_h, int64_t s_b, uint32_t rows, const char* name) {
   auto fn = encode_fn();

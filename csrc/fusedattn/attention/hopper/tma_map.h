@@ -4,6 +4,7 @@
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "fusedattn/core/status.h"
 
@@ -14,5 +15,9 @@ namespace fusedattn::cuda::hopper {
 // Extents of 1 get a stride that is valid but never used. `name` goes into the error.
 Status make_map(CUtensorMap* map, const void* base, bool bf16, int64_t D, int64_t S, int64_t H,
                 int64_t B, int64_t s_s, int64_t s_h, int64_t s_b, uint32_t rows, const char* name);
+
+// Whether 16-bit tensors' rows take whole 16-byte units, as the copy engine's maps and 16-byte
+// loads need: every pointer 16-byte aligned, every stride (in elements) a multiple of 8.
+bool rows16(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides);
 
 }  // namespace fusedattn::cuda::hopper
