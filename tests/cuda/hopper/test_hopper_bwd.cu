@@ -526,6 +526,11 @@ std::vector<Case> cases() {
        .mask_h = true, .bias = 2, .dbias = true});
   add({.name = "dbias_pre_d64_padding_11", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
        .kv_lens = {200, 256, 17}, .bias = 2, .dbias = true});
+  // Odd Skv: pairs of keys cut at the end, rows not 4- / 8-byte aligned (one key a store).
+  add({.name = "dbias_post_odd_keys_1h_sums", .Sq = 200, .Skv = 301, .mask_h = true, .bias = 1,
+       .dbias = true});
+  add({.name = "dbias_pre_odd_keys_bh_stores", .causal = true, .Sq = 130, .Skv = 257, .mask_b = true,
+       .mask_h = true, .bias = 2, .dbias = true});
   add({.name = "dbias_post_d64_window_bh_det", .causal = true, .D = 64, .Sq = 384, .Skv = 384, .left = 100,
        .mask_b = true, .mask_h = true, .deterministic = true, .bias = 1, .dbias = true});
   return c;

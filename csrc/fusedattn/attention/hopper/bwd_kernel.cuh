@@ -88,15 +88,19 @@ struct BwdArgs {
   float bias_mul;  // the bias in the softmax's log2 units: log2(e), scale log2(e) pre-scale
   int bias_heads;
   uint32_t masked_bits;  // a mask's dropped value; kNoMaskedBits for a bias (none dropped)
-  // Non-null (the dense variants): dbias, the bias's strides; each visited element's dS times
-  // dbias_mul goes there in T, or (dbias_acc non-null: the bias broadcasts) is added to
-  // dbias_acc[tbl][q][key] in float32.
+  // Non-null (the dense variants): dbias, the bias's strides; each visited element's dS (as the
+  // dS^T buffer holds it, in T) times dbias_mul goes there in T, or (dbias_acc non-null: the
+  // bias broadcasts) is added to dbias_acc[tbl][q][key] in float32.
   void* dbias;
   float* dbias_acc;
   float dbias_mul;
+  int dbias_vec;  // pairs of keys at once: dbias_acc float2-aligned, or dbias 4-byte aligned
   const uint8_t* tiles;
   const uint32_t* keep_bits;
   int words_per_row, mask_m, mask_n;
+  // A folded mask's column ranges (mask_tiles.cuh's mask_columns: [tbl * mask_n + key block]
+  // the query tiles [x, y) that keep a key of it); null: a bias (every tile kept).
+  const int2* cols;
   // Non-null: deterministic dQ (kDet); two counters a 64-row block of dq_acc ([B * Hq *
   // sq_pad / 64, 2]: head dim 128, a group's 64 columns each; else slot 0), zero at launch.
   int* dq_sem;
@@ -253,7 +257,19 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const int n = kDescending ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
+  BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
+  if constexpr (kDense) {  // a folded mask: the query tiles any of the group's heads keeps a key of
+    if (a.cols) {
+      int lo = tile.m_end, hi = tile.m_begin;
+      for (int hh = 0; hh < a.heads_per_kv; ++hh) {
+        const int h = h_kv * a.heads_per_kv + hh;
+        const int tbl = (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0);
+        const int2 r = a.cols[int64_t{tbl} * a.mask_n + n];
+        if (r.x < r.y) lo = min(lo, r.x), hi = max(hi, r.y);
+      }
+      tile.m_begin = max(tile.m_begin, lo), tile.m_end = max(tile.m_begin, min(tile.m_end, hi));
+    }
+  }
   const int blocks = max(0, tile.m_end - tile.m_begin);
   const int total = blocks * a.heads_per_kv;
 
@@ -544,19 +560,6 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
           } else {
             dp[i] = s[i] * (dp[i] - dsum);
           }
-          if constexpr (kMod == kBwdDbias) {
-            {  // this tile's dS is the bias's gradient (times the scale, pre-scale)
-              const int q = m0 + c, key = key0 + 8 * r;
-              if (q < a.seqlen_q && key < a.seqlen_kv) {
-                const float g = dp[i] * a.dbias_mul;
-                if (a.dbias_acc)
-                  atomicAdd(a.dbias_acc + (int64_t(table_of(h)) * a.seqlen_q + q) * a.seqlen_kv + key, g);
-                else
-                  static_cast<T*>(a.dbias)[b * a.bias_b + h * a.bias_h + int64_t{q} * a.bias_s + key] =
-                      static_cast<T>(g);
-              }
-            }
-          }
         }
       }
     uint32_t p[kAcc / 2], ds[kAcc / 2];
@@ -620,6 +623,49 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
     }
     wgmma_commit();
+    if constexpr (kMod == kBwdDbias) {
+      // This tile's dS is the bias's gradient (times the scale, pre-scale), read back from
+      // the dS^T buffer (both groups' written: named_sync above; the products read it too)
+      // while they run: one ldmatrix.x4.trans gives a thread two adjacent keys of one query
+      // in each of four 8 x 8 blocks (keys 16 warp + 8 (block % 2) of this group's 64, query
+      // chunk jc + block / 2), so each store writes 4 bytes of a dbias row (a float2 sum where
+      // the bias broadcasts: dbias_acc) instead of 2.
+      const uint32_t ds_base = smem_addr(ds_buf);
+      const int tbl = table_of(h);
+      T* dbias_at = a.dbias_acc ? nullptr : static_cast<T*>(a.dbias) + b * a.bias_b + h * a.bias_h;
+#pragma unroll
+      for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+        const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
+        uint32_t r[4];
+        ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
+#pragma unroll
+        for (int blk = 0; blk < 4; ++blk) {
+          const int q = m0 + 8 * (jc + blk / 2) + lane / 4;
+          const int key = tile.n0 + 64 * w + 16 * warp + 8 * (blk % 2) + 2 * (lane % 4);
+          if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
+          const bool two = key + 1 < a.seqlen_kv;
+          const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
+          const float hi = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] >> 16)) * a.dbias_mul;
+          if (a.dbias_acc) {
+            float* at = a.dbias_acc + (int64_t(tbl) * a.seqlen_q + q) * a.seqlen_kv + key;
+            if (two && a.dbias_vec) {
+              atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
+            } else {
+              atomicAdd(at, lo);
+              if (two) atomicAdd(at + 1, hi);
+            }
+          } else {
+            T* at = dbias_at + int64_t{q} * a.bias_s + key;
+            if (two && a.dbias_vec) {
+              *reinterpret_cast<uint32_t*>(at) = a.dbias_mul == 1.0f ? r[blk] : pack2<kBf16>(lo, hi);
+            } else {
+              at[0] = static_cast<T>(lo);
+              if (two) at[1] = static_cast<T>(hi);
+            }
+          }
+        }
+      }
+    }
     wgmma_wait<1>();  // dV and dQ's part
     fence_regs(dq);
     // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread

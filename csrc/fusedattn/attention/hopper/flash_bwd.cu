@@ -31,9 +31,11 @@ MaskTiles mask_tiles(const FlashBwdParams& p) {
 }
 // The dense variants' scratch: a folded mask's bits and classes (mask_bias, the pointer
 // aside: the most a bias can need), a bias's classes only.
+// A folded mask's column ranges (mask_columns) follow at mask_cols_at.
+int64_t mask_cols_at(const MaskTiles& mt) { return (mt.bytes + 15) / 16 * 16; }
 int64_t mask_scratch_bytes(const FlashBwdParams& p) {
   const MaskTiles mt = mask_tiles(p);
-  return p.mask_bias ? mt.bytes : p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
+  return p.mask_bias ? mask_cols_at(mt) + mt.tables * mt.num_n * 8 : p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
 }
 
 // dbias sums over the batch rows or heads the bias broadcasts over (float32 atomics).
@@ -316,6 +318,12 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.dbias) {  // dS (times the scale, pre-scale): straight to dbias, or summed in float32
     a.dbias = p.dbias;
     a.dbias_mul = p.pre_scale_bias ? p.scale : 1.0f;
+    // Two keys a store (bwd_kernel.cuh): the float32 sums' pairs 8-byte aligned (Skv even),
+    // or dbias's 4-byte aligned (its pointer and strides).
+    a.dbias_vec = dbias_sums(p) ? (p.seqlen_kv % 2 == 0 && aligned(base + sc.dbias, 8))
+                                : (aligned(p.dbias, 4) && p.bias_s % 2 == 0 &&
+                                   (p.bias_heads == 1 || p.bias_h % 2 == 0) &&
+                                   (p.bias_batch == 1 || p.bias_b % 2 == 0));
     if (dbias_sums(p)) {
       a.dbias_acc = reinterpret_cast<float*>(base + sc.dbias);
       FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
@@ -349,7 +357,12 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
           a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
           static_cast<uint16_t>(a.masked_bits), tiles, bits);
       FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-      a.tiles = tiles, a.keep_bits = bits;
+      auto* cols = reinterpret_cast<int2*>(base + sc.mask + mask_cols_at(mt));
+      const int64_t columns = mt.tables * mt.num_n;
+      mask_columns<<<static_cast<unsigned>((columns + 255) / 256), 256, 0, stream>>>(
+          tiles, mt.tables, static_cast<int>(mt.num_m), static_cast<int>(mt.num_n), cols);
+      FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      a.tiles = tiles, a.keep_bits = bits, a.cols = cols;
     } else {  // a bias: every tile keeps its keys and reads its values (class 5), none dropped
       // (class bit 3: through ldmatrix from the stage's tile when bias_tma)
       a.masked_bits = kNoMaskedBits;

@@ -75,5 +75,18 @@ __global__ void mask_ranges(const uint8_t* tiles, int64_t rows, int num_n, int2*
   ranges[i] = first < 0 ? make_int2(0, 0) : make_int2(first, last + 1);
 }
 
+// The backward's column ranges from the classes: for each (table, key block) the first and one
+// past the last query tile that keeps a key of it ({0, 0}: none), so a key block's CTA starts
+// at its first such tile instead of stepping through the empty ones.
+__global__ void mask_columns(const uint8_t* tiles, int64_t tables, int num_m, int num_n, int2* cols) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= tables * num_n) return;
+  const uint8_t* t = tiles + (i / num_n) * num_m * num_n + i % num_n;
+  int first = -1, last = -1;
+  for (int m = 0; m < num_m; ++m)
+    if (t[int64_t{m} * num_n] & 1) last = m, first = first < 0 ? m : first;
+  cols[i] = first < 0 ? make_int2(0, 0) : make_int2(first, last + 1);
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda::hopper
