@@ -189,7 +189,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     dead = lse <= 0.5 * _large_negative(q.dtype)
     if q_lens is not None:
         dead &= jnp.arange(T)[None, :, None] < q_lens[:, None, None]
-    if bias is not None or kv_lens is not None or local_window_size is not None:
+    # A window alone empties rows only past the keys' reach (jax's window is top-left:
+    # query i keeps keys i - left .. i + right, so rows i > S - 1 + left keep nothing).
+    window_empties = window is not None and T > S + window[0]
+    if bias is not None or kv_lens is not None or window_empties:
         mean_v = jnp.mean(v.astype(jnp.float32), axis=1)            # [B, K, H]
         mean_v = jnp.repeat(mean_v, N // K, axis=1)[:, None]         # [B, 1, N, H]
         out = jnp.where(dead[..., None], mean_v.astype(out.dtype), out)

@@ -52,24 +52,27 @@ def run(args):
         typed_kw = dict(is_causal=True) if kind == "causal" else dict(
             is_causal=True, local_window_size=(args.window, 0))
         impls = {
-            "dense": lambda q, k, v: fusedattn.dot_product_attention(q, k, v, mask=mask),
-            "typed": lambda q, k, v: fusedattn.dot_product_attention(q, k, v, **typed_kw),
-            "jax": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                                                implementation="xla"),
+            "dense": lambda q, k, v, mask: fusedattn.dot_product_attention(q, k, v, mask=mask),
+            "typed": lambda q, k, v, mask: fusedattn.dot_product_attention(q, k, v, **typed_kw),
+            "jax": lambda q, k, v, mask: jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                                                      implementation="xla"),
         }
         if gpu and dt != jnp.float32:
-            impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+            impls["cudnn"] = lambda q, k, v, mask: jax.nn.dot_product_attention(
                 q, k, v, mask=mask, implementation="cudnn")
         for mode in args.modes:
             row = dict(kind=kind, dtype=dt.name, B=B, S=S, H=H, D=D, mode=mode)
             for name, f in impls.items():
+                # The mask and the cotangent are arguments, as a model's are (a constant
+                # would be folded into the program: minutes of XLA time at S 4096).
                 if mode == "fwd+bwd":
-                    g = jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) *
-                                                            do.astype(jnp.float32)), (0, 1, 2))
-                    fn = jax.jit(g)
+                    fn = jax.jit(lambda q, k, v, mask, do, f=f: jax.grad(
+                        lambda q, k, v: jnp.sum(f(q, k, v, mask).astype(jnp.float32) *
+                                                do.astype(jnp.float32)), (0, 1, 2))(q, k, v))
+                    fargs = (q, k, v, mask, do)
                 else:
-                    fn = jax.jit(f)
-                row[f"{name}_ms"] = time_fn(fn, (q, k, v), repeats=args.repeats)[0] * 1e3
+                    fn, fargs = jax.jit(f), (q, k, v, mask)
+                row[f"{name}_ms"] = time_fn(fn, fargs, repeats=args.repeats)[0] * 1e3
             row["ratio_typed"] = row["typed_ms"] / row["dense_ms"]
             row["ratio_jax"] = row["jax_ms"] / row["dense_ms"]
             cudnn = ""

@@ -292,3 +292,35 @@ def test_masked_bias_value(dtype):
     assert -0.71 * float(jnp.finfo(dtype).max) <= v <= -0.69 * min(float(jnp.finfo(dtype).max), 3.4e38)
     if dtype == jnp.float32:
         assert v == _LARGE_NEGATIVE
+
+
+@pytest.mark.parametrize("window, causal", [((8, 2), False), ((5, 0), True)])
+def test_window_rows_past_the_keys_reach_average_the_values(key, window, causal):
+    # jax's window is top-left: with more queries than keys, rows past S - 1 + left keep no
+    # key, and jax averages every value there; fusedattn rebuilds those rows too.
+    q, k, v, dout = inputs(key, jnp.float32, T=64, S=24)
+    kw = dict(local_window_size=window, is_causal=causal)
+
+    def run(f, **extra):
+        def loss(q, k, v):
+            return jnp.sum(f(q, k, v, **kw, **extra) * dout)
+        return f(q, k, v, **kw, **extra), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    ours = jax.jit(lambda q, k, v: run(fusedattn.dot_product_attention))(q, k, v)
+    theirs = jax.jit(lambda q, k, v: run(jax.nn.dot_product_attention, implementation="xla"))(q, k, v)
+    for what, a, b in zip(("out", "dq", "dk", "dv"), jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5, err_msg=what)
+    assert np.abs(np.asarray(ours[0])[:, 24 + window[0]:]).max() > 0  # the averaged rows
+
+
+def test_window_that_empties_no_row_skips_the_rebuild(key):
+    # Rows that keep nothing are rebuilt (jax's average of the values) only where they can
+    # occur: a window with T <= S + left empties none, and its call takes no mean of V.
+    q, k, v, _ = inputs(key, jnp.float32)
+    jaxpr = str(jax.make_jaxpr(lambda q, k, v: fusedattn.dot_product_attention(
+        q, k, v, local_window_size=(5, 3)))(q, k, v))
+    mean_v = f"f32[{B},{K},{H}] = reduce_sum"  # the values' mean over the keys
+    assert mean_v not in jaxpr
+    jaxpr = str(jax.make_jaxpr(lambda q, k, v: fusedattn.dot_product_attention(
+        q, k, v, local_window_size=(5, 3), key_value_seq_lengths=KVL))(q, k, v))
+    assert mean_v in jaxpr  # batch 0 keeps no key: its rows are rebuilt
