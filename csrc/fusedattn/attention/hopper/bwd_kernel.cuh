@@ -44,7 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fusedattn/attention/hopper/fwd_kernel.cuh"  // pack2, clamp_edge, kNoEdge
+#include "fusedattn/attention/hopper/scores.cuh"
 #include "fusedattn/attention/hopper/sm90.cuh"
 
 namespace fusedattn::cuda::hopper {
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     fence_regs(s);
 
     // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
-    // s[4j + 2r + e] (the accumulator layout, fwd_kernel.cuh). kMode: 0 the band alone, 1 a
+    // s[4j + 2r + e] (the accumulator layout, scores.cuh). kMode: 0 the band alone, 1 a
     // dense mask's bits (a word a query: the block's 32 keys of this thread's two), 2 its
     // 16-bit values (dropped, or a bias added), 3 a bias's values from the stage's tile
     // (class bit 3: none dropped).
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i = 4 * j + 2 * r + e, key = key0 + 8 * r;
-            // the forward's score functors (fwd_kernel.cuh): ALiBi's x, softcap's t below
+            // the forward's score functors (scores.cuh): ALiBi's x, softcap's t below
             float x;
             if constexpr (kAlibi)
               x = AlibiScores<kMod == kBwdAlibiAbs>::pre(s[i], a.scale_log2, slope, 0.0f, static_cast<float>(key - q));

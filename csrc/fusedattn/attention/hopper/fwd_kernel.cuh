@@ -23,6 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "fusedattn/attention/hopper/scores.cuh"
 #include "fusedattn/attention/hopper/sm90.cuh"
 
 namespace fusedattn::cuda::hopper {
@@ -167,12 +168,6 @@ struct BiasRow {
   int64_t s = 0;
 };
 
-template <bool kBf16>
-__device__ __forceinline__ float bits_to_float(uint16_t x) {
-  if constexpr (kBf16) return __uint_as_float(static_cast<uint32_t>(x) << 16);
-  else return __half2float(__ushort_as_half(x));
-}
-
 // The bias ring of BiasTileScores: stage st's tile of consumer group c (its 64 query rows,
 // kBlockN keys as 64-key spans of 128-byte swizzled rows, 8 KiB apart), filled by the
 // producer (full: one arrival and the bytes) and released by the group's 128 threads (empty).
@@ -198,66 +193,6 @@ struct Smem {
 };
 template <int kD, int kGroups, bool kBiasTile = false>
 constexpr size_t kSmemBytes = sizeof(Smem<kD, kGroups, kBiasTile>) + 1024;  // + slack to align the tiles to 1024
-
-// Score modifiers. The softmax runs in log2 units: score x = out * v with v = pre(s, ...),
-// a map of the raw q.k that keeps order (out > 0), so the row max is taken over v and
-// exp2(x - max x) is one fused multiply-add and one exp2: exp2(v * out - max_v * out).
-// pre also gets the score's relative position kv - q, as the affine map d0 + off of a
-// per-block d0 and the element's compile-time offset off (ALiBi's bias).
-// kBiasTile: the bias comes through shared memory (FwdArgs::bias_map, BiasRing) and is
-// added to the raw scores before the softmax step (BiasTileScores only).
-struct PlainScores {  // v = s; out = scale * log2(e)
-  static constexpr bool kRowByRow = false;  // softmax_step's order (H100: dev/hopper_fwd/hopper_fwd_check)
-  static constexpr bool kBiasTile = false;
-  __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
-};
-struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
-                        // out = c log2(e)
-  static constexpr bool kRowByRow = true;
-  static constexpr bool kBiasTile = false;
-  __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
-    return tanh_approx(s * in);
-  }
-};
-template <bool kAbs>
-struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in = scale
-                      // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
-  static constexpr bool kRowByRow = false;
-  static constexpr bool kBiasTile = false;
-  __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
-                                              float off) {
-    if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
-    return fmaf(s, in, fmaf(slope, off, slope * d0));  // slope * d0: once a block
-  }
-};
-
-// A plain call with a bias [Bm, Hm, Sq, Skv] whose rows take 16-byte units (flash_fwd.cu's
-// bias_tiles): v = s + bias * bias_mul, the bias's tiles through the copy engine.
-struct BiasTileScores : PlainScores {
-  static constexpr bool kBiasTile = true;
-};
-
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kBf16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  }
-  return r;
-}
-
-// The accumulator layout of wgmma m64nN (per thread of a warpgroup): warp w holds rows
-// 16w..16w+15; lane (g = lane / 4, t = lane % 4) holds, for each 8-column chunk j,
-// d[4j + 0..1] = row g, columns 8j + 2t + 0..1 and d[4j + 2..3] = row g + 8, same columns.
-// So a thread owns two rows (r = 0, 1: d[4j + 2r + e]) and a row is spread over 4 lanes.
-
-// Row r's i-th score of a thread (i = 2j + e: 8-column chunk j, column e of the pair):
-// s[4j + 2r + e] in the accumulator layout above.
-__host__ __device__ constexpr int row_score(int r, int i) { return 4 * (i / 2) + 2 * r + i % 2; }
 
 // A float as an unsigned key of the same order (for atomicMax), NaN above everything: 0 is
 // below every key (no row yet); max_logit_value decodes it.
@@ -411,14 +346,6 @@ __device__ __forceinline__ void rescale_factors(const float (&mx)[2], const floa
     corr[r] = mx_old[r] == -INFINITY ? 0.0f : exp2_approx((mx_old[r] - mx[r]) * mul_out);
 }
 
-// Before issue_qk / issue_pv: fence_regs() on their registers and wgmma_fence(), so that no
-// instruction touches a register of the products between their issue and the wait.
-template <int N, class R>
-__device__ __forceinline__ void fence_regs(R (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) fence_reg(r[i]);
-}
-
 // S = Q_rows K^T: kD / 16 steps of 16 along the head dim; both operands K-major, 128-byte
 // swizzled, each 64 columns a span of their own.
 template <bool kBf16, class Dim>
@@ -485,12 +412,6 @@ struct Tile {
   int q0, kv0;  // the sequence's first query and key in row b (THD; else 0)
   bool skip;    // no query of the sequence in the tile (THD)
 };
-
-constexpr int kNoEdge = -(1 << 30);
-
-__device__ __forceinline__ int clamp_edge(long long x) {
-  return static_cast<int>(max(static_cast<long long>(kNoEdge), min(x, static_cast<long long>(1 << 30))));
-}
 
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
 // together; inside a section the query blocks go last first (causal: the longest rows

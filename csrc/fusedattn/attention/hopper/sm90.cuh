@@ -1,4 +1,4 @@
-// Hopper (sm_90a) building blocks of the flash forward kernel (fwd_kernel.cuh): mbarriers,
+// Hopper (sm_90a) building blocks of the flash kernels (fwd_kernel.cuh, bwd_kernel.cuh): mbarriers,
 // bulk tensor copies (TMA), warpgroup matrix products (wgmma) and their shared-memory
 // descriptors, named barriers, register reallocation. Each is one PTX instruction; the PTX
 // ISA manual is the reference for every field used here.
