@@ -1,0 +1,63 @@
+"""The kernels of one jitted dense-mask call, each timed by Nsight Compute inside the call:
+where a dense mask's time goes beside the mask type's (the fold of the mask into a bias,
+the classification, the kernel, the rebuild of rows that keep nothing).
+
+  ncu --clock-control none --cache-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv python dev/hopper_fwd/dense_kernels.py KIND PATH MODE [D]
+
+KIND: causal or window (512 keys, causal); PATH: dense (dot_product_attention(mask=...)),
+typed (dot_product_attention with is_causal / local_window_size), kernel (fused_attn with the
+folded mask as its bias: no wrapper); MODE: fwd or fwdbwd. bf16, B 4, S 4096, H 2048 / D (bench
+dense_mask's shape). The region profiled (cuProfilerStart / Stop) is REPS calls after a warm
+one; dev/hopper_bwd/step_table.py reads ncu's CSV."""
+import ctypes
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fusedattn
+from fusedattn import AttnBiasType, AttnMaskType
+from fusedattn.dot_product import _large_negative
+
+REPS = 3
+
+
+def main():
+    kind, path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    D = int(sys.argv[4]) if len(sys.argv) > 4 else 128
+    B, S, H, W = 4, 4096, 2048 // D, 512
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, dout = (jax.random.normal(x, (B, S, H, D), jnp.float32).astype(jnp.bfloat16) for x in ks)
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    keep = (j <= i) if kind == "causal" else (j <= i) & (j >= i - W)
+    mask = jnp.asarray(keep)[None, None]
+    if path == "dense":
+        f = lambda q, k, v, m: fusedattn.dot_product_attention(q, k, v, mask=m)
+    elif path == "typed":
+        kw = dict(is_causal=True) if kind == "causal" else dict(is_causal=True, local_window_size=(W, 0))
+        f = lambda q, k, v, m: fusedattn.dot_product_attention(q, k, v, **kw)
+    else:
+        mask = jnp.where(mask, jnp.zeros((), jnp.bfloat16), jnp.asarray(_large_negative(jnp.bfloat16), jnp.bfloat16))
+        f = lambda q, k, v, m: fusedattn.fused_attn(
+            (q, k, v), m, None, None, attn_bias_type=AttnBiasType.POST_SCALE_BIAS,
+            attn_mask_type=AttnMaskType.NO_MASK, _mask_bias=True)
+    if mode == "fwd":
+        fn = jax.jit(f)
+        args = (q, k, v, mask)
+    else:
+        fn = jax.jit(lambda q, k, v, m, do: jax.grad(
+            lambda q, k, v: jnp.sum(f(q, k, v, m).astype(jnp.float32) * do.astype(jnp.float32)),
+            (0, 1, 2))(q, k, v))
+        args = (q, k, v, mask, dout)
+    jax.block_until_ready(fn(*args))
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuProfilerStart()
+    for _ in range(REPS):
+        jax.block_until_ready(fn(*args))
+    cuda.cuProfilerStop()
+    print(f"{kind} {path} {mode} D {D}: {REPS} calls")
+
+
+main()
