@@ -175,9 +175,11 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   // Its softmax keeps q.k's order (the max of q.k is the max score), which needs scale > 0.
   if (kind == ScoreModKind::kNone && !(p.scale > 0.0f))
     return "it takes scale > 0 without a score_mod (got " + std::to_string(p.scale) + ")";
-  // A bias (pre- or post-scale) or a dense mask (a folded one), with no score_mod.
+  // A bias (pre- or post-scale) or a dense mask (a folded one), with no score_mod: no
+  // variant has both (its bias tiles join the raw scores before the modifier, the order the
+  // engine defines, so one could).
   if (p.bias_type != FA_NO_BIAS && kind != ScoreModKind::kNone)
-    return "it would apply the bias before the score_mod";
+    return "it has no variant with both a score_mod and a bias";
   if (p.bias_type != FA_NO_BIAS && (is_thd(p.layout) || p.num_slices != 1))
     return "its bias takes no THD layout and one vmap slice";
   if (req.mask_bias && p.bias_type != FA_NO_BIAS &&

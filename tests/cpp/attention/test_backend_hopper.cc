@@ -99,7 +99,7 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
   req = with(ScoreModKind::kSoftcap);
   req.mask_bias = true;
-  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "before the score_mod"));
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "both a score_mod and a bias"));
   req = BackendRequest{};
   req.mask_bias = true;
   AttnParams sliced = p;
@@ -176,7 +176,7 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
     // With a score_mod the kernels would add it after the modifier: the flash kernels.
     BackendRequest sm = with(ScoreModKind::kSoftcap);
     sm.no_dbias = no_dbias;
-    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "before the score_mod"));
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "both a score_mod and a bias"));
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, on);
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   }
