@@ -257,14 +257,14 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const int n = kDescending ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // The (batch, head) table of a dense mask's classes and ranges (mask_tiles.cuh).
+  auto table_of = [&](int h) { return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0); };
   BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
   if constexpr (kDense) {  // a folded mask: the query tiles any of the group's heads keeps a key of
     if (a.cols) {
       int lo = tile.m_end, hi = tile.m_begin;
       for (int hh = 0; hh < a.heads_per_kv; ++hh) {
-        const int h = h_kv * a.heads_per_kv + hh;
-        const int tbl = (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0);
-        const int2 r = a.cols[int64_t{tbl} * a.mask_n + n];
+        const int2 r = a.cols[int64_t{table_of(h_kv * a.heads_per_kv + hh)} * a.mask_n + n];
         if (r.x < r.y) lo = min(lo, r.x), hi = max(hi, r.y);
       }
       tile.m_begin = max(tile.m_begin, lo), tile.m_end = max(tile.m_begin, min(tile.m_end, hi));
@@ -284,7 +284,6 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // mask's class of it (1: no mask; 0: nothing kept, skipped).
   auto head_of = [&](int it) { return h_kv * a.heads_per_kv + it / blocks; };
   auto block_of = [&](int it) { return tile.m_begin + it % blocks; };
-  auto table_of = [&](int h) { return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0); };
   auto class_of = [&](int it) -> int {
     if constexpr (!kDense) return 1;
     return a.tiles[(int64_t(table_of(head_of(it))) * a.mask_m + block_of(it)) * a.mask_n + n];
