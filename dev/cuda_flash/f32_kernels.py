@@ -2,12 +2,12 @@
 24's row: causal, B 1, S 8192, H 8, D 64), each timed by Nsight Compute inside the call, and
 the same call through jax.nn.dot_product_attention(implementation="xla") beside it.
 
-  ncu --clock-control none --cache-control none --profile-from-start off \
-      --metrics gpu__time_duration.sum --csv python dev/cuda_flash/f32_kernels.py ours|xla fwd|fwdbwd
+  OUT=... NAME=f32_kernels bash dev/ncu_kernels.sh dev/cuda_flash/f32_kernels.py ours:fwd ours:fwdbwd
+(xla:fwdbwd, XLA's call, did not finish under ncu within a call: its autotuning under the
+profiler; time XLA apart.)
 
-The region profiled (cuProfilerStart / Stop) is REPS calls after a warm one;
-dev/hopper_bwd/step_table.py reads ncu's CSV."""
-import ctypes
+The region profiled: dev/ncu_region.py; dev/ncu_kernels.sh runs it and tabulates."""
+import os
 import sys
 
 import jax
@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import fusedattn
 from fusedattn import AttnMaskType
 
-REPS = 3
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from ncu_region import REPS, profile  # noqa: E402
 
 
 def main():
@@ -34,12 +35,7 @@ def main():
     else:
         fn = jax.jit(lambda q, k, v, do: jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * do), (0, 1, 2))(q, k, v))
         args = (q, k, v, dout)
-    jax.block_until_ready(fn(*args))
-    cuda = ctypes.CDLL("libcuda.so.1")
-    cuda.cuProfilerStart()
-    for _ in range(REPS):
-        jax.block_until_ready(fn(*args))
-    cuda.cuProfilerStop()
+    profile(fn, args)
     print(f"{who} {mode} f32 B {B} S {S} H {H} D {D} causal: {REPS} calls")
 
 

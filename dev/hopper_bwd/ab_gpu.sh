@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # GPU machine: an A/B of bwd_time builds (BINS: names under .carry, each built from a variant
 # of the kernel) over SHAPES (bwd_time argument lines), ROUNDS alternating rounds; prints each
-# line with its binary's name. Kernel tests of the tree's build first (TESTS=1).
+# line with its binary's name. Kernel tests of the tree's build first (TESTS=1; TEST_FILTER, a
+# gtest filter, default the backward's).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 if [ -n "${TESTS:-}" ]; then
-  timeout 200 scripts/cuda_tests.sh run --gtest_filter='*HopperBwd*' > "$OUT/cuda_tests.log" 2>&1
+  timeout 200 scripts/cuda_tests.sh run --gtest_filter="${TEST_FILTER:-*HopperBwd*}" > "$OUT/cuda_tests.log" 2>&1
   echo "cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
   grep -E "FAILED|max err" "$OUT/cuda_tests.log" | grep FAILED | head
 fi

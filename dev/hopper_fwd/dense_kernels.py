@@ -2,15 +2,14 @@
 where a dense mask's time goes beside the mask type's (the fold of the mask into a bias,
 the classification, the kernel, the rebuild of rows that keep nothing).
 
-  ncu --clock-control none --cache-control none --profile-from-start off \
-      --metrics gpu__time_duration.sum --csv python dev/hopper_fwd/dense_kernels.py KIND PATH MODE [D]
+  OUT=... bash dev/ncu_kernels.sh dev/hopper_fwd/dense_kernels.py KIND:PATH:MODE[:D] ...
 
 KIND: causal or window (512 keys, causal); PATH: dense (dot_product_attention(mask=...)),
 typed (dot_product_attention with is_causal / local_window_size), kernel (fused_attn with the
 folded mask as its bias: no wrapper); MODE: fwd or fwdbwd. bf16, B 4, S 4096, H 2048 / D (bench
-dense_mask's shape). The region profiled (cuProfilerStart / Stop) is REPS calls after a warm
-one; dev/hopper_bwd/step_table.py reads ncu's CSV."""
-import ctypes
+dense_mask's shape). The region profiled: dev/ncu_region.py; dev/ncu_kernels.sh runs it and
+tabulates."""
+import os
 import sys
 
 import jax
@@ -21,7 +20,8 @@ import fusedattn
 from fusedattn import AttnBiasType, AttnMaskType
 from fusedattn.dot_product import _large_negative
 
-REPS = 3
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from ncu_region import REPS, profile  # noqa: E402
 
 
 def main():
@@ -51,12 +51,7 @@ def main():
             lambda q, k, v: jnp.sum(f(q, k, v, m).astype(jnp.float32) * do.astype(jnp.float32)),
             (0, 1, 2))(q, k, v))
         args = (q, k, v, mask, dout)
-    jax.block_until_ready(fn(*args))
-    cuda = ctypes.CDLL("libcuda.so.1")
-    cuda.cuProfilerStart()
-    for _ in range(REPS):
-        jax.block_until_ready(fn(*args))
-    cuda.cuProfilerStop()
+    profile(fn, args)
     print(f"{kind} {path} {mode} D {D}: {REPS} calls")
 
 
