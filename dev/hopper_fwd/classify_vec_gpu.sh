@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU machine (carry .carry): classify_vec.patch (the mask classification's 16-byte loads,
-# session 35, compiled, not yet run): the kernel tests of dense masks (forward and backward;
+# GPU machine (carry .carry): an A/B of the mask classification (session 36: its 16-byte
+# loads against the 2-byte ones): the kernel tests of dense masks (forward and backward;
 # keys in 8-key units take the new loads, the others the old) and both bwd_time builds
 # (.carry/bwd_time_cols: main's bwd_time; bwd_time_vec: the patch's) by dev/hopper_bwd/ab_gpu.sh,
 # then the classification kernel alone by Nsight Compute inside each. Build:

@@ -310,9 +310,13 @@ void run_case(const Case& cs) {
       if (!(e <= 1e-2 + 1e-2 * std::fabs(want))) ++bad, first = first < 0 ? r : first;
       if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
     }
+    // lse's row sum adds up P as the tensor cores read it, rounded to T (fwd_kernel.cuh's
+    // kOnes), so a row of few keys is off by up to log(1 + 2^-9) (bf16) or 2^-12 (fp16).
     const float got = hl[b * p.l_b + h * p.l_h + i], want = hrl[r];
-    const bool same = std::isinf(want) ? got == want
-                                       : std::fabs(got - want) <= 1e-3 + 1e-3 * std::fabs(want);
+    const double p_round = cs.bf16 ? 0x1p-9 : 0x1p-12;
+    const bool same = std::isinf(want)
+                          ? got == want
+                          : std::fabs(got - want) <= 1e-3 + p_round + 1e-3 * std::fabs(want);
     if (!same) ++bad, first = first < 0 ? r : first;
     if (!std::isinf(want) && !(std::fabs(got - want) <= lerr))
       lerr = std::isnan(got) ? INFINITY : std::fabs(got - want);
@@ -490,6 +494,12 @@ const Case kCases[] = {
       c.D = 256, c.mask = 1, c.bf16 = false, c.Sq = 500, c.Skv = 700; }),
     make("d256_mask_dense_band_heads", [](Case& c) {
       c.D = 256, c.mask = 2, c.mask_h = true, c.Sq = c.Skv = 640; }),
+    // Keys in 8-key units: the classification's 16-byte loads (classify_vec); the cases above
+    // of other key counts take its key-at-a-time loads.
+    make("mask_dense_band_holes_values_keys_of_8", [](Case& c) {
+      c.mask = 2, c.mask_b = c.mask_h = true, c.mask_values = true, c.Sq = 600, c.Skv = 896; }),
+    make("d64_mask_dense_band_keys_of_8", [](Case& c) {
+      c.D = 64, c.mask = 2, c.B = 3, c.Sq = 1000, c.Skv = 1096; }),
     // A bias: its tiles through the copy engine (rows past Sq and keys past Skv read as 0),
     // or a score at a time (rows not 16-byte units, or bias_tile 0).
     make("bias_post_causal_tiles", [](Case& c) { c.bias = 1, c.causal = true, c.Sq = c.Skv = 700; }),
