@@ -228,6 +228,9 @@ REQUEST_SCORE_MOD_GRADS = 32
 REQUEST_DROPOUT_BROADCAST = 64
 # A bitwise repeatable backward (determinism.py; backend.h's kRequestDeterministic).
 REQUEST_DETERMINISTIC = 128
+# jax.nn.dot_product_attention's rows that keep nothing: the average of all values
+# (backend.h's kRequestAverageEmptyRows)
+REQUEST_AVERAGE_EMPTY_ROWS = 256
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,

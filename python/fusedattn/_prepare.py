@@ -59,6 +59,9 @@ class Config:
     checkpoint_name: str | None = "context"
     # the bias is a folded boolean mask (dot_product_attention's): _lib.REQUEST_MASK_BIAS
     mask_bias: bool = False
+    # jax.nn.dot_product_attention's rows that keep nothing get the average of the values
+    # (dot_product_attention's): _lib.REQUEST_AVERAGE_EMPTY_ROWS, done by every backend
+    average_empty_rows: bool = False
     # the backward's dbias is wanted: False when the bias has no tangent (a constant, a
     # folded mask; _autodiff's specialize): _lib.REQUEST_NO_DBIAS, the kernels skip it
     want_dbias: bool = True

@@ -71,8 +71,10 @@ def _target(direction: str, sm: _sm.ScoreMod | None, cuda: bool) -> str:
 def _call_flags(cfg: Config) -> int:
     """The REQUEST_* bits of the call's bias, dropout and mode: a folded mask (the Hopper
     kernels' tiles), no dbias wanted (the Hopper backward takes a folded mask only then), one
-    dropout mask for every batch entry and head, a deterministic backward."""
+    dropout mask for every batch entry and head, a deterministic backward, jax's rows that
+    keep nothing."""
     return ((_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
+            | (_lib.REQUEST_AVERAGE_EMPTY_ROWS if cfg.average_empty_rows else 0)
             | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.request_flags)
 
 
@@ -158,7 +160,23 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
         dropout_probability=cfg.dropout if cfg.dropout_on else 0.0, seed=seed,
         dropout_broadcast=cfg.dropout_broadcast,
         score_mod=score_mod, index_base=index_base if index_base.size else None)
+    if cfg.average_empty_rows:
+        out = _average_empty_rows(out, lse, v, q_lens, cfg)
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
+
+
+def _average_empty_rows(out, lse, v, q_lens, cfg: Config):
+    """_lib.REQUEST_AVERAGE_EMPTY_ROWS as the engine does it (backend.h's
+    kRequestAverageEmptyRows): rows below their q_seqlen whose lse is at most half the
+    folded mask's value get the average of all of their kv head's values. out [B, Sq, Hq,
+    Dv], lse [B, Hq, Sq], v [B, Skv, Hkv, Dv] (a BSHD call)."""
+    Sq, Hq = out.shape[1], out.shape[2]
+    empty = lse <= 0.5 * _lib.masked_bias_value(jnp.dtype(out.dtype).name)
+    if cfg.mask_type.is_padding() and q_lens.size:
+        empty &= jnp.arange(Sq)[None, None, :] < q_lens[:, :1, None]
+    mean = jnp.mean(v.astype(jnp.float32), axis=1)                     # [B, Hkv, Dv]
+    mean = jnp.repeat(mean, Hq // v.shape[2], axis=1)[:, None]          # [B, 1, Hq, Dv]
+    return jnp.where(jnp.swapaxes(empty, 1, 2)[..., None], mean.astype(out.dtype), out)
 
 
 def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
@@ -594,7 +612,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                stripe_size=None,
                context_checkpoint_name="context",
                dropout_broadcast=False,
-               _mask_bias=False):
+               _mask_bias=False,
+               _average_empty_rows=False):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
     qkv, by qkv_layout (float32, bfloat16 or float16, all the same; float64 under
@@ -695,6 +714,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     holds _lib.masked_bias_value(dtype) at the keys it drops; the CPU engine then drops
     them as a -inf bias does (a row that keeps none gives 0 and lse -inf, for the caller
     to fix) and skips the key tiles they fill.
+    _average_empty_rows (internal: dot_product_attention's): that fix, by every backend
+    (_lib.REQUEST_AVERAGE_EMPTY_ROWS): rows below their q_seqlen whose lse is at most half
+    the folded mask's value get the average of all values of their kv head (jax's softmax
+    over equal masked logits), gradient to value only. BSHD layouts, vanilla softmax, no
+    dropout, no context parallelism.
     """
     call = prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                    attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
@@ -716,12 +740,20 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                     context_parallel_causal_load_balanced, stripe_size, call.cfg)
     if cp is not None:
         call = dataclasses.replace(call, cfg=dataclasses.replace(call.cfg, cp=cp))
+    if _average_empty_rows:
+        c = call.cfg
+        why = ("a THD layout" if c.thd else
+               "a softmax offset" if c.softmax_type != SoftmaxType.VANILLA_SOFTMAX else
+               "dropout" if c.dropout_on else "context parallelism" if cp is not None else None)
+        if why:
+            raise ValueError(f"fused_attn: _average_empty_rows takes a BSHD layout, vanilla "
+                             f"softmax, no dropout and no context parallelism; the call has {why}")
     sm = None
     if score_mod is not None:
         d = call.dims
         sm, arrays4 = _sm.make_score_mod(score_mod, score_mod_operands, score_mod_bprop,
                                          (d.B, d.Hq, d.Sq, d.Skv))
-    elif (not (return_max_logit or return_aux) and cp is None
+    elif (not (return_max_logit or return_aux or _average_empty_rows) and cp is None
             and _small_seq_route(call.params, qkv, sequence_descriptor, None)[0]):
         return small_seq.fused_attn_small_seq(
             qkv, None, sequence_descriptor, seed, attn_mask_type=attn_mask_type,
@@ -729,8 +761,10 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
             scaling_factor=call.cfg.scale if call.traced_scale is None else call.traced_scale,
             dropout_probability=dropout_probability, is_training=is_training)
     call = dataclasses.replace(call, cfg=dataclasses.replace(
-        call.cfg, want_lse=bool(return_aux), want_max_logit=bool(return_max_logit),
-        mask_bias=bool(_mask_bias) and call.operands[3].size > 0))
+        call.cfg, want_lse=bool(return_aux or _average_empty_rows),
+        want_max_logit=bool(return_max_logit),
+        mask_bias=bool(_mask_bias) and call.operands[3].size > 0,
+        average_empty_rows=bool(_average_empty_rows)))
     _warn_if_fallback(call, sm)
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))
     out, lse, max_logit = _attention((call.cfg, call.dims, sm), False, *ops)

@@ -18,7 +18,10 @@ How jax's arguments map onto fused_attn:
   the sequence lengths are faster there).
 * A query row whose every key is masked: jax gives the plain average of all values (its
   masked logits are all the same finite number), zero for rows past query_seq_lengths.
-  fusedattn gives 0 for such rows, so they are rebuilt here from the softmax statistics.
+  fusedattn's kernels give 0 for such rows; the call asks the engine to rebuild them
+  (fused_attn's _average_empty_rows: after the kernel on every backend, the gradient to
+  value only), where they can occur (a mask or bias, key lengths, a window shorter than
+  the queries' reach).
 Difference that remains: the bias is rounded to the query's dtype (jax adds it to the
 float32 logits), as in every fused kernel.
 
@@ -176,29 +179,22 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     mask_type = {(False, False): AttnMaskType.NO_MASK, (False, True): AttnMaskType.CAUSAL_MASK,
                  (True, False): AttnMaskType.PADDING_MASK,
                  (True, True): AttnMaskType.PADDING_CAUSAL_MASK}[(padding, bool(is_causal))]
+    # Rows whose every key is masked: jax's softmax over equal logits averages all values
+    # (rows past query_seq_lengths are zero in jax too); the engine rebuilds them
+    # (_average_empty_rows) where they can occur. A window alone empties rows only past the
+    # keys' reach (jax's window is top-left: query i keeps keys i - left .. i + right, so
+    # rows i > S - 1 + left keep nothing).
+    window_empties = window is not None and T > S + window[0]
     out, aux = fused_attn(
         (q, k, v), bias, sd, None,
         attn_bias_type=AttnBiasType.NO_BIAS if bias is None else AttnBiasType.POST_SCALE_BIAS,
         attn_mask_type=mask_type, scaling_factor=scale, window_size=window,
-        return_aux=True, _mask_bias=mask is not None)
-    lse = jnp.transpose(aux["softmax_aux"][..., 0], (0, 2, 1))  # [B, T, N]
-
-    # Rows whose every key is masked: jax's softmax over equal logits averages all values;
-    # rows past query_seq_lengths are zero in jax too.
-    # -inf, or every kept logit at the large negative
-    dead = lse <= 0.5 * _large_negative(q.dtype)
-    if q_lens is not None:
-        dead &= jnp.arange(T)[None, :, None] < q_lens[:, None, None]
-    # A window alone empties rows only past the keys' reach (jax's window is top-left:
-    # query i keeps keys i - left .. i + right, so rows i > S - 1 + left keep nothing).
-    window_empties = window is not None and T > S + window[0]
-    if bias is not None or kv_lens is not None or window_empties:
-        mean_v = jnp.mean(v.astype(jnp.float32), axis=1)            # [B, K, H]
-        mean_v = jnp.repeat(mean_v, N // K, axis=1)[:, None]         # [B, 1, N, H]
-        out = jnp.where(dead[..., None], mean_v.astype(out.dtype), out)
+        return_aux=True, _mask_bias=mask is not None,
+        _average_empty_rows=bias is not None or kv_lens is not None or window_empties)
     out = jnp.reshape(out, output_shape)
     if not return_residual:
         return out
+    lse = jnp.transpose(aux["softmax_aux"][..., 0], (0, 2, 1))  # [B, T, N]
     # jax's residual: logsumexp of the masked logits, which is its large negative for rows
     # that keep nothing (rows past query_seq_lengths included).
     gone = lse <= 0.5 * _large_negative(q.dtype)

@@ -101,6 +101,16 @@ constexpr int32_t kRequestNoDbias = 16;
 constexpr int32_t kRequestDropoutBroadcast = 64;
 // A bitwise repeatable backward (fusedattn.deterministic(); BackendRequest::deterministic).
 constexpr int32_t kRequestDeterministic = 128;
+// jax.nn.dot_product_attention's rows that keep nothing (fusedattn's dot_product_attention
+// asks): a query row below its sequence's length whose lse is at most half the folded
+// mask's value (no key kept, or only keys at that value) gets the plain average of all Skv
+// values of its kv head, which jax's softmax over equal masked logits gives; its gradient
+// reaches only dv (dout / Skv to every key of the kv head). Every backend does it after
+// its kernel (forward) or around it (backward: the row's lse goes to +inf, P = 0 there),
+// on the CPU (cpu/empty_rows.h) and the GPU (cuda/empty_rows.h) alike; not a routing
+// matter. BSHD layouts, vanilla softmax, no dropout, no block positions
+// (ffi_decode.h: check_average_empty_rows).
+constexpr int32_t kRequestAverageEmptyRows = 256;
 
 // BackendRequest's routing fields from the flags (everything but score_mod and
 // want_max_logit, which the callers know otherwise).

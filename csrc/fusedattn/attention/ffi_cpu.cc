@@ -2,11 +2,13 @@
 //   fa_cpu_attn_fwd: q, k, v, bias, softmax_offset, seed, q_seqlens, kv_seqlens,
 //                    q_offsets, kv_offsets, index_base -> out, softmax_aux (lse), max_logit
 //   fa_cpu_attn_bwd: the same 11, out, dout, softmax_aux -> dq, dk, dv, dbias, dsoftmax_offset
-// Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel.
+// Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel (with
+// jax's rows that keep nothing around it when asked: kRequestAverageEmptyRows).
 #include <cstring>
 
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/cpu/attention.h"
+#include "fusedattn/attention/cpu/empty_rows.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/ffi_decode.h"
 
@@ -68,7 +70,10 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   a.slse = strides(t.slse);
   a.x = extras(in, attrs, t);
   if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
+  const bool empty_rows = (attrs.backend_flags & kRequestAverageEmptyRows) != 0;
+  if (empty_rows) FA_RETURN_IF_ERROR(check_average_empty_rows(p, t));
   cpu::attention_fwd(p, a);
+  if (empty_rows) cpu::average_empty_rows_fwd(p, a, empty_row_threshold(p.dtype));
   return ffi::Error::Success();
 }
 
@@ -144,7 +149,16 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
     a.x.score_mod_operands = smc.operands;
     a.dscore_mod_operands = smc.doperands;
   }
+  if (!(attrs.backend_flags & kRequestAverageEmptyRows)) {
+    cpu::attention_bwd(p, a);
+    return ffi::Error::Success();
+  }
+  FA_RETURN_IF_ERROR(check_average_empty_rows(p, t));
+  const cpu::EmptyRowsBwd empty(p, a, empty_row_threshold(p.dtype));  // rows with lse +inf
+  a.lse = empty.lse();
+  a.slse = empty.lse_strides();
   cpu::attention_bwd(p, a);
+  empty.finish(p, a);
   return ffi::Error::Success();
 }
 

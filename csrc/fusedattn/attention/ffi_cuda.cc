@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "fusedattn/attention/backend.h"
+#include "fusedattn/attention/cuda/empty_rows.h"
 #include "fusedattn/attention/cuda/flash.h"
 #include "fusedattn/attention/cudnn/fixup.h"
 #include "fusedattn/platform/cuda/check.h"
@@ -35,9 +36,6 @@
 #include "fusedattn/attention/ffi_cuda.h"
 #include "fusedattn/platform/cuda/platform_info.h"
 #include "fusedattn/score_mod/device_program_host.h"
-
-// c_api.cc: the bias a folded boolean mask holds at the keys it drops (cpu::masked_bias).
-extern "C" float fa_masked_bias_value(int dtype);
 
 namespace fusedattn::ffi_glue {
 namespace {
@@ -469,6 +467,40 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   return hopper::flash_bwd(bp, stream);
 }
 
+// kRequestAverageEmptyRows's scratch: the last bytes of the workspace (every route's
+// temporaries are at its start; attn_workspace_bytes adds these).
+size_t empty_rows_bytes(const AttnParams& p, bool backward, int32_t flags) {
+  const size_t bytes = flags & kRequestAverageEmptyRows ? cuda::empty_rows_scratch_bytes(p, backward) : 0;
+  return bytes ? bytes + 256 : 0;  // (+ the slack of aligning its start)
+}
+
+void* empty_rows_scratch(const AttnParams& p, bool backward, ffi::AnyBuffer* workspace) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(workspace->untyped_data()) + workspace->size_bytes();
+  return reinterpret_cast<void*>((end - cuda::empty_rows_scratch_bytes(p, backward)) / 256 * 256);
+}
+
+// Checks a call that asks for kRequestAverageEmptyRows (ok when it does not) and gives its
+// passes' arguments.
+Status empty_rows_args(const AttnParams& p, const AttnTensors& t, const AttnAttrs& attrs,
+                       const ffi::AnyBuffer* workspace, bool backward, cuda::EmptyRowsArgs* a) {
+  if (!(attrs.backend_flags & kRequestAverageEmptyRows)) return Status::Ok();
+  FA_RETURN_IF_NOT_OK(check_average_empty_rows(p, t));
+  if (!backward && !attrs.want_lse)
+    return Status::Invalid("want_lse: 0; the average of empty rows (kRequestAverageEmptyRows) "
+                           "reads the forward's lse: pass want_lse=1");
+  const size_t need = empty_rows_bytes(p, backward, attrs.backend_flags);
+  if (workspace->size_bytes() < need)
+    return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                            " bytes, the empty rows' passes alone need " + std::to_string(need));
+  *a = {p.batch, p.seqlen_q, p.seqlen_kv, p.heads_q, p.heads_kv, p.head_dim_v, p.dtype,
+        static_cast<float>(empty_row_threshold(p.dtype)),
+        attn_mask(p, {t.q_seqlens, t.kv_seqlens, t.q_offsets, t.kv_offsets}), t.lse, t.v, t.sv};
+  return Status::Ok();
+}
+
+Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,
+                 ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm);
+
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
                 ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, ffi::AnyBuffer* workspace,
                 const AttnAttrs& attrs, const SmArgs& sm) {
@@ -476,6 +508,17 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   AttnTensors t;
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  cuda::EmptyRowsArgs empty{};
+  FA_RETURN_IF_NOT_OK(empty_rows_args(p, t, attrs, workspace, false, &empty));
+  FA_RETURN_IF_NOT_OK(fwd_route(stream, device, p, t, workspace, attrs, sm));
+  if (!(attrs.backend_flags & kRequestAverageEmptyRows)) return Status::Ok();
+  return cuda::average_empty_rows_fwd(empty, t.out, t.so, empty_rows_scratch(p, false, workspace),
+                                      stream);
+}
+
+// The forward by the kernels select_backend() chose.
+Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,
+                 ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm) {
   const bool want_max = attrs.want_max_logit != 0;
   BackendRequest req;
   req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
@@ -548,6 +591,10 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
 }
 
 
+Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTensors t,
+                 ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                 ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm);
+
 Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
                 const ffi::AnyBuffer& out, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
                 ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
@@ -558,6 +605,23 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
   FA_RETURN_IF_NOT_OK(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_NOT_OK(
       decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias, dsoftmax_offset, &t));
+  if (!(attrs.backend_flags & kRequestAverageEmptyRows))
+    return bwd_route(stream, device, p, t, dq, dk, dv, dbias, workspace, attrs, sm);
+  cuda::EmptyRowsArgs empty{};
+  FA_RETURN_IF_NOT_OK(empty_rows_args(p, t, attrs, workspace, true, &empty));
+  void* scratch = empty_rows_scratch(p, true, workspace);
+  const float* lse_in = nullptr;  // lse with +inf at the empty rows: the route reads it
+  FA_RETURN_IF_NOT_OK(cuda::empty_rows_bwd_prepare(empty, t.dout, t.sdo, scratch, &lse_in, stream));
+  AttnTensors routed = t;
+  routed.lse = const_cast<float*>(lse_in);
+  FA_RETURN_IF_NOT_OK(bwd_route(stream, device, p, routed, dq, dk, dv, dbias, workspace, attrs, sm));
+  return cuda::empty_rows_bwd_finish(empty, t.dv, t.sdv, scratch, stream);
+}
+
+// The backward by the kernels select_backend() chose.
+Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTensors t,
+                 ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
+                 ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm) {
   BackendRequest req;
   req.score_mod = recognize_score_mod(sm.call ? &sm.call->sm : nullptr);
   BackendChoice choice;
@@ -738,9 +802,11 @@ ffi::Error attn_bwd_sm_cuda(cudaStream_t stream, int32_t device,
 
 }  // namespace
 
-Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
-                            bool backward, int32_t backend_flags, int64_t* bytes,
-                            const cudnn::ScoreModSpec* sm) {
+namespace {
+
+Status route_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
+                             bool backward, int32_t backend_flags, int64_t* bytes,
+                             const cudnn::ScoreModSpec* sm) {
   // The workspace holds the cuDNN graph's temporaries, the flash kernels' tables and
   // program, the Hopper forward's THD tables or the Hopper backward's scratch: the
   // score_mod's form decides as in the handlers (softcap's backward runs the Hopper kernel);
@@ -783,6 +849,17 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
     return Status::Ok();
   }
   *bytes = std::max(hopper, static_cast<int64_t>(FwdPlan(p, c, *g).plan.bytes()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
+                            bool backward, int32_t backend_flags, int64_t* bytes,
+                            const cudnn::ScoreModSpec* sm) {
+  FA_RETURN_IF_NOT_OK(route_workspace_bytes(p, device, want_lse, want_max_logit, backward,
+                                            backend_flags, bytes, sm));
+  *bytes += static_cast<int64_t>(empty_rows_bytes(p, backward, backend_flags));
   return Status::Ok();
 }
 

@@ -45,6 +45,9 @@
 #include "fusedattn/core/status.h"
 #include "fusedattn/ffi/common.h"
 
+// c_api.cc: the bias a folded boolean mask holds at the keys it drops (cpu::masked_bias).
+extern "C" float fa_masked_bias_value(int dtype);
+
 namespace fusedattn::ffi_glue {
 
 // The attributes every attention handler takes (Python passes them by name).
@@ -118,6 +121,14 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
 // index_base's values, read on the host (CPU handlers): validate_index_base (validate.h);
 // and a THD block's score_mod (sm, null: none) reads no operand along the sequence.
 Status check_index_base(const AttnParams& p, const AttnTensors& t, const ScoreMod* sm);
+
+// kRequestAverageEmptyRows (backend.h): a row is empty when its lse is at most this, half
+// the value a folded mask holds at its dropped keys in dtype.
+double empty_row_threshold(int32_t dtype);
+
+// Whether p and t allow kRequestAverageEmptyRows (InvalidArgument naming what does not):
+// a BSHD layout, vanilla softmax, no dropout, no block positions in index_base.
+Status check_average_empty_rows(const AttnParams& p, const AttnTensors& t);
 
 // The forward results: out, lse, max_logit.
 Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,

@@ -313,14 +313,52 @@ def test_window_rows_past_the_keys_reach_average_the_values(key, window, causal)
     assert np.abs(np.asarray(ours[0])[:, 24 + window[0]:]).max() > 0  # the averaged rows
 
 
+def _flags_in(f, *args) -> list[int]:
+    import re
+    text = jax.jit(f).lower(*args).as_text()
+    return [int(m) for m in re.findall(r"backend_flags = (-?\d+)", text)]
+
+
 def test_window_that_empties_no_row_skips_the_rebuild(key):
-    # Rows that keep nothing are rebuilt (jax's average of the values) only where they can
-    # occur: a window with T <= S + left empties none, and its call takes no mean of V.
+    # Rows that keep nothing are rebuilt (jax's average of the values) by the engine, asked
+    # only where they can occur: a window with T <= S + left empties none. Forward and
+    # backward handlers both carry the request.
     q, k, v, _ = inputs(key, jnp.float32)
-    jaxpr = str(jax.make_jaxpr(lambda q, k, v: fusedattn.dot_product_attention(
-        q, k, v, local_window_size=(5, 3)))(q, k, v))
-    mean_v = f"f32[{B},{K},{H}] = reduce_sum"  # the values' mean over the keys
-    assert mean_v not in jaxpr
-    jaxpr = str(jax.make_jaxpr(lambda q, k, v: fusedattn.dot_product_attention(
-        q, k, v, local_window_size=(5, 3), key_value_seq_lengths=KVL))(q, k, v))
-    assert mean_v in jaxpr  # batch 0 keeps no key: its rows are rebuilt
+    avg = fusedattn._lib.REQUEST_AVERAGE_EMPTY_ROWS
+
+    def grad(**kw):
+        return jax.grad(lambda q, k, v: jnp.sum(
+            fusedattn.dot_product_attention(q, k, v, **kw)), argnums=(0, 1, 2))
+
+    flags = _flags_in(grad(local_window_size=(5, 3)), q, k, v)
+    assert len(flags) >= 2 and not any(f & avg for f in flags), flags
+    flags = _flags_in(grad(local_window_size=(5, 3), key_value_seq_lengths=KVL), q, k, v)
+    assert len(flags) >= 2 and all(f & avg for f in flags), flags  # batch 0 keeps no key
+
+
+def test_the_engine_rebuilds_empty_rows(key):
+    # A row that keeps nothing gets its kv head's average of the values from the engine,
+    # and fused_attn refuses the request where its rule does not hold.
+    q, k, v, _ = inputs(key, jnp.float32)
+    mask = _mask((B, 1, T, S))(key)
+    out = fusedattn.dot_product_attention(q, k, v, mask=mask)
+    want = jnp.mean(v, axis=1)[0, jnp.arange(N) // (N // K)]  # batch 0's row 3 keeps nothing
+    np.testing.assert_allclose(np.asarray(out[0, 3]), np.asarray(want), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="_average_empty_rows takes a BSHD layout.*dropout"):
+        fusedattn.fused_attn((q, k, v), None, None, jax.random.PRNGKey(0),
+                             dropout_probability=0.1, is_training=True, _average_empty_rows=True)
+
+
+def test_forward_mode_and_second_order_with_empty_rows(key):
+    # jvp and grad of grad run the reference's derivatives, which rebuild the empty rows as
+    # the engine does: they match jax's on a mask that empties a row.
+    q, k, v, w = inputs(key, jnp.float32, T=16, S=24)
+    mask = _mask((B, 1, 16, 24))(jax.random.fold_in(key, 1))
+    ours = lambda q, k, v: fusedattn.dot_product_attention(q, k, v, mask=mask)
+    theirs = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    tangents = tuple(0.5 * x for x in inputs(jax.random.fold_in(key, 2), jnp.float32, T=16, S=24)[:3])
+    for run in (lambda f: jax.jvp(f, (q, k, v), tangents),
+                lambda f: jax.grad(lambda v: jnp.sum(jax.grad(
+                    lambda q: jnp.sum(f(q, k, v) * w))(q) ** 2))(v)):
+        for a, b in zip(jax.tree.leaves(run(ours)), jax.tree.leaves(run(theirs))):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

@@ -15,6 +15,7 @@
 #include "fusedattn/attention/cuda/mma.cuh"
 #include "fusedattn/core/fast_math.h"
 #include "fusedattn/core/philox.h"
+#include "fusedattn/platform/cuda/elements.cuh"
 #include "fusedattn/score_mod/device_program.h"
 
 namespace fusedattn::cuda::flash::detail {
@@ -31,19 +32,7 @@ struct TileRange {
 };
 
 
-// ---- element types -------------------------------------------------------------------
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_f(float x);
-template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+// ---- element types: to_f / from_f (platform/cuda/elements.cuh) ------------------------
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
