@@ -109,7 +109,7 @@ constexpr int32_t kRequestDeterministic = 128;
 // its kernel (forward) or around it (backward: the row's lse goes to +inf, P = 0 there),
 // on the CPU (cpu/empty_rows.h) and the GPU (cuda/empty_rows.h) alike; not a routing
 // matter. BSHD layouts, vanilla softmax, no dropout, no block positions
-// (ffi_decode.h: check_average_empty_rows).
+// (validate.h: validate_average_empty_rows).
 constexpr int32_t kRequestAverageEmptyRows = 256;
 
 // BackendRequest's routing fields from the flags (everything but score_mod and

@@ -11,6 +11,7 @@
 #include "fusedattn/attention/cpu/empty_rows.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/ffi_decode.h"
+#include "fusedattn/attention/validate.h"
 
 namespace fusedattn::ffi_glue {
 namespace {
@@ -71,7 +72,7 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   a.x = extras(in, attrs, t);
   if (program) a.x.score_mod = &smc.sm, a.x.score_mod_operands = smc.operands;
   const bool empty_rows = (attrs.backend_flags & kRequestAverageEmptyRows) != 0;
-  if (empty_rows) FA_RETURN_IF_ERROR(check_average_empty_rows(p, t));
+  if (empty_rows) FA_RETURN_IF_ERROR(validate_average_empty_rows(p, t.index_base ? t.index_cols : 0));
   cpu::attention_fwd(p, a);
   if (empty_rows) cpu::average_empty_rows_fwd(p, a, empty_row_threshold(p.dtype));
   return ffi::Error::Success();
@@ -153,7 +154,7 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
     cpu::attention_bwd(p, a);
     return ffi::Error::Success();
   }
-  FA_RETURN_IF_ERROR(check_average_empty_rows(p, t));
+  FA_RETURN_IF_ERROR(validate_average_empty_rows(p, t.index_base ? t.index_cols : 0));
   const cpu::EmptyRowsBwd empty(p, a, empty_row_threshold(p.dtype));  // rows with lse +inf
   a.lse = empty.lse();
   a.slse = empty.lse_strides();

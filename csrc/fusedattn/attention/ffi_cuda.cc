@@ -33,6 +33,7 @@
 #include "fusedattn/attention/hopper/flash_bwd.h"
 #include "fusedattn/attention/hopper/flash_fwd.h"
 #include "fusedattn/attention/ffi_decode.h"
+#include "fusedattn/attention/validate.h"
 #include "fusedattn/attention/ffi_cuda.h"
 #include "fusedattn/platform/cuda/platform_info.h"
 #include "fusedattn/score_mod/device_program_host.h"
@@ -484,7 +485,7 @@ void* empty_rows_scratch(const AttnParams& p, bool backward, ffi::AnyBuffer* wor
 Status empty_rows_args(const AttnParams& p, const AttnTensors& t, const AttnAttrs& attrs,
                        const ffi::AnyBuffer* workspace, bool backward, cuda::EmptyRowsArgs* a) {
   if (!(attrs.backend_flags & kRequestAverageEmptyRows)) return Status::Ok();
-  FA_RETURN_IF_NOT_OK(check_average_empty_rows(p, t));
+  FA_RETURN_IF_NOT_OK(validate_average_empty_rows(p, t.index_base ? t.index_cols : 0));
   if (!backward && !attrs.want_lse)
     return Status::Invalid("want_lse: 0; the average of empty rows (kRequestAverageEmptyRows) "
                            "reads the forward's lse: pass want_lse=1");

@@ -259,22 +259,6 @@ Status check_index_base(const AttnParams& p, const AttnTensors& t, const ScoreMo
 
 double empty_row_threshold(int32_t dtype) { return 0.5 * fa_masked_bias_value(dtype); }
 
-Status check_average_empty_rows(const AttnParams& p, const AttnTensors& t) {
-  const char* why = is_thd(p.layout) ? "a THD layout (rows hold several sequences)"
-                    : p.softmax_type != FA_VANILLA_SOFTMAX
-                        ? "a softmax offset (a row that keeps no key gives its mass to the sink)"
-                    : has_dropout(p) ? "dropout"
-                    : t.index_base && t.index_cols > 2
-                        ? "a block of a bigger call (index_base with positions: a row's keys "
-                          "are spread over blocks)"
-                        : nullptr;
-  if (!why) return Status::Ok();
-  return Status::Invalid(std::string("backend_flags: the average of empty rows (") +
-                         "kRequestAverageEmptyRows, jax.nn.dot_product_attention's rows that "
-                         "keep nothing) takes a BSHD layout, vanilla softmax, no dropout and no "
-                         "block positions; the call has " + why);
-}
-
 namespace {
 
 Dims lead_dims(const AttnParams& p, const AttnOperands& in) {

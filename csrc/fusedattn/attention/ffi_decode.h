@@ -126,10 +126,6 @@ Status check_index_base(const AttnParams& p, const AttnTensors& t, const ScoreMo
 // the value a folded mask holds at its dropped keys in dtype.
 double empty_row_threshold(int32_t dtype);
 
-// Whether p and t allow kRequestAverageEmptyRows (InvalidArgument naming what does not):
-// a BSHD layout, vanilla softmax, no dropout, no block positions in index_base.
-Status check_average_empty_rows(const AttnParams& p, const AttnTensors& t);
-
 // The forward results: out, lse, max_logit.
 Status decode_fwd_results(const AttnParams& p, const AttnOperands& in, ffi::AnyBuffer* out,
                           ffi::AnyBuffer* lse, ffi::AnyBuffer* max_logit, AttnTensors* t);

@@ -218,4 +218,20 @@ Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64
   return Status::Ok();
 }
 
+Status validate_average_empty_rows(const AttnParams& p, int64_t index_cols) {
+  const char* why = is_thd(p.layout) ? "a THD layout (rows hold several sequences)"
+                    : p.softmax_type != FA_VANILLA_SOFTMAX
+                        ? "a softmax offset (a row that keeps no key gives its mass to the sink)"
+                    : has_dropout(p) ? "dropout"
+                    : index_cols > 2
+                        ? "a block of a bigger call (index_base with positions: a row's keys "
+                          "are spread over blocks)"
+                        : nullptr;
+  if (!why) return Status::Ok();
+  return Status::Invalid(std::string("backend_flags: the average of empty rows (") +
+                         "kRequestAverageEmptyRows, jax.nn.dot_product_attention's rows that "
+                         "keep nothing) takes a BSHD layout, vanilla softmax, no dropout and no "
+                         "block positions; the call has " + why);
+}
+
 }  // namespace fusedattn

@@ -17,4 +17,10 @@ Status validate(const AttnParams& p);
 // striped block, stripe < stride) stripe multiples of 4.
 Status validate_index_base(const AttnParams& p, const int32_t* index_base, int64_t cols);
 
+// Whether call p (passed validate()) allows backend.h's kRequestAverageEmptyRows: a BSHD
+// layout, vanilla softmax, no dropout, and no block positions (index_cols of its
+// index_base: 0 without one, 2, or 6 / 8 with positions). InvalidArgument names what does
+// not.
+Status validate_average_empty_rows(const AttnParams& p, int64_t index_cols);
+
 }  // namespace fusedattn
