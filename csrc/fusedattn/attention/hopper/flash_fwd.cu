@@ -48,10 +48,15 @@ std::atomic<int64_t> launches{0};
 // against cuDNN's: three groups full 1.07 -> 1.17x at S 16384, causal 1.07 -> 1.12x there,
 // but causal 0.85 -> 0.66x at S 1024 and a 512-key window 1.05 -> 0.72x at 16384;
 // bench/runs/2026-11-28/session24). Head dim 64's bias tiles take two (Dims' stages leave room
-// for two groups' tiles).
+// for two groups' tiles). So does a dense mask below 8192 queries, whose rows mostly keep
+// a band too (H200, 2026-11-30, B 4, H 32, S 4096, classification included: a dense 512-key
+// window 0.43 -> 0.36 ms, a dense causal mask 0.741 / 0.742 either way;
+// dev/hopper_fwd/dense_groups_time.cu).
 int groups(const FlashFwdParams& p) {
   if (p.groups > 0) return p.groups;
-  if (p.head_dim != 64 || p.left_bound || (p.causal && p.seqlen_q < 8192) || bias_tiles(p)) return 2;
+  if (p.head_dim != 64 || p.left_bound || ((p.causal || p.mask_bias) && p.seqlen_q < 8192) ||
+      bias_tiles(p))
+    return 2;
   return 3;
 }
 

@@ -1,0 +1,98 @@
+// GPU machine: the Hopper forward at head dim 64 with a dense mask (a folded causal or
+// 512-key window mask [1, 1, S, S]) and with the same band as a mask type, timed with two
+// and with three consumer groups (FlashFwdParams::groups), alternating rounds: which tile
+// height a dense mask should take (flash_fwd.cu's groups()). bf16, B 4, H 32, S 4096.
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc dev/hopper_fwd/dense_groups_time.cu \
+//     $(find build/cudatest/CMakeFiles/fusedattn_hopper.dir -name '*.o') -lcuda -o .carry/dense_groups_time
+// (the objects of scripts/cuda_tests.sh build); run: .carry/dense_groups_time
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "fusedattn/attention/hopper/flash_fwd.h"
+
+using fusedattn::cuda::hopper::FlashFwdParams;
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e = (x);                                                                      \
+    if (e != cudaSuccess) {                                                                   \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));           \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+__global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u + seed;
+    h ^= h >> 15, h *= 0x2c1b3c6d, h ^= h >> 12;
+    x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+// keep j <= i (and j >= i - window when window >= 0); dropped keys hold `masked`
+__global__ void fill_mask(__nv_bfloat16* m, int64_t S, int64_t window, float masked) {
+  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < S * S; x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = x / S, j = x % S;
+    m[x] = __float2bfloat16(j <= i && (window < 0 || j >= i - window) ? 0.0f : masked);
+  }
+}
+
+int main() {
+  const int64_t B = 4, H = 32, S = 4096, D = 64, n = B * S * H * D;
+  __nv_bfloat16 *q, *k, *v, *o, *mask;
+  float* lse;
+  void* tiles;
+  int* counter;
+  CHECK(cudaMalloc(&q, n * 2));
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&o, n * 2));
+  CHECK(cudaMalloc(&lse, B * H * S * 4));
+  CHECK(cudaMalloc(&mask, S * S * 2));
+  CHECK(cudaMalloc(&counter, 4));
+  CHECK(cudaMalloc(&tiles, fusedattn::cuda::hopper::mask_tiles_bytes(1, 1, S, S)));
+  fill<<<1024, 256>>>(q, n, 1);
+  fill<<<1024, 256>>>(k, n, 2);
+  fill<<<1024, 256>>>(v, n, 3);
+  const float masked = __bfloat162float(__float2bfloat16(-0.7f * 3.3895313892515355e38f));
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int64_t window : {int64_t(-1), int64_t(512)}) {
+    fill_mask<<<1024, 256>>>(mask, S, window, masked);
+    for (int round = 0; round < 2; ++round)
+      for (bool dense : {true, false})
+        for (int groups : {2, 3}) {
+          FlashFwdParams p;
+          p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.counter = counter;
+          p.q_b = p.k_b = p.v_b = p.o_b = S * H * D;
+          p.q_s = p.k_s = p.v_s = p.o_s = H * D;
+          p.q_h = p.k_h = p.v_h = p.o_h = D;
+          p.l_b = H * S, p.l_h = S, p.l_s = 1;
+          p.batch = B, p.seqlen_q = p.seqlen_kv = S, p.heads_q = p.heads_kv = H, p.head_dim = D;
+          p.bf16 = true, p.scale = 0.125f, p.groups = groups;
+          if (dense) {
+            p.bias = mask, p.mask_bias = true, p.mask_value = masked, p.mask_tiles = tiles;
+            p.bias_batch = p.bias_heads = 1, p.bias_s = S;
+          } else {  // the band as a mask type
+            p.causal = true, p.diag = 0, p.left_bound = window >= 0, p.lo_diag = window >= 0 ? -window : 0;
+          }
+          for (int w = 0; w < 3; ++w)
+            if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) { std::printf("flash_fwd failed\n"); return 1; }
+          const int iters = 20;
+          CHECK(cudaEventRecord(t0));
+          for (int it = 0; it < iters; ++it) (void)fusedattn::cuda::hopper::flash_fwd(p, 0);
+          CHECK(cudaEventRecord(t1));
+          CHECK(cudaEventSynchronize(t1));
+          float ms = 0;
+          CHECK(cudaEventElapsedTime(&ms, t0, t1));
+          std::printf("r%d %-6s %-8s groups %d: %.3f ms (classification included when dense)\n", round,
+                      window < 0 ? "causal" : "window", dense ? "dense" : "typed", groups, ms / iters);
+        }
+  }
+  return 0;
+}
