@@ -1,10 +1,11 @@
-// GPU machine: the Hopper forward at head dim 64 with a dense mask (a folded causal or
-// 512-key window mask [1, 1, S, S]) and with the same band as a mask type, timed with two
-// and with three consumer groups (FlashFwdParams::groups), alternating rounds: which tile
-// height a dense mask should take (flash_fwd.cu's groups()). bf16, B 4, H 32, S 4096.
+// GPU machine: the Hopper forward with a dense mask (a folded causal or 512-key window mask
+// [1, 1, S, S]), with the same band as a mask type, and with no mask (full), timed with two
+// and (head dim 64) three consumer groups (FlashFwdParams::groups), alternating rounds: which
+// tile height a dense mask should take (flash_fwd.cu's groups()), and an A/B of builds (one
+// binary each). bf16, B 4, H 2048 / D, S 4096; argument: the head dim (64 or 128; 64).
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc dev/hopper_fwd/dense_groups_time.cu \
 //     $(find build/cudatest/CMakeFiles/fusedattn_hopper.dir -name '*.o') -lcuda -o .carry/dense_groups_time
-// (the objects of scripts/cuda_tests.sh build); run: .carry/dense_groups_time
+// (the objects of scripts/cuda_tests.sh build); run: .carry/dense_groups_time [D]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,8 +42,8 @@ __global__ void fill_mask(__nv_bfloat16* m, int64_t S, int64_t window, float mas
   }
 }
 
-int main() {
-  const int64_t B = 4, H = 32, S = 4096, D = 64, n = B * S * H * D;
+int main(int argc, char** argv) {
+  const int64_t D = argc > 1 ? std::atoi(argv[1]) : 64, B = 4, H = 2048 / D, S = 4096, n = B * S * H * D;
   __nv_bfloat16 *q, *k, *v, *o, *mask;
   float* lse;
   void* tiles;
@@ -62,11 +63,12 @@ int main() {
   cudaEvent_t t0, t1;
   CHECK(cudaEventCreate(&t0));
   CHECK(cudaEventCreate(&t1));
-  for (int64_t window : {int64_t(-1), int64_t(512)}) {
-    fill_mask<<<1024, 256>>>(mask, S, window, masked);
+  for (int64_t window : {int64_t(-1), int64_t(512), int64_t(-2)}) {  // -2: full, no mask
+    if (window > -2) fill_mask<<<1024, 256>>>(mask, S, window, masked);
     for (int round = 0; round < 2; ++round)
       for (bool dense : {true, false})
         for (int groups : {2, 3}) {
+          if ((groups == 3 && D != 64) || (window == -2 && dense)) continue;
           FlashFwdParams p;
           p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.counter = counter;
           p.q_b = p.k_b = p.v_b = p.o_b = S * H * D;
@@ -78,7 +80,7 @@ int main() {
           if (dense) {
             p.bias = mask, p.mask_bias = true, p.mask_value = masked, p.mask_tiles = tiles;
             p.bias_batch = p.bias_heads = 1, p.bias_s = S;
-          } else {  // the band as a mask type
+          } else if (window > -2) {  // the band as a mask type
             p.causal = true, p.diag = 0, p.left_bound = window >= 0, p.lo_diag = window >= 0 ? -window : 0;
           }
           for (int w = 0; w < 3; ++w)
@@ -91,7 +93,8 @@ int main() {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, t0, t1));
           std::printf("r%d %-6s %-8s groups %d: %.3f ms (classification included when dense)\n", round,
-                      window < 0 ? "causal" : "window", dense ? "dense" : "typed", groups, ms / iters);
+                      window == -2 ? "full" : window < 0 ? "causal" : "window", dense ? "dense" : "typed",
+                      groups, ms / iters);
         }
   }
   return 0;
