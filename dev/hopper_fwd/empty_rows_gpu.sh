@@ -7,7 +7,8 @@
 # dense_mask at head dims 128 and 64, and the same with the jnp rebuild it replaced where
 # OLD_DOT_PRODUCT names a copy of session 35's python/fusedattn/dot_product.py (the A/B: `git
 # show dda632d:python/fusedattn/dot_product.py > old_dot_product.py` in the tree, untracked),
-# then the dense calls kernel by kernel (dense_kernels.py under ncu). Logs in $OUT.
+# then the dense calls kernel by kernel (dense_kernels.py under ncu). KINDS: bench dense_mask's
+# kinds ("causal window"; "padding" times calls with many empty rows). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
@@ -39,7 +40,8 @@ source scripts/gpu_env.sh > /dev/null
 bench() {
   for d in 128 64; do
     timeout 150 "$PY" -m fusedattn bench dense_mask --dtype bfloat16 --batch 4 --heads $((2048 / d)) \
-      --head-dim $d --seq 4096 --window 512 2>&1 | tee "$OUT/dense_mask_d$d$1.log" | grep -E "bfloat16|summary"
+      --head-dim $d --seq 4096 --window 512 --kinds ${KINDS:-causal window} 2>&1 | tee "$OUT/dense_mask_d$d$1.log" |
+      grep -E "bfloat16|summary"
   done
 }
 bench ""

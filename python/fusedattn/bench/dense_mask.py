@@ -6,7 +6,8 @@ bias and tells the engine so (_lib.REQUEST_MASK_BIAS): the CPU engine drops the 
 and skips the key tiles a mask empties. Each row times, on the same inputs, forward and
 forward+backward (gradients of q, k, v):
   dense   fusedattn.dot_product_attention(mask=the dense mask)
-  typed   the same call with the mask type (is_causal=True, local_window_size=(W, 0))
+  typed   the same call with the mask type (is_causal=True, local_window_size=(W, 0); padding:
+          is_causal=True with query and key lengths)
   jax     jax.nn.dot_product_attention(mask=the dense mask, implementation="xla")
 ratio typed / dense (the issue's goal: the dense mask at most 1.3x the type's time, i.e.
 >= 0.77) and jax / dense (> 1: fusedattn is faster). Defaults: B 1, S 2048 (--seq), H 8,
@@ -15,6 +16,10 @@ GPU the Hopper forward (sm_90, bf16 / fp16, head dims 64 / 128 / 256) skips the 
 mask empties too, and cuDNN's backward adds it over every tile; there the row also times
   cudnn   jax.nn.dot_product_attention(mask=the dense mask, implementation="cudnn")
 (ratio cudnn / dense).
+--kinds padding (not by default): a causal mask that also drops every odd batch entry's last
+quarter of queries and keys, as a 2-D padding mask does, so those queries keep nothing (the
+engine's average of the values over those rows: kRequestAverageEmptyRows; the typed call
+gives them 0, as jax does past query_seq_lengths).
 Prints a table and a summary line; writes JSON and a PNG of the ratios (report.py).
 """
 
@@ -32,11 +37,19 @@ from . import report
 from .common import run_info, time_fn
 
 
-def _mask(kind: str, S: int, window: int):
+def _lengths(B: int, S: int):
+    """The padding kind's sequence lengths: every odd batch entry keeps 3/4 of S."""
+    return jnp.asarray([S - (S // 4) * (b % 2) for b in range(B)], jnp.int32)
+
+
+def _mask(kind: str, S: int, window: int, B: int = 1):
     i, j = np.arange(S)[:, None], np.arange(S)[None, :]
     m = j <= i
     if kind == "window":
         m &= j >= i - window
+    if kind == "padding":  # [B, 1, S, S]: queries and keys past the length dropped
+        n = np.asarray(_lengths(B, S))[:, None, None]
+        return jnp.asarray(m[None] & (i[None] < n) & (j[None] < n))[:, None]
     return jnp.asarray(m)[None, None]
 
 
@@ -48,9 +61,11 @@ def run(args):
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     q, k, v, do = (jax.random.normal(x, (B, S, H, D), jnp.float32).astype(dt) for x in ks)
     for kind in args.kinds:
-        mask = _mask(kind, S, args.window)
-        typed_kw = dict(is_causal=True) if kind == "causal" else dict(
-            is_causal=True, local_window_size=(args.window, 0))
+        mask = _mask(kind, S, args.window, B)
+        typed_kw = {"causal": dict(is_causal=True),
+                    "window": dict(is_causal=True, local_window_size=(args.window, 0)),
+                    "padding": dict(is_causal=True, query_seq_lengths=_lengths(B, S),
+                                    key_value_seq_lengths=_lengths(B, S))}[kind]
         impls = {
             "dense": lambda q, k, v, mask: fusedattn.dot_product_attention(q, k, v, mask=mask),
             "typed": lambda q, k, v, mask: fusedattn.dot_product_attention(q, k, v, **typed_kw),
@@ -93,7 +108,8 @@ RATIOS = {"typed mask / dense mask": "ratio_typed", "jax xla / fusedattn dense":
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusedattn bench dense_mask", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", default=["causal", "window"], choices=["causal", "window"])
+    p.add_argument("--kinds", nargs="+", default=["causal", "window"],
+                   choices=["causal", "window", "padding"])
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--window", type=int, default=256, help="the window's left size (default 256)")

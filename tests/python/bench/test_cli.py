@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import fusedattn
@@ -127,6 +128,19 @@ def test_tiny_dense_mask_bench(tmp_path, capsys):
         ("causal", "fwd"), ("causal", "fwd+bwd"), ("window", "fwd"), ("window", "fwd+bwd")]
     for r in rows:
         assert r["ratio_typed"] > 0 and r["ratio_jax"] > 0
+
+
+def test_dense_mask_bench_padding_kind(tmp_path, capsys):
+    # a 2-D padding mask whose padded queries keep nothing (the engine averages the values there)
+    from fusedattn.bench.dense_mask import _lengths, _mask
+    m = np.asarray(_mask("padding", 16, 4, 2))
+    assert m.shape == (2, 1, 16, 16) and not m[1, 0, 12:].any() and m[0, 0, 15].all()
+    assert list(np.asarray(_lengths(2, 16))) == [16, 12]
+    argv = ["dense_mask", "--kinds", "padding", "--modes", "fwd", "--seq", "64", "--batch", "2",
+            "--repeats", "1", "--out-dir", str(tmp_path), "--no-plot"]
+    assert cli.main(["bench"] + argv) == 0
+    rows = json.loads((tmp_path / "bench-dense_mask.json").read_text())["rows"]
+    assert [(r["kind"], r["mode"]) for r in rows] == [("padding", "fwd")]
 
 
 def test_deterministic_bench_needs_a_gpu(capsys):
