@@ -468,16 +468,16 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   return hopper::flash_bwd(bp, stream);
 }
 
-// kRequestAverageEmptyRows's scratch: the last bytes of the workspace (every route's
-// temporaries are at its start; attn_workspace_bytes adds these).
+// kRequestAverageEmptyRows's backward scratch (the forward takes none): the last bytes of
+// the workspace (every route's temporaries are at its start; attn_workspace_bytes adds
+// these, + the slack of aligning their start).
 size_t empty_rows_bytes(const AttnParams& p, bool backward, int32_t flags) {
-  const size_t bytes = flags & kRequestAverageEmptyRows ? cuda::empty_rows_scratch_bytes(p, backward) : 0;
-  return bytes ? bytes + 256 : 0;  // (+ the slack of aligning its start)
+  return backward && (flags & kRequestAverageEmptyRows) ? cuda::empty_rows_bwd_scratch_bytes(p) + 256 : 0;
 }
 
-void* empty_rows_scratch(const AttnParams& p, bool backward, ffi::AnyBuffer* workspace) {
+void* empty_rows_scratch(const AttnParams& p, ffi::AnyBuffer* workspace) {
   const uintptr_t end = reinterpret_cast<uintptr_t>(workspace->untyped_data()) + workspace->size_bytes();
-  return reinterpret_cast<void*>((end - cuda::empty_rows_scratch_bytes(p, backward)) / 256 * 256);
+  return reinterpret_cast<void*>((end - cuda::empty_rows_bwd_scratch_bytes(p)) / 256 * 256);
 }
 
 // Checks a call that asks for kRequestAverageEmptyRows (ok when it does not) and gives its
@@ -513,8 +513,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
   FA_RETURN_IF_NOT_OK(empty_rows_args(p, t, attrs, workspace, false, &empty));
   FA_RETURN_IF_NOT_OK(fwd_route(stream, device, p, t, workspace, attrs, sm));
   if (!(attrs.backend_flags & kRequestAverageEmptyRows)) return Status::Ok();
-  return cuda::average_empty_rows_fwd(empty, t.out, t.so, empty_rows_scratch(p, false, workspace),
-                                      stream);
+  return cuda::average_empty_rows_fwd(empty, t.out, t.so, stream);
 }
 
 // The forward by the kernels select_backend() chose.
@@ -610,7 +609,7 @@ Status attn_bwd(cudaStream_t stream, int device, const AttnOperands& in,
     return bwd_route(stream, device, p, t, dq, dk, dv, dbias, workspace, attrs, sm);
   cuda::EmptyRowsArgs empty{};
   FA_RETURN_IF_NOT_OK(empty_rows_args(p, t, attrs, workspace, true, &empty));
-  void* scratch = empty_rows_scratch(p, true, workspace);
+  void* scratch = empty_rows_scratch(p, workspace);
   const float* lse_in = nullptr;  // lse with +inf at the empty rows: the route reads it
   FA_RETURN_IF_NOT_OK(cuda::empty_rows_bwd_prepare(empty, t.dout, t.sdo, scratch, &lse_in, stream));
   AttnTensors routed = t;

@@ -74,17 +74,15 @@ void run_case(const Case& c) {
   float *d_lse = nullptr;
   T *d_v = nullptr, *d_out = nullptr, *d_dout = nullptr, *d_dv = nullptr;
   int32_t* d_lens = nullptr;
-  void *fwd_scratch = nullptr, *bwd_scratch = nullptr;
-  const size_t fwd_bytes = empty_rows_scratch_bytes(p, false), bwd_bytes = empty_rows_scratch_bytes(p, true);
+  void* bwd_scratch = nullptr;
+  const size_t bwd_bytes = empty_rows_bwd_scratch_bytes(p);
   CUDA_OK(cudaMalloc(&d_lse, n_lse * 4));
   CUDA_OK(cudaMalloc(&d_v, n_v * sizeof(T)));
   CUDA_OK(cudaMalloc(&d_out, n_o * sizeof(T)));
   CUDA_OK(cudaMalloc(&d_dout, n_o * sizeof(T)));
   CUDA_OK(cudaMalloc(&d_dv, n_v * sizeof(T)));
-  if (fwd_bytes) CUDA_OK(cudaMalloc(&fwd_scratch, fwd_bytes));
   CUDA_OK(cudaMalloc(&bwd_scratch, bwd_bytes));
-  if (fwd_bytes) CUDA_OK(cudaMemset(fwd_scratch, 0xff, fwd_bytes));  // NaN: unwritten reads show
-  CUDA_OK(cudaMemset(bwd_scratch, 0xff, bwd_bytes));
+  CUDA_OK(cudaMemset(bwd_scratch, 0xff, bwd_bytes));  // NaN: unwritten reads show
   CUDA_OK(cudaMemcpy(d_lse, lse.data(), n_lse * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_v, v.data(), n_v * sizeof(T), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_out, out.data(), n_o * sizeof(T), cudaMemcpyHostToDevice));
@@ -97,7 +95,7 @@ void run_case(const Case& c) {
                         attn_mask(p, {d_lens, nullptr, nullptr, nullptr}), d_lse, d_v, sv};
 
   // Forward.
-  ASSERT_TRUE(average_empty_rows_fwd(a, d_out, so, fwd_scratch, 0).ok());
+  ASSERT_TRUE(average_empty_rows_fwd(a, d_out, so, 0).ok());
   std::vector<T> got(n_o);
   CUDA_OK(cudaMemcpy(got.data(), d_out, n_o * sizeof(T), cudaMemcpyDeviceToHost));
   const int64_t G = c.Hq / c.Hkv;
@@ -160,7 +158,7 @@ void run_case(const Case& c) {
       }
   EXPECT_EQ(bad, 0) << "elements of dv wrong (backward)";
   for (void* ptr : {(void*)d_lse, (void*)d_v, (void*)d_out, (void*)d_dout, (void*)d_dv, (void*)d_lens,
-                    fwd_scratch, bwd_scratch})
+                    bwd_scratch})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 

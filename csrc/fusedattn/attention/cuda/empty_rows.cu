@@ -186,11 +186,11 @@ char* at(void* scratch, size_t offset) { return static_cast<char*>(scratch) + of
 
 }  // namespace
 
-size_t empty_rows_scratch_bytes(const AttnParams& p, bool backward) {
-  return backward ? Layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim_v).total : 0;
+size_t empty_rows_bwd_scratch_bytes(const AttnParams& p) {
+  return Layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim_v).total;
 }
 
-Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so, void* scratch,
+Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so,
                               cudaStream_t stream) {
   FA_RETURN_IF_NOT_OK(check(a));
   if (nothing(a)) return Status::Ok();

@@ -29,12 +29,12 @@ struct EmptyRowsArgs {
   ViewStrides sv;
 };
 
-// Bytes of scratch (256-byte aligned inside) the forward's (none) and the backward's passes
-// take.
-size_t empty_rows_scratch_bytes(const AttnParams& p, bool backward);
+// Bytes of scratch (256-byte aligned inside) the backward's passes take (the forward's
+// take none).
+size_t empty_rows_bwd_scratch_bytes(const AttnParams& p);
 
 // After the forward's kernel: empty rows of out get the average of their values.
-Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so, void* scratch,
+Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so,
                               cudaStream_t stream);
 
 // Before the backward's kernel: *lse_out, in scratch, is a's lse with +inf at the empty

@@ -353,8 +353,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       auto* tiles = base + sc.mask + mt.tiles_at;
       const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
                       static_cast<unsigned>(mt.tables));
-      auto classify = classify_vec(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv)
-                          ? classify_mask<BwdDims::kBlockN, true> : classify_mask<BwdDims::kBlockN>;
+      auto classify = classify_kernel<BwdDims::kBlockN>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
       classify<<<grid, 256, 0, stream>>>(
           a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
           static_cast<uint16_t>(a.masked_bits), tiles, bits);

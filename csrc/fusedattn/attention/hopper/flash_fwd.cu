@@ -266,9 +266,9 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
       auto* ranges = reinterpret_cast<int2*>(static_cast<uint8_t*>(p.mask_tiles) + mt.ranges_at);
       const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
                       static_cast<unsigned>(mt.tables));
-      const bool vec = classify_vec(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
-      auto classify = block_n(p) == 128 ? (vec ? classify_mask<128, true> : classify_mask<128>)
-                                        : (vec ? classify_mask<64, true> : classify_mask<64>);
+      auto classify = block_n(p) == 128
+                          ? classify_kernel<128>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv)
+                          : classify_kernel<64>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
       classify<<<grid, 256, 0, stream>>>(a.bias, a.bias_b, a.bias_h, a.bias_s,
                                          static_cast<int>(p.bias_heads), a.seqlen_q, a.seqlen_kv,
                                          static_cast<int>(block_m(p)), a.masked_bits, tiles, bits);

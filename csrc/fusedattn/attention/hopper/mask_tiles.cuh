@@ -122,6 +122,12 @@ inline bool classify_vec(const void* bias, int64_t sb, int64_t sh, int64_t ss, i
          seqlen_kv % 8 == 0;
 }
 
+// The classify_mask variant for a bias (its 16-byte loads where classify_vec allows them).
+template <int kBlockN>
+inline auto classify_kernel(const void* bias, int64_t sb, int64_t sh, int64_t ss, int64_t seqlen_kv) {
+  return classify_vec(bias, sb, sh, ss, seqlen_kv) ? classify_mask<kBlockN, true> : classify_mask<kBlockN>;
+}
+
 // The backward's column ranges from the classes: for each (table, key block) the first and one
 // past the last query tile that keeps a key of it ({0, 0}: none), so a key block's CTA starts
 // at its first such tile instead of stepping through the empty ones.
