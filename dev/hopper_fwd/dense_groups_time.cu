@@ -17,14 +17,7 @@
 
 using fusedattn::cuda::hopper::FlashFwdParams;
 
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e = (x);                                                                      \
-    if (e != cudaSuccess) {                                                                   \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));           \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "../cuda_check.cuh"
 
 __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {

@@ -20,14 +20,7 @@ void profile_take(unsigned long long (&out)[32]);
 }
 #endif
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));    \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "../cuda_check.cuh"
 
 template <class T>
 __device__ float to_f(T x) { return static_cast<float>(x); }

@@ -20,15 +20,7 @@ namespace ss = fusedattn::small_seq;
 namespace ssc = fusedattn::small_seq::cuda;
 using T = __nv_bfloat16;
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,              \
-                   cudaGetErrorString(e_));                                       \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
+#include "../cuda_check.cuh"
 
 constexpr int kB = 30720, kH = 8;
 
