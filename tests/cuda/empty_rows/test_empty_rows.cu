@@ -175,6 +175,17 @@ TEST(EmptyRows, Float32ForwardChunksOfOneKvHead) {
   run_case<float>({1, 2100, 300, 4, 1, 64, {1900}});
 }
 
+TEST(EmptyRows, Bf16HeadDimsOffTheVectorLoads) {
+  // 36 and 300 columns are not in 16-byte units: the passes' column sums read an element a
+  // thread (300: two groups of columns in turn)
+  run_case<__nv_bfloat16>({2, 100, 50, 2, 1, 36, {80, 100}});
+  run_case<__nv_bfloat16>({2, 100, 50, 2, 1, 300, {70, 100}});
+}
+
+TEST(EmptyRows, Float32HeadDim512) {
+  run_case<float>({1, 40, 33, 2, 2, 512, {}});
+}
+
 TEST(EmptyRows, Bf16OneKvHeadWithNoEmptyRow) {
   // kv head 1 of every batch entry has no empty row: its flag stays 0, its rows untouched
   run_case<__nv_bfloat16>({2, 64, 70, 4, 2, 64, {}, 1});

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/platform/cuda/elements.cuh"
@@ -51,13 +53,71 @@ struct Layout {
   }
 };
 
+// Sums over the rows r < n that keep(r) selects of a [n, Dv] view (row r at base + r *
+// stride), column by column, into out[0, Dv) (shared memory), times mul, in a fixed order
+// (bitwise repeatable). The block's threads go in groups of Dv / kVec, a group a row (kVec
+// elements a thread: one 16-byte load where the view allows it, else kVec 1 and groups of at
+// most kThreads columns in turn), four rows a thread in flight; red: kThreads * 8 floats of
+// shared memory. Ends with the block synchronized.
+template <int kVec, class T, class Keep>
+__device__ void column_sums(const T* base, int64_t stride, int64_t n, int Dv, Keep keep, float mul,
+                            float* red, float* out) {
+  constexpr int kFlight = 4;
+  using Load = std::conditional_t<kVec == 1, T, uint4>;
+  static_assert(sizeof(Load) == kVec * sizeof(T));
+  const int units = Dv / kVec;
+  for (int u0 = 0; u0 < units; u0 += kThreads) {
+    const int L = min(units - u0, kThreads), R = kThreads / L;
+    const int r = threadIdx.x / L, u = u0 + threadIdx.x % L;
+    float acc[kVec] = {};
+    if (r < R)
+      for (int64_t j0 = r; j0 < n; j0 += int64_t{kFlight} * R) {
+        Load x[kFlight];
+        bool k[kFlight];
+#pragma unroll
+        for (int f = 0; f < kFlight; ++f) {
+          const int64_t j = j0 + int64_t{f} * R;
+          k[f] = j < n && keep(j);
+          if (k[f]) x[f] = *reinterpret_cast<const Load*>(base + j * stride + int64_t{u} * kVec);
+        }
+#pragma unroll
+        for (int f = 0; f < kFlight; ++f) {
+          T e[kVec];
+          memcpy(e, &x[f], sizeof(e));
+#pragma unroll
+          for (int c = 0; c < kVec; ++c)
+            if (k[f]) acc[c] += to_f(e[c]);
+        }
+      }
+    const int cols = L * kVec;
+    if (r < R)
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) red[r * cols + (u - u0) * kVec + c] = acc[c];
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      float t = 0.0f;
+      for (int q = 0; q < R; ++q) t += red[q * cols + c];
+      out[u0 * kVec + c] = t * mul;
+    }
+    __syncthreads();
+  }
+}
+
+// Whether column_sums may read kVec elements at once from rows of `base`'s view: 16-byte
+// aligned base, strides and head dim in kVec units.
+template <class T>
+bool vector_rows(const void* base, ViewStrides s, int64_t dv) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.b % kVec == 0 && s.s % kVec == 0 &&
+         s.h % kVec == 0 && dv % kVec == 0;
+}
+
 // The forward's one pass (grid: chunks of kScan rows, Hq, batch): returns unless a row of
 // its chunk is empty (a thread reads kScan / kThreads rows' lse at once); then the kv head's
-// average of the values (8 warps split the keys, a lane a column) and the chunk's empty rows
-// written (a warp a row).
-template <class T>
+// average of the values (column_sums) and the chunk's empty rows written (a warp a row).
+template <int kVec, class T>
 __global__ void fwd_kernel(EmptyRowsArgs a, T* out, ViewStrides so) {
-  __shared__ float part[kThreads / 32][32];
+  __shared__ float red[kThreads * 8];
   __shared__ float mean[kMaxDv];
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int64_t h = blockIdx.y, kh = h / (a.heads_q / a.heads_kv), i0 = blockIdx.x * int64_t(kScan);
@@ -68,21 +128,8 @@ __global__ void fwd_kernel(EmptyRowsArgs a, T* out, ViewStrides so) {
 #pragma unroll
     for (int r = 0; r < kScan / kThreads; ++r) any |= is_empty(a, b, h, i0 + r * kThreads + threadIdx.x, n);
     if (!__syncthreads_or(any)) continue;
-    for (int64_t d0 = 0; d0 < a.head_dim_v; d0 += 32) {
-      const int64_t d = d0 + lane;
-      float s = 0.0f;
-      if (d < a.head_dim_v)
-        for (int64_t j = w; j < a.seqlen_kv; j += kThreads / 32)
-          s += to_f(v[b * a.sv.b + j * a.sv.s + kh * a.sv.h + d]);
-      part[w][lane] = s;
-      __syncthreads();
-      if (w == 0 && d < a.head_dim_v) {
-        float t = 0.0f;
-        for (int k = 0; k < kThreads / 32; ++k) t += part[k][lane];
-        mean[d] = t / float(a.seqlen_kv);
-      }
-      __syncthreads();
-    }
+    column_sums<kVec>(v + b * a.sv.b + kh * a.sv.h, a.sv.s, a.seqlen_kv, int(a.head_dim_v),
+                      [](int64_t) { return true; }, 1.0f / float(a.seqlen_kv), red, mean);
     for (int r = w; r < kScan; r += kThreads / 32) {
       const int64_t i = i0 + r;
       if (!is_empty(a, b, h, i, n)) continue;
@@ -94,12 +141,13 @@ __global__ void fwd_kernel(EmptyRowsArgs a, T* out, ViewStrides so) {
 }
 
 // lse_out = lse with +inf at the empty rows; per block of kThreads rows (a thread a row),
-// whether one is empty (blk_any, always written) and then the sum of their dout (partial)
-// (grid: row blocks, Hq, batch).
-template <class T>
+// whether one is empty (blk_any, always written) and then the sum of their dout (partial,
+// column_sums) (grid: row blocks, Hq, batch).
+template <int kVec, class T>
 __global__ void prepare_kernel(EmptyRowsArgs a, const T* dout, ViewStrides sdo, float* lse_out,
                                uint8_t* blk_any, float* partial) {
   __shared__ bool empty[kThreads];
+  __shared__ float red[kThreads * 8];
   const int64_t h = blockIdx.y, i0 = blockIdx.x * int64_t(kThreads), i = i0 + threadIdx.x;
   for (int64_t b = blockIdx.z; b < a.batch; b += gridDim.z) {
     bool e = false;
@@ -113,12 +161,9 @@ __global__ void prepare_kernel(EmptyRowsArgs a, const T* dout, ViewStrides sdo, 
     const int64_t blk = (b * a.heads_q + h) * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0) blk_any[blk] = any;
     if (any)
-      for (int64_t d = threadIdx.x; d < a.head_dim_v; d += kThreads) {
-        float s = 0.0f;
-        for (int r = 0; r < kThreads; ++r)
-          if (empty[r]) s += to_f(dout[b * sdo.b + (i0 + r) * sdo.s + h * sdo.h + d]);
-        partial[blk * a.head_dim_v + d] = s;
-      }
+      column_sums<kVec>(dout + b * sdo.b + i0 * sdo.s + h * sdo.h, sdo.s,
+                        min(int64_t{kThreads}, a.seqlen_q - i0), int(a.head_dim_v),
+                        [&](int64_t r) { return empty[r]; }, 1.0f, red, partial + blk * a.head_dim_v);
     __syncthreads();  // empty[] is the next batch entry's
   }
 }
@@ -138,9 +183,20 @@ __global__ void finish_kernel(EmptyRowsArgs a, const uint8_t* blk_any, const flo
     for (int64_t x = threadIdx.x; x < n; x += kThreads) any |= blk_any[first + x] != 0;
     if (!__syncthreads_or(any)) continue;
     for (int64_t d = threadIdx.x; d < a.head_dim_v; d += kThreads) {
+      constexpr int kFlight = 4;  // blocks' flags and sums in flight
       float s = 0.0f;
-      for (int64_t x = 0; x < n; ++x)
-        if (blk_any[first + x]) s += partial[(first + x) * a.head_dim_v + d];
+      for (int64_t x0 = 0; x0 < n; x0 += kFlight) {
+        bool k[kFlight];
+        float y[kFlight];
+#pragma unroll
+        for (int f = 0; f < kFlight; ++f) k[f] = x0 + f < n && blk_any[first + x0 + f];
+#pragma unroll
+        for (int f = 0; f < kFlight; ++f)
+          if (k[f]) y[f] = partial[(first + x0 + f) * a.head_dim_v + d];
+#pragma unroll
+        for (int f = 0; f < kFlight; ++f)
+          if (k[f]) s += y[f];
+      }
       sum[d] = s * inv;
     }
     __syncthreads();
@@ -196,8 +252,11 @@ Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so,
   if (nothing(a)) return Status::Ok();
   return by_dtype(a.dtype, [&](auto t) -> Status {
     using T = decltype(t);
-    fwd_kernel<T><<<grid((a.seqlen_q + kScan - 1) / kScan, a.heads_q, a.batch), kThreads, 0,
-                    stream>>>(a, static_cast<T*>(out), so);
+    const dim3 g = grid((a.seqlen_q + kScan - 1) / kScan, a.heads_q, a.batch);
+    if (vector_rows<T>(a.v, a.sv, a.head_dim_v))
+      fwd_kernel<16 / sizeof(T)><<<g, kThreads, 0, stream>>>(a, static_cast<T*>(out), so);
+    else
+      fwd_kernel<1><<<g, kThreads, 0, stream>>>(a, static_cast<T*>(out), so);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   });
@@ -212,9 +271,14 @@ Status empty_rows_bwd_prepare(const EmptyRowsArgs& a, const void* dout, ViewStri
   if (nothing(a)) return Status::Ok();
   return by_dtype(a.dtype, [&](auto t) -> Status {
     using T = decltype(t);
-    prepare_kernel<T><<<grid(l.blocks, a.heads_q, a.batch), kThreads, 0, stream>>>(
-        a, static_cast<const T*>(dout), sdo, lse, reinterpret_cast<uint8_t*>(at(scratch, l.blk_any)),
-        reinterpret_cast<float*>(at(scratch, l.partial)));
+    const dim3 g = grid(l.blocks, a.heads_q, a.batch);
+    uint8_t* any = reinterpret_cast<uint8_t*>(at(scratch, l.blk_any));
+    float* partial = reinterpret_cast<float*>(at(scratch, l.partial));
+    const T* d = static_cast<const T*>(dout);
+    if (vector_rows<T>(dout, sdo, a.head_dim_v))
+      prepare_kernel<16 / sizeof(T)><<<g, kThreads, 0, stream>>>(a, d, sdo, lse, any, partial);
+    else
+      prepare_kernel<1><<<g, kThreads, 0, stream>>>(a, d, sdo, lse, any, partial);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   });
