@@ -1,6 +1,8 @@
 // kRequestAverageEmptyRows on the GPU (empty_rows.h). The forward: one kernel whose blocks
 // each scan a chunk of a head's rows' lse and return when none is empty, else average the
-// kv head's values and write them to the chunk's empty rows. The backward: a pass writes lse
+// kv head's values and write them to the chunk's empty rows. Sums over rows (column_sums,
+// add_to_rows) read 16 bytes a thread where the view allows, several rows in flight: a
+// padding mask empties whole chunks, and their few blocks do all of the pass's reading. The backward: a pass writes lse
 // with +inf at the empty rows and, per block of 256 query rows with one, the sum of their
 // dout; after the route's kernel a pass adds a kv head's block sums in order (no atomics:
 // repeatable) and puts them / Skv on dv. A call without empty rows pays one light launch
@@ -53,22 +55,32 @@ struct Layout {
   }
 };
 
-// Sums over the rows r < n that keep(r) selects of a [n, Dv] view (row r at base + r *
-// stride), column by column, into out[0, Dv) (shared memory), times mul, in a fixed order
-// (bitwise repeatable). The block's threads go in groups of Dv / kVec, a group a row (kVec
-// elements a thread: one 16-byte load where the view allows it, else kVec 1 and groups of at
-// most kThreads columns in turn), four rows a thread in flight; red: kThreads * 8 floats of
+// The rows of a [n, Dv] view (row r at base + r * stride) as the passes walk them: the
+// block's kBlock threads in groups of Dv / kVec, a group a row, kVec elements a thread (one
+// 16-byte load where the view allows it, else kVec 1 and groups of at most kBlock columns in
+// turn), kFlight rows a thread in flight. f(u0, cols, r, R, u) runs per group of columns
+// [u0 * kVec, u0 * kVec + cols): thread's row r of R at once (r < R or idle), its unit u.
+template <int kVec, int kBlock, class F>
+__device__ void by_row_groups(int Dv, F&& f) {
+  const int units = Dv / kVec;
+  for (int u0 = 0; u0 < units; u0 += kBlock) {
+    const int L = min(units - u0, kBlock);
+    f(u0, L * kVec, int(threadIdx.x) / L, kBlock / L, u0 + int(threadIdx.x) % L);
+  }
+}
+
+template <int kVec, class T>
+using VecLoad = std::conditional_t<kVec == 1, T, uint4>;
+
+// Sums over the rows r < n that keep(r) selects of a [n, Dv] view, column by column, into
+// out[0, Dv), times mul, in a fixed order (bitwise repeatable); red: kBlock * 8 floats of
 // shared memory. Ends with the block synchronized.
-template <int kVec, class T, class Keep>
+template <int kVec, int kBlock, int kFlight, class T, class Keep>
 __device__ void column_sums(const T* base, int64_t stride, int64_t n, int Dv, Keep keep, float mul,
                             float* red, float* out) {
-  constexpr int kFlight = 4;
-  using Load = std::conditional_t<kVec == 1, T, uint4>;
+  using Load = VecLoad<kVec, T>;
   static_assert(sizeof(Load) == kVec * sizeof(T));
-  const int units = Dv / kVec;
-  for (int u0 = 0; u0 < units; u0 += kThreads) {
-    const int L = min(units - u0, kThreads), R = kThreads / L;
-    const int r = threadIdx.x / L, u = u0 + threadIdx.x % L;
+  by_row_groups<kVec, kBlock>(Dv, [&](int u0, int cols, int r, int R, int u) {
     float acc[kVec] = {};
     if (r < R)
       for (int64_t j0 = r; j0 < n; j0 += int64_t{kFlight} * R) {
@@ -89,18 +101,46 @@ __device__ void column_sums(const T* base, int64_t stride, int64_t n, int Dv, Ke
             if (k[f]) acc[c] += to_f(e[c]);
         }
       }
-    const int cols = L * kVec;
     if (r < R)
 #pragma unroll
       for (int c = 0; c < kVec; ++c) red[r * cols + (u - u0) * kVec + c] = acc[c];
     __syncthreads();
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = threadIdx.x; c < cols; c += kBlock) {
       float t = 0.0f;
       for (int q = 0; q < R; ++q) t += red[q * cols + c];
       out[u0 * kVec + c] = t * mul;
     }
     __syncthreads();
-  }
+  });
+}
+
+// Rows [0, n) of a [n, Dv] view (row stride `stride`) each get add[0, Dv) (shared memory):
+// read, add in float, round (kFlight rows a thread in flight).
+template <int kVec, int kBlock, int kFlight, class T>
+__device__ void add_to_rows(T* base, int64_t stride, int64_t n, int Dv, const float* add) {
+  using Load = VecLoad<kVec, T>;
+  by_row_groups<kVec, kBlock>(Dv, [&](int, int, int r, int R, int u) {
+    if (r >= R) return;
+    for (int64_t j0 = r; j0 < n; j0 += int64_t{kFlight} * R) {
+      Load x[kFlight];
+#pragma unroll
+      for (int f = 0; f < kFlight; ++f) {
+        const int64_t j = j0 + int64_t{f} * R;
+        if (j < n) x[f] = *reinterpret_cast<const Load*>(base + j * stride + int64_t{u} * kVec);
+      }
+#pragma unroll
+      for (int f = 0; f < kFlight; ++f) {
+        const int64_t j = j0 + int64_t{f} * R;
+        if (j >= n) continue;
+        T e[kVec];
+        memcpy(e, &x[f], sizeof(e));
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) e[c] = from_f<T>(to_f(e[c]) + add[u * kVec + c]);
+        memcpy(&x[f], e, sizeof(e));
+        *reinterpret_cast<Load*>(base + j * stride + int64_t{u} * kVec) = x[f];
+      }
+    }
+  });
 }
 
 // Whether column_sums may read kVec elements at once from rows of `base`'s view: 16-byte
@@ -112,25 +152,25 @@ bool vector_rows(const void* base, ViewStrides s, int64_t dv) {
          s.h % kVec == 0 && dv % kVec == 0;
 }
 
-// The forward's one pass (grid: chunks of kScan rows, Hq, batch): returns unless a row of
-// its chunk is empty (a thread reads kScan / kThreads rows' lse at once); then the kv head's
-// average of the values (column_sums) and the chunk's empty rows written (a warp a row).
+// The forward's one pass (grid: chunks of kScan rows, Hq, batch; a thread a row's lse):
+// returns unless a row of its chunk is empty; then the kv head's average of the values
+// (column_sums; where a padding mask empties a chunk its block alone reads them: 1024
+// threads, four 16-byte loads each in flight) and the chunk's empty rows written (a warp a
+// row).
 template <int kVec, class T>
-__global__ void fwd_kernel(EmptyRowsArgs a, T* out, ViewStrides so) {
-  __shared__ float red[kThreads * 8];
+__global__ void __launch_bounds__(kScan) fwd_kernel(EmptyRowsArgs a, T* out, ViewStrides so) {
+  __shared__ float red[kScan * 8];
   __shared__ float mean[kMaxDv];
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int64_t h = blockIdx.y, kh = h / (a.heads_q / a.heads_kv), i0 = blockIdx.x * int64_t(kScan);
   const T* v = static_cast<const T*>(a.v);
   for (int64_t b = blockIdx.z; b < a.batch; b += gridDim.z) {
     const int64_t n = rows_of(a.mask, b);
-    bool any = false;
-#pragma unroll
-    for (int r = 0; r < kScan / kThreads; ++r) any |= is_empty(a, b, h, i0 + r * kThreads + threadIdx.x, n);
-    if (!__syncthreads_or(any)) continue;
-    column_sums<kVec>(v + b * a.sv.b + kh * a.sv.h, a.sv.s, a.seqlen_kv, int(a.head_dim_v),
-                      [](int64_t) { return true; }, 1.0f / float(a.seqlen_kv), red, mean);
-    for (int r = w; r < kScan; r += kThreads / 32) {
+    if (!__syncthreads_or(is_empty(a, b, h, i0 + threadIdx.x, n))) continue;
+    column_sums<kVec, kScan, 4>(v + b * a.sv.b + kh * a.sv.h, a.sv.s, a.seqlen_kv,
+                                int(a.head_dim_v), [](int64_t) { return true; },
+                                1.0f / float(a.seqlen_kv), red, mean);
+    for (int r = w; r < kScan; r += kScan / 32) {
       const int64_t i = i0 + r;
       if (!is_empty(a, b, h, i, n)) continue;
       T* o = out + b * so.b + i * so.s + h * so.h;
@@ -161,7 +201,7 @@ __global__ void prepare_kernel(EmptyRowsArgs a, const T* dout, ViewStrides sdo, 
     const int64_t blk = (b * a.heads_q + h) * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0) blk_any[blk] = any;
     if (any)
-      column_sums<kVec>(dout + b * sdo.b + i0 * sdo.s + h * sdo.h, sdo.s,
+      column_sums<kVec, kThreads, 4>(dout + b * sdo.b + i0 * sdo.s + h * sdo.h, sdo.s,
                         min(int64_t{kThreads}, a.seqlen_q - i0), int(a.head_dim_v),
                         [&](int64_t r) { return empty[r]; }, 1.0f, red, partial + blk * a.head_dim_v);
     __syncthreads();  // empty[] is the next batch entry's
@@ -169,14 +209,14 @@ __global__ void prepare_kernel(EmptyRowsArgs a, const T* dout, ViewStrides sdo, 
 }
 
 // dv += (the kv head's blocks' partial sums, added in order: repeatable) / Skv on every key
-// of a kv head with an empty row (grid: key blocks of kThreads, Hkv, batch; a warp a key).
-template <class T>
+// of a kv head with an empty row (grid: key blocks of kThreads, Hkv, batch; add_to_rows).
+template <int kVec, class T>
 __global__ void finish_kernel(EmptyRowsArgs a, const uint8_t* blk_any, const float* partial,
                               int64_t blocks, T* dv, ViewStrides sdv) {
   __shared__ float sum[kMaxDv];
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int64_t G = a.heads_q / a.heads_kv, kh = blockIdx.y, n = G * blocks;
   const float inv = 1.0f / float(a.seqlen_kv);
+  const int64_t j0 = blockIdx.x * int64_t(kThreads);
   for (int64_t b = blockIdx.z; b < a.batch; b += gridDim.z) {
     const int64_t first = (b * a.heads_q + kh * G) * blocks;  // the kv head's q heads' blocks
     bool any = false;
@@ -200,12 +240,9 @@ __global__ void finish_kernel(EmptyRowsArgs a, const uint8_t* blk_any, const flo
       sum[d] = s * inv;
     }
     __syncthreads();
-    for (int r = w; r < kThreads; r += kThreads / 32) {
-      const int64_t j = blockIdx.x * int64_t(kThreads) + r;
-      if (j >= a.seqlen_kv) break;
-      T* row = dv + b * sdv.b + j * sdv.s + kh * sdv.h;
-      for (int64_t d = lane; d < a.head_dim_v; d += 32) row[d] = from_f<T>(to_f(row[d]) + sum[d]);
-    }
+    add_to_rows<kVec, kThreads, 4>(dv + b * sdv.b + j0 * sdv.s + kh * sdv.h, sdv.s,
+                                   std::min<int64_t>(kThreads, a.seqlen_kv - j0), int(a.head_dim_v),
+                                   sum);
     __syncthreads();  // sum[] is the next batch entry's
   }
 }
@@ -254,9 +291,9 @@ Status average_empty_rows_fwd(const EmptyRowsArgs& a, void* out, ViewStrides so,
     using T = decltype(t);
     const dim3 g = grid((a.seqlen_q + kScan - 1) / kScan, a.heads_q, a.batch);
     if (vector_rows<T>(a.v, a.sv, a.head_dim_v))
-      fwd_kernel<16 / sizeof(T)><<<g, kThreads, 0, stream>>>(a, static_cast<T*>(out), so);
+      fwd_kernel<16 / sizeof(T)><<<g, kScan, 0, stream>>>(a, static_cast<T*>(out), so);
     else
-      fwd_kernel<1><<<g, kThreads, 0, stream>>>(a, static_cast<T*>(out), so);
+      fwd_kernel<1><<<g, kScan, 0, stream>>>(a, static_cast<T*>(out), so);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   });
@@ -291,10 +328,14 @@ Status empty_rows_bwd_finish(const EmptyRowsArgs& a, void* dv, ViewStrides sdv, 
   const Layout l(a.batch, a.heads_q, a.seqlen_q, a.head_dim_v);
   return by_dtype(a.dtype, [&](auto t) -> Status {
     using T = decltype(t);
-    finish_kernel<T><<<grid((a.seqlen_kv + kThreads - 1) / kThreads, a.heads_kv, a.batch), kThreads,
-                       0, stream>>>(a, reinterpret_cast<const uint8_t*>(at(scratch, l.blk_any)),
-                                    reinterpret_cast<const float*>(at(scratch, l.partial)), l.blocks,
-                                    static_cast<T*>(dv), sdv);
+    const dim3 g = grid((a.seqlen_kv + kThreads - 1) / kThreads, a.heads_kv, a.batch);
+    const uint8_t* any = reinterpret_cast<const uint8_t*>(at(scratch, l.blk_any));
+    const float* partial = reinterpret_cast<const float*>(at(scratch, l.partial));
+    T* d = static_cast<T*>(dv);
+    if (vector_rows<T>(dv, sdv, a.head_dim_v))
+      finish_kernel<16 / sizeof(T)><<<g, kThreads, 0, stream>>>(a, any, partial, l.blocks, d, sdv);
+    else
+      finish_kernel<1><<<g, kThreads, 0, stream>>>(a, any, partial, l.blocks, d, sdv);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   });
