@@ -3,7 +3,9 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc --expt-relaxed-constexpr dev/hopper_bwd/bwd_time.cu \
 //     csrc/fusedattn/attention/hopper/flash_bwd.cu csrc/fusedattn/attention/hopper/tma_map.cu -o .carry/bwd_time
 //   .carry/bwd_time B S H Hkv causal(0/1) [left window] [fp16] [dense] [head dim]
-// dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type.
+// dense 1: the band passed as a dense mask (a folded bias of [1, 1, S, S]) instead of the type;
+// FA_KEEP=1: declared without values (FlashBwdParams::mask_keep_only: head dim 64's
+// 128-query variant).
 // Prints ms (median of 20) and TFLOP/s (2.5x the forward's matmul flops, causal half), then
 // the sum and the sum of |x| of dq, dk and dv: two builds of the kernel must print the same
 // (dk / dv bitwise; dq to rounding, its atomics add in any order), and how many dq values
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
     p.mask_value = __bfloat162float(__float2bfloat16(-0.7f * 3.3895313892515355e38f));
     fill_mask<<<1024, 256>>>(m, S, left, p.mask_value);
     p.bias = m, p.mask_bias = true, p.bias_s = S;
+    p.mask_keep_only = getenv("FA_KEEP") && atoi(getenv("FA_KEEP")) != 0;
     p.causal = false, p.left_bound = false;
   }
   if (getenv("FA_BIAS") && atoi(getenv("FA_BIAS")) != 0) {
@@ -158,7 +161,7 @@ int main(int argc, char** argv) {
     differ += __bfloat16_as_ushort(dq1[i]) != __bfloat16_as_ushort(dq2[i]);
   printf("%s%s%s", p.deterministic ? "[deterministic] " : "", p.softcap > 0 ? "[softcap] " : "",
          p.alibi_slopes ? "[alibi] " : "");
-  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? " (dense mask)" : p.bias ? (p.dbias ? (p.pre_scale_bias ? " (pre-scale bias, dbias)" : " (bias, dbias)") : (p.pre_scale_bias ? " (pre-scale bias)" : " (bias)")) : "", (long long)D, (long long)B, (long long)S,
+  printf("bwd%s D %lld B %lld S %lld H %lld Hkv %lld %s%s: %.3f ms  %.0f TFLOP/s  sums dq %s dk %s dv %s  repeat: %lld dq values differ\n", dense ? (p.mask_keep_only ? " (dense mask, keep-only)" : " (dense mask)") : p.bias ? (p.dbias ? (p.pre_scale_bias ? " (pre-scale bias, dbias)" : " (bias, dbias)") : (p.pre_scale_bias ? " (pre-scale bias)" : " (bias)")) : "", (long long)D, (long long)B, (long long)S,
          (long long)H, (long long)Hkv, causal ? "causal" : "full",
          left >= 0 ? (" window " + std::to_string(left)).c_str() : "", med, flops / med / 1e9,
          sums(dq, nq).c_str(), sums(dk, nk).c_str(), sums(dv, nk).c_str(), (long long)differ);

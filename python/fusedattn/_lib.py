@@ -231,6 +231,9 @@ REQUEST_DETERMINISTIC = 128
 # jax.nn.dot_product_attention's rows that keep nothing: the average of all values
 # (backend.h's kRequestAverageEmptyRows)
 REQUEST_AVERAGE_EMPTY_ROWS = 256
+# With REQUEST_MASK_BIAS: the folded mask holds no values (a boolean mask alone; backend.h's
+# kRequestMaskKeepOnly): the Hopper backward at head dim 64 takes 128-query blocks.
+REQUEST_MASK_KEEP_ONLY = 512
 
 
 def backend_choice(params: AttnParams, platform: int, device: int = 0, score_mod=None,

@@ -59,6 +59,8 @@ class Config:
     checkpoint_name: str | None = "context"
     # the bias is a folded boolean mask (dot_product_attention's): _lib.REQUEST_MASK_BIAS
     mask_bias: bool = False
+    # ... and it holds no values (no bias came beside the mask): _lib.REQUEST_MASK_KEEP_ONLY
+    mask_keep_only: bool = False
     # jax.nn.dot_product_attention's rows that keep nothing get the average of the values
     # (dot_product_attention's): _lib.REQUEST_AVERAGE_EMPTY_ROWS, done by every backend
     average_empty_rows: bool = False

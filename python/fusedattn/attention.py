@@ -74,6 +74,7 @@ def _call_flags(cfg: Config) -> int:
     dropout mask for every batch entry and head, a deterministic backward, jax's rows that
     keep nothing."""
     return ((_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
+            | (_lib.REQUEST_MASK_KEEP_ONLY if cfg.mask_bias and cfg.mask_keep_only else 0)
             | (_lib.REQUEST_AVERAGE_EMPTY_ROWS if cfg.average_empty_rows else 0)
             | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.request_flags)
 
@@ -613,6 +614,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                context_checkpoint_name="context",
                dropout_broadcast=False,
                _mask_bias=False,
+               _mask_keep_only=False,
                _average_empty_rows=False):
     """Fused scaled-dot-product attention (semantics: reference.py's docstring).
 
@@ -714,6 +716,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     holds _lib.masked_bias_value(dtype) at the keys it drops; the CPU engine then drops
     them as a -inf bias does (a row that keeps none gives 0 and lse -inf, for the caller
     to fix) and skips the key tiles they fill.
+    _mask_keep_only (internal, with _mask_bias): the folded mask holds no values (every key it
+    keeps is 0: no bias came beside it; _lib.REQUEST_MASK_KEEP_ONLY): the Hopper backward at
+    head dim 64 takes 128-query blocks then.
     _average_empty_rows (internal: dot_product_attention's): that fix, by every backend
     (_lib.REQUEST_AVERAGE_EMPTY_ROWS): rows below their q_seqlen whose lse is at most half
     the folded mask's value get the average of all values of their kv head (jax's softmax
@@ -764,6 +769,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         call.cfg, want_lse=bool(return_aux or _average_empty_rows),
         want_max_logit=bool(return_max_logit),
         mask_bias=bool(_mask_bias) and call.operands[3].size > 0,
+        mask_keep_only=bool(_mask_keep_only),
         average_empty_rows=bool(_average_empty_rows)))
     _warn_if_fallback(call, sm)
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))

@@ -161,7 +161,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
             mask = wmask if mask is None else mask & wmask
             window = None
 
-    # Boolean mask and bias -> one additive bias [1|B, 1|N, T, S].
+    # Boolean mask and bias -> one additive bias [1|B, 1|N, T, S] (keep_only: the mask alone,
+    # no values beside the masked one).
+    keep_only = bias is None
     if mask is not None:
         mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
         base = jnp.zeros((), q.dtype) if bias is None else bias
@@ -189,7 +191,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         (q, k, v), bias, sd, None,
         attn_bias_type=AttnBiasType.NO_BIAS if bias is None else AttnBiasType.POST_SCALE_BIAS,
         attn_mask_type=mask_type, scaling_factor=scale, window_size=window,
-        return_aux=True, _mask_bias=mask is not None,
+        return_aux=True, _mask_bias=mask is not None, _mask_keep_only=mask is not None and keep_only,
         _average_empty_rows=bias is not None or kv_lens is not None or window_empties)
     out = jnp.reshape(out, output_shape)
     if not return_residual:

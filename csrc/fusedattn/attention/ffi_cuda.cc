@@ -274,8 +274,9 @@ Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTenso
         cudaMemsetAsync(sm.call->doperands, 0, size_t(n_dop) * 4, stream), "cudaMemsetAsync(dscore_mod_operands)"));
   if (choice.backward == FA_BACKEND_HOPPER_BWD)
     return cuda_route::hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic,
-                      (attrs.backend_flags & kRequestMaskBias) != 0,
-                      t.dbias && !(attrs.backend_flags & kRequestNoDbias), req.score_mod, sm);
+                                  (attrs.backend_flags & kRequestMaskBias) != 0,
+                                  (attrs.backend_flags & kRequestMaskKeepOnly) != 0,
+                                  t.dbias && !(attrs.backend_flags & kRequestNoDbias), req.score_mod, sm);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "

@@ -129,11 +129,12 @@ namespace {
 // softcap's or ALiBi's (form, its operands in sm), or a bias or dense mask with no dbias);
 // workspace: its scratch, 256-byte aligned (null: sizing only) of workspace_bytes;
 // deterministic: its ordered dQ (kRequestDeterministic); mask_bias: the bias is a folded
-// mask (kRequestMaskBias; sizing takes it for any bias: the larger scratch); want_dbias: the
+// mask (kRequestMaskBias; sizing takes it for any bias: the larger scratch), keep_only:
+// without values (kRequestMaskKeepOnly); want_dbias: the
 // bias's gradient is wanted (no kRequestNoDbias; sizing takes it: its float32 sums).
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
                                          int64_t workspace_bytes, bool deterministic, bool mask_bias,
-                                         bool want_dbias, const ScoreModForm& form = {},
+                                         bool keep_only, bool want_dbias, const ScoreModForm& form = {},
                                          const SmArgs& sm = {}) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
@@ -162,6 +163,7 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.bias_batch = p.bias_batch, bp.bias_heads = p.bias_heads;
     bp.pre_scale_bias = p.bias_type == FA_PRE_SCALE_BIAS;
     bp.mask_bias = mask_bias;
+    bp.mask_keep_only = mask_bias && keep_only;
     bp.mask_value = fa_masked_bias_value(p.dtype);
     bp.want_dbias = want_dbias;
     bp.dbias = want_dbias ? t.dbias : nullptr;
@@ -191,12 +193,13 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
 size_t hopper_bwd_workspace(const AttnParams& p, bool want_dbias) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
              hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true, /*mask_bias=*/true,
-                               want_dbias && p.bias_type != FA_NO_BIAS))) + 255;
+                               /*keep_only=*/false, want_dbias && p.bias_type != FA_NO_BIAS))) + 255;
 }
 
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
-                  bool mask_bias, bool want_dbias, const ScoreModForm& form, const SmArgs& sm) {
+                  bool mask_bias, bool keep_only, bool want_dbias, const ScoreModForm& form,
+                  const SmArgs& sm) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   if (form.kind == ScoreModKind::kAlibi && !sm.call)
@@ -210,7 +213,7 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
                         static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, mask_bias,
-                        want_dbias, form, sm);
+                        keep_only, want_dbias, form, sm);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);

@@ -203,6 +203,9 @@ struct Case {
   float amp = 1.0f;
   int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
   bool mask_b = false, mask_h = false, mask_values = false;
+  // FlashBwdParams::mask_keep_only (head dim 64's 128-query dense variant); with mask_values
+  // a broken claim: expect_nan, NaN in dq where a tile holds values.
+  bool mask_keep_only = false, expect_nan = false;
   bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
   bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
   bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
@@ -299,6 +302,7 @@ void run_case(const Case& cs) {
     if (cs.mask) fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
     else fill<<<1024, 256>>>(mask, n, seed++, 2.0f);
     p.bias = mask, p.mask_bias = cs.mask != 0, p.pre_scale_bias = cs.bias == 2;
+    p.mask_keep_only = cs.mask_keep_only;
     p.bias_batch = mb, p.bias_heads = mh;
     p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
     p.bias_b = cs.mask_b ? mh * cs.Sq * cs.Skv : 0;
@@ -367,9 +371,18 @@ void run_case(const Case& cs) {
                       << "; worst " << err << " at " << worst;
     printf("  %s: max err %.3g of max |ref| %.3g (%.2e)\n", name, err, big, big > 0 ? err / big : err);
   };
-  check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
-  check("dk", dk_at, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
-  check("dv", dv_at, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  if (cs.expect_nan) {
+    std::vector<T> got(nq);
+    ASSERT_EQ(cudaMemcpy(got.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t nans = 0;
+    for (const T& x : got) nans += std::isnan(static_cast<float>(x));
+    EXPECT_GT(nans, 0) << "a keep-only mask with values: dq shows no NaN";
+    printf("  dq: %lld NaN (expected)\n", static_cast<long long>(nans));
+  } else {
+    check("dq", dq, rq, cs.Sq, cs.Hq, p.dq_b, p.dq_s, p.dq_h);
+    check("dk", dk_at, rk, cs.Skv, cs.Hkv, p.dk_b, p.dk_s, p.dk_h);
+    check("dv", dv_at, rv, cs.Skv, cs.Hkv, p.dv_b, p.dv_s, p.dv_h);
+  }
   if (sinks) {  // D from the stored (rounded) output against the reference's exact one: dq's rule
     std::vector<float> got(bh), want(bh);
     ASSERT_EQ(cudaMemcpy(got.data(), dsinks, bh * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -464,6 +477,22 @@ std::vector<Case> cases() {
   add({.name = "mask_band_holes_fp16_gqa", .bf16 = false, .Sq = 512, .Skv = 512, .Hq = 6, .Hkv = 2, .mask = 2});
   add({.name = "mask_with_causal_type_and_padding", .causal = true, .B = 3, .Sq = 384, .Skv = 384,
        .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true});
+  // Head dim 64's keep-only dense variant (128-query tiles and blocks): causal written out,
+  // a band with holes and rows that keep nothing per head (GQA, fp16), beside a causal type
+  // with padding, deterministic (ascending, and descending beside the causal type), and a
+  // broken claim (values in the mask: NaN).
+  add({.name = "d64_keep_causal", .D = 64, .Sq = 512, .Skv = 512, .mask = 1, .mask_keep_only = true});
+  add({.name = "d64_keep_band_holes_gqa_fp16", .bf16 = false, .D = 64, .Sq = 520, .Skv = 600, .Hq = 6,
+       .Hkv = 2, .mask = 2, .mask_h = true, .mask_keep_only = true});
+  add({.name = "d64_keep_causal_type_padding", .causal = true, .D = 64, .B = 3, .Sq = 384, .Skv = 384,
+       .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true,
+       .mask_keep_only = true});
+  add({.name = "det_d64_keep_holes", .D = 64, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
+       .mask_keep_only = true, .deterministic = true});
+  add({.name = "det_d64_keep_causal_type_gqa", .causal = true, .D = 64, .Sq = 640, .Skv = 640, .Hq = 6,
+       .Hkv = 2, .mask = 2, .mask_keep_only = true, .deterministic = true});
+  add({.name = "d64_keep_claim_broken", .D = 64, .Sq = 256, .Skv = 256, .mask = 2, .mask_values = true,
+       .mask_keep_only = true, .expect_nan = true});
   // Deterministic dQ (a counter a 64-row block, parts added in key-block order): each
   // variant of the ordering (head dim 128's two column halves, 64's 128-query blocks, 64's
   // shared blocks with a dense mask), windows (the first key block reaching a query block),

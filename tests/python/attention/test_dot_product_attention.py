@@ -336,6 +336,29 @@ def test_window_that_empties_no_row_skips_the_rebuild(key):
     assert len(flags) >= 2 and all(f & avg for f in flags), flags  # batch 0 keeps no key
 
 
+def test_a_mask_alone_is_marked_keep_only(key):
+    # A mask with no bias beside it folds to a bias without values: both handlers carry
+    # REQUEST_MASK_KEEP_ONLY beside REQUEST_MASK_BIAS (the Hopper backward's 128-query blocks
+    # at head dim 64); with a bias, a typed mask or no mask, neither handler does.
+    q, k, v, _ = inputs(key, jnp.float32)
+    mask = _mask((B, 1, T, S))(key)
+    lib = fusedattn._lib
+
+    def grad(**kw):
+        return jax.grad(lambda q, k, v: jnp.sum(
+            fusedattn.dot_product_attention(q, k, v, **kw)), argnums=(0, 1, 2))
+
+    flags = _flags_in(grad(mask=mask), q, k, v)
+    assert len(flags) >= 2 and all(f & lib.REQUEST_MASK_KEEP_ONLY and f & lib.REQUEST_MASK_BIAS
+                                   for f in flags), flags
+    bias = jax.random.normal(key, (1, 1, T, S), jnp.float32)
+    for kw in (dict(mask=mask, bias=bias), dict(is_causal=True), dict(local_window_size=(-1, 2))):
+        flags = _flags_in(grad(**kw), q, k, v)
+        want = bool(kw.get("local_window_size"))  # a negative side: jax's literal dense mask
+        assert len(flags) >= 2 and all(bool(f & lib.REQUEST_MASK_KEEP_ONLY) == want
+                                       for f in flags), (kw, flags)
+
+
 def test_the_engine_rebuilds_empty_rows(key):
     # A row that keeps nothing gets its kv head's average of the values from the engine,
     # and fused_attn refuses the request where its rule does not hold.

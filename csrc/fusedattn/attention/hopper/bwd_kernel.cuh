@@ -4,7 +4,8 @@
 // Hopper's instructions and FlashAttention-3's order within an iteration:
 //   - a thread block owns 128 keys of one (batch row, kv head): its K and V stay in shared
 //     memory (the copy engine, TMA), dK and dV in registers; it walks the query blocks
-//     (kBwdBlockM rows: 128 at head dim 64 without a dense mask, else 64) of each query head
+//     (kBwdBlockM rows: 128 at head dim 64 without a dense mask or with one that holds no
+//     values (kBwdKeep), else 64) of each query head
 //     of the kv head's group that the band lets see its keys, two stages of Q, dO, lse and D
 //     in flight (one thread issues the copies, after the iteration's barrier);
 //   - two warpgroups, 64 keys each: S^T = K Q^T, then dP^T = V dO^T (wgmma, both operands in
@@ -153,10 +154,19 @@ struct BwdDims {
   static constexpr int kBlockM = 64, kPadM = 128, kBlockN = 128, kThreads = 256;
   static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
 };
-// The query block of a variant: 128 rows at head dim 64 without a dense mask (S^T and dP^T
-// m64n128 products, FlashAttention-3's tile there), else 64.
-template <int kD, bool kDense>
-constexpr int kBwdBlockM = kD == 64 && !kDense ? 128 : 64;
+// kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
+// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; no dense mask
+// with one), or with a dense mask kBwdDbias (plain; the bias's gradient written:
+// BwdArgs::dbias; its stores cost the variants without one 39% when compiled into them) or
+// kBwdKeep (head dim 64: a mask that keeps or drops keys and holds no values, 128-query
+// blocks as without a mask, no bias tiles in shared memory; a tile that does hold values
+// reads them from global memory, mode 2).
+enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs = 3, kBwdDbias = 4, kBwdKeep = 5 };
+// The query block of a variant: 128 rows at head dim 64 without a dense mask or with a
+// keep-only one (S^T and dP^T m64n128 products, FlashAttention-3's tile there), else 64
+// (the dense variants' bias tiles would not fit beside the stages at 128).
+template <int kD, bool kDense, int kMod = kBwdPlain>
+constexpr int kBwdBlockM = kD == 64 && (!kDense || kMod == kBwdKeep) ? 128 : 64;
 
 // kD / 64 spans of 64 columns a tile (head dims 64 and 128), kM query rows.
 template <int kD, int kM>
@@ -188,9 +198,10 @@ __host__ __device__ inline int bwd_dq_index(int kD, int row, int col) {
 
 template <class Smem>
 constexpr size_t kBiasAt = offsetof(Smem, bias);
-template <int kD, bool kDense>
+template <int kD, bool kDense, int kMod = kBwdPlain>
 constexpr size_t kBwdSmemBytes =
-    (kDense ? sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense>>) : kBiasAt<BwdSmem<kD, kBwdBlockM<kD, kDense>>>) + 1024;
+    (kDense && kMod != kBwdKeep ? sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>)
+                                : kBiasAt<BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>>) + 1024;
 static_assert(kBwdSmemBytes<128, true> <= 227 * 1024, "the dense head dim 128 variant's shared memory");
 
 // The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
@@ -230,20 +241,19 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   return t;
 }
 
-// kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; no dense mask
-// with one), or kBwdDbias: plain, a dense variant's bias whose gradient it writes
-// (BwdArgs::dbias; its stores cost the variants without one 39% when compiled into them).
-enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs = 3, kBwdDbias = 4 };
+// (kDense, kDet, kMod: above kBwdBlockM.)
 template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = kBwdPlain>
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
   [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
-  static_assert(kMod == kBwdPlain || kMod == kBwdDbias || !kDense, "a score modifier takes no dense mask");
+  static_assert(kMod == kBwdPlain || kMod == kBwdDbias || kMod == kBwdKeep || !kDense,
+                "a score modifier takes no dense mask");
   static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
+  static_assert(kMod != kBwdKeep || (kDense && kD == 64), "keep-only masks: head dim 64's dense variant");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kBiasStages = kDense && kMod != kBwdKeep;  // BwdSmem::bias is there
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  constexpr int kBlockM = kBwdBlockM<kD, kDense>;  // this variant's query block
+  constexpr int kBlockM = kBwdBlockM<kD, kDense, kMod>;  // this variant's query block
   constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = kBlockM * 128;  // a 64-column span of K / V, Q / dO
   extern __shared__ uint8_t smem_raw[];
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -296,13 +306,13 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   auto load = [&](int it, int st) {
     const int h = head_of(it), m0 = block_of(it) * kBlockM;
     // a tile whose bias values join the scores (class bit 2): its bias tile too
-    const bool bias_tile = kDense && a.bias_tma && (class_of(it) & 4);
+    const bool bias_tile = kBiasStages && a.bias_tma && (class_of(it) & 4);
     mbar_expect_bytes(&sm.full[st], 2 * kSpans * kQ + 2 * kBlockM * 4 + (bias_tile ? 2 * kQ : 0));
     for (int sp = 0; sp < kSpans; ++sp) {
       tma_load_4d(&a.q, &sm.full[st], sm.q[st] + sp * kQ, 64 * sp, m0, h, b);
       tma_load_4d(&a.dout, &sm.full[st], sm.dout[st] + sp * kQ, 64 * sp, m0, h, b);
     }
-    if constexpr (kDense) {
+    if constexpr (kBiasStages) {
       if (bias_tile)
         for (int sp = 0; sp < 2; ++sp)
           tma_load_4d(&a.bias_map, &sm.full[st], sm.bias[st] + sp * kQ, tile.n0 + 64 * sp, m0,
@@ -453,7 +463,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       constexpr int kMode = decltype(mode_tag)::value;
       constexpr bool kEdge = decltype(edge_tag)::value;  // the tile crosses an edge (checked a key)
       const int tbl = table_of(h);
-      const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * BwdDims::kBlockM + m0) *
+      const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * kBlockM + m0) *
                                                             a.words_per_row + n * 4 + key_l / 32
                                         : nullptr;
       const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
@@ -493,7 +503,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
               // span kl / 64 at chunk ^ (c % 8) (128-byte swizzle); rows and keys past the
               // extents read 0 there (the edge drops them)
               uint16_t v = 0;
-              if (a.bias_tma) {
+              if (kBiasStages && a.bias_tma) {
                 const int kl = key_l + 8 * r;
                 v = *reinterpret_cast<const uint16_t*>(sm.bias[st] + (kl / 64) * kQ + c * 128 +
                                                        ((((kl % 64) / 8) ^ (c % 8)) * 16) + (kl % 8) * 2);
@@ -529,13 +539,22 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if (!kDense || cls == 1) {
       if (edge) probs(std::integral_constant<int, 0>{}, Yes{});
       else probs(std::integral_constant<int, 0>{}, No{});
-    } else if (cls & 8) {  // a bias through the copy engine: no key dropped by value
-      if (edge) probs(std::integral_constant<int, 3>{}, Yes{});
-      else probs(std::integral_constant<int, 3>{}, No{});
-    } else if (cls & 4) {
-      probs(std::integral_constant<int, 2>{}, Yes{});
+    } else if (kBiasStages && (cls & 4)) {  // a bias's values (a folded mask's kept keys')
+      if constexpr (kBiasStages) {
+        if (cls & 8) {  // a bias through the copy engine: no key dropped by value
+          if (edge) probs(std::integral_constant<int, 3>{}, Yes{});
+          else probs(std::integral_constant<int, 3>{}, No{});
+        } else {
+          probs(std::integral_constant<int, 2>{}, Yes{});
+        }
+      }
     } else {
       probs(std::integral_constant<int, 1>{}, Yes{});
+      // kBwdKeep: the caller said the mask holds no values and this tile has some (class bit
+      // 2): NaN in its P makes the broken claim visible in dQ, dK and dV
+      if constexpr (!kBiasStages) {
+        if (cls & 4) s[0] = __int_as_float(0x7fc00000);
+      }
     }
     wgmma_wait<0>();
     fence_regs(dp);

@@ -21,21 +21,38 @@ std::atomic<int64_t> launches{0};
 int64_t sq_pad(const FlashBwdParams& p) {
   return (p.seqlen_q + BwdDims::kPadM - 1) / BwdDims::kPadM * BwdDims::kPadM;
 }
-// The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask).
-// (a bias, a folded mask's or not, runs the dense variants).
-uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && !p.bias ? 128 : 64; }
+// Head dim 64's keep-only dense variant (kBwdKeep): a folded mask without values and no
+// dbias.
+bool keep_variant(const FlashBwdParams& p) {
+  return p.head_dim == 64 && p.mask_bias && p.mask_keep_only && !p.dbias && !p.want_dbias;
+}
+// The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask or
+// with a keep-only one; a bias, a folded mask's or not, runs the dense variants).
+uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && (!p.bias || keep_variant(p)) ? 128 : 64; }
 int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
-MaskTiles mask_tiles(const FlashBwdParams& p) {
-  return MaskTiles(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, BwdDims::kBlockM, BwdDims::kBlockN);
+// A dense mask's tiles: the variant's query block tall.
+MaskTiles mask_tiles(const FlashBwdParams& p, int64_t bm) {
+  return MaskTiles(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, bm, BwdDims::kBlockN);
 }
+MaskTiles mask_tiles(const FlashBwdParams& p) { return mask_tiles(p, p.bias ? block_m(p) : BwdDims::kBlockM); }
 // The dense variants' scratch: a folded mask's bits and classes (mask_bias, the pointer
-// aside: the most a bias can need), a bias's classes only.
+// aside: the most a bias can need; at head dim 64 the larger of the 64- and 128-query
+// tiles', so that sizing does not depend on mask_keep_only), a bias's classes only.
 // A folded mask's column ranges (mask_columns) follow at mask_cols_at.
 int64_t mask_cols_at(const MaskTiles& mt) { return (mt.bytes + 15) / 16 * 16; }
 int64_t mask_scratch_bytes(const FlashBwdParams& p) {
-  const MaskTiles mt = mask_tiles(p);
-  return p.mask_bias ? mask_cols_at(mt) + mt.tables * mt.num_n * 8 : p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
+  if (!p.mask_bias) {
+    const MaskTiles mt = mask_tiles(p, BwdDims::kBlockM);
+    return p.bias ? mt.tables * mt.num_m * mt.num_n : 0;
+  }
+  int64_t bytes = 0;
+  for (int64_t bm : {int64_t{BwdDims::kBlockM}, int64_t{128}}) {
+    if (bm == 128 && p.head_dim != 64) continue;
+    const MaskTiles mt = mask_tiles(p, bm);
+    bytes = std::max(bytes, mask_cols_at(mt) + mt.tables * mt.num_n * 8);
+  }
+  return bytes;
 }
 
 // dbias sums over the batch rows or heads the bias broadcasts over (float32 atomics).
@@ -184,8 +201,8 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>
                          : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kMod>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kBwdSmemBytes<kD, kDense>)));
-  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense>, stream>>>(a);
+                                               static_cast<int>(kBwdSmemBytes<kD, kDense, kMod>)));
+  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense, kMod>, stream>>>(a);
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
@@ -337,8 +354,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
     a.bias_s = p.bias_s;
     a.bias_heads = static_cast<int>(p.bias_heads);
-    // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map).
-    if (rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
+    // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map);
+    // the keep-only variant has no stages for them.
+    if (!keep_variant(p) && rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
       FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
                                    p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
       a.bias_tma = 1;
@@ -355,8 +373,8 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                       static_cast<unsigned>(mt.tables));
       auto classify = classify_kernel<BwdDims::kBlockN>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
       classify<<<grid, 256, 0, stream>>>(
-          a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv, BwdDims::kBlockM,
-          static_cast<uint16_t>(a.masked_bits), tiles, bits);
+          a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv,
+          static_cast<int>(block_m(p)), static_cast<uint16_t>(a.masked_bits), tiles, bits);
       FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       auto* cols = reinterpret_cast<int2*>(base + sc.mask + mask_cols_at(mt));
       const int64_t columns = mt.tables * mt.num_n;
@@ -393,8 +411,10 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (a.dbias)
       return p.head_dim == 64 ? launch_bwd<c, h, true, 64, kBwdDbias>(a, grid, stream)
                               : launch_bwd<c, h, true, 128, kBwdDbias>(a, grid, stream);
-    if (p.head_dim == 64)
+    if (p.head_dim == 64) {
+      if (keep_variant(p)) return launch_bwd<c, h, true, 64, kBwdKeep>(a, grid, stream);
       return a.tiles ? launch_bwd<c, h, true, 64>(a, grid, stream) : launch_bwd<c, h, false, 64>(a, grid, stream);
+    }
     return a.tiles ? launch_bwd<c, h, true, 128>(a, grid, stream) : launch_bwd<c, h, false, 128>(a, grid, stream);
   };
   using T = std::true_type;

@@ -55,6 +55,10 @@ struct FlashBwdParams {
   bool pre_scale_bias = false;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // The folded mask holds no values (every kept key's is 0: a boolean mask alone): at head
+  // dim 64 its tiles are 128 queries tall and the kernel takes 128-query blocks, as without
+  // a mask. A tile that does hold values stays correct (its values read from global memory).
+  bool mask_keep_only = false;
   // Non-null: the bias's gradient, written with the bias's extents and strides: dS = P (dP - D)
   // (times the scale for a pre-scale bias), summed over the batch rows and heads the bias
   // broadcasts over (float32 atomics into the workspace, then rounded), 0 where no key is
