@@ -589,6 +589,18 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   const int64_t sized = flash_bwd_workspace_bytes(p);
   p.bias = x, p.bias_s = 1000;
   EXPECT_EQ(flash_bwd_workspace_bytes(p), sized);
+  // Head dim 64: sized alike with or without mask_keep_only (its 128-query tiles), at a
+  // length where 128-row tiles need more bit rows (1000 -> 1024) and one where 64-row tiles
+  // need more classes.
+  p.head_dim = 64;
+  for (int64_t s : {1000, 4096}) {
+    p.seqlen_q = p.seqlen_kv = s;
+    p.mask_keep_only = false;
+    const int64_t rows64 = flash_bwd_workspace_bytes(p);
+    p.mask_keep_only = true;
+    EXPECT_EQ(flash_bwd_workspace_bytes(p), rows64) << s;
+  }
+  p.mask_keep_only = false, p.head_dim = 128, p.seqlen_q = p.seqlen_kv = 1000;
   p.mask_bias = false;
   const int64_t bias_sized = flash_bwd_workspace_bytes(p);
   EXPECT_LT(bias_sized, sized);
