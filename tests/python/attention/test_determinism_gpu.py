@@ -66,34 +66,52 @@ def test_hopper_backward_is_bitwise_repeatable(key, mask, d, hkv, dtype):
         (q, k, v), attn_mask_type=mask, is_training=True).reason
 
 
-def test_windowed_and_dense_mask_backward_is_bitwise_repeatable(key):
-    """A sliding window, and a dense boolean mask with holes (key tiles it empties, which
-    the turn count must skip as the kernel does) through dot_product_attention."""
-    q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 2.0)
-    win = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
-                                               attn_mask_type=AttnMaskType.CAUSAL_MASK,
-                                               window_size=(300, 0))
-    i = jnp.arange(1024)
+def _holes_mask(n):
+    """Causal with every third 128-key block dropped (key tiles it empties, which the turn
+    count must skip as the kernel does); every row keeps its first 8 keys."""
+    i = jnp.arange(n)
     holes = (i[:, None] >= i[None, :]) & ((i[None, :] // 128) % 3 != 1)
-    holes = holes.at[:, :8].set(True)  # every row keeps a key
-    dense = lambda q, k, v: fusedattn.dot_product_attention(q, k, v, mask=holes[None, None])
-    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=AttnMaskType.CAUSAL_MASK,
-                                   window_size=(300, 0))
+    return holes.at[:, :8].set(True)[None, None]
+
+
+def _dense_repeatable_and_right(q, k, v, dout, mask):
+    """In deterministic mode: dot_product_attention(mask=mask)'s backward through the Hopper
+    kernel is bitwise repeatable, and its gradients are float32 jax's with the same mask."""
+    dense = lambda q, k, v: fusedattn.dot_product_attention(q, k, v, mask=mask)
     with fusedattn.deterministic():
-        check(win, ref, (q, k, v), dout, PLAIN_TARGETS)
-        for fn in (win, dense):
-            before = _lib.hopper_bwd_launches()
-            assert_repeatable(_loss(fn, dout), (q, k, v))
-            assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
-        # the dense mask's gradients as the same mask's reference
+        before = _lib.hopper_bwd_launches()
+        assert_repeatable(_loss(dense, dout), (q, k, v))
+        assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
         f32 = lambda q, k, v: jax.nn.dot_product_attention(
-            q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-            mask=holes[None, None])
+            q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), mask=mask)
         want = jax.grad(_loss(f32, dout), argnums=(0, 1, 2))(q, k, v)
         got = jax.jit(jax.grad(_loss(dense, dout), argnums=(0, 1, 2)))(q, k, v)
         for name, a, b in zip(("dq", "dk", "dv"), got, want):
             err = float(jnp.max(jnp.abs(a.astype(jnp.float32) - b)))
             assert err <= 3e-2 * max(1.0, float(jnp.max(jnp.abs(b)))), (name, err)
+
+
+def test_windowed_and_dense_mask_backward_is_bitwise_repeatable(key):
+    """A sliding window, and a dense boolean mask with holes through dot_product_attention."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 2.0)
+    win = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                               attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                               window_size=(300, 0))
+    ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                   window_size=(300, 0))
+    with fusedattn.deterministic():
+        check(win, ref, (q, k, v), dout, PLAIN_TARGETS)
+        before = _lib.hopper_bwd_launches()
+        assert_repeatable(_loss(win, dout), (q, k, v))
+        assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
+    _dense_repeatable_and_right(q, k, v, dout, _holes_mask(1024))
+
+
+def test_head_dim_64_mask_alone_backward_is_bitwise_repeatable(key):
+    """Head dim 64 with a mask alone (no bias: REQUEST_MASK_KEEP_ONLY, the backward's
+    128-query blocks and their counters), GQA, in deterministic mode."""
+    q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 2.0, 64)
+    _dense_repeatable_and_right(q, k, v, dout, _holes_mask(1024))
 
 
 def test_softcap_backward_is_bitwise_repeatable(key):
