@@ -134,6 +134,8 @@ def _load() -> ctypes.CDLL:
     lib.fa_set_num_threads.argtypes = [ctypes.c_int]
     lib.fa_masked_bias_value.restype = ctypes.c_float
     lib.fa_masked_bias_value.argtypes = [ctypes.c_int]
+    lib.fa_request_flag.restype = ctypes.c_int32
+    lib.fa_request_flag.argtypes = [ctypes.c_char_p]
     lib.fa_softmax_type_name.restype = ctypes.c_char_p
     lib.fa_softmax_type_name.argtypes = [ctypes.c_int]
     lib.fa_softmax_validate.argtypes = [ctypes.POINTER(SoftmaxParams), ctypes.c_char_p,
@@ -379,6 +381,12 @@ def set_num_threads(n: int) -> None:
 
 def num_threads() -> int:
     return int(lib.fa_num_threads())
+
+
+def request_flag(name: str) -> int:
+    """The engine's REQUEST_* bit of a name ("mask_bias", ...; backend.h's kRequest*), -1 for
+    an unknown name: what the REQUEST_* constants here must equal."""
+    return int(lib.fa_request_flag(name.encode()))
 
 
 def masked_bias_value(dtype_name: str) -> float:

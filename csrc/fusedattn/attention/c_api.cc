@@ -184,4 +184,22 @@ float fa_masked_bias_value(int dtype) {
   return 0.0f;
 }
 
+// backend.h's kRequest* bit of a name ("mask_bias" for kRequestMaskBias, ...); -1 for an
+// unknown name. Python keeps its own REQUEST_* constants; a test compares them with these.
+int32_t fa_request_flag(const char* name) {
+  using namespace fusedattn;
+  const std::string n = name ? name : "";
+  if (n == "index_base") return kRequestIndexBase;
+  if (n == "cudnn_rejected") return kRequestCudnnRejected;
+  if (n == "f32_exact") return kRequestF32Exact;
+  if (n == "mask_bias") return kRequestMaskBias;
+  if (n == "no_dbias") return kRequestNoDbias;
+  if (n == "score_mod_grads") return kRequestScoreModGrads;
+  if (n == "dropout_broadcast") return kRequestDropoutBroadcast;
+  if (n == "deterministic") return kRequestDeterministic;
+  if (n == "average_empty_rows") return kRequestAverageEmptyRows;
+  if (n == "mask_keep_only") return kRequestMaskKeepOnly;
+  return -1;
+}
+
 }  // extern "C"

@@ -185,3 +185,15 @@ def test_mask_codes_mean_the_python_masks(key):
         for j in range(i):
             assert not np.allclose(ref[i], ref[j], atol=1e-3), \
                 f"{AttnMaskType(i).name} and {AttnMaskType(j).name} agree on this input"
+
+
+def test_request_flags_match_the_engine():
+    # The REQUEST_* bits Python sends as backend_flags are backend.h's kRequest* (each name
+    # asked of the engine), distinct single bits; an unknown name is -1.
+    names = [n for n in dir(_lib) if n.startswith("REQUEST_")]
+    assert len(names) >= 10
+    for n in names:
+        assert _lib.request_flag(n[len("REQUEST_"):].lower()) == getattr(_lib, n), n
+    bits = [getattr(_lib, n) for n in names]
+    assert len(set(bits)) == len(bits) and all(b > 0 and b & (b - 1) == 0 for b in bits)
+    assert _lib.request_flag("no_such_flag") == -1
