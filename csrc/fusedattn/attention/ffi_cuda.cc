@@ -85,7 +85,7 @@ Status choose(const AttnParams& p, int device, BackendRequest req, int32_t flags
 
 // Bytes of the flash kernels' workspace result (with the slack to align its start).
 size_t flash_workspace(const AttnParams& p, bool backward, bool score_mod) {
-  return cuda::flash::workspace_bytes(p, backward, score_mod) + 255;
+  return cuda::flash::workspace_bytes(p, backward, score_mod) + kRegionAlign - 1;
 }
 
 // The flash kernels' workspace, aligned to 256 bytes.
@@ -96,7 +96,7 @@ Status flash_workspace_at(const AttnParams& p, bool backward, bool score_mod, ff
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the CUDA flash kernels need " + std::to_string(need));
   const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-  *at = reinterpret_cast<void*>((u + 255) / 256 * 256);
+  *at = reinterpret_cast<void*>(align_region_ptr(u));
   return Status::Ok();
 }
 
@@ -147,12 +147,12 @@ Status refuse_index_base(const AttnParams& p, const AttnTensors& t, const SmArgs
 // the workspace (every route's temporaries are at its start; attn_workspace_bytes adds
 // these, + the slack of aligning their start).
 size_t empty_rows_bytes(const AttnParams& p, bool backward, int32_t flags) {
-  return backward && (flags & kRequestAverageEmptyRows) ? cuda::empty_rows_bwd_scratch_bytes(p) + 256 : 0;
+  return backward && (flags & kRequestAverageEmptyRows) ? cuda::empty_rows_bwd_scratch_bytes(p) + kRegionAlign : 0;
 }
 
 void* empty_rows_scratch(const AttnParams& p, ffi::AnyBuffer* workspace) {
   const uintptr_t end = reinterpret_cast<uintptr_t>(workspace->untyped_data()) + workspace->size_bytes();
-  return reinterpret_cast<void*>((end - cuda::empty_rows_bwd_scratch_bytes(p)) / 256 * 256);
+  return reinterpret_cast<void*>((end - cuda::empty_rows_bwd_scratch_bytes(p)) / kRegionAlign * kRegionAlign);
 }
 
 // Checks a call that asks for kRequestAverageEmptyRows (ok when it does not) and gives its

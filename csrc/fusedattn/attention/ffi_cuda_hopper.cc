@@ -193,7 +193,7 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
 size_t hopper_bwd_workspace(const AttnParams& p, bool want_dbias) {
   return static_cast<size_t>(hopper::flash_bwd_workspace_bytes(
              hopper_bwd_params(p, AttnTensors{}, nullptr, 0, /*deterministic=*/true, /*mask_bias=*/true,
-                               /*keep_only=*/false, want_dbias && p.bias_type != FA_NO_BIAS))) + 255;
+                               /*keep_only=*/false, want_dbias && p.bias_type != FA_NO_BIAS))) + kRegionAlign - 1;
 }
 
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
@@ -209,7 +209,7 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
     return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                             " bytes, the Hopper backward needs " + std::to_string(need));
   const uintptr_t u = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-  const uintptr_t aligned = (u + 255) / 256 * 256;
+  const uintptr_t aligned = align_region_ptr(u);
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
                         static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, mask_bias,

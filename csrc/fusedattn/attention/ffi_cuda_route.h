@@ -18,6 +18,7 @@
 #include "fusedattn/attention/ffi_decode.h"
 #include "fusedattn/attention/params.h"
 #include "fusedattn/attention/tensors.h"
+#include "fusedattn/core/regions.h"
 #include "fusedattn/core/status.h"
 #include "fusedattn/attention/backend.h"
 
@@ -27,26 +28,22 @@ namespace fusedattn::ffi_glue::cuda_route {
 // Python sizes at trace time by asking workspace_bytes(), so XLA owns every byte).
 class ScratchPlan {
  public:
-  size_t add(size_t bytes) {
-    const size_t at = total_;
-    total_ += (bytes + 255) / 256 * 256;
-    return at;
-  }
+  size_t add(size_t bytes) { return regions_.add(bytes); }
   // Bytes the workspace must have: the regions, plus slack to align its start.
-  size_t bytes() const { return total_ + 255; }
+  size_t bytes() const { return regions_.total + kRegionAlign - 1; }
   Status bind(ffi::AnyBuffer* workspace) {
     if (workspace->size_bytes() < bytes())
       return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
                               " bytes, the call needs " + std::to_string(bytes()));
     const uintptr_t p = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-    base_ = reinterpret_cast<char*>((p + 255) / 256 * 256);
+    base_ = reinterpret_cast<char*>(align_region_ptr(p));
     return Status::Ok();
   }
   template <class T>
   T* at(size_t offset) const { return reinterpret_cast<T*>(base_ + offset); }
 
  private:
-  size_t total_ = 0;
+  Regions regions_;
   char* base_ = nullptr;
 };
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "fusedattn/core/regions.h"
 #include "fusedattn/platform/cuda/check.h"
 #include "fusedattn/platform/cuda/elements.cuh"
 
@@ -43,15 +44,12 @@ struct Layout {
   int64_t blocks = 0;  // query row blocks of kThreads per (batch, head)
 
   Layout(int64_t B, int64_t Hq, int64_t Sq, int64_t Dv) {
-    const auto add = [&](size_t bytes) {
-      const size_t at = total;
-      total += (bytes + 255) / 256 * 256;
-      return at;
-    };
+    Regions r;
     blocks = (Sq + kThreads - 1) / kThreads;
-    lse = add(size_t(B * Hq * Sq) * 4);
-    blk_any = add(size_t(B * Hq * blocks));
-    partial = add(size_t(B * Hq * blocks * Dv) * 4);
+    lse = r.add(size_t(B * Hq * Sq) * 4);
+    blk_any = r.add(size_t(B * Hq * blocks));
+    partial = r.add(size_t(B * Hq * blocks * Dv) * 4);
+    total = r.total;
   }
 };
 

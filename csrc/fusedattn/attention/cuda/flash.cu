@@ -28,6 +28,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "fusedattn/core/regions.h"
 #include "fusedattn/platform/cuda/check.h"
 
 namespace fusedattn::cuda::flash {
@@ -601,7 +602,8 @@ struct Plan {
   size_t rows = 0, fwd_tiles = 0, bwd_tiles = 0, segs = 0, tile_max = 0, delta = 0, dq = 0,
          dbias = 0, program = 0, total = 0;
   Plan(const AttnParams& p, bool backward, bool score_mod) {
-    auto take = [&](size_t bytes) { const size_t r = total; total += (bytes + 255) / 256 * 256; return r; };
+    Regions r;
+    auto take = [&](size_t bytes) { return r.add(bytes); };
     const int64_t B = p.batch, Sq = p.seqlen_q;
     const int64_t bm = std::min<int64_t>(16 * fwd_warps(p), kMmaBM);  // the smaller tile: more tiles
     rows = take(size_t(B * Sq) * sizeof(RowInfo));
@@ -617,6 +619,7 @@ struct Plan {
         dbias = take(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
     }
     if (score_mod) program = take(sizeof(DeviceScoreMod));
+    total = r.total;
   }
 };
 
