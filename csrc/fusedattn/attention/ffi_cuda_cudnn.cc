@@ -102,6 +102,24 @@ void bind_sm_operands(const SmArgs& sm, int64_t s, Pack& pack) {
         const_cast<float*>(sm.call->operands + s * m.total_size() + m.offset(i));
 }
 
+// Slice s's (rows from r0) operands that the forward's and the backward's graphs share: Q,
+// K, V and O, the bias, dropout's seed, the sink (sink: the off-by-one sink's zeros in
+// scratch) and the score_mod's operands. cuDNN serves bf16 / fp16 only (2-byte elements).
+void bind_slice(const AttnParams& p, const SdpaConfig& c, const AttnTensors& t, const SmArgs& sm,
+                int64_t s, int64_t r0, float* sink, Pack& pack) {
+  constexpr int64_t eb = 2;
+  pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
+  pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
+  pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
+  pack[cudnn::kO] = offset(t.out, r0 * c.o.b, eb);
+  if (c.bias) pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
+  if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
+  if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
+    pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + p.heads_q * s);
+  if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) pack[cudnn::kSink] = sink;
+  bind_sm_operands(sm, s, pack);
+}
+
 }  // namespace
 
 Status cudnn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
@@ -132,25 +150,15 @@ Status cudnn_fwd(cudaStream_t stream, int device, const AttnParams& p, const Att
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
         cudaMemsetAsync(plan.at<float>(sink_at), 0, H * 4, stream), "cudaMemsetAsync(sink)"));
 
-  const int64_t eb = 2;  // cuDNN serves bf16 / fp16 only
   for (int64_t s = 0; s < slices; ++s) {
     const int64_t r0 = s * rows;
     Pack pack;
-    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
-    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
-    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
-    pack[cudnn::kO] = offset(t.out, r0 * c.o.b, eb);
+    bind_slice(p, c, t, sm, s, r0, plan.at<float>(sink_at), pack);
     if (c.gen_stats) pack[cudnn::kStats] = offset(t.lse, r0 * c.lse.b, 4);
     if (c.max_sum) {
       pack[cudnn::kMax] = plan.at<float>(max_at) + r0 * c.lse.b;
       pack[cudnn::kSumExp] = plan.at<float>(sum_at) + r0 * c.lse.b;
     }
-    if (c.bias) pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
-    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
-    if (p.softmax_type == FA_LEARNABLE_SOFTMAX)
-      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
-    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) pack[cudnn::kSink] = plan.at<float>(sink_at);
-    bind_sm_operands(sm, s, pack);
     FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
     FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
   }
@@ -211,29 +219,16 @@ Status cudnn_bwd(cudaStream_t stream, int device, const AttnParams& p, const Att
   for (int64_t s = 0; s < slices; ++s) {
     const int64_t r0 = s * rows;
     Pack pack;
-    pack[cudnn::kQ] = const_cast<void*>(offset(t.q, r0 * c.q.b, eb));
-    pack[cudnn::kK] = const_cast<void*>(offset(t.k, r0 * c.k.b, eb));
-    pack[cudnn::kV] = const_cast<void*>(offset(t.v, r0 * c.v.b, eb));
-    pack[cudnn::kO] = const_cast<void*>(offset(t.out, r0 * c.o.b, eb));
+    bind_slice(p, c, t, sm, s, r0, plan.at<float>(sink_at), pack);
     pack[cudnn::kDO] = const_cast<void*>(offset(t.dout, r0 * c.o.b, eb));
     pack[cudnn::kStats] = const_cast<float*>(lse_in) + r0 * c.lse.b;
     pack[cudnn::kDQ] = offset(t.dq, r0 * c.q.b, eb);
     pack[cudnn::kDK] = offset(t.dk, r0 * c.k.b, eb);
     pack[cudnn::kDV] = offset(t.dv, r0 * c.v.b, eb);
-    if (c.bias) {
-      pack[cudnn::kBias] = const_cast<void*>(offset(t.bias, s * t.bias_slice, eb));
-      pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
-    }
-    if (c.dropout > 0.0f) pack[cudnn::kSeed] = const_cast<uint32_t*>(t.seed + 2 * s);
-    if (p.softmax_type == FA_LEARNABLE_SOFTMAX) {
-      pack[cudnn::kSink] = const_cast<float*>(t.softmax_offset + H * s);
-      pack[cudnn::kDSink] = t.dsoftmax_offset + H * r0;
-    }
-    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX) {
-      pack[cudnn::kSink] = plan.at<float>(sink_at);
-      pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;  // the constant's gradient: discarded
-    }
-    bind_sm_operands(sm, s, pack);
+    if (c.bias) pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
+    if (p.softmax_type == FA_LEARNABLE_SOFTMAX) pack[cudnn::kDSink] = t.dsoftmax_offset + H * r0;
+    if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)  // the constant's gradient: discarded
+      pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;
     FA_RETURN_IF_NOT_OK(seq.prepare(p, c, t, r0, rows, plan, stream, pack));
     FA_RETURN_IF_NOT_OK(cudnn::execute(*g, device, stream, std::move(pack), plan.at<void>(ws)));
   }

@@ -603,22 +603,21 @@ struct Plan {
          dbias = 0, program = 0, total = 0;
   Plan(const AttnParams& p, bool backward, bool score_mod) {
     Regions r;
-    auto take = [&](size_t bytes) { return r.add(bytes); };
     const int64_t B = p.batch, Sq = p.seqlen_q;
     const int64_t bm = std::min<int64_t>(16 * fwd_warps(p), kMmaBM);  // the smaller tile: more tiles
-    rows = take(size_t(B * Sq) * sizeof(RowInfo));
-    segs = take(size_t(B * p.max_segments) * sizeof(Segment));
+    rows = r.add(size_t(B * Sq) * sizeof(RowInfo));
+    segs = r.add(size_t(B * p.max_segments) * sizeof(Segment));
     if (!backward) {
-      fwd_tiles = take(size_t(B * ceil_div(Sq, bm)) * sizeof(TileRange));
-      tile_max = take(size_t(B * p.heads_q * ceil_div(Sq, bm)) * 4);
+      fwd_tiles = r.add(size_t(B * ceil_div(Sq, bm)) * sizeof(TileRange));
+      tile_max = r.add(size_t(B * p.heads_q * ceil_div(Sq, bm)) * 4);
     } else {
-      bwd_tiles = take(size_t(B * ceil_div(Sq, kBMQ)) * sizeof(TileRange));
-      delta = take(size_t(B * p.heads_q * Sq) * 4);
-      dq = take(size_t(B * Sq * p.heads_q * rounded(p.head_dim_qk)) * 4);
+      bwd_tiles = r.add(size_t(B * ceil_div(Sq, kBMQ)) * sizeof(TileRange));
+      delta = r.add(size_t(B * p.heads_q * Sq) * 4);
+      dq = r.add(size_t(B * Sq * p.heads_q * rounded(p.head_dim_qk)) * 4);
       if (p.bias_type != FA_NO_BIAS && p.dtype != FA_FLOAT32)
-        dbias = take(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
+        dbias = r.add(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
     }
-    if (score_mod) program = take(sizeof(DeviceScoreMod));
+    if (score_mod) program = r.add(sizeof(DeviceScoreMod));
     total = r.total;
   }
 };

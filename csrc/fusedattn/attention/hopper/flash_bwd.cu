@@ -35,7 +35,7 @@ int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 MaskTiles mask_tiles(const FlashBwdParams& p, int64_t bm) {
   return MaskTiles(p.bias_batch, p.bias_heads, p.seqlen_q, p.seqlen_kv, bm, BwdDims::kBlockN);
 }
-MaskTiles mask_tiles(const FlashBwdParams& p) { return mask_tiles(p, p.bias ? block_m(p) : BwdDims::kBlockM); }
+MaskTiles mask_tiles(const FlashBwdParams& p) { return mask_tiles(p, keep_variant(p) ? 128 : BwdDims::kBlockM); }
 // The dense variants' scratch: a folded mask's bits and classes (mask_bias, the pointer
 // aside: the most a bias can need; at head dim 64 the larger of the 64- and 128-query
 // tiles', so that sizing does not depend on mask_keep_only), a bias's classes only.
