@@ -81,6 +81,7 @@ __global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int6
 struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
   static constexpr bool kRowByRow = true;
   static constexpr bool kBiasTile = false;
+  static constexpr bool kBiasReads = true;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return s * in;
   }
@@ -333,8 +334,9 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   }
   a.mul_out = p.scale * log2e;
   a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
-  return bias_tma ? launch_mod<BiasTileScores>(p, a, grid, stream)
-               : launch_mod<PlainScores>(p, a, grid, stream);
+  if (bias_tma) return launch_mod<BiasTileScores>(p, a, grid, stream);
+  return a.bias ? launch_mod<BiasReadScores>(p, a, grid, stream)
+                : launch_mod<PlainScores>(p, a, grid, stream);
 }
 }  // namespace
 

@@ -416,7 +416,7 @@ struct Tile {
 // Tile order: (batch, head) pairs go in sections of a.section, whose K and V fit in L2
 // together; inside a section the query blocks go last first (causal: the longest rows
 // first), each across the section's pairs. The shortest blocks end the order.
-template <bool kCausal, int kBlockM, int kBlockN>
+template <bool kCausal, int kBlockM, int kBlockN, bool kBiasReads>
 __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
   const int pairs = a.heads_q * a.batch * a.segments;
   const int sec = t / (a.section * num_m), base = sec * a.section;
@@ -450,7 +450,7 @@ __device__ __forceinline__ Tile tile_at(const FwdArgs& a, int t, int num_m) {
     tile.n_end = max(1, min(tile.n_end, last < 0 ? 0 : last / kBlockN + 1));
   }
   tile.n_begin = min(max(0, tile.m0 + tile.lo_diag) / kBlockN, tile.n_end - 1);
-  if (a.ranges) {  // a dense mask: the key blocks it keeps too (none: the band's last, all masked)
+  if (kBiasReads && a.ranges) {  // a dense mask: the key blocks it keeps too (none: the band's last, all masked)
     const int2 r = a.ranges[mask_table(a, tile.b, tile.h) * num_m + tile.m0 / kBlockM];
     const int lo = max(tile.n_begin, r.x), hi = min(tile.n_end, r.y);
     if (lo < hi) tile.n_begin = lo, tile.n_end = hi;
@@ -527,14 +527,14 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
                          : t + static_cast<int>(gridDim.x);
       };
       for (int t = blockIdx.x, k = 0;; t = next(t), ++k) {
-        while (t < num_tiles && tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m).skip) t = next(t);
+        while (t < num_tiles && tile_at<kCausal, kBlockM, kBlockN, Mod::kBiasReads>(a, t, num_m).skip) t = next(t);
         mbar_wait(&sm.q_empty, (k & 1) ^ 1);
         if (t >= num_tiles) {  // the consumers' last phase: no tile
           sm.tile[k & 1] = -1;
           mbar_arrive(&sm.q_full);
           break;
         }
-        const Tile tile = tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m);
+        const Tile tile = tile_at<kCausal, kBlockM, kBlockN, Mod::kBiasReads>(a, t, num_m);
         const int h_kv = tile.h / a.heads_per_kv;
         sm.tile[k & 1] = t;
         mbar_expect_bytes(&sm.q_full, Dim::kSpans * Dim::kQSpanBytes);
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
       if (c == 0) named_sync(1);  // takes the last group's last signal: the counts balance
       break;
     }
-    const Tile tile = tile_at<kCausal, kBlockM, kBlockN>(a, t, num_m);
+    const Tile tile = tile_at<kCausal, kBlockM, kBlockN, Mod::kBiasReads>(a, t, num_m);
     const int n_end = tile.n_end, blocks = n_end - tile.n_begin;
     const int row0 = tile.m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: +0, +8
 #pragma unroll
@@ -627,7 +627,7 @@ __global__ void __launch_bounds__(Dims<kD, kGroups>::kThreads, 1)
         mbar_arrive(&sm.bias.empty[bst][c]);
       }
       // (The mask's addresses are worked out here, not kept: registers are short.)
-      const int cls = !a.bias ? 1 : !a.tiles ? 4
+      const int cls = !Mod::kBiasReads || !a.bias ? 1 : !a.tiles ? 4
                       : a.tiles[(size_t(mask_table(a, tile.b, tile.h)) * num_m + tile.m0 / kBlockM) *
                                 num_n + n];
       if (cls & 4) {  // a bias to add (or no classes)

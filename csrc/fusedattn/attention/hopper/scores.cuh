@@ -25,15 +25,21 @@ __device__ __forceinline__ float bits_to_float(uint16_t x) {
 // per-block d0 and the element's compile-time offset off (ALiBi's bias).
 // kBiasTile: the bias comes through shared memory (FwdArgs::bias_map, BiasRing) and is
 // added to the raw scores before the softmax step (BiasTileScores only).
+// kBiasReads: the code that reads a bias a score at a time from global memory and a dense
+// mask's tile classes and keep bits (FwdArgs::bias, tiles, keep_bits) is compiled in. Plain
+// calls without either take PlainScores, which leaves it out: head dims 64 and 256 ran 2-5%
+// faster without it (H200, 2026-11-30, dev/hopper_fwd/README.md's mask_code A/B).
 struct PlainScores {  // v = s; out = scale * log2(e)
   static constexpr bool kRowByRow = false;  // softmax_step's order (H100: dev/hopper_fwd/hopper_fwd_check)
   static constexpr bool kBiasTile = false;
+  static constexpr bool kBiasReads = false;
   __device__ __forceinline__ static float pre(float s, float, float, float, float) { return s; }
 };
 struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in = scale / c,
                         // out = c log2(e)
   static constexpr bool kRowByRow = true;
   static constexpr bool kBiasTile = false;
+  static constexpr bool kBiasReads = true;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return tanh_approx(s * in);
   }
@@ -43,6 +49,7 @@ struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in
                       // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
   static constexpr bool kRowByRow = false;
   static constexpr bool kBiasTile = false;
+  static constexpr bool kBiasReads = true;
   __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
                                               float off) {
     if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
@@ -54,6 +61,11 @@ struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in
 // bias_tiles): v = s + bias * bias_mul, the bias's tiles through the copy engine.
 struct BiasTileScores : PlainScores {
   static constexpr bool kBiasTile = true;
+};
+// A plain call with a bias read a score at a time (rows not in 16-byte units) or a dense
+// mask (its tiles' classes and keep bits, with the bias's values where a tile holds some).
+struct BiasReadScores : PlainScores {
+  static constexpr bool kBiasReads = true;
 };
 
 template <bool kBf16>
