@@ -38,8 +38,9 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, f
     params = gpu_params(call.params)
     note = _padding_note(call.params, params)
     choice = _lib.backend_choice(params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
-    if choice.name != "cudnn":
-        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note)
+    if choice.name != "cudnn":  # (cuda_flash's forward may be the Hopper kernel's: ALiBi)
+        return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note,
+                           choice.forward, choice.backward)
     if _has_gpu():  # the graphs themselves are asked
         name, reason, _ = _gpu_choice(_fields(params), False, want_max_logit, training,
                                       key, flags)
@@ -65,9 +66,10 @@ class BackendInfo:
     included) and the backward on "hopper" (the sm_90 flash backward at head dims 64 and 128:
     dense masks, softcap and ALiBi, deterministic mode, and plain calls where its measurement
     found it faster), and calls served by
-    "cuda_flash" with no score_mod may run the forward on "hopper" (a PRE_SCALE_BIAS at head
-    dim 256, where it was measured faster; any such call it can run under
-    FUSEDATTN_HOPPER_FWD=1): the CUDA flash kernels then run the backward from its lse.
+    "cuda_flash" may run the forward on "hopper" (a bias it reads as tiles, Skv a multiple
+    of 8; a PRE_SCALE_BIAS at head dim 256; ALiBi, a bias beside it or its slopes' gradient
+    taken; any call without a score_mod it can run under FUSEDATTN_HOPPER_FWD=1): the CUDA
+    flash kernels then run the backward from its lse.
     """
 
     name: str

@@ -131,6 +131,8 @@ namespace {
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind == ScoreModKind::kOther)
     return "its backward's score_mods are softcap and ALiBi only";
+  if (req.score_mod.kind != ScoreModKind::kNone && p.bias_type != FA_NO_BIAS)
+    return "its backward has no variant with both a score_mod and a bias";
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -175,11 +177,17 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   // Its softmax keeps q.k's order (the max of q.k is the max score), which needs scale > 0.
   if (kind == ScoreModKind::kNone && !(p.scale > 0.0f))
     return "it takes scale > 0 without a score_mod (got " + std::to_string(p.scale) + ")";
-  // A bias (pre- or post-scale) or a dense mask (a folded one), with no score_mod: no
-  // variant has both (its bias tiles join the raw scores before the modifier, the order the
-  // engine defines, so one could).
-  if (p.bias_type != FA_NO_BIAS && kind != ScoreModKind::kNone)
-    return "it has no variant with both a score_mod and a bias";
+  // A bias (pre- or post-scale) or a dense mask (a folded one). With ALiBi: as tiles only
+  // (WithBiasTile: they join the raw scores before the modifier, the order the engine
+  // defines); softcap takes none.
+  if (p.bias_type != FA_NO_BIAS && kind == ScoreModKind::kSoftcap)
+    return "its softcap takes no bias";
+  if (p.bias_type != FA_NO_BIAS && kind == ScoreModKind::kAlibi) {
+    if (req.mask_bias || !hopper_bias_tiles(p))
+      return "its ALiBi takes a bias as tiles only: no dense mask, Skv a multiple of 8";
+    if (p.bias_type == FA_POST_SCALE_BIAS && p.scale == 0.0f)
+      return "its ALiBi with a post-scale bias needs scale != 0";
+  }
   if (p.bias_type != FA_NO_BIAS && (is_thd(p.layout) || p.num_slices != 1))
     return "its bias takes no THD layout and one vmap slice";
   if (req.mask_bias && p.bias_type != FA_NO_BIAS &&
@@ -351,16 +359,22 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // (2.40-3.65x the flash kernels' forward); read a score at a time, it ran a
           // PRE_SCALE_BIAS at 1.26-1.38x the flash kernels' speed at head dim 256, 0.45-0.86x
           // below (H200, session 30). Plain graphs cuDNN rejected: FUSEDATTN_HOPPER_FWD=1.
+          // ALiBi (a bias beside it, the slopes' gradient taken): always, where its bias
+          // comes as tiles (alibi + bias: 6x the flash kernels' forward, bench/RESULTS.md).
           const bool bias_tiles = hopper_bias_tiles(p);
+          const bool alibi = req.score_mod.kind == ScoreModKind::kAlibi &&
+                             (p.bias_type == FA_NO_BIAS || (bias_tiles && opts.hopper_bias_tile));
           const bool measured_pre =
-              (bias_tiles || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
+              (bias_tiles || alibi || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
               opts.hopper_fwd == HopperMode::kMeasured;
           const std::string fwd_rules = hopper_fwd_unsupported_reason(p, req, info);
-          if (req.score_mod.kind == ScoreModKind::kNone && !req.index_base &&
+          if ((req.score_mod.kind == ScoreModKind::kNone || alibi) && !req.index_base &&
               (opts.hopper_fwd == HopperMode::kAlways || measured_pre) && fwd_rules.empty()) {
             choice.forward = FA_BACKEND_HOPPER_FWD;
             choice.reason = std::string("forward hopper: the Hopper flash forward (") +
                             (!measured_pre ? "FUSEDATTN_HOPPER_FWD=1"
+                             : alibi       ? "ALiBi in the kernel, measured faster than the CUDA "
+                                             "flash kernels' forward"
                              : bias_tiles  ? "its bias tiles measured faster than the CUDA flash "
                                              "kernels' forward"
                                            : "measured faster than the CUDA flash kernels with a "

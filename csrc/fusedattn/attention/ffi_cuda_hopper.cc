@@ -99,6 +99,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   }
   if (const auto pers = backend_options().hopper_persistent) fp.persistent = *pers != 0;
   if (!backend_options().hopper_bias_tile) fp.bias_tile = 0;
+  if (backend_options().hopper_bias_reads) fp.bias_reads = 1;
   if (form.kind == ScoreModKind::kSoftcap) {
     // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
     fp.softcap = form.softcap_k1;

@@ -27,6 +27,8 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   o.hopper_persistent = number(env("FUSEDATTN_HOPPER_PERSISTENT"));
   const char* bias_tile = env("FUSEDATTN_HOPPER_BIAS_TILE");
   o.hopper_bias_tile = !bias_tile || std::strcmp(bias_tile, "0") != 0;
+  const char* bias_reads = env("FUSEDATTN_HOPPER_BIAS_READS");
+  o.hopper_bias_reads = bias_reads && std::strcmp(bias_reads, "1") == 0;
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
   o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
   const char* f32 = env("FUSEDATTN_F32_MATMUL");

@@ -22,6 +22,10 @@
 //   FUSEDATTN_HOPPER_BIAS_TILE=0    hopper_bias_tile = false: the Hopper forward reads a bias
 //                                   a score at a time from global memory instead of its
 //                                   tiles through the copy engine (A/B; FlashFwdParams::bias_tile).
+//   FUSEDATTN_HOPPER_BIAS_READS=1   hopper_bias_reads = true: the Hopper forward runs plain
+//                                   calls without a bias on the instances that carry the
+//                                   bias-read and dense-mask code (A/B of session 38;
+//                                   FlashFwdParams::bias_reads).
 //   FUSEDATTN_FLASH_SCORE_MOD=0     flash_score_mod = false: the score_mod calls cuDNN
 //                                   declines (a bias, a shard's index_base, a rejected
 //                                   graph, the operands' gradient taken) run XLA's reference
@@ -76,6 +80,7 @@ struct BackendOptions {
   HopperMode hopper_bwd = HopperMode::kMeasured;
   std::optional<int64_t> hopper_persistent;
   bool hopper_bias_tile = true;
+  bool hopper_bias_reads = false;
   bool flash_score_mod = true;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;

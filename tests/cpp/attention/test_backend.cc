@@ -97,6 +97,17 @@ TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
   req.score_mod_grads = false;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
+  // ALiBi's slopes' gradient: the Hopper forward (ALiBi in the kernel), the flash kernels'
+  // backward from its lse (they compute the slopes' gradient).
+  BackendRequest alibi = with(ScoreModKind::kAlibi);
+  alibi.score_mod_grads = true;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, flash_score_mod());
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  EXPECT_TRUE(has(c.reason, "ALiBi in the kernel")) << c.reason;
+  BackendOptions off = flash_score_mod();
+  off.hopper_fwd = HopperMode::kOff;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, off);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
 }
 
 // Where the CUDA flash kernels cannot run a score_mod (the wmma kernels' head dims, a
@@ -362,6 +373,9 @@ TEST(ParseBackendOptions, HopperPersistentIsANumberWhenSet) {
   EXPECT_TRUE(parse({}).hopper_bias_tile);
   EXPECT_TRUE(parse({{"FUSEDATTN_HOPPER_BIAS_TILE", "1"}}).hopper_bias_tile);
   EXPECT_FALSE(parse({{"FUSEDATTN_HOPPER_BIAS_TILE", "0"}}).hopper_bias_tile);
+  EXPECT_FALSE(parse({}).hopper_bias_reads);
+  EXPECT_FALSE(parse({{"FUSEDATTN_HOPPER_BIAS_READS", "0"}}).hopper_bias_reads);
+  EXPECT_TRUE(parse({{"FUSEDATTN_HOPPER_BIAS_READS", "1"}}).hopper_bias_reads);
 }
 
 TEST(BackendOptions, HopperOverrideAppliesAndResets) {

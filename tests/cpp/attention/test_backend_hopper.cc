@@ -99,7 +99,10 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
   req = with(ScoreModKind::kSoftcap);
   req.mask_bias = true;
-  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "both a score_mod and a bias"));
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "softcap takes no bias"));
+  req = with(ScoreModKind::kAlibi);
+  req.mask_bias = true;
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "as tiles only"));
   req = BackendRequest{};
   req.mask_bias = true;
   AttnParams sliced = p;
@@ -173,12 +176,36 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
     pre256.head_dim_qk = pre256.head_dim_v = 256;
     EXPECT_EQ(select_backend(pre256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}).backward,
               FA_BACKEND_CUDA_FLASH);
-    // With a score_mod the kernels would add it after the modifier: the flash kernels.
+    // With softcap: the flash kernels (cuDNN would add the bias after the modifier, and
+    // the Hopper kernels take none beside softcap).
     BackendRequest sm = with(ScoreModKind::kSoftcap);
     sm.no_dbias = no_dbias;
-    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "both a score_mod and a bias"));
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "softcap takes no bias"));
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, on);
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    // With ALiBi: the Hopper forward where the bias comes as tiles (Skv a multiple of 8;
+    // not here), the flash kernels' backward (the Hopper backward has no such variant).
+    BackendRequest alibi = with(ScoreModKind::kAlibi);
+    alibi.no_dbias = no_dbias;
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, alibi, h100()), "as tiles only"));
+    expect_kernels(select_backend(pre, FA_PLATFORM_CUDA, h100(), alibi, BackendOptions{}),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    for (FaBiasType type : {FA_PRE_SCALE_BIAS, FA_POST_SCALE_BIAS}) {
+      AttnParams tiles = pre;
+      tiles.bias_type = type, tiles.seqlen_kv = 512;
+      EXPECT_EQ(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "");
+      EXPECT_TRUE(has(hopper_bwd_unsupported_reason(tiles, alibi, h100()), "both a score_mod and a bias"));
+      c = select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+      EXPECT_TRUE(has(c.reason, "ALiBi in the kernel")) << c.reason;
+      BackendOptions no_tiles;  // FUSEDATTN_HOPPER_BIAS_TILE=0: no tiles, no ALiBi with a bias
+      no_tiles.hopper_bias_tile = false;
+      expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, no_tiles),
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+      tiles.scale = 0.0f;
+      EXPECT_EQ(has(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "scale != 0"),
+                type == FA_POST_SCALE_BIAS);
+    }
   }
   // Head dim 256: the Hopper forward by the measurement (faster than the flash kernels'
   // there), for a pre-scale bias only.

@@ -519,11 +519,24 @@ const Case kCases[] = {
     make("d64_bias_post_tiles", [](Case& c) { c.D = 64, c.bias = 1, c.Sq = 1000, c.Skv = 1096; }),
     make("d64_bias_pre_causal_many_tiles_fp16", [](Case& c) {
       c.D = 64, c.bias = 2, c.bf16 = false, c.causal = true, c.B = 4, c.Hq = 16, c.Sq = c.Skv = 1500; }),
-    make("d64_bias_three_groups_forced", [](Case& c) {
-      c.D = 64, c.groups = 3, c.bias = 1, c.causal = true, c.Sq = c.Skv = 1000; }),
+    make("d64_bias_three_groups_forced_global_reads", [](Case& c) {
+      c.D = 64, c.groups = 3, c.bias = 1, c.bias_tile = 0, c.causal = true, c.Sq = c.Skv = 1000; }),
     make("d256_bias_post_causal_tiles", [](Case& c) { c.D = 256, c.bias = 1, c.causal = true, c.Sq = c.Skv = 700; }),
     make("d256_bias_pre_ragged_fp16_tiles", [](Case& c) {
       c.D = 256, c.bias = 2, c.bf16 = false, c.bias_b = true, c.Sq = 300, c.Skv = 520; }),
+    // ALiBi with a bias's tiles (WithBiasTile): the tile joins q.k before the modifier.
+    make("alibi_bias_post_causal_tiles", [](Case& c) {
+      c.alibi = 1, c.bias = 1, c.causal = true, c.Sq = c.Skv = 640; }),
+    make("alibi_abs_bias_pre_ragged_gqa_tiles", [](Case& c) {
+      c.alibi = 2, c.bias = 2, c.Sq = 300, c.Skv = 776, c.Hkv = 2, c.bias_b = true; }),
+    make("d64_alibi_one_slope_bias_post_bottom_right_fp16", [](Case& c) {
+      c.D = 64, c.alibi = 3, c.bias = 1, c.bf16 = false, c.causal = true, c.bottom_right = true,
+      c.Sq = 200, c.Skv = 648, c.Hkv = 1; }),
+    make("d64_alibi_bias_pre_window_broadcast", [](Case& c) {
+      c.D = 64, c.alibi = 1, c.bias = 2, c.bias_h = false, c.causal = true, c.left = 300,
+      c.Sq = c.Skv = 1000; }),
+    make("d256_alibi_abs_bias_post_padded_rows", [](Case& c) {
+      c.D = 256, c.alibi = 2, c.bias = 1, c.bias_pad = 8, c.Sq = 700, c.Skv = 520; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperMode, ::testing::ValuesIn(kCases),
@@ -588,6 +601,22 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("groups"), std::string::npos);
   p.groups = 0, p.head_dim = 192;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("64, 128 or 256"), std::string::npos);
+  // A score modifier's bias: ALiBi's as tiles only, softcap none.
+  p.head_dim = 64, p.seqlen_kv = 512;
+  alignas(16) static uint16_t bias[16];
+  static float slopes[1];
+  p.bias = bias, p.bias_s = 512, p.bias_batch = p.bias_heads = 1, p.alibi_slopes = slopes;
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.groups = 3;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("no bias tiles"), std::string::npos);
+  p.groups = 0, p.bias_s = 516;  // rows not 16-byte units: no tiles
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("as tiles"), std::string::npos);
+  p.bias_s = 512, p.bias_tile = 0;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("as tiles"), std::string::npos);
+  p.bias_tile = -1, p.scale = 0.0f;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("scale != 0"), std::string::npos);
+  p.alibi_slopes = nullptr, p.scale = 0.125f, p.softcap = 30.0f;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("softcap takes no bias"), std::string::npos);
 }
 
 }  // namespace

@@ -136,6 +136,8 @@ def test_get_backend_knows_operand_gradients():
               score_mod_grads=True)
     info = fusedattn.get_backend((bf, bf, bf), is_training=True, **kw)
     assert info.name == "cuda_flash" and "score_mod's operands" in info.reason, info
+    # ALiBi's forward in the Hopper kernel, the flash kernels' backward from its lse
+    assert (info.forward, info.backward) == ("hopper", "cuda_flash"), info
     assert fusedattn.get_backend((bf, bf, bf), is_training=False, **kw).name == "cudnn"
 
 
@@ -190,7 +192,8 @@ def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
 @pytest.mark.parametrize("name", ["alibi", "relpos", "two_arrays"])
 def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     """cuDNN would add the bias after the score_mod: these calls go to cuda_flash unforced,
-    the bias, its gradient and the operands' gradients from the kernels."""
+    the bias, its gradient and the operands' gradients from the kernels; ALiBi's forward
+    runs the Hopper kernel (the bias's tiles joining q.k before the modifier)."""
     fn = CASES[name][0]
     ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
@@ -200,6 +203,7 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     why = ("bias after the score_mod" if bias_type == AttnBiasType.POST_SCALE_BIAS else
            "PRE_SCALE_BIAS is not served")
     assert info.name == "cuda_flash" and why in info.reason, info
+    assert info.forward == ("hopper" if name == "alibi" else "cuda_flash"), info
     arr_idx, full = array_operands(ops)
     kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
     ours = lambda q, k, v, b, *arr: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,

@@ -30,9 +30,9 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Whether p's bias comes through the copy engine's tiles (FlashFwdParams::bias_tile,
-// BiasTileScores): a bias that is no folded mask, no score modifier, rows in 16-byte units.
+// WithBiasTile): a bias that is no folded mask, no softcap, rows in 16-byte units.
 bool bias_tiles(const FlashFwdParams& p) {
-  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) && !p.alibi_slopes &&
+  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) &&
          rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
 }
 
@@ -99,10 +99,16 @@ Status launch_dim(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStre
 }
 template <class Mod>
 Status launch_mod(const FlashFwdParams& p, const FwdArgs& a, dim3 grid, cudaStream_t stream) {
+  // (Bias tiles take two groups at head dim 64, groups() and flash_fwd_unsupported: no
+  // instance with three.)
+  const auto d64 = [&] {
+    if constexpr (Mod::kBiasTile) return launch_dim<Mod, 64, 2>(p, a, grid, stream);
+    else return groups(p) == 3 ? launch_dim<Mod, 64, 3>(p, a, grid, stream)
+                               : launch_dim<Mod, 64, 2>(p, a, grid, stream);
+  };
   const Status s = p.head_dim == 256   ? launch_dim<Mod, 256, 2>(p, a, grid, stream)
                    : p.head_dim == 128 ? launch_dim<Mod, 128, 2>(p, a, grid, stream)
-                   : groups(p) == 3    ? launch_dim<Mod, 64, 3>(p, a, grid, stream)
-                                       : launch_dim<Mod, 64, 2>(p, a, grid, stream);
+                                       : d64();
   if (s.ok()) launches.fetch_add(1, std::memory_order_relaxed);
   return s;
 }
@@ -125,6 +131,9 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
     return "head dim must be 64, 128 or 256";
   if (p.groups != 0 && p.groups != 2 && !(p.groups == 3 && p.head_dim == 64))
     return "groups must be 0 (the rule), 2, or 3 at head dim 64";
+  if (p.groups == 3 && bias_tiles(p))
+    return "groups 3 takes no bias tiles (two groups' tiles fill the shared memory; bias_tile 0 "
+           "reads the bias a score at a time)";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (p.segments < 1 || p.segments > kMaxTiles) return "segments must be in [1, 2^30]";
   if (p.batch < 1 || p.heads_q < 1 ||
@@ -169,8 +178,15 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
     return "sink must be 0, 1, or 2 with sinks";
   if (p.sink == 2 && (p.sink_rows < 1 || p.batch % p.sink_rows != 0))
     return "sink_rows must divide the batch";
-  if (p.bias_pre_scale && (!p.bias || p.softcap > 0.0f || p.alibi_slopes))
-    return "bias_pre_scale needs a bias and no score modifier";
+  if (p.bias_pre_scale && (!p.bias || p.softcap > 0.0f))
+    return "bias_pre_scale needs a bias and no softcap";
+  // A score modifier's bias joins the raw scores as tiles (WithBiasTile), before the modifier.
+  if (p.bias && p.softcap > 0.0f) return "softcap takes no bias";
+  if (p.bias && p.alibi_slopes && !bias_tiles(p))
+    return "ALiBi's bias must come as tiles: no dense mask (mask_bias), bias_tile not 0, rows "
+           "of 16-byte units (bias_s, bias_h and bias_b multiples of 8, the bias 16-byte aligned)";
+  if (p.bias && p.alibi_slopes && !p.bias_pre_scale && p.scale == 0.0f)
+    return "ALiBi with a post-scale bias needs scale != 0 (its tiles join q.k divided by it)";
   if (p.bias) {
     if (thd) return "a bias takes no THD sequences";
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
@@ -316,7 +332,6 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.softcap > 0.0f) {
     a.mul_in = p.scale / p.softcap;
     a.mul_out = p.softcap * log2e;
-    a.bias_mul = 1.0f / p.softcap;
 #ifdef FA_HOPPER_SWEEP  // dev/hopper_fwd/hopper_fwd_check.cu: what the tanh costs
     if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
 #endif
@@ -325,17 +340,21 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.alibi_slopes) {
     a.mul_in = p.scale * log2e;
     a.mul_out = 1.0f;
-    a.bias_mul = log2e;
     a.slopes = p.alibi_slopes;
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * log2e;
+    if (bias_tma) {  // the tile joins the raw q.k, which pre scales by mul_in
+      a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
+      return p.alibi_abs ? launch_mod<WithBiasTile<AlibiScores<true>>>(p, a, grid, stream)
+                         : launch_mod<WithBiasTile<AlibiScores<false>>>(p, a, grid, stream);
+    }
     return p.alibi_abs ? launch_mod<AlibiScores<true>>(p, a, grid, stream)
                        : launch_mod<AlibiScores<false>>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
   a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
   if (bias_tma) return launch_mod<BiasTileScores>(p, a, grid, stream);
-  return a.bias ? launch_mod<BiasReadScores>(p, a, grid, stream)
+  return a.bias || p.bias_reads == 1 ? launch_mod<BiasReadScores>(p, a, grid, stream)
                 : launch_mod<PlainScores>(p, a, grid, stream);
 }
 }  // namespace

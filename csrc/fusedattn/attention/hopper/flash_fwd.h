@@ -83,6 +83,10 @@ struct FlashFwdParams {
   // the copy engine into shared memory (BiasTileScores); 0 reads it a score at a time from
   // global memory, as any other bias (A/B: FUSEDATTN_HOPPER_BIAS_TILE=0).
   int bias_tile = -1;
+  // Plain calls without a bias: -1 (default) run the instances without the code that reads
+  // a bias a score at a time and a dense mask's tiles (PlainScores); 1 runs them on the
+  // instances with it (BiasReadScores; A/B: FUSEDATTN_HOPPER_BIAS_READS=1).
+  int bias_reads = -1;
   // Persistent blocks (one an SM, taking tiles in turn) or one block a tile: -1 decides
   // (persistent with a counter below; without one, for calls without a right edge, with a
   // left one, or THD), 0 / 1 force it (FUSEDATTN_HOPPER_PERSISTENT).

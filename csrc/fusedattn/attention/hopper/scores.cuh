@@ -26,9 +26,10 @@ __device__ __forceinline__ float bits_to_float(uint16_t x) {
 // kBiasTile: the bias comes through shared memory (FwdArgs::bias_map, BiasRing) and is
 // added to the raw scores before the softmax step (BiasTileScores only).
 // kBiasReads: the code that reads a bias a score at a time from global memory and a dense
-// mask's tile classes and keep bits (FwdArgs::bias, tiles, keep_bits) is compiled in. Plain
-// calls without either take PlainScores, which leaves it out: head dims 64 and 256 ran 2-5%
-// faster without it (H200, 2026-11-30, dev/hopper_fwd/README.md's mask_code A/B).
+// mask's tile classes and keep bits (FwdArgs::bias, tiles, keep_bits) is compiled in
+// (BiasReadScores only: softcap and ALiBi take a bias as tiles only, and no dense mask).
+// Plain calls without either take PlainScores, which leaves it out: head dims 64 and 256
+// ran 2-5% faster without it (H200, 2026-11-30, dev/hopper_fwd/README.md's mask_code A/B).
 struct PlainScores {  // v = s; out = scale * log2(e)
   static constexpr bool kRowByRow = false;  // softmax_step's order (H100: dev/hopper_fwd/hopper_fwd_check)
   static constexpr bool kBiasTile = false;
@@ -39,7 +40,7 @@ struct SoftcapScores {  // x = c tanh(s scale / c) log2(e): v = tanh(s in), in =
                         // out = c log2(e)
   static constexpr bool kRowByRow = true;
   static constexpr bool kBiasTile = false;
-  static constexpr bool kBiasReads = true;
+  static constexpr bool kBiasReads = false;
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return tanh_approx(s * in);
   }
@@ -49,7 +50,7 @@ struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in
                       // log2(e), slope = +-slope_h log2(e) (the bias's sign folded in); out = 1
   static constexpr bool kRowByRow = false;
   static constexpr bool kBiasTile = false;
-  static constexpr bool kBiasReads = true;
+  static constexpr bool kBiasReads = false;
   __device__ __forceinline__ static float pre(float s, float in, float slope, float d0,
                                               float off) {
     if constexpr (kAbs) return fmaf(s, in, slope * fabsf(d0 + off));
@@ -57,11 +58,17 @@ struct AlibiScores {  // x = v = s in + slope g(kv - q), g = identity or abs; in
   }
 };
 
-// A plain call with a bias [Bm, Hm, Sq, Skv] whose rows take 16-byte units (flash_fwd.cu's
-// bias_tiles): v = s + bias * bias_mul, the bias's tiles through the copy engine.
-struct BiasTileScores : PlainScores {
+// A call with a bias [Bm, Hm, Sq, Skv] whose rows take 16-byte units (flash_fwd.cu's
+// bias_tiles): the bias's tiles come through the copy engine and join the raw scores
+// before the modifier, v = pre(s + bias * bias_mul), the engine's order (the bias, then the
+// score_mod). Plain calls and ALiBi (whose calls with a bias ran the CUDA flash kernels'
+// forward before, 6x slower).
+template <class Mod>
+struct WithBiasTile : Mod {
   static constexpr bool kBiasTile = true;
+  static constexpr bool kBiasReads = false;
 };
+using BiasTileScores = WithBiasTile<PlainScores>;
 // A plain call with a bias read a score at a time (rows not in 16-byte units) or a dense
 // mask (its tiles' classes and keep bits, with the bias's values where a tile holds some).
 struct BiasReadScores : PlainScores {
