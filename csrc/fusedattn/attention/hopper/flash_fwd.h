@@ -66,8 +66,10 @@ struct FlashFwdParams {
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
   // Non-null: a post-scale bias [bias_batch, bias_heads, Sq, Skv] of q's dtype (bias_b /
-  // bias_h: 0 where broadcast; the key dim contiguous), added after the score modifier;
-  // bias_pre_scale: a pre-scale bias instead (scores scale * (q.k + bias); no modifier).
+  // bias_h: 0 where broadcast; the key dim contiguous), scores scale * q.k + bias;
+  // bias_pre_scale: a pre-scale bias instead (scale * (q.k + bias)). With ALiBi the biased
+  // score goes through the modifier (the engine's order), the bias as tiles only
+  // (bias_tile below); softcap takes none.
   // mask_bias: it is a folded boolean mask (backend.h's kRequestMaskBias) whose dropped keys
   // hold mask_value: the kernel drops them (as -inf) and skips the key blocks a query tile
   // keeps none of, classified on the device before the launch into `mask_tiles` (device
@@ -78,10 +80,11 @@ struct FlashFwdParams {
   bool mask_bias = false;
   float mask_value = 0.0f;
   void* mask_tiles = nullptr;
-  // A bias (not mask_bias) on a call without softcap or ALiBi, its rows in 16-byte units
-  // (pointer 16-byte aligned, strides multiples of 8): -1 (default) reads its tiles through
-  // the copy engine into shared memory (BiasTileScores); 0 reads it a score at a time from
-  // global memory, as any other bias (A/B: FUSEDATTN_HOPPER_BIAS_TILE=0).
+  // A bias (not mask_bias) on a call without softcap, its rows in 16-byte units (pointer
+  // 16-byte aligned, strides multiples of 8): -1 (default) reads its tiles through the copy
+  // engine into shared memory (WithBiasTile); 0 reads a plain call's a score at a time from
+  // global memory, as any other bias (A/B: FUSEDATTN_HOPPER_BIAS_TILE=0; ALiBi's is then
+  // refused).
   int bias_tile = -1;
   // Plain calls without a bias: -1 (default) run the instances without the code that reads
   // a bias a score at a time and a dense mask's tiles (PlainScores); 1 runs them on the
