@@ -2,7 +2,8 @@
 // [1, 1, S, S]), with the same band as a mask type, and with no mask (full), timed with two
 // and (head dim 64) three consumer groups (FlashFwdParams::groups), alternating rounds: which
 // tile height a dense mask should take (flash_fwd.cu's groups()), and an A/B of builds (one
-// binary each). bf16, B 4, H 2048 / D, S 4096; argument: the head dim (64 or 128; 64).
+// binary each). bf16, B 4, H 2048 / D, S 4096; arguments: the head dim (64, 128 or 256;
+// 64) and a softcap for the typed rows (0: none; their label then reads "typed-sc").
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc dev/hopper_fwd/dense_groups_time.cu \
 //     $(find build/cudatest/CMakeFiles/fusedattn_hopper.dir -name '*.o') -lcuda -o .carry/dense_groups_time
 // (the objects of scripts/cuda_tests.sh build); run: .carry/dense_groups_time [D]
@@ -37,6 +38,7 @@ __global__ void fill_mask(__nv_bfloat16* m, int64_t S, int64_t window, float mas
 
 int main(int argc, char** argv) {
   const int64_t D = argc > 1 ? std::atoi(argv[1]) : 64, B = 4, H = 2048 / D, S = 4096, n = B * S * H * D;
+  const float softcap = argc > 2 ? static_cast<float>(std::atof(argv[2])) : 0.0f;
   __nv_bfloat16 *q, *k, *v, *o, *mask;
   float* lse;
   void* tiles;
@@ -76,6 +78,8 @@ int main(int argc, char** argv) {
           } else if (window > -2) {  // the band as a mask type
             p.causal = true, p.diag = 0, p.left_bound = window >= 0, p.lo_diag = window >= 0 ? -window : 0;
           }
+          if (softcap > 0.0f && dense) continue;  // (softcap takes no dense mask)
+          p.softcap = softcap;
           for (int w = 0; w < 3; ++w)
             if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) { std::printf("flash_fwd failed\n"); return 1; }
           const int iters = 20;
@@ -86,7 +90,8 @@ int main(int argc, char** argv) {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, t0, t1));
           std::printf("r%d %-6s %-8s groups %d: %.3f ms (classification included when dense)\n", round,
-                      window == -2 ? "full" : window < 0 ? "causal" : "window", dense ? "dense" : "typed",
+                      window == -2 ? "full" : window < 0 ? "causal" : "window",
+                      dense ? "dense" : softcap > 0.0f ? "typed-sc" : "typed",
                       groups, ms / iters);
         }
   }
