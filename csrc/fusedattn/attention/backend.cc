@@ -362,8 +362,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // ALiBi (a bias beside it, the slopes' gradient taken): always, where its bias
           // comes as tiles (alibi + bias: 6x the flash kernels' forward, bench/RESULTS.md).
           const bool bias_tiles = hopper_bias_tiles(p);
+          // (hopper_fwd_unsupported_reason takes ALiBi's bias as tiles only.)
           const bool alibi = req.score_mod.kind == ScoreModKind::kAlibi &&
-                             (p.bias_type == FA_NO_BIAS || (bias_tiles && opts.hopper_bias_tile));
+                             (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
           const bool measured_pre =
               (bias_tiles || alibi || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
               opts.hopper_fwd == HopperMode::kMeasured;

@@ -9,6 +9,7 @@
 #include "fusedattn/attention/hopper/bwd_kernel.cuh"
 #include "fusedattn/attention/hopper/mask_tiles.cuh"
 #include "fusedattn/attention/hopper/tma_map.h"
+#include "fusedattn/core/regions.h"
 #include "fusedattn/platform/cuda/check.h"
 
 namespace fusedattn::cuda::hopper {
@@ -29,7 +30,6 @@ bool keep_variant(const FlashBwdParams& p) {
 // The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask or
 // with a keep-only one; a bias, a folded mask's or not, runs the dense variants).
 uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && (!p.bias || keep_variant(p)) ? 128 : 64; }
-int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
 // A dense mask's tiles: the variant's query block tall.
 MaskTiles mask_tiles(const FlashBwdParams& p, int64_t bm) {
@@ -60,16 +60,18 @@ bool dbias_sums(const FlashBwdParams& p) {
   return p.want_dbias && (p.bias_batch < p.batch || p.bias_heads < p.heads_q);
 }
 
-struct Scratch {  // byte offsets into the workspace
+struct Scratch {  // byte offsets into the workspace (core/regions.h's 256-byte regions)
   int64_t lse2 = 0, dsum = 0, dq_acc = 0, mask = 0, sem = 0, dbias = 0, bytes = 0;
   explicit Scratch(const FlashBwdParams& p) {
     const int64_t rows = p.batch * p.heads_q * sq_pad(p);
-    dsum = align256(rows * 4);
-    dq_acc = dsum + align256(rows * 4);
-    mask = dq_acc + align256(rows * p.head_dim * 4);
-    sem = mask + align256(mask_scratch_bytes(p));
-    dbias = sem + (p.deterministic ? align256(rows / kBlockM * 2 * 4) : 0);
-    bytes = dbias + (dbias_sums(p) ? align256(p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv * 4) : 0);
+    Regions r;
+    lse2 = r.add(rows * 4);
+    dsum = r.add(rows * 4);
+    dq_acc = r.add(rows * p.head_dim * 4);
+    mask = r.add(mask_scratch_bytes(p));
+    sem = r.add(p.deterministic ? rows / kBlockM * 2 * 4 : 0);
+    dbias = r.add(dbias_sums(p) ? p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv * 4 : 0);
+    bytes = r.total;
   }
 };
 

@@ -81,7 +81,7 @@ __global__ void max_logit_decode(uint32_t* m, int64_t batch, int64_t heads, int6
 struct ProbeNoTanh {  // the softcap kernel without its tanh: what the MUFU op costs
   static constexpr bool kRowByRow = true;
   static constexpr bool kBiasTile = false;
-  static constexpr bool kBiasReads = true;
+  static constexpr bool kBiasReads = false;  // (as SoftcapScores)
   __device__ __forceinline__ static float pre(float s, float in, float, float, float) {
     return s * in;
   }
