@@ -131,8 +131,11 @@ namespace {
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind == ScoreModKind::kOther)
     return "its backward's score_mods are softcap and ALiBi only";
-  if (req.score_mod.kind != ScoreModKind::kNone && p.bias_type != FA_NO_BIAS)
-    return "its backward has no variant with both a score_mod and a bias";
+  // A bias beside a score_mod: ALiBi's without dbias (the dense variants' bias stages).
+  if (req.score_mod.kind == ScoreModKind::kSoftcap && p.bias_type != FA_NO_BIAS)
+    return "its backward's softcap takes no bias";
+  if (req.score_mod.kind == ScoreModKind::kAlibi && p.bias_type != FA_NO_BIAS && !req.no_dbias)
+    return "its backward computes no dbias beside ALiBi (get_backend's bias_grads=False: none wanted)";
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -386,7 +389,12 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
           // kernels' (bench/RESULTS.md), with a deterministic dQ.
           std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
-          if (bwd_no.empty() && (sm_call || req.index_base)) bwd_no = "a score_mod or an index_base";
+          // ALiBi (a bias beside it, no dbias) but not the slopes' gradient, which the
+          // flash kernels compute.
+          if (bwd_no.empty() && req.index_base) bwd_no = "an index_base";
+          if (bwd_no.empty() && sm_call && (!alibi || req.score_mod_grads))
+            bwd_no = req.score_mod_grads ? "the score_mod's operands' gradient"
+                                         : "a score_mod other than ALiBi with its bias as tiles";
           if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0";
           if (bwd_no.empty()) {
             choice.backward = FA_BACKEND_HOPPER_BWD;

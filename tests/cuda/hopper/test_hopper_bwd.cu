@@ -61,10 +61,11 @@ struct Rule {
     float d = 0.0f;
     for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
     if (p.softcap > 0.0f) return p.softcap * tanhf(d * p.scale / p.softcap);
-    if (p.alibi_slopes) {
+    if (p.alibi_slopes) {  // the bias (if any) joins the score before the modifier
       const float rel = static_cast<float>(j - i);
-      d = d * p.scale + p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
-      return d;
+      const float bv = p.bias ? bias<T>(b, h, i, j) : 0.0f;
+      d = p.pre_scale_bias ? (d + bv) * p.scale : d * p.scale + bv;
+      return d + p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
     }
     if (p.pre_scale_bias) return (d + bias<T>(b, h, i, j)) * p.scale;
     return d * p.scale + bias<T>(b, h, i, j);
@@ -546,6 +547,14 @@ std::vector<Case> cases() {
        .kv_lens = {200, 256, 17}, .mask_b = true, .mask_h = true, .deterministic = true, .bias = 2});
   add({.name = "bias_post_d64_window_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200,
        .Skv = 450, .left = 90, .bias = 1});
+  // ALiBi with a bias (no dbias): the dense variants' bias stages, the bias joining the
+  // score before the modifier.
+  add({.name = "alibi_bias_post_causal", .causal = true, .Sq = 384, .Skv = 384, .mask_h = true, .alibi = 1,
+       .bias = 1});
+  add({.name = "alibi_abs_bias_pre_d64_gqa_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264, .Hq = 6,
+       .Hkv = 2, .mask_b = true, .alibi = -1, .bias = 2});
+  add({.name = "alibi_one_slope_bias_post_window_det", .causal = true, .Sq = 400, .Skv = 400, .left = 90,
+       .deterministic = true, .alibi = 2, .bias = 1});
   // dbias: written per element (the call's extents), summed in float32 where the bias
   // broadcasts over batch rows or heads (GQA's group of heads too), pre- and post-scale,
   // with a padding mask's rows and keys that keep nothing (0 there).

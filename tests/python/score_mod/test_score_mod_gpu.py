@@ -212,6 +212,27 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     check(ours, ref, (q, k, v, bias, *[ops[i] for i in arr_idx]), dout, tol=3e-2)
 
 
+@pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
+                         ids=["post", "pre"])
+def test_alibi_with_a_constant_bias_runs_the_hopper_kernels(key, bias_type):
+    """ALiBi with a bias that takes no gradient (nor do the slopes): the Hopper forward and
+    backward (its dense variants' bias stages); with the bias's gradient taken, the flash
+    kernels' backward."""
+    fn = CASES["alibi"][0]
+    ops = gpu_operands("alibi", jax.random.fold_in(key, 1))
+    q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
+    bias = normal(jax.random.fold_in(key, 2), (1, HQ, S, S), jnp.bfloat16)
+    kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    info = flash_backend(q, k, v, fn, ops, bias, bias_grads=False, **kw)
+    assert (info.forward, info.backward) == ("hopper", "hopper"), info
+    info = flash_backend(q, k, v, fn, ops, bias, **kw)
+    assert (info.forward, info.backward) == ("hopper", "cuda_flash"), info
+    ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), bias, None, None, score_mod=fn,
+                                                score_mod_operands=ops, **kw)
+    ref = lambda q, k, v: ref_call(q, k, v, fn, ops, bias=bias, **kw)
+    check(ours, ref, (q, k, v), dout, tol=3e-2)
+
+
 @pytest.mark.parametrize("dims", [(60, 60), (36, 100), (12, 20)], ids=["d60", "d36_dv100",
                                                                          "d12_dv20"])
 def test_head_dims_not_whole_chunks_run_padded(key, dims):

@@ -246,8 +246,7 @@ template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = k
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
   [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
-  static_assert(kMod == kBwdPlain || kMod == kBwdDbias || kMod == kBwdKeep || !kDense,
-                "a score modifier takes no dense mask");
+  static_assert(kMod != kBwdSoftcap || !kDense, "softcap takes no bias");
   static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
   static_assert(kMod != kBwdKeep || (kDense && kD == 64), "keep-only masks: head dim 64's dense variant");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
