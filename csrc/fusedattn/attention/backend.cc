@@ -389,16 +389,17 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
           // kernels' (bench/RESULTS.md), with a deterministic dQ.
           std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
-          // ALiBi (a bias beside it, no dbias) but not the slopes' gradient, which the
-          // flash kernels compute.
+          // ALiBi (a bias beside it, no dbias), the slopes' gradient too (summed in the
+          // kernel with float32 atomics: not in deterministic mode).
           if (bwd_no.empty() && req.index_base) bwd_no = "an index_base";
-          if (bwd_no.empty() && sm_call && (!alibi || req.score_mod_grads))
-            bwd_no = req.score_mod_grads ? "the score_mod's operands' gradient"
-                                         : "a score_mod other than ALiBi with its bias as tiles";
+          if (bwd_no.empty() && sm_call && !alibi) bwd_no = "a score_mod other than ALiBi with its bias as tiles";
+          if (bwd_no.empty() && alibi && req.score_mod_grads && req.deterministic)
+            bwd_no = "the slopes' gradient, which it sums with float32 atomics (not bitwise repeatable)";
           if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0";
           if (bwd_no.empty()) {
             choice.backward = FA_BACKEND_HOPPER_BWD;
-            choice.reason += "; backward hopper: the Hopper flash backward, from this forward's lse";
+            choice.reason += std::string("; backward hopper: the Hopper flash backward, from this forward's lse") +
+                             (alibi && req.score_mod_grads ? " (the slopes' gradient summed in the kernel)" : "");
           } else if (choice.forward == FA_BACKEND_HOPPER_FWD) {
             choice.reason += "; backward cuda_flash: fusedattn's CUDA flash kernels, O(S) memory";
           }

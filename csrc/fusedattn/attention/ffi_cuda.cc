@@ -267,7 +267,8 @@ Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTenso
     return cuda::flash::backward(p, t, f32_tf32(backend_options(), attrs.backend_flags & kRequestF32Exact), ws,
                                  stream, fs.args, (attrs.backend_flags & kRequestDropoutBroadcast) != 0);
   }
-  // cuDNN and the Hopper backward compute no operand gradient: zeros (attention.py takes XLA's).
+  // cuDNN and the Hopper backward compute no operand gradient (attention.py takes XLA's), but
+  // the Hopper backward's ALiBi slopes' (kRequestScoreModGrads): zeros, the slopes' filled there.
   const int64_t n_dop = sm.call && sm.call->doperands ? p.num_slices * sm.call->sm.total_size() : 0;
   if (n_dop > 0)
     FA_RETURN_IF_NOT_OK(cuda::cuda_status(
@@ -276,7 +277,8 @@ Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTenso
     return cuda_route::hopper_bwd(p, t, dbias->size_bytes(), workspace, device, stream, deterministic,
                                   (attrs.backend_flags & kRequestMaskBias) != 0,
                                   (attrs.backend_flags & kRequestMaskKeepOnly) != 0,
-                                  t.dbias && !(attrs.backend_flags & kRequestNoDbias), req.score_mod, sm);
+                                  t.dbias && !(attrs.backend_flags & kRequestNoDbias), req.score_mod, sm,
+                                  (attrs.backend_flags & kRequestScoreModGrads) != 0);
   FA_RETURN_IF_NOT_OK(refuse_index_base(p, t, sm));
   if (choice.backward != FA_BACKEND_CUDNN)
     return Status::Internal(std::string("the CUDA attention handler runs cuDNN backwards; "

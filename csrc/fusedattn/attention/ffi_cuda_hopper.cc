@@ -136,7 +136,7 @@ namespace {
 hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors& t, void* workspace,
                                          int64_t workspace_bytes, bool deterministic, bool mask_bias,
                                          bool keep_only, bool want_dbias, const ScoreModForm& form = {},
-                                         const SmArgs& sm = {}) {
+                                         const SmArgs& sm = {}, bool want_dslopes = false) {
   hopper::FlashBwdParams bp;
   bp.q = t.q, bp.k = t.k, bp.v = t.v, bp.out = t.out, bp.dout = t.dout, bp.lse = t.lse;
   bp.dq = t.dq, bp.dk = t.dk, bp.dv = t.dv;
@@ -182,6 +182,8 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.alibi_stride = m.shape[0][1] == 1 ? 0 : 1;
     bp.alibi_sign = form.alibi.sign;
     bp.alibi_abs = form.alibi.abs;
+    // the slopes' gradient (kRequestScoreModGrads): into their place in the operands' gradient
+    if (want_dslopes && sm.call->doperands) bp.alibi_dslopes = sm.call->doperands + m.offset(0);
   }
   bp.workspace = workspace;
   bp.workspace_bytes = workspace_bytes;
@@ -200,7 +202,7 @@ size_t hopper_bwd_workspace(const AttnParams& p, bool want_dbias) {
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
                   bool mask_bias, bool keep_only, bool want_dbias, const ScoreModForm& form,
-                  const SmArgs& sm) {
+                  const SmArgs& sm, bool want_dslopes) {
   PlatformInfo info;
   FA_RETURN_IF_NOT_OK(cuda::platform_info(device, &info));
   if (form.kind == ScoreModKind::kAlibi && !sm.call)
@@ -214,7 +216,7 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
   const hopper::FlashBwdParams bp =
       hopper_bwd_params(p, t, reinterpret_cast<void*>(aligned),
                         static_cast<int64_t>(workspace->size_bytes() - (aligned - u)), deterministic, mask_bias,
-                        keep_only, want_dbias, form, sm);
+                        keep_only, want_dbias, form, sm, want_dslopes);
   const std::string why_not = hopper::flash_bwd_unsupported(bp, info.sm);
   if (!why_not.empty())
     return Status::Internal("the Hopper flash backward was chosen for a call it cannot run: " + why_not);

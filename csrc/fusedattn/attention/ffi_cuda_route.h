@@ -80,11 +80,12 @@ size_t hopper_bwd_workspace(const AttnParams& p, bool want_dbias);
 
 // Runs the Hopper flash backward, which select_backend() chose (a bias's or dense mask's
 // dbias, not wanted: zeros there, never read); dbias_bytes: the dbias result's size;
-// mask_bias, keep_only: kRequestMaskBias, kRequestMaskKeepOnly.
+// mask_bias, keep_only: kRequestMaskBias, kRequestMaskKeepOnly; want_dslopes
+// (kRequestScoreModGrads with ALiBi): the slopes' gradient into sm's operand gradient.
 Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
                   ffi::AnyBuffer* workspace, int device, cudaStream_t stream, bool deterministic,
                   bool mask_bias, bool keep_only, bool want_dbias, const ScoreModForm& form,
-                  const SmArgs& sm);
+                  const SmArgs& sm, bool want_dslopes);
 
 // ---- cuDNN graphs (ffi_cuda_cudnn.cc) ----
 

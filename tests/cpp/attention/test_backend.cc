@@ -97,13 +97,24 @@ TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
   req.score_mod_grads = false;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), req, flash_score_mod());
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
-  // ALiBi's slopes' gradient: the Hopper forward (ALiBi in the kernel), the flash kernels'
-  // backward from its lse (they compute the slopes' gradient).
+  // ALiBi's slopes' gradient: the Hopper forward (ALiBi in the kernel) and backward (the
+  // slopes' gradient summed in it); the flash kernels' backward with FUSEDATTN_HOPPER_BWD=0,
+  // none in deterministic mode (both sum it with float32 atomics).
   BackendRequest alibi = with(ScoreModKind::kAlibi);
   alibi.score_mod_grads = true;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, flash_score_mod());
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "ALiBi in the kernel")) << c.reason;
+  EXPECT_TRUE(has(c.reason, "slopes' gradient summed in the kernel")) << c.reason;
+  BackendOptions bwd_off = flash_score_mod();
+  bwd_off.hopper_bwd = HopperMode::kOff;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, bwd_off);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  BackendRequest det = alibi;
+  det.deterministic = true;
+  c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), det, flash_score_mod());
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_NONE);
+  EXPECT_TRUE(has(c.reason, "no deterministic backward")) << c.reason;
   BackendOptions off = flash_score_mod();
   off.hopper_fwd = HopperMode::kOff;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, off);

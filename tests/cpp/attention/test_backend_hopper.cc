@@ -200,10 +200,11 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       c = select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, BackendOptions{});
       expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD,
                      no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH);
-      BackendRequest slopes = alibi;  // the slopes' gradient: the flash kernels' backward
+      BackendRequest slopes = alibi;  // the slopes' gradient too: summed in the Hopper backward
       slopes.score_mod_grads = true;
       expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), slopes, BackendOptions{}),
-                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD,
+                     no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH);
       EXPECT_TRUE(has(c.reason, "ALiBi in the kernel")) << c.reason;
       BackendOptions no_tiles;  // FUSEDATTN_HOPPER_BIAS_TILE=0: no tiles, no ALiBi with a bias
       no_tiles.hopper_bias_tile = false;

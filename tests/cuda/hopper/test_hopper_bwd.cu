@@ -133,23 +133,29 @@ __global__ void ref_dsink(Rule r, const float* lse, const float* dsum, float* ds
   dsink[bh] = -acc;
 }
 
-// dQ of a row: scale sum_j P_ij (dP_ij - D_i) K_j.
+// dQ of a row: scale sum_j P_ij (dP_ij - D_i) K_j; with ALiBi and dslope non-null, the row's
+// part of its slope's gradient, sum_j dS_ij g(j - i) (the sign applied by the caller), and
+// of sum_j |dS_ij g(j - i)| (the scale of its rounding) in dslope_abs.
 template <class T>
-__global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq) {
+__global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq, float* dslope = nullptr,
+                       float* dslope_abs = nullptr) {
   const FlashBwdParams& p = r.p;
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
   const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q, b = idx / (p.seqlen_q * p.heads_q);
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  float acc[128] = {};
+  float acc[128] = {}, gs = 0.0f, ga = 0.0f;
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!r.kept<T>(b, h, i, j)) continue;
     const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
     const float ds = pr * (r.dprob<T>(b, h, i, j) - dsum[idx]) * r.dscore<T>(b, h, i, j);
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
     for (int x = 0; x < p.head_dim; ++x) acc[x] += ds * f(k[x]);
+    const float rel = static_cast<float>(j - i), g = p.alibi_abs ? fabsf(rel) : rel;
+    gs += ds * g, ga += fabsf(ds * g);
   }
   for (int x = 0; x < p.head_dim; ++x) dq[idx * p.head_dim + x] = acc[x] * p.scale;
+  if (dslope) dslope[idx] = gs, dslope_abs[idx] = ga;
 }
 
 // dbias of element (table, i, j) of the bias: sum of dS over the (b, h) that read it, times
@@ -216,6 +222,7 @@ struct Case {
   int bias = 0;  // a bias (values of fill's amplitude 2) instead of a mask: 1 post-scale, 2 pre-scale;
                  // the mask's extents (mask_b, mask_h)
   bool dbias = false;  // the bias's gradient too (FlashBwdParams::dbias), checked
+  bool dslopes = false;  // with alibi: the slopes' gradient (FlashBwdParams::alibi_dslopes), checked
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -282,6 +289,15 @@ void run_case(const Case& cs) {
     p.alibi_slopes = slopes, p.alibi_stride = std::abs(cs.alibi) == 1 ? 1 : 0;
     p.alibi_abs = cs.alibi < 0, p.alibi_sign = cs.alibi < 0 ? -1.0f : 1.0f;
   }
+  float *dslopes = nullptr, *rslope = nullptr, *rslope_abs = nullptr;
+  const int64_t nslopes = p.alibi_stride ? cs.Hq : 1;
+  if (cs.dslopes) {
+    CUDA_OK(cudaMalloc(&dslopes, nslopes * 4));
+    CUDA_OK(cudaMemset(dslopes, 0xff, nslopes * 4));  // NaN: flash_bwd zeroes, then adds
+    CUDA_OK(cudaMalloc(&rslope, rows * 4));
+    CUDA_OK(cudaMalloc(&rslope_abs, rows * 4));
+    p.alibi_dslopes = dslopes;
+  }
   const int right = cs.causal ? 0 : cs.right;
   p.causal = right >= 0, p.diag = right >= 0 ? right : 0;
   p.left_bound = cs.left >= 0, p.lo_diag = cs.left >= 0 ? -cs.left : 0;
@@ -341,7 +357,7 @@ void run_case(const Case& cs) {
   ASSERT_EQ(flash_bwd_unsupported(p, 90), "");
   const Status st = flash_bwd(p, 0);
   ASSERT_TRUE(st.ok()) << st.message;
-  ref_dq<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum, rq);
+  ref_dq<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum, rq, rslope, rslope_abs);
   ref_dkv<T><<<(keys + 127) / 128, 128>>>(rule, lse, dsum, rk, rv);
   if (sinks) ref_dsink<<<(bh + 127) / 128, 128>>>(rule, lse, dsum, rsinks);
   if (cs.dbias) ref_dbias<T><<<(nbias + 127) / 128, 128>>>(rule, lse, dsum, rdbias);
@@ -413,6 +429,23 @@ void run_case(const Case& cs) {
     EXPECT_EQ(bad, 0) << "dbias: " << bad << " elements off by more than " << tol << " x " << big;
     printf("  dbias: max err %.3g of max |ref| %.3g\n", err, big);
   }
+  if (cs.dslopes) {  // each head's rows' parts summed (every head's with one slope), times the sign
+    std::vector<float> got(nslopes), part(rows), part_abs(rows);
+    ASSERT_EQ(cudaMemcpy(got.data(), dslopes, nslopes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(part.data(), rslope, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(part_abs.data(), rslope_abs, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<double> want(nslopes), scale(nslopes);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t h = p.alibi_stride ? r / cs.Sq % cs.Hq : 0;
+      want[h] += p.alibi_sign * part[r], scale[h] += part_abs[r];
+    }
+    for (int64_t h = 0; h < nslopes; ++h) {
+      EXPECT_TRUE(std::isfinite(got[h])) << "dslopes " << h;
+      EXPECT_NEAR(got[h], want[h], tol * scale[h]) << "dslopes " << h << " (sum |terms| " << scale[h] << ")";
+      printf("  dslopes[%lld]: %.6g, reference %.6g (sum |terms| %.3g)\n", static_cast<long long>(h), got[h],
+             want[h], scale[h]);
+    }
+  }
   if (cs.deterministic) {  // the same dq, bit for bit, from fresh scratch
     std::vector<T> first(nq), again(nq);
     ASSERT_EQ(cudaMemcpy(first.data(), dq, nq * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -428,7 +461,8 @@ void run_case(const Case& cs) {
   }
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask,
-                  (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes, (void*)dbias, (void*)rdbias})
+                  (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes, (void*)dbias, (void*)rdbias,
+                  (void*)dslopes, (void*)rslope, (void*)rslope_abs})
     cudaFree(t);
 }
 
@@ -532,10 +566,10 @@ std::vector<Case> cases() {
        .sink_slices = 1, .softcap = 5.0f});
   // ALiBi (scale s + sign slope_h g(kv - q)): per-head slopes and one, signed and |kv - q|,
   // GQA, padding, bottom-right, head dim 64, deterministic.
-  add({.name = "alibi_causal_gqa", .causal = true, .Hq = 6, .Hkv = 2, .alibi = 1});
-  add({.name = "alibi_abs_full_fp16_ragged", .bf16 = false, .Sq = 300, .Skv = 260, .alibi = -1});
+  add({.name = "alibi_causal_gqa", .causal = true, .Hq = 6, .Hkv = 2, .alibi = 1, .dslopes = true});
+  add({.name = "alibi_abs_full_fp16_ragged", .bf16 = false, .Sq = 300, .Skv = 260, .alibi = -1, .dslopes = true});
   add({.name = "alibi_one_slope_d64_bottom_right", .causal = true, .bottom_right = true, .D = 64, .Sq = 200,
-       .Skv = 450, .alibi = 2});
+       .Skv = 450, .alibi = 2, .dslopes = true});
   add({.name = "alibi_abs_d64_padding_det", .causal = true, .D = 64, .B = 3, .q_lens = {256, 100, 0},
        .kv_lens = {200, 256, 17}, .deterministic = true, .alibi = -2});
   // A bias (no dbias), post- and pre-scale: per head, per batch row, both; GQA, padding,
@@ -552,7 +586,10 @@ std::vector<Case> cases() {
   add({.name = "alibi_bias_post_causal", .causal = true, .Sq = 384, .Skv = 384, .mask_h = true, .alibi = 1,
        .bias = 1});
   add({.name = "alibi_abs_bias_pre_d64_gqa_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264, .Hq = 6,
-       .Hkv = 2, .mask_b = true, .alibi = -1, .bias = 2});
+       .Hkv = 2, .mask_b = true, .alibi = -1, .bias = 2, .dslopes = true});
+  // the slopes' gradient with padding rows and keys (P 0 there: no part) and a window
+  add({.name = "alibi_dslopes_d64_padding_window", .causal = true, .D = 64, .B = 3, .Sq = 256, .Skv = 256,
+       .left = 60, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .alibi = 1, .dslopes = true});
   add({.name = "alibi_one_slope_bias_post_window_det", .causal = true, .Sq = 400, .Skv = 400, .left = 90,
        .deterministic = true, .alibi = 2, .bias = 1});
   // dbias: written per element (the call's extents), summed in float32 where the bias

@@ -129,16 +129,45 @@ def test_get_backend_reports_cudnn(key):
 
 
 def test_get_backend_knows_operand_gradients():
-    """The slopes' gradient taken: cuDNN computes none, the CUDA flash kernels run it."""
+    """The slopes' gradient taken: cuDNN computes none, so the flash branch takes the call:
+    ALiBi's forward and backward in the Hopper kernels (the slopes' gradient summed in the
+    backward); in deterministic mode no backward (both sum it with float32 atomics)."""
     bf = jax.ShapeDtypeStruct((2, S, HQ, D), jnp.bfloat16)
     slopes = jax.ShapeDtypeStruct((1, HQ, 1, 1), jnp.float32)
     kw = dict(score_mod=CASES["alibi"][0], platform="gpu", score_mod_operands=(slopes,),
               score_mod_grads=True)
     info = fusedattn.get_backend((bf, bf, bf), is_training=True, **kw)
     assert info.name == "cuda_flash" and "score_mod's operands" in info.reason, info
-    # ALiBi's forward in the Hopper kernel, the flash kernels' backward from its lse
-    assert (info.forward, info.backward) == ("hopper", "cuda_flash"), info
+    assert (info.forward, info.backward) == ("hopper", "hopper"), info
+    assert "slopes' gradient summed in the kernel" in info.reason, info
     assert fusedattn.get_backend((bf, bf, bf), is_training=False, **kw).name == "cudnn"
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("bias", [False, True], ids=["alone", "constant_bias"])
+def test_alibi_slopes_gradient_in_the_hopper_backward(key, dtype, head_dim, bias):
+    """Learnable ALiBi slopes (GQA, causal, S 256): the Hopper forward and backward, the
+    slopes' gradient from the backward kernel, against the float32 reference; with a
+    constant bias beside them too (its dense variants)."""
+    Sl = 256
+    fn = CASES["alibi"][0]
+    slopes = gpu_operands("alibi", jax.random.fold_in(key, 1))[0]
+    ks = jax.random.split(key, 5)
+    q = normal(ks[0], (2, Sl, HQ, head_dim), dtype)
+    k, v = (normal(x, (2, Sl, 2, head_dim), dtype) for x in ks[1:3])
+    dout = normal(ks[3], (2, Sl, HQ, head_dim), dtype)
+    kw = dict(attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    b = None
+    if bias:
+        b = normal(ks[4], (1, HQ, Sl, Sl), dtype)
+        kw["attn_bias_type"] = AttnBiasType.POST_SCALE_BIAS
+    info = flash_backend(q, k, v, fn, (slopes,), b, score_mod_grads=True, bias_grads=False, **kw)
+    assert (info.forward, info.backward) == ("hopper", "hopper"), info
+    ours = lambda q, k, v, s: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,
+                                                   score_mod_operands=(s,), **kw)
+    ref = lambda q, k, v, s: ref_call(q, k, v, fn, (s,), bias=b, **kw)
+    check(ours, ref, (q, k, v, slopes), dout, tol=3e-2)
 
 
 # ---------------------------------------------------------------------------

@@ -79,6 +79,11 @@ struct BwdArgs {
   const float* slopes;
   int slope_stride;
   float slope_mul;
+  // Non-null: the slopes' gradient, sum over the head's scores of dS g(kv - q) times
+  // dslope_mul (the sign), added to dslopes[h * slope_stride] in float32 (a warp's sum at a
+  // time: not bitwise repeatable).
+  float* dslopes;
+  float dslope_mul;
   // A dense mask (FwdArgs' fields of the same names; its bias values, if any, join the
   // scores: no dbias) or a bias (no dbias): tiles classifies (tbl, 64-query block, 128-key
   // block) as classify_mask does (a bias: every tile 5, its values read, or 13 with its
@@ -349,6 +354,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
   const int key0 = tile.n0 + key_l;
   if (first < total) mbar_wait(&sm.kv_full, 0);
+  [[maybe_unused]] float dslope = 0.0f;  // kAlibi with dslopes: this thread's part, the head's so far
   float* pending = nullptr;  // where the group's part in sm.dq goes
   int pending_it = 0;          // kDet: the iteration whose part it is
   // kDet: the parts added to query block mb's rows (kBlockM units) before this block's, by
@@ -577,6 +583,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
           } else {
             dp[i] = s[i] * (dp[i] - dsum);
           }
+          if constexpr (kAlibi) {  // the slopes' gradient: dS g(kv - q) (dropped scores' dS is 0)
+            if (a.dslopes) {
+              const float rel = static_cast<float>(key0 + 8 * r - (m0 + c));
+              dslope = fmaf(dp[i], kMod == kBwdAlibiAbs ? fabsf(rel) : rel, dslope);
+            }
+          }
         }
       }
     uint32_t p[kAcc / 2], ds[kAcc / 2];
@@ -698,6 +710,14 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
+    if constexpr (kAlibi) {  // the head's part of the slopes' gradient, when the next is another's
+      if (a.dslopes && (nx >= total || head_of(nx) != h)) {
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) dslope += __shfl_xor_sync(0xffffffffu, dslope, o);
+        if (lane == 0) atomicAdd(a.dslopes + h * a.slope_stride, dslope * a.dslope_mul);
+        dslope = 0.0f;
+      }
+    }
     it = nx;
   }
 

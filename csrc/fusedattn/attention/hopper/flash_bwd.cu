@@ -253,6 +253,9 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
     return "alibi_stride must be 0 or 1 and alibi_sign +-1";
+  if (p.alibi_dslopes && !p.alibi_slopes) return "alibi_dslopes needs alibi_slopes";
+  if (p.alibi_dslopes && p.deterministic)
+    return "the slopes' gradient sums with float32 atomics: not in deterministic mode";
   if (p.dsinks && (!p.sinks || p.sink_rows <= 0 || p.batch % p.sink_rows != 0))
     return "dsinks needs sinks and sink_rows dividing the batch";
   if (!aligned(p.workspace, 256)) return "the workspace must be 256-byte aligned";
@@ -293,6 +296,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.bf16) rows_kernel(__nv_bfloat16{});
   else rows_kernel(__half{});
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.alibi_dslopes)  // the kernel adds the heads' parts
+    FA_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(p.alibi_dslopes, 0, (p.alibi_stride ? p.heads_q : 1) * sizeof(float), stream));
   if (p.dsinks) {
     bwd_sink_grad<<<static_cast<unsigned>(p.batch * p.heads_q), 256, 0, stream>>>(p.lse, p, pad, dsum);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -335,6 +341,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.slopes = p.alibi_slopes;
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * 1.4426950408889634f;
+    a.dslopes = p.alibi_dslopes, a.dslope_mul = p.alibi_sign;
   }
   if (p.dbias) {  // dS (times the scale, pre-scale): straight to dbias, or summed in float32
     a.dbias = p.dbias;

@@ -74,6 +74,10 @@ struct FlashBwdParams {
   int64_t alibi_stride = 0;
   float alibi_sign = 1.0f;
   bool alibi_abs = false;
+  // Non-null (with alibi_slopes): the slopes' gradient, [Hq] (alibi_stride 1) or [1]:
+  // sign sum over the batch, the head's rows and kept keys of dS g(kv - q), in float32
+  // (flash_bwd zeroes it first; summed with atomics: not with deterministic).
+  float* alibi_dslopes = nullptr;
   // A learnable sink (softmax_type LEARNABLE: an extra logit sinks[slice, h] a row, with no
   // value): the lse already holds it, so dQ, dK and dV are the plain ones; dsinks [B, Hq]
   // (null: not wanted) gets its gradient -sum_i exp(sink - lse_i) D_i, each (b, h)'s rows
