@@ -115,10 +115,10 @@ TEST(SelectBackend, ScoreModOperandGradientsRunTheCudaFlashKernelsWhenOn) {
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), det, flash_score_mod());
   expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_NONE);
   EXPECT_TRUE(has(c.reason, "no deterministic backward")) << c.reason;
-  BackendOptions off = flash_score_mod();
+  BackendOptions off = flash_score_mod();  // the Hopper backward from the flash kernels' lse
   off.hopper_fwd = HopperMode::kOff;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), alibi, off);
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_BWD);
 }
 
 // Where the CUDA flash kernels cannot run a score_mod (the wmma kernels' head dims, a
