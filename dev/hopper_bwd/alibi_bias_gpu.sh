@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# GPU machine (prepared in session 38, not yet run): ALiBi with a bias in the Hopper backward
-# (alibi_bias.patch: the dense variants' bias stages with ALiBi's score, no dbias; the flash
-# branch then gives an ALiBi call whose bias takes no gradient the Hopper backward, where
-# the flash kernels ran it: 7.2 of the 7.4 ms forward+backward of bench fallback's alibi
-# row). Build on the CPU machine from a tree with the patch applied
-# (git apply dev/hopper_bwd/alibi_bias.patch): scripts/cuda_tests.sh build and the wheel
+# GPU machine (session 39): ALiBi with a bias, its dbias and the slopes' gradient in the
+# Hopper backward. Build on the CPU machine first: scripts/cuda_tests.sh build and the wheel
 # (README), carry .carry and .whl. Then here:
-#   1. the backward kernel tests (three new alibi_bias cases among them);
-#   2. test_score_mod_gpu.py (test_alibi_with_a_constant_bias_runs_the_hopper_kernels new);
-#   3. bench fallback's alibi row (its bias does take a gradient: the flash kernels'
-#      backward still) and bias_time of a constant bias through dev/hopper_bwd/bias_vs_cudnn.py.
+#   1. the Hopper kernel tests (alibi_bias_*, *_dslopes among them) and EmptyRows;
+#   2. test_score_mod_gpu.py (test_alibi_slopes_gradient_in_the_hopper_backward,
+#      test_alibi_with_a_constant_bias_runs_the_hopper_kernels) in 4 processes;
+#   3. BENCH=1: bench fallback's alibi and slopes rows (ALiBi + a bias with its gradient;
+#      learnable slopes) -> $OUT/fallback.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
-scripts/cuda_tests.sh run --gtest_filter='*HopperBwd*' > "$OUT/bwd_tests.log" 2>&1
-echo "bwd kernel tests rc=$? $(grep -c '^\[       OK' "$OUT/bwd_tests.log") ok"
-grep "^\[  FAILED" "$OUT/bwd_tests.log" | head
+if [ -z "${BENCH:-}" ]; then
+  timeout 240 scripts/cuda_tests.sh run --gtest_filter='*Hopper*:EmptyRows*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$? $(grep -c '^\[       OK' "$OUT/kernel_tests.log") ok"
+  grep "^\[  FAILED" "$OUT/kernel_tests.log" | head
+  grep -A3 "dslopes\|alibi_bias" "$OUT/kernel_tests.log" | grep "dslopes\[\|dbias:" | head -12
+fi
 source scripts/gpu_env.sh > /dev/null
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/python/score_mod/test_score_mod_gpu.py \
-  > "$OUT/score_mod_gpu.log" 2>&1; tail -1 "$OUT/score_mod_gpu.log"
+if [ -z "${BENCH:-}" ]; then
+  timeout 280 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/python/score_mod/test_score_mod_gpu.py \
+    > "$OUT/score_mod_gpu.log" 2>&1; tail -1 "$OUT/score_mod_gpu.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/score_mod_gpu.log" | head
+else
+  timeout 500 "$PY" -m fusedattn bench fallback --kinds alibi slopes --repeats 3 --json "$OUT/fallback.json" --no-plot \
+    > "$OUT/fallback.log" 2>&1; tail -12 "$OUT/fallback.log"
+fi

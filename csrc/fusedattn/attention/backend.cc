@@ -131,11 +131,9 @@ namespace {
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind == ScoreModKind::kOther)
     return "its backward's score_mods are softcap and ALiBi only";
-  // A bias beside a score_mod: ALiBi's without dbias (the dense variants' bias stages).
+  // A bias beside a score_mod: ALiBi's (the dense variants' bias stages, dbias too).
   if (req.score_mod.kind == ScoreModKind::kSoftcap && p.bias_type != FA_NO_BIAS)
     return "its backward's softcap takes no bias";
-  if (req.score_mod.kind == ScoreModKind::kAlibi && p.bias_type != FA_NO_BIAS && !req.no_dbias)
-    return "its backward computes no dbias beside ALiBi (get_backend's bias_grads=False: none wanted)";
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -389,7 +387,7 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
           // kernels' (bench/RESULTS.md), with a deterministic dQ.
           std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
-          // ALiBi (a bias beside it, no dbias), the slopes' gradient too (summed in the
+          // ALiBi (a bias beside it, its dbias too), the slopes' gradient too (summed in the
           // kernel with float32 atomics: not in deterministic mode).
           if (bwd_no.empty() && req.index_base) bwd_no = "an index_base";
           if (bwd_no.empty() && sm_call && !alibi) bwd_no = "a score_mod other than ALiBi with its bias as tiles";

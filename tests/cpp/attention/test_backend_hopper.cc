@@ -194,17 +194,25 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       AttnParams tiles = pre;
       tiles.bias_type = type, tiles.seqlen_kv = 512;
       EXPECT_EQ(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "");
-      // The backward: the Hopper kernel's dense variants where no dbias is wanted.
-      EXPECT_EQ(has(hopper_bwd_unsupported_reason(tiles, alibi, h100()), "no dbias beside ALiBi"),
-                !no_dbias);
+      // The backward: the Hopper kernel's dense variants, with dbias or without.
+      EXPECT_EQ(hopper_bwd_unsupported_reason(tiles, alibi, h100()), "");
       c = select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, BackendOptions{});
-      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD,
-                     no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH);
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
       BackendRequest slopes = alibi;  // the slopes' gradient too: summed in the Hopper backward
       slopes.score_mod_grads = true;
       expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), slopes, BackendOptions{}),
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      // deterministic: dbias where the bias has the call's extents (each element written
+      // once); a broadcast bias's sums with atomics (none then), as without ALiBi
+      BackendRequest det = alibi;
+      det.deterministic = true;
+      expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), det, BackendOptions{}),
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      AttnParams broadcast = tiles;
+      broadcast.bias_batch = 1;
+      expect_kernels(select_backend(broadcast, FA_PLATFORM_CUDA, h100(), det, BackendOptions{}),
                      FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD,
-                     no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH);
+                     no_dbias ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_NONE);
       EXPECT_TRUE(has(c.reason, "ALiBi in the kernel")) << c.reason;
       BackendOptions no_tiles;  // FUSEDATTN_HOPPER_BIAS_TILE=0: no tiles, no ALiBi with a bias
       no_tiles.hopper_bias_tile = false;

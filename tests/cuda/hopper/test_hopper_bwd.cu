@@ -587,6 +587,12 @@ std::vector<Case> cases() {
        .bias = 1});
   add({.name = "alibi_abs_bias_pre_d64_gqa_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264, .Hq = 6,
        .Hkv = 2, .mask_b = true, .alibi = -1, .bias = 2, .dslopes = true});
+  // ALiBi with a bias's gradient: written per element (the call's extents), summed in float32
+  // where it broadcasts (over the batch here), with the slopes' gradient
+  add({.name = "alibi_bias_dbias_post_causal_dslopes", .causal = true, .Sq = 384, .Skv = 384, .mask_b = true,
+       .mask_h = true, .alibi = 1, .bias = 1, .dbias = true, .dslopes = true});
+  add({.name = "alibi_abs_bias_dbias_pre_d64_broadcast_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264,
+       .mask_h = true, .alibi = -2, .bias = 2, .dbias = true});
   // the slopes' gradient with padding rows and keys (P 0 there: no part) and a window
   add({.name = "alibi_dslopes_d64_padding_window", .causal = true, .D = 64, .B = 3, .Sq = 256, .Skv = 256,
        .left = 60, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .alibi = 1, .dslopes = true});

@@ -160,8 +160,9 @@ struct BwdDims {
   static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
 };
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; no dense mask
-// with one), or with a dense mask kBwdDbias (plain; the bias's gradient written:
+// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; ALiBi's dense
+// variants take a bias, its gradient too where BwdArgs::dbias is set; softcap none), or with
+// a dense mask kBwdDbias (plain; the bias's gradient written:
 // BwdArgs::dbias; its stores cost the variants without one 39% when compiled into them) or
 // kBwdKeep (head dim 64: a mask that keeps or drops keys and holds no values, 128-query
 // blocks as without a mask, no bias tiles in shared memory; a tile that does hold values
@@ -652,7 +653,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
     }
     wgmma_commit();
-    if constexpr (kMod == kBwdDbias) {
+    // kBwdDbias, or ALiBi's dense variants (a bias beside it) when dbias is wanted (a.dbias)
+    constexpr bool kDbiasCode = kMod == kBwdDbias || (kAlibi && kDense);
+    if (kDbiasCode && (kMod == kBwdDbias || a.dbias)) {
       // This tile's dS is the bias's gradient (times the scale, pre-scale), read back from
       // the dS^T buffer (both groups' written: named_sync above; the products read it too)
       // while they run: one ldmatrix.x4.trans gives a thread two adjacent keys of one query

@@ -248,8 +248,7 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) return "softcap must be finite and >= 0 (0: none)";
   if (p.softcap > 0.0f && p.alibi_slopes) return "one score modifier: softcap or ALiBi";
   if (p.softcap > 0.0f && p.bias) return "softcap takes no bias";
-  if (p.alibi_slopes && p.bias && (p.mask_bias || p.want_dbias))
-    return "ALiBi takes a bias without dbias and no dense mask";
+  if (p.alibi_slopes && p.bias && p.mask_bias) return "ALiBi takes a bias and no dense mask";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
     return "alibi_stride must be 0 or 1 and alibi_sign +-1";
@@ -416,8 +415,8 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       return p.head_dim == 64 ? launch_bwd<c, h, false, 64, m>(a, grid, stream)
                               : launch_bwd<c, h, false, 128, m>(a, grid, stream);
     };
-    // ALiBi with a bias (no dbias, no dense mask: flash_bwd_unsupported): the dense
-    // variants' bias stages, the bias added to ALiBi's score (both additive).
+    // ALiBi with a bias (no dense mask: flash_bwd_unsupported): the dense variants' bias
+    // stages, the bias added to ALiBi's score (both additive), dbias where wanted.
     auto alibi_bias = [&](auto tag) {
       constexpr int m = decltype(tag)::value;
       return p.head_dim == 64 ? launch_bwd<c, h, true, 64, m>(a, grid, stream)
