@@ -221,8 +221,9 @@ def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
 @pytest.mark.parametrize("name", ["alibi", "relpos", "two_arrays"])
 def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     """cuDNN would add the bias after the score_mod: these calls go to cuda_flash unforced,
-    the bias, its gradient and the operands' gradients from the kernels; ALiBi's forward
-    runs the Hopper kernel (the bias's tiles joining q.k before the modifier)."""
+    the bias, its gradient and the operands' gradients from the kernels; ALiBi's runs the
+    Hopper kernels (the bias's tiles joining q.k before the modifier; the backward's dense
+    variants with dbias and the slopes' gradient)."""
     fn = CASES[name][0]
     ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
@@ -232,7 +233,8 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     why = ("bias after the score_mod" if bias_type == AttnBiasType.POST_SCALE_BIAS else
            "PRE_SCALE_BIAS is not served")
     assert info.name == "cuda_flash" and why in info.reason, info
-    assert info.forward == ("hopper" if name == "alibi" else "cuda_flash"), info
+    kernel = "hopper" if name == "alibi" else "cuda_flash"
+    assert (info.forward, info.backward) == (kernel, kernel), info
     arr_idx, full = array_operands(ops)
     kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
     ours = lambda q, k, v, b, *arr: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn,
@@ -245,8 +247,8 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
                          ids=["post", "pre"])
 def test_alibi_with_a_constant_bias_runs_the_hopper_kernels(key, bias_type):
     """ALiBi with a bias that takes no gradient (nor do the slopes): the Hopper forward and
-    backward (its dense variants' bias stages); with the bias's gradient taken, the flash
-    kernels' backward."""
+    backward (its dense variants' bias stages); with the bias's gradient taken, the same
+    (test_score_mod_with_a_bias_runs_the_flash_kernels checks that gradient)."""
     fn = CASES["alibi"][0]
     ops = gpu_operands("alibi", jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
@@ -255,7 +257,7 @@ def test_alibi_with_a_constant_bias_runs_the_hopper_kernels(key, bias_type):
     info = flash_backend(q, k, v, fn, ops, bias, bias_grads=False, **kw)
     assert (info.forward, info.backward) == ("hopper", "hopper"), info
     info = flash_backend(q, k, v, fn, ops, bias, **kw)
-    assert (info.forward, info.backward) == ("hopper", "cuda_flash"), info
+    assert (info.forward, info.backward) == ("hopper", "hopper"), info
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), bias, None, None, score_mod=fn,
                                                 score_mod_operands=ops, **kw)
     ref = lambda q, k, v: ref_call(q, k, v, fn, ops, bias=bias, **kw)
