@@ -6,13 +6,13 @@
 # (scripts/cuda_tests.sh build there), carry the two binaries in .carry:
 #   O() { find build/cudatest/CMakeFiles/fusedattn_hopper.dir -name '*.o' | grep -v flash_bwd; }
 #   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc dev/hopper_fwd/dense_groups_time.cu $(O) -lcuda -o .carry/dense_time_a
-# (and dense_time_b from the other tree). Usage: [SOFTCAP=50] dev/hopper_fwd/dense_time_ab.sh [A B]
+# (and dense_time_b from the other tree). Usage: [SOFTCAP=50] [ROUNDS=3] [DIMS="256 128 64"] dev/hopper_fwd/dense_time_ab.sh [A B]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 A=${1:-dense_time_a} B=${2:-dense_time_b}
-for r in 1 2 3; do
-  for d in 256 128 64; do
+for r in $(seq ${ROUNDS:-3}); do
+  for d in ${DIMS:-256 128 64}; do
     for sc in 0 ${SOFTCAP:-}; do  # SOFTCAP=50: the typed rows with softcap too
       for b in "$A" "$B"; do
         .carry/$b $d $sc | grep "^r1" | sed "s/^r1/$b d$d r$r/"
