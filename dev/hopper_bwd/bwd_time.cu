@@ -13,7 +13,8 @@
 // FA_SOFTCAP=c: the softcap score_mod (FlashBwdParams::softcap). FA_ALIBI=slope: ALiBi with
 // one slope, scores - slope |kv - q| (FlashBwdParams::alibi_*). FA_BIAS=1 / 2: a bias [1, H,
 // S, S] of values in [-1, 1), post- / pre-scale (no dbias), instead of a dense mask; with
-// FA_DBIAS=1 its gradient too.
+// FA_DBIAS=1 its gradient too (FA_BIAS_B=1: a bias [B, H, S, S]; FA_DBIAS_TILE=0: dbias's
+// stores as pairs, not through shared memory).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -90,15 +91,20 @@ int main(int argc, char** argv) {
     p.causal = false, p.left_bound = false;
   }
   if (getenv("FA_BIAS") && atoi(getenv("FA_BIAS")) != 0) {
+    // FA_BIAS_B=1: [B, H, S, S] (dbias written per element) instead of [1, H, S, S]
+    const int64_t bb = getenv("FA_BIAS_B") && atoi(getenv("FA_BIAS_B")) != 0 ? B : 1;
     __nv_bfloat16* bias;
-    cudaMalloc(&bias, H * S * S * 2);
-    fill<<<1024, 256>>>(bias, H * S * S, 99);
+    cudaMalloc(&bias, bb * H * S * S * 2);
+    fill<<<1024, 256>>>(bias, bb * H * S * S, 99);
     p.bias = bias, p.bias_s = S, p.bias_h = S * S, p.bias_heads = H;
+    p.bias_b = H * S * S, p.bias_batch = bb;
     p.pre_scale_bias = atoi(getenv("FA_BIAS")) == 2;
     if (getenv("FA_DBIAS") && atoi(getenv("FA_DBIAS")) != 0) {  // its gradient too ([1, H]: summed over B)
       void* dbias;
-      cudaMalloc(&dbias, H * S * S * 2);
+      cudaMalloc(&dbias, bb * H * S * S * 2);
       p.dbias = dbias, p.want_dbias = true;
+      // FA_DBIAS_TILE=0: the pairs' stores (FlashBwdParams::dbias_tile)
+      if (getenv("FA_DBIAS_TILE")) p.dbias_tile = atoi(getenv("FA_DBIAS_TILE")) != 0;
     }
   }
   p.deterministic = getenv("FA_DETERMINISTIC") && atoi(getenv("FA_DETERMINISTIC")) != 0;
