@@ -76,15 +76,32 @@ struct Scratch {  // byte offsets into the workspace (core/regions.h's 256-byte 
 };
 
 // dbias from a broadcast bias's float32 sums ([tables, Sq, Skv]), rounded to T; acc null:
-// zeros (before the kernel, which writes the tiles it visits).
-template <class T>
+// zeros (before the kernel, which writes the tiles it visits). A block a row at a time (its
+// table, query and address once; an element's 64-bit divisions made the pass slower than the
+// backward itself); kVec: 8 keys a thread, one 16-byte store (and two float4 loads): dbias
+// 16-byte aligned with strides multiples of 8, Skv a multiple of 8.
+template <class T, bool kVec>
 __global__ void bwd_dbias(const float* acc, FlashBwdParams p) {
-  const int64_t plane = p.seqlen_q * p.seqlen_kv, n = p.bias_batch * p.bias_heads * plane;
-  for (int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; x < n; x += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t tbl = x / plane, q = x % plane / p.seqlen_kv, key = x % p.seqlen_kv;
-    const int64_t bb = tbl / p.bias_heads, hh = tbl % p.bias_heads;
-    static_cast<T*>(p.dbias)[bb * p.bias_b + hh * p.bias_h + q * p.bias_s + key] =
-        static_cast<T>(acc ? acc[x] : 0.0f);
+  const int64_t rows = p.bias_batch * p.bias_heads * p.seqlen_q, skv = p.seqlen_kv;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t tbl = row / p.seqlen_q, q = row % p.seqlen_q;
+    T* out = static_cast<T*>(p.dbias) + tbl / p.bias_heads * p.bias_b + tbl % p.bias_heads * p.bias_h + q * p.bias_s;
+    const float* in = acc ? acc + row * skv : nullptr;
+    if constexpr (kVec) {
+      for (int64_t k = 8 * int64_t{threadIdx.x}; k < skv; k += 8 * int64_t{blockDim.x}) {
+        alignas(16) T v[8];
+        if (in) {
+          const float4 lo = *reinterpret_cast<const float4*>(in + k), hi = *reinterpret_cast<const float4*>(in + k + 4);
+          v[0] = static_cast<T>(lo.x), v[1] = static_cast<T>(lo.y), v[2] = static_cast<T>(lo.z), v[3] = static_cast<T>(lo.w);
+          v[4] = static_cast<T>(hi.x), v[5] = static_cast<T>(hi.y), v[6] = static_cast<T>(hi.z), v[7] = static_cast<T>(hi.w);
+        } else {
+          for (int e = 0; e < 8; ++e) v[e] = static_cast<T>(0.0f);
+        }
+        *reinterpret_cast<uint4*>(out + k) = *reinterpret_cast<const uint4*>(v);
+      }
+    } else {
+      for (int64_t k = threadIdx.x; k < skv; k += blockDim.x) out[k] = static_cast<T>(in ? in[k] : 0.0f);
+    }
   }
 }
 
@@ -189,11 +206,20 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
   }
 }
 
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
 Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream) {
-  const int64_t n = p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
-  p.bf16 ? bwd_dbias<__nv_bfloat16><<<blocks, 256, 0, stream>>>(acc, p)
-         : bwd_dbias<__half><<<blocks, 256, 0, stream>>>(acc, p);
+  const int64_t rows = p.bias_batch * p.bias_heads * p.seqlen_q;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+  const bool vec = p.seqlen_kv % 8 == 0 && (!acc || aligned(acc, 16)) &&
+                   rows16({p.dbias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+  if (p.bf16) {
+    vec ? bwd_dbias<__nv_bfloat16, true><<<blocks, 256, 0, stream>>>(acc, p)
+        : bwd_dbias<__nv_bfloat16, false><<<blocks, 256, 0, stream>>>(acc, p);
+  } else {
+    vec ? bwd_dbias<__half, true><<<blocks, 256, 0, stream>>>(acc, p)
+        : bwd_dbias<__half, false><<<blocks, 256, 0, stream>>>(acc, p);
+  }
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
@@ -208,8 +234,6 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
   FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }
-
-bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 }  // namespace
 
