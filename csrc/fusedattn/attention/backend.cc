@@ -459,8 +459,14 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       if (bwd_no.empty() && kind == ScoreModKind::kNone && !req.mask_bias && !req.deterministic &&
           p.bias_type == FA_NO_BIAS)
         bwd_measured = hopper_plain_measured(p, /*backward=*/true);
-      if (bwd_no.empty() && p.bias_type != FA_NO_BIAS && !req.mask_bias && !req.no_dbias && !req.deterministic)
-        bwd_measured = "a bias's gradient: its dbias measured slower than cuDNN's (bench/RESULTS.md)";
+      // A bias's gradient: where dbias has the call's extents and whole 16-byte rows (each
+      // element written once, a tile row at a time: forward+backward 1.11-1.28x cuDNN at head
+      // dims 64 and 128, S 4096, H200); a broadcast bias's float32 sums measured slower
+      // (0.82-0.94x), as rows of other lengths (bench/RESULTS.md).
+      if (bwd_no.empty() && p.bias_type != FA_NO_BIAS && !req.mask_bias && !req.no_dbias && !req.deterministic &&
+          (p.bias_batch < p.batch || p.bias_heads < p.heads_q || p.seqlen_kv % 8 != 0))
+        bwd_measured = "a broadcast bias's gradient (or rows not in 16-byte units): its dbias measured slower "
+                       "than cuDNN's (bench/RESULTS.md)";
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())
         bwd_no = bwd_measured;
       std::string bwd;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/hopper/band.h"
@@ -121,10 +122,24 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
 TEST(SelectBackend, HopperKernelsAddOtherBiases) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 2, p.bias_heads = 8;
-  {  // Skv a multiple of 8: the Hopper forward by default (pre-scale: below)
-    const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
-    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+  {  // Skv a multiple of 8: the Hopper forward by default (pre-scale: below), and the Hopper
+     // backward with dbias where the bias has the call's extents (each element written once,
+     // measured faster than cuDNN's); a broadcast one's float32 sums: cuDNN's backward
+    BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     EXPECT_TRUE(has(c.reason, "adding the bias's tiles")) << c.reason;
+    EXPECT_TRUE(has(c.reason, "adding the bias, with dbias")) << c.reason;
+    for (auto [bb, bh] : {std::pair<int64_t, int64_t>{1, 8}, {2, 1}}) {
+      AttnParams broadcast = p;
+      broadcast.bias_batch = bb, broadcast.bias_heads = bh;
+      c = select_backend(broadcast, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+      EXPECT_TRUE(has(c.reason, "broadcast bias's gradient")) << c.reason;
+      BackendRequest none;  // no dbias wanted: the Hopper backward
+      none.no_dbias = true;
+      expect_kernels(select_backend(broadcast, FA_PLATFORM_CUDA, h100(), none, BackendOptions{}),
+                     FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+    }
   }
   p.seqlen_kv = 500;  // rows not in 16-byte units
   for (bool no_dbias : {false, true}) {

@@ -104,7 +104,7 @@ struct BwdArgs {
   // Whole rows of the tile at once (the dense variants but the keep-only one): the group's dS
   // through the stage's bias buffer (free after the products' barrier), then each thread
   // stores 16 bytes of a row (dbias 16-byte aligned, strides multiples of 8), or adds 8
-  // floats as two float4 (dbias_acc: Skv a multiple of 4).
+  // floats as two float4 (dbias_acc: Skv a multiple of 4; flash_bwd gives it the pairs).
   int dbias_tile;
   const uint8_t* tiles;
   const uint32_t* keep_bits;
