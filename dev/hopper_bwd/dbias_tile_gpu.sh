@@ -7,7 +7,8 @@
 #   2. bwd_time, dbias written per element (FA_BIAS_B=1) and summed over the batch,
 #      A against B with FA_DBIAS_TILE 0 (the pairs' stores) and 1, D 128 and 64, causal
 #      and full, two alternating rounds -> $OUT/bwd_time_ab.log and a median table;
-#   3. through jax: dev/hopper_bwd/bias_vs_cudnn.py --dbias (with and without
+#   3. PYTEST=1: test_hopper_bwd_gpu.py -k bias;
+#   4. through jax: dev/hopper_bwd/bias_vs_cudnn.py --dbias (with and without
 #      --bias-batch) against cuDNN's backward, and bench fallback's alibi row.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,8 +17,8 @@ timeout 150 scripts/cuda_tests.sh run --gtest_filter='*HopperBwd*' > "$OUT/bwd_t
 echo "bwd kernel tests rc=$? $(grep -c '^\[       OK' "$OUT/bwd_tests.log") ok"
 grep "^\[  FAILED" "$OUT/bwd_tests.log" | head
 # A: .carry/bwd_time_a (the dbias pass an element a thread, as before); B: .carry/bwd_time_b
-# (the pass a row a block). B with FA_DBIAS_TILE 0 and 1.
-for r in 1 2; do
+# (the pass a row a block). B with FA_DBIAS_TILE 0 and 1. (SKIP_AB=1: not this step.)
+[ -n "${SKIP_AB:-}" ] || for r in 1 2; do
   for d in 128 64; do
     for bb in 1 0; do
       for c in 1 0; do
@@ -47,6 +48,11 @@ for d in ("d128", "d64"):
                       f"{a:7.3f} {b0:8.3f} {b1:7.3f} {a / b0:9.2f} {a / b1:9.2f}")
 PY
 source scripts/gpu_env.sh > /dev/null
+if [ -n "${PYTEST:-}" ]; then  # PYTEST=1: test_hopper_bwd_gpu.py's bias tests, 4 processes
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 \
+    tests/python/attention/test_hopper_bwd_gpu.py -k bias > "$OUT/hopper_bwd_bias.log" 2>&1
+  tail -1 "$OUT/hopper_bwd_bias.log"; grep -E "^(FAILED|ERROR)" "$OUT/hopper_bwd_bias.log" | head
+fi
 for bb in "" --bias-batch; do
   timeout 150 "$PY" dev/hopper_bwd/bias_vs_cudnn.py --dbias $bb --head-dims 128 64 --rounds 2 > "$OUT/bias_vs_cudnn$bb.log" 2>&1
   cat "$OUT/bias_vs_cudnn$bb.log"
