@@ -30,7 +30,7 @@ grep "^\[  FAILED" "$OUT/bwd_tests.log" | head
     done
   done
 done > "$OUT/bwd_time_ab.log" 2>&1
-python3 - "$OUT/bwd_time_ab.log" <<'PY'
+[ -n "${SKIP_AB:-}" ] || python3 - "$OUT/bwd_time_ab.log" <<'PY'
 import collections, re, statistics, sys
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):
