@@ -460,9 +460,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           p.bias_type == FA_NO_BIAS)
         bwd_measured = hopper_plain_measured(p, /*backward=*/true);
       // A bias's gradient: where dbias has the call's extents and whole 16-byte rows (each
-      // element written once, a tile row at a time: forward+backward 1.11-1.28x cuDNN at head
+      // element written once, a tile row at a time: forward+backward 1.10-1.24x cuDNN at head
       // dims 64 and 128, S 4096, H200); a broadcast bias's float32 sums measured slower
-      // (0.82-0.94x), as rows of other lengths (bench/RESULTS.md).
+      // (0.90-1.04x), as rows of other lengths (bench/RESULTS.md).
       if (bwd_no.empty() && p.bias_type != FA_NO_BIAS && !req.mask_bias && !req.no_dbias && !req.deterministic &&
           (p.bias_batch < p.batch || p.bias_heads < p.heads_q || p.seqlen_kv % 8 != 0))
         bwd_measured = "a broadcast bias's gradient (or rows not in 16-byte units): its dbias measured slower "

@@ -101,10 +101,10 @@ struct BwdArgs {
   float* dbias_acc;
   float dbias_mul;
   int dbias_vec;  // pairs of keys at once: dbias_acc float2-aligned, or dbias 4-byte aligned
-  // Whole rows of the tile at once (the dense variants but the keep-only one): the group's dS
-  // through the stage's bias buffer (free after the products' barrier), then each thread
-  // stores 16 bytes of a row (dbias 16-byte aligned, strides multiples of 8), or adds 8
-  // floats as two float4 (dbias_acc: Skv a multiple of 4; flash_bwd gives it the pairs).
+  // Whole rows of the tile at once (the dense variants but the keep-only one; dbias with the
+  // call's extents, no dbias_acc): the group's dS through the stage's bias buffer (free after
+  // the products' barrier), then each thread stores 16 bytes of a row (dbias 16-byte aligned,
+  // strides multiples of 8).
   int dbias_tile;
   const uint8_t* tiles;
   const uint32_t* keep_bits;
@@ -670,92 +670,66 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       const uint32_t ds_base = smem_addr(ds_buf);
       const int tbl = table_of(h);
       T* dbias_at = a.dbias_acc ? nullptr : static_cast<T*>(a.dbias) + b * a.bias_b + h * a.bias_h;
-      if (kBiasStages && a.dbias_tile) {
-        // The group's 64 keys (span w of the stage's bias buffer, as the bias tile: query row
-        // c, 128-byte swizzled): the pairs in T (times dbias_mul unless it sums in float32),
-        // then rows out 16 bytes a thread (full lines, where the pairs filled half sectors).
-        uint8_t* span = sm.bias[st] + w * kQ;
+      // kBiasStages with dbias_tile (dbias of the call's extents, whole 16-byte rows): the
+      // group's 64 keys go to span w of the stage's bias buffer (the bias tile's layout: query
+      // row c, 128-byte swizzled), then out a row at a time (full lines, where the pairs
+      // filled half sectors); else each thread stores its pairs.
+      const bool rows_out = kBiasStages && a.dbias_tile;
+      uint8_t* span = sm.bias[st] + w * kQ;
 #pragma unroll
-        for (int jc = 0; jc < kBlockM / 8; jc += 2) {
-          const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
-          uint32_t r[4];
-          ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
+      for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+        const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
+        uint32_t r[4];
+        ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
 #pragma unroll
-          for (int blk = 0; blk < 4; ++blk) {
-            const int c = 8 * (jc + blk / 2) + lane / 4, kc = 2 * warp + blk % 2;  // row, 16-byte chunk
-            uint32_t v = r[blk];
-            if (!a.dbias_acc && a.dbias_mul != 1.0f)
-              v = pack2<kBf16>(bits_to_float<kBf16>(static_cast<uint16_t>(v & 0xffffu)) * a.dbias_mul,
-                               bits_to_float<kBf16>(static_cast<uint16_t>(v >> 16)) * a.dbias_mul);
-            *reinterpret_cast<uint32_t*>(span + c * 128 + ((kc ^ (c % 8)) << 4) + 4 * (lane % 4)) = v;
+        for (int blk = 0; blk < 4; ++blk) {
+          const int c = 8 * (jc + blk / 2) + lane / 4, kc = 2 * warp + blk % 2;  // row, 16-byte chunk
+          const int q = m0 + c, key = tile.n0 + 64 * w + 8 * kc + 2 * (lane % 4);
+          const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
+          const float hi = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] >> 16)) * a.dbias_mul;
+          const uint32_t pair = a.dbias_mul == 1.0f ? r[blk] : pack2<kBf16>(lo, hi);
+          if (rows_out) {
+            *reinterpret_cast<uint32_t*>(span + c * 128 + ((kc ^ (c % 8)) << 4) + 4 * (lane % 4)) = pair;
+            continue;
           }
-        }
-        group_sync(2 + w);
-        const int key_at = tile.n0 + 64 * w;
-#pragma unroll
-        for (int x = tid; x < kBlockM * 8; x += 128) {
-          const int c = x / 8, j = x % 8, q = m0 + c, key = key_at + 8 * j;
           if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
-          const uint4 val = *reinterpret_cast<const uint4*>(span + c * 128 + ((j ^ (c % 8)) << 4));
-          const int n = min(8, a.seqlen_kv - key);
+          const bool two = key + 1 < a.seqlen_kv;
           if (a.dbias_acc) {
             float* at = a.dbias_acc + (int64_t(tbl) * a.seqlen_q + q) * a.seqlen_kv + key;
-            const uint32_t w4[4] = {val.x, val.y, val.z, val.w};
-            float f[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-              f[e] = bits_to_float<kBf16>(static_cast<uint16_t>(w4[e / 2] >> (16 * (e % 2)))) * a.dbias_mul;
-            if (n == 8) {
-              atomicAdd(reinterpret_cast<float4*>(at), make_float4(f[0], f[1], f[2], f[3]));
-              atomicAdd(reinterpret_cast<float4*>(at + 4), make_float4(f[4], f[5], f[6], f[7]));
+            if (two && a.dbias_vec) {
+              atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
             } else {
-              for (int e = 0; e < n; ++e) atomicAdd(at + e, f[e]);
+              atomicAdd(at, lo);
+              if (two) atomicAdd(at + 1, hi);
             }
           } else {
             T* at = dbias_at + int64_t{q} * a.bias_s + key;
-            if (n == 8) {
-              *reinterpret_cast<uint4*>(at) = val;
+            if (two && a.dbias_vec) {
+              *reinterpret_cast<uint32_t*>(at) = pair;
             } else {
-              const T* v8 = reinterpret_cast<const T*>(&val);
-              for (int e = 0; e < n; ++e) at[e] = v8[e];
+              at[0] = static_cast<T>(lo);
+              if (two) at[1] = static_cast<T>(hi);
             }
+          }
+        }
+      }
+      if (rows_out) {
+        group_sync(2 + w);
+#pragma unroll
+        for (int x = tid; x < kBlockM * 8; x += 128) {
+          const int c = x / 8, j = x % 8, q = m0 + c, key = tile.n0 + 64 * w + 8 * j;
+          if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
+          const uint4 val = *reinterpret_cast<const uint4*>(span + c * 128 + ((j ^ (c % 8)) << 4));
+          T* at = dbias_at + int64_t{q} * a.bias_s + key;
+          if (key + 8 <= a.seqlen_kv) {
+            *reinterpret_cast<uint4*>(at) = val;
+          } else {
+            const T* v8 = reinterpret_cast<const T*>(&val);
+            for (int e = 0; e < a.seqlen_kv - key; ++e) at[e] = v8[e];
           }
         }
         // the buffer's next write is the copy engine's (this stage's next bias tile)
         fence_proxy_async();
-      } else {
-#pragma unroll
-        for (int jc = 0; jc < kBlockM / 8; jc += 2) {
-          const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
-          uint32_t r[4];
-          ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
-#pragma unroll
-          for (int blk = 0; blk < 4; ++blk) {
-            const int q = m0 + 8 * (jc + blk / 2) + lane / 4;
-            const int key = tile.n0 + 64 * w + 16 * warp + 8 * (blk % 2) + 2 * (lane % 4);
-            if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
-            const bool two = key + 1 < a.seqlen_kv;
-            const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
-            const float hi = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] >> 16)) * a.dbias_mul;
-            if (a.dbias_acc) {
-              float* at = a.dbias_acc + (int64_t(tbl) * a.seqlen_q + q) * a.seqlen_kv + key;
-              if (two && a.dbias_vec) {
-                atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
-              } else {
-                atomicAdd(at, lo);
-                if (two) atomicAdd(at + 1, hi);
-              }
-            } else {
-              T* at = dbias_at + int64_t{q} * a.bias_s + key;
-              if (two && a.dbias_vec) {
-                *reinterpret_cast<uint32_t*>(at) = a.dbias_mul == 1.0f ? r[blk] : pack2<kBf16>(lo, hi);
-              } else {
-                at[0] = static_cast<T>(lo);
-                if (two) at[1] = static_cast<T>(hi);
-              }
-            }
-          }
-        }
       }
     }
     wgmma_wait<1>();  // dV and dQ's part

@@ -208,11 +208,15 @@ __global__ void __launch_bounds__(256) bwd_dq(const float* acc, FlashBwdParams p
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// dbias's rows in whole 16-byte units (its pointer and the bias's strides): 16-byte stores.
+bool dbias_rows16(const FlashBwdParams& p) {
+  return rows16({p.dbias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+}
+
 Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream) {
   const int64_t rows = p.bias_batch * p.bias_heads * p.seqlen_q;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
-  const bool vec = p.seqlen_kv % 8 == 0 && (!acc || aligned(acc, 16)) &&
-                   rows16({p.dbias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+  const bool vec = p.seqlen_kv % 8 == 0 && (!acc || aligned(acc, 16)) && dbias_rows16(p);
   if (p.bf16) {
     vec ? bwd_dbias<__nv_bfloat16, true><<<blocks, 256, 0, stream>>>(acc, p)
         : bwd_dbias<__nv_bfloat16, false><<<blocks, 256, 0, stream>>>(acc, p);
@@ -379,8 +383,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     // dbias has the call's extents and its rows are whole 16-byte units (bwd_time, H200,
     // session 39: D128 causal 3.29 -> 2.87 ms, D64 5.52 -> 4.82). The float4 sums of a
     // broadcast bias measured slower than the pairs' (3.59 -> 4.01 ms): pairs there.
-    a.dbias_tile = p.dbias_tile && !keep_variant(p) && !dbias_sums(p) &&
-                   rows16({p.dbias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+    a.dbias_tile = p.dbias_tile && !keep_variant(p) && !dbias_sums(p) && dbias_rows16(p);
     if (dbias_sums(p)) {
       a.dbias_acc = reinterpret_cast<float*>(base + sc.dbias);
       FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(

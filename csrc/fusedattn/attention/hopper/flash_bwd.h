@@ -65,8 +65,8 @@ struct FlashBwdParams {
   // kept. want_dbias sizes that workspace before the pointer exists.
   void* dbias = nullptr;
   bool want_dbias = false;
-  // dbias's stores a tile row at a time through shared memory (16-byte stores, float4 sums)
-  // where its rows allow; false keeps the pairs of keys a thread (for A/B).
+  // dbias's stores a tile row at a time through shared memory (16-byte stores) where it has
+  // the call's extents and its rows allow; false keeps the pairs of keys a thread (for A/B).
   bool dbias_tile = true;
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
   // FlashFwdParams::softcap); no dense mask with it.
