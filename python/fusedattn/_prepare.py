@@ -424,8 +424,10 @@ class Call:
 def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_type, qkv_layout,
             softmax_type, scaling_factor, dropout_probability, is_training, max_segments_per_seq,
             window_size, softmax_offset, context_checkpoint_name="context", build=True,
-            dropout_broadcast=False) -> Call:
+            dropout_broadcast=False, keep_mask=False) -> Call:
     """Checks a call; with build, also makes the N_OPS FFI operands. Raises on bad input.
+    keep_mask (dot_product_attention's mask alone, _lib.REQUEST_MASK_KEEP_ONLY): the bias is
+    a boolean mask (True keeps the key) and stays boolean.
     max_segments_per_seq > 1 with a BSHD layout warns and is taken as 1 (one sequence a
     row), as TransformerEngine takes it."""
     layout = enum(QKVLayout, qkv_layout, "qkv_layout")
@@ -456,7 +458,10 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
                 or bshape[2:] != (dims.Sq, dims.Skv)):
             raise ValueError(f"fused_attn: bias: got shape {list(bshape)}; allowed [1 or {dims.B},"
                              f" 1 or {dims.Hq}, {dims.Sq}, {dims.Skv}] ([1 or B, 1 or Hq, Sq, Skv])")
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
+        if keep_mask and bias.dtype != jnp.bool_:
+            raise ValueError(f"fused_attn: a keep mask (_mask_keep_only) must be a boolean "
+                             f"array; got dtype {bias.dtype}")
+        if not keep_mask and not jnp.issubdtype(bias.dtype, jnp.floating):
             raise ValueError(f"fused_attn: bias must be a float array; got dtype {bias.dtype}")
         bias_extent = bshape[:2]
     if softmax_offset is not None and softmax != SoftmaxType.LEARNABLE_SOFTMAX:
@@ -540,7 +545,7 @@ def prepare(qkv, bias, sequence_descriptor, seed, *, attn_bias_type, attn_mask_t
         q_op,
         empty(dtype) if k_op is None else k_op,
         empty(dtype) if v_op is None else v_op,
-        empty(dtype) if bias is None else jnp.asarray(bias).astype(dtype),
+        empty(dtype) if bias is None else jnp.asarray(bias).astype(jnp.bool_ if keep_mask else dtype),
         (empty(stat_dtype(dtype)) if softmax_offset is None
          else jnp.asarray(softmax_offset).astype(stat_dtype(dtype)).reshape(dims.Hq)),
         seed_words(seed) if cfg.dropout_on else empty(jnp.uint32),

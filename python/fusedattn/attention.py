@@ -153,6 +153,7 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
     (q_op, k_op, v_op, bias, offset, seed, q_lens, kv_lens, q_offs, kv_offs,
      index_base) = ops[:N_OPS]
     q, k, v = unpack(q_op, k_op, v_op, cfg.layout)
+    bias = _folded(bias, q_op.dtype)
     out, lse, max_logit = attention_reference(
         q, k, v, attn_mask_type=cfg.mask_type, scaling_factor=cfg.scale, q_seqlens=q_lens,
         kv_seqlens=kv_lens, q_offsets=q_offs, kv_offsets=kv_offs, thd=cfg.thd,
@@ -164,6 +165,36 @@ def _reference(*ops, cfg: Config, dims: Dims, sm=None):
     if cfg.average_empty_rows:
         out = _average_empty_rows(out, lse, v, q_lens, cfg)
     return out, (jnp.swapaxes(lse, 1, 2) if cfg.thd else lse), max_logit
+
+
+def _folded(bias, dtype):
+    """A boolean keep mask (_mask_keep_only) as the engine folds it for the kernels that add
+    a bias: 0 where it keeps the key, _lib.masked_bias_value(dtype) where it drops it."""
+    if bias.dtype != jnp.bool_:
+        return bias
+    dropped = jnp.asarray(_lib.masked_bias_value(jnp.dtype(dtype).name), dtype)
+    return jnp.where(bias, jnp.zeros((), dtype), dropped)
+
+
+def _keep_mask(ops) -> bool:
+    """The bias operand is a boolean keep mask: it takes no gradient (its slot in the
+    backward's results is a boolean array nothing writes, dropped by _fused_bwd)."""
+    return ops[3].dtype == jnp.bool_
+
+
+def _vjp_of(f, ops, n: int):
+    """jax.vjp of f over ops[:5] and ops[n:] (q, k, v, bias, softmax_offset and a score_mod's
+    operands), a keep mask held constant: its slot gets a boolean array of its shape."""
+    diff = (*ops[:5], *ops[n:])
+    if not _keep_mask(ops):
+        return jax.vjp(f, *diff)[1]
+    mask = ops[3]
+    _, vjp = jax.vjp(lambda *d: f(*d[:3], mask, *d[3:]), *diff[:3], *diff[4:])
+
+    def with_mask(ct):
+        g = vjp(ct)
+        return (*g[:3], jnp.zeros(mask.shape, jnp.bool_), *g[3:])
+    return with_mask
 
 
 def _average_empty_rows(out, lse, v, q_lens, cfg: Config):
@@ -190,8 +221,7 @@ def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
         return _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
                           sm=sm)[0]
 
-    _, vjp = jax.vjp(out_of, *ops[:5], *ops[N_OPS:])
-    return vjp(dout)
+    return _vjp_of(out_of, ops, N_OPS)(dout)
 
 
 def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=None):
@@ -213,8 +243,7 @@ def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=Non
         w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(heads_last(lb) - safe))
         return jnp.sum(ob.astype(f32) * w[..., None] * dout.astype(f32)) - jnp.sum(w * D)
 
-    diff = (*ops[:5], *ops[N_OPS:])
-    return jax.grad(share, argnums=tuple(range(len(diff))))(*diff)
+    return _vjp_of(share, ops, N_OPS)(jnp.ones((), f32))
 
 
 def _per_platform(args, cfg: Config, dims: Dims, sm, kernel, cuda, reference):
@@ -325,7 +354,10 @@ def _fused_bwd(static, *args):
     cfg, dims, sm = static
     ops, (out, dout, lse, _) = args[:-4], args[-4:]
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision the training forward made
-    return _BWD((cfg, dims, sm, "bwd"), *ops, out, dout.astype(out.dtype), lse)
+    grads = _BWD((cfg, dims, sm, "bwd"), *ops, out, dout.astype(out.dtype), lse)
+    if _keep_mask(ops):  # a keep mask takes no gradient (_differentiable_ops)
+        grads = (*grads[:3], *grads[4:])
+    return grads
 
 
 def _reference_out(static, *ops):
@@ -334,8 +366,10 @@ def _reference_out(static, *ops):
 
 
 def _differentiable_ops(static, n_ops: int) -> tuple:
-    """q, k, v, bias, softmax_offset, and a score_mod's operands."""
-    return (0, 1, 2, 3, 4) + ((N_OPS,) if n_ops > N_OPS else ())
+    """q, k, v, bias (not a boolean keep mask), softmax_offset, and a score_mod's operands."""
+    cfg = static[0]
+    bias = () if cfg.mask_bias and cfg.mask_keep_only else (3,)
+    return (0, 1, 2, *bias, 4) + ((N_OPS,) if n_ops > N_OPS else ())
 
 
 def _specialize(static, live: tuple):
@@ -521,7 +555,7 @@ def _bwd_impl(static, plan, *args):
         else:
             grads[1], grads[2] = _partition.put_kv_heads(plan, taken, axis, hkv, *grads[1:3])
     bias = ops[3]
-    if bias.size:
+    if bias.size and not _keep_mask(ops):
         axes = ((plan.of("b") if bias.shape[n_lead] == 1 else ())
                 + (plan.of("h") if bias.shape[n_lead + 1] == 1 else ()))
         if axes:
@@ -716,9 +750,11 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
     holds _lib.masked_bias_value(dtype) at the keys it drops; the CPU engine then drops
     them as a -inf bias does (a row that keeps none gives 0 and lse -inf, for the caller
     to fix) and skips the key tiles they fill.
-    _mask_keep_only (internal, with _mask_bias): the folded mask holds no values (every key it
-    keeps is 0: no bias came beside it; _lib.REQUEST_MASK_KEEP_ONLY): the Hopper backward at
-    head dim 64 takes 128-query blocks then.
+    _mask_keep_only (internal, with _mask_bias): no bias came beside the mask, and the bias
+    operand is the boolean mask itself (True keeps the key; _lib.REQUEST_MASK_KEEP_ONLY): the
+    engine folds it into the masked value only for the kernels that add a bias's values (the
+    Hopper kernels read the mask's bytes; the Hopper backward at head dim 64 then takes
+    128-query blocks). It takes no gradient.
     _average_empty_rows (internal: dot_product_attention's): that fix, by every backend
     (_lib.REQUEST_AVERAGE_EMPTY_ROWS): rows below their q_seqlen whose lse is at most half
     the folded mask's value get the average of all values of their kv head (jax's softmax
@@ -731,7 +767,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
                    dropout_probability=dropout_probability, is_training=is_training,
                    max_segments_per_seq=max_segments_per_seq, window_size=window_size,
                    softmax_offset=softmax_offset, context_checkpoint_name=context_checkpoint_name,
-                   dropout_broadcast=dropout_broadcast)
+                   dropout_broadcast=dropout_broadcast,
+                   keep_mask=bool(_mask_bias) and bool(_mask_keep_only) and bias is not None)
     sequence_descriptor = call.sequence_descriptor  # resolved to the call's max_segments_per_seq
     if check_descriptors and sequence_descriptor is not None:
         d = call.dims
@@ -769,7 +806,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, *,
         call.cfg, want_lse=bool(return_aux or _average_empty_rows),
         want_max_logit=bool(return_max_logit),
         mask_bias=bool(_mask_bias) and call.operands[3].size > 0,
-        mask_keep_only=bool(_mask_keep_only),
+        mask_keep_only=bool(_mask_keep_only) and bool(_mask_bias) and call.operands[3].size > 0,
         average_empty_rows=bool(_average_empty_rows)))
     _warn_if_fallback(call, sm)
     ops = call.operands if sm is None else (*call.operands, _sm.concat_operands(arrays4))

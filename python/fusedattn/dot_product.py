@@ -161,14 +161,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
             mask = wmask if mask is None else mask & wmask
             window = None
 
-    # Boolean mask and bias -> one additive bias [1|B, 1|N, T, S] (keep_only: the mask alone,
-    # no values beside the masked one).
+    # A boolean mask alone goes to the engine as it is (keep_only: the engine reads the mask
+    # itself, and folds it into the masked value only for the kernels that add a bias's
+    # values); with a bias beside it, both fold into one additive bias [1|B, 1|N, T, S].
     keep_only = bias is None
     if mask is not None:
         mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(mask.shape, (1, 1, T, S)))
-        base = jnp.zeros((), q.dtype) if bias is None else bias
-        bias = jnp.where(mask, base, jnp.asarray(_large_negative(q.dtype), q.dtype))
-    if bias is not None:
+        if keep_only:
+            bias = mask
+        else:
+            bias = jnp.where(mask, bias, jnp.asarray(_large_negative(q.dtype), q.dtype))
+    if bias is not None and not (mask is not None and keep_only):
         bshape = jnp.broadcast_shapes(bias.shape, (1, 1, T, S))
         bias = jnp.broadcast_to(bias, bshape).astype(q.dtype)
 

@@ -5,10 +5,12 @@
 // Each decodes one AttnParams (validated) and one AttnTensors, and calls the kernel (with
 // jax's rows that keep nothing around it when asked: kRequestAverageEmptyRows).
 #include <cstring>
+#include <vector>
 
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/cpu/attention.h"
 #include "fusedattn/attention/cpu/empty_rows.h"
+#include "fusedattn/attention/cpu/score_ops.h"
 #include "fusedattn/score_mod/program.h"
 #include "fusedattn/attention/ffi_decode.h"
 #include "fusedattn/attention/validate.h"
@@ -36,6 +38,33 @@ cpu::Extras extras(const AttnOperands& in, const AttnAttrs& attrs, const AttnTen
   return x;
 }
 
+// kRequestMaskKeepOnly: t's keep mask (one byte a key) folded into q's dtype in storage, 0
+// where it keeps the key and the masked value (cpu::masked_bias) where it drops it, as the
+// CUDA handlers fold it for their kernels (cuda/keep_mask.h) and XLA's `where` did.
+void fold_keep(const AttnParams& p, AttnTensors* t, std::vector<unsigned char>* storage) {
+  if (!t->bias_keep) return;
+  const int64_t n = p.num_slices * t->bias_slice;
+  const auto* mask = static_cast<const uint8_t*>(t->bias);
+  auto fill = [&](auto keep, auto drop) {
+    using T = decltype(keep);
+    storage->resize(static_cast<size_t>(n) * sizeof(T));
+    T* out = reinterpret_cast<T*>(storage->data());
+    for (int64_t i = 0; i < n; ++i) out[i] = mask[i] ? keep : drop;
+  };
+  switch (p.dtype) {
+    case FA_FLOAT32: fill(0.0f, cpu::masked_bias<float>()); break;
+    case FA_FLOAT64: fill(0.0, static_cast<double>(cpu::masked_bias<double>())); break;
+    case FA_BFLOAT16:
+      fill(cpu::from_float<cpu::bf16>(0.0f), cpu::from_float<cpu::bf16>(cpu::masked_bias<cpu::bf16>()));
+      break;
+    case FA_FLOAT16:
+      fill(cpu::from_float<cpu::fp16>(0.0f), cpu::from_float<cpu::fp16>(cpu::masked_bias<cpu::fp16>()));
+      break;
+  }
+  t->bias = storage->data();
+  t->bias_keep = false;
+}
+
 // A float64 call with a score_mod: its interpreter computes in float32, so Python runs
 // the reference in float64 (select_backend says so) and never sends one here.
 Status check_score_mod_dtype(const AttnParams& p) {
@@ -52,6 +81,8 @@ ffi::Error run_fwd(const AttnOperands& in, const AttnAttrs& attrs, ffi::AnyBuffe
   AttnTensors t;
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_ERROR(decode_fwd_results(p, in, out, lse, max_logit, &t));
+  std::vector<unsigned char> folded;
+  fold_keep(p, &t, &folded);
   ScoreModCall smc;
   if (program) FA_RETURN_IF_ERROR(check_score_mod_dtype(p));
   if (program) FA_RETURN_IF_ERROR(decode_score_mod_call(p, *program, *sm_operands, nullptr, &smc));
@@ -113,6 +144,8 @@ ffi::Error run_bwd(const AttnOperands& in, const AttnAttrs& attrs, const ffi::An
   FA_RETURN_IF_ERROR(decode_operands(in, attrs, &p, &t));
   FA_RETURN_IF_ERROR(decode_bwd_buffers(p, in, out, dout, lse, dq, dk, dv, dbias,
                                         dsoftmax_offset, &t));
+  std::vector<unsigned char> folded;
+  fold_keep(p, &t, &folded);
   ScoreModCall smc;
   if (program) FA_RETURN_IF_ERROR(check_score_mod_dtype(p));
   if (program)

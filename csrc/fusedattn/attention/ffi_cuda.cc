@@ -26,6 +26,7 @@
 #include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/cuda/empty_rows.h"
 #include "fusedattn/attention/cuda/flash.h"
+#include "fusedattn/attention/cuda/keep_mask.h"
 #include "fusedattn/attention/ffi_cuda.h"
 #include "fusedattn/attention/ffi_cuda_route.h"
 #include "fusedattn/attention/options.h"
@@ -155,6 +156,36 @@ void* empty_rows_scratch(const AttnParams& p, ffi::AnyBuffer* workspace) {
   return reinterpret_cast<void*>((end - cuda::empty_rows_bwd_scratch_bytes(p)) / kRegionAlign * kRegionAlign);
 }
 
+// kRequestMaskKeepOnly's folded bias (cuda/keep_mask.h: q's dtype, the mask's extents) for
+// the kernels that add a bias's values: the bytes just before the empty rows' scratch
+// (attn_workspace_bytes adds these too).
+size_t keep_fold_bytes(const AttnParams& p, int32_t flags) {
+  if (!(flags & kRequestMaskKeepOnly) || p.bias_type == FA_NO_BIAS || p.bias_batch == 0) return 0;
+  const int64_t n = p.num_slices * p.bias_batch * p.bias_heads * p.seqlen_q * p.seqlen_kv;
+  return static_cast<size_t>(n) * (p.dtype == FA_FLOAT32 ? 4 : 2) + kRegionAlign;
+}
+
+// t with its keep mask (t.bias_keep) folded into the workspace (every route but the Hopper
+// kernels' classification reads values).
+Status fold_keep(const AttnParams& p, int32_t flags, bool backward, ffi::AnyBuffer* workspace,
+                 cudaStream_t stream, AttnTensors* t) {
+  if (!t->bias_keep) return Status::Ok();
+  const size_t bytes = keep_fold_bytes(p, flags);
+  const size_t tail = empty_rows_bytes(p, backward, flags) + bytes;
+  if (bytes == 0 || workspace->size_bytes() < tail)
+    return Status::Internal("workspace: got " + std::to_string(workspace->size_bytes()) +
+                            " bytes, the keep mask's fold alone needs " + std::to_string(bytes));
+  const uintptr_t end = reinterpret_cast<uintptr_t>(workspace->untyped_data()) + workspace->size_bytes() -
+                        empty_rows_bytes(p, backward, flags);
+  void* folded = reinterpret_cast<void*>((end - bytes + kRegionAlign) / kRegionAlign * kRegionAlign);
+  const int64_t n = p.num_slices * t->bias_slice;
+  FA_RETURN_IF_NOT_OK(cuda::fold_keep_mask(static_cast<const uint8_t*>(t->bias), n, p.dtype,
+                                           fa_masked_bias_value(p.dtype), folded, stream));
+  t->bias = folded;
+  t->bias_keep = false;
+  return Status::Ok();
+}
+
 // Checks a call that asks for kRequestAverageEmptyRows (ok when it does not) and gives its
 // passes' arguments.
 Status empty_rows_args(const AttnParams& p, const AttnTensors& t, const AttnAttrs& attrs,
@@ -174,7 +205,7 @@ Status empty_rows_args(const AttnParams& p, const AttnTensors& t, const AttnAttr
   return Status::Ok();
 }
 
-Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,
+Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTensors t,
                  ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm);
 
 Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::AnyBuffer* out,
@@ -192,7 +223,7 @@ Status attn_fwd(cudaStream_t stream, int device, const AttnOperands& in, ffi::An
 }
 
 // The forward by the kernels select_backend() chose.
-Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,
+Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTensors t,
                  ffi::AnyBuffer* workspace, const AttnAttrs& attrs, const SmArgs& sm) {
   const bool want_max = attrs.want_max_logit != 0;
   BackendRequest req;
@@ -200,6 +231,9 @@ Status fwd_route(cudaStream_t stream, int device, const AttnParams& p, const Att
   req.want_max_logit = want_max;
   BackendChoice choice;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
+  // The Hopper forward classifies a keep mask's bytes: no fold.
+  if (choice.forward != FA_BACKEND_HOPPER_FWD)
+    FA_RETURN_IF_NOT_OK(fold_keep(p, attrs.backend_flags, false, workspace, stream, &t));
   if (choice.forward == FA_BACKEND_CUDA_FLASH) {
     void* ws = nullptr;
     FA_RETURN_IF_NOT_OK(flash_workspace_at(p, false, sm.call != nullptr, workspace, &ws));
@@ -252,6 +286,9 @@ Status bwd_route(cudaStream_t stream, int device, const AttnParams& p, AttnTenso
   BackendChoice choice;
   FA_RETURN_IF_NOT_OK(choose(p, device, req, attrs.backend_flags, &choice));
   const bool deterministic = (attrs.backend_flags & kRequestDeterministic) != 0;
+  // The Hopper backward classifies a keep mask's bytes: no fold.
+  if (choice.backward != FA_BACKEND_HOPPER_BWD)
+    FA_RETURN_IF_NOT_OK(fold_keep(p, attrs.backend_flags, true, workspace, stream, &t));
   if (choice.backward == FA_BACKEND_NONE)  // a deterministic call the flash kernels serve
     return Status::Unimplemented("no backward serves this call: " + choice.reason);
   if (choice.backward == FA_BACKEND_CUDA_FLASH) {
@@ -419,7 +456,8 @@ Status attn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool
                             const cudnn::ScoreModSpec* sm) {
   FA_RETURN_IF_NOT_OK(route_workspace_bytes(p, device, want_lse, want_max_logit, backward,
                                             backend_flags, bytes, sm));
-  *bytes += static_cast<int64_t>(empty_rows_bytes(p, backward, backend_flags));
+  *bytes += static_cast<int64_t>(empty_rows_bytes(p, backward, backend_flags) +
+                                 keep_fold_bytes(p, backend_flags));
   return Status::Ok();
 }
 

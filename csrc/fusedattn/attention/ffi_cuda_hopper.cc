@@ -94,6 +94,7 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
     fp.bias_b = t.bias_b, fp.bias_h = t.bias_h, fp.bias_s = t.bias_s;
     fp.bias_batch = p.bias_batch, fp.bias_heads = p.bias_heads;
     fp.mask_bias = (flags & kRequestMaskBias) != 0;
+    fp.bias_keep = t.bias_keep;
     fp.mask_value = fa_masked_bias_value(p.dtype);
     fp.mask_tiles = hp.plan.at<void>(hp.mask_tiles);
   }
@@ -165,6 +166,7 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.pre_scale_bias = p.bias_type == FA_PRE_SCALE_BIAS;
     bp.mask_bias = mask_bias;
     bp.mask_keep_only = mask_bias && keep_only;
+    bp.bias_keep = t.bias_keep;
     bp.mask_value = fa_masked_bias_value(p.dtype);
     bp.want_dbias = want_dbias;
     bp.dbias = want_dbias ? t.dbias : nullptr;

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "fusedattn/attention/backend.h"
 #include "fusedattn/attention/validate.h"
 
 namespace fusedattn::ffi_glue {
@@ -149,7 +150,14 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
       return shape_error("bias", bias, "[1 or B, 1 or Hq, " + std::to_string(p->seqlen_q) + ", " +
                                            std::to_string(p->seqlen_kv) + "] after the vmap dims " +
                                            dims_str(vlead));
-    if (bias.element_type() != q.element_type())
+    const bool keep = (attrs.backend_flags & kRequestMaskKeepOnly) != 0;
+    if (keep && !(attrs.backend_flags & kRequestMaskBias))
+      return Status::Invalid("backend_flags: kRequestMaskKeepOnly (a boolean keep mask as the "
+                             "bias) needs kRequestMaskBias beside it");
+    if (keep && bias.element_type() != ffi::DataType::PRED)
+      return Status::Invalid("bias: dtype code " + std::to_string(int(bias.element_type())) +
+                             "; with kRequestMaskKeepOnly the bias is a boolean mask (bool)");
+    if (!keep && bias.element_type() != q.element_type())
       return Status::Invalid("bias: dtype code " + std::to_string(int(bias.element_type())) +
                              "; the bias must have q's dtype");
     p->bias_batch = bd[nlead - 1];
@@ -220,6 +228,7 @@ Status decode_operands(const AttnOperands& in, const AttnAttrs& attrs, AttnParam
   }
   if (p->bias_type != FA_NO_BIAS) {
     t->bias = bias.untyped_data();
+    t->bias_keep = (attrs.backend_flags & kRequestMaskKeepOnly) != 0;
     t->bias_s = p->seqlen_kv;
     const int64_t plane = p->seqlen_q * p->seqlen_kv;
     t->bias_h = p->bias_heads > 1 ? plane : 0;
@@ -325,7 +334,8 @@ Status decode_bwd_buffers(const AttnParams& p, const AttnOperands& in, const ffi
   t->sdq = t->sq;
   t->sdk = t->sk;
   t->sdv = t->sv;
-  t->dbias = t->bias ? dbias->untyped_data() : nullptr;
+  // A keep mask takes no gradient: its dbias (a boolean array of its shape) is not written.
+  t->dbias = t->bias && !t->bias_keep ? dbias->untyped_data() : nullptr;
   t->dsoftmax_offset = t->softmax_offset ? static_cast<float*>(dsoftmax_offset->untyped_data()) : nullptr;
   return Status::Ok();
 }

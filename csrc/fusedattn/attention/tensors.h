@@ -25,6 +25,10 @@ struct AttnTensors {
   // and folded batch entry b reads slice b / (B / num_slices), entry b % (B / num_slices).
   const void* bias = nullptr;
   int64_t bias_slice = 0, bias_b = 0, bias_h = 0, bias_s = 0;
+  // The bias is a boolean keep mask (kRequestMaskKeepOnly: one byte a key, nonzero keeps
+  // it), not values: the handlers fold it (fold_keep_mask) for every kernel but the Hopper
+  // ones' tile classification, which reads the bytes.
+  bool bias_keep = false;
   const float* softmax_offset = nullptr;  // [V, Hq]
   const uint32_t* seed = nullptr;         // [V, 2]
   const int32_t* q_seqlens = nullptr;     // [B, M]

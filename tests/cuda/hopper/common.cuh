@@ -51,4 +51,12 @@ __global__ void fill_mask(T* m, int64_t tables, int64_t Sq, int64_t Skv, int kin
   }
 }
 
+// The boolean keep mask of a folded one (FlashFwdParams / FlashBwdParams::bias_keep): 1
+// where the key is kept, 0 where it holds `masked`.
+template <class T>
+__global__ void keep_bytes(const T* m, int64_t n, float masked, uint8_t* keep) {
+  for (int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; x < n; x += int64_t{gridDim.x} * blockDim.x)
+    keep[x] = static_cast<float>(m[x]) != masked;
+}
+
 }  // namespace fusedattn::cuda::hopper::test_util

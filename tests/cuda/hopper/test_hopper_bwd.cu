@@ -213,6 +213,8 @@ struct Case {
   // FlashBwdParams::mask_keep_only (head dim 64's 128-query dense variant); with mask_values
   // a broken claim: expect_nan, NaN in dq where a tile holds values.
   bool mask_keep_only = false, expect_nan = false;
+  // With mask_keep_only: the kernel reads the mask as bytes (bias_keep; the reference the folded one).
+  bool keep = false;
   bool out_unaligned = false;  // out 2 bytes past a 16-byte boundary: D's one-element loads
   bool dkv_unaligned = false;  // dk and dv 4 bytes past one: dK / dV's 4-byte stores
   bool deterministic = false;  // FlashBwdParams::deterministic: dq bitwise the same in 3 more calls
@@ -346,6 +348,13 @@ void run_case(const Case& cs) {
     p.dbias = dbias, p.want_dbias = true;
   }
   const Rule rule{p};
+  uint8_t* keep = nullptr;
+  if (cs.keep) {
+    const int64_t n = p.bias_batch * p.bias_heads * cs.Sq * cs.Skv;
+    CUDA_OK(cudaMalloc(&keep, n));
+    keep_bytes<<<1024, 256>>>(mask, n, p.mask_value, keep);
+    p.bias = keep, p.bias_keep = true;
+  }
   ref_forward<T><<<(rows + 127) / 128, 128>>>(rule, lse, dsum);
   CUDA_OK(cudaGetLastError());
   void* ws = nullptr;
@@ -462,7 +471,7 @@ void run_case(const Case& cs) {
   for (void* t : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
                   (void*)lse, (void*)dsum, (void*)rq, (void*)rk, (void*)rv, ws, (void*)lens, (void*)mask,
                   (void*)sinks, (void*)dsinks, (void*)rsinks, (void*)slopes, (void*)dbias, (void*)rdbias,
-                  (void*)dslopes, (void*)rslope, (void*)rslope_abs})
+                  (void*)dslopes, (void*)rslope, (void*)rslope_abs, (void*)keep})
     cudaFree(t);
 }
 
@@ -526,6 +535,16 @@ std::vector<Case> cases() {
        .mask_keep_only = true, .deterministic = true});
   add({.name = "det_d64_keep_causal_type_gqa", .causal = true, .D = 64, .Sq = 640, .Skv = 640, .Hq = 6,
        .Hkv = 2, .mask = 2, .mask_keep_only = true, .deterministic = true});
+  // A boolean keep mask's bytes (bias_keep): head dim 64's keep variant, 128's dense variants
+  // (no bias map, no value read), keys in 16-key units or not, deterministic.
+  add({.name = "d64_keep_bytes_band_holes_gqa", .D = 64, .Sq = 520, .Skv = 640, .Hq = 6, .Hkv = 2,
+       .mask = 2, .mask_h = true, .mask_keep_only = true, .keep = true});
+  add({.name = "keep_bytes_causal_keys_not_of_16", .Sq = 300, .Skv = 300, .mask = 1, .mask_keep_only = true,
+       .keep = true});
+  add({.name = "keep_bytes_band_per_batch_causal_type", .causal = true, .B = 2, .Sq = 384, .Skv = 512,
+       .mask = 2, .mask_b = true, .mask_keep_only = true, .keep = true});
+  add({.name = "det_d64_keep_bytes_causal", .D = 64, .Sq = 512, .Skv = 512, .mask = 1, .mask_keep_only = true,
+       .keep = true, .deterministic = true});
   add({.name = "d64_keep_claim_broken", .D = 64, .Sq = 256, .Skv = 256, .mask = 2, .mask_values = true,
        .mask_keep_only = true, .expect_nan = true});
   // Deterministic dQ (a counter a 64-row block, parts added in key-block order): each

@@ -137,6 +137,7 @@ struct Case {
   std::vector<int> segs;             // first query, queries, first key, keys (in the row)
   int mask = 0;  // a dense mask (fill_mask's kind), [mask_b ? B : 1, mask_h ? Hq : 1, Sq, Skv]
   bool mask_b = false, mask_h = false, mask_values = false;
+  bool keep = false;  // the kernel reads the mask as bytes (bias_keep; the reference: the folded one)
   // A bias (1 post-scale, 2 pre-scale) [bias_b ? B : 1, bias_h ? Hq : 1, Sq, Skv], its rows
   // bias_pad elements longer than Skv; bias_tile: FlashFwdParams::bias_tile.
   int bias = 0;
@@ -237,6 +238,7 @@ void run_case(const Case& cs) {
     p.alibi_abs = cs.alibi == 2;
   }
   T* mask = nullptr;
+  uint8_t* keep = nullptr;
   void* mask_tiles = nullptr;
   if (cs.mask) {
     const int64_t mb = cs.mask_b ? cs.B : 1, mh = cs.mask_h ? cs.Hq : 1;
@@ -252,6 +254,10 @@ void run_case(const Case& cs) {
     CUDA_OK(cudaMalloc(&mask_tiles, bytes));
     CUDA_OK(cudaMemset(mask_tiles, 0x55, bytes));  // flash_fwd writes every class it reads
     p.mask_tiles = mask_tiles;
+    if (cs.keep) {
+      CUDA_OK(cudaMalloc(&keep, n));
+      keep_bytes<<<1024, 256>>>(mask, n, p.mask_value, keep);
+    }
   }
   T* bias = nullptr;
   if (cs.bias) {
@@ -264,8 +270,10 @@ void run_case(const Case& cs) {
     p.bias_b = cs.bias_b ? bh * cs.Sq * row : 0;
     p.bias_tile = cs.bias_tile;
   }
-  ASSERT_EQ(flash_fwd_unsupported(p, 90), "");
-  const Status st = flash_fwd(p, 0);
+  FlashFwdParams run = p;  // the kernel's (a keep mask's bytes); the reference reads p's
+  if (keep) run.bias = keep, run.bias_keep = true;
+  ASSERT_EQ(flash_fwd_unsupported(run, 90), "");
+  const Status st = flash_fwd(run, 0);
   ASSERT_TRUE(st.ok()) << st.message;
   reference<T><<<(rows + 127) / 128, 128>>>(p, ref_o, ref_lse, ref_max);
   CUDA_OK(cudaDeviceSynchronize());
@@ -325,7 +333,7 @@ void run_case(const Case& cs) {
                     << ", first bad row " << first;
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)ref_o,
                     (void*)ref_lse, (void*)ref_max, (void*)max_logit, (void*)slopes, (void*)lens,
-                    (void*)counter, (void*)sinks, (void*)mask, mask_tiles, (void*)bias})
+                    (void*)counter, (void*)sinks, (void*)mask, mask_tiles, (void*)bias, (void*)keep})
     if (ptr) CUDA_OK(cudaFree(ptr));
 }
 
@@ -500,6 +508,15 @@ const Case kCases[] = {
       c.mask = 2, c.mask_b = c.mask_h = true, c.mask_values = true, c.Sq = 600, c.Skv = 896; }),
     make("d64_mask_dense_band_keys_of_8", [](Case& c) {
       c.D = 64, c.mask = 2, c.B = 3, c.Sq = 1000, c.Skv = 1096; }),
+    // A boolean keep mask's bytes (bias_keep: dot_product_attention's mask alone): 16-key
+    // loads (keys and strides in 16-key units) or one key a lane.
+    make("keep_mask_band_holes_per_batch_and_head", [](Case& c) {
+      c.keep = true, c.mask = 2, c.mask_b = c.mask_h = true, c.Sq = 600, c.Skv = 896; }),
+    make("keep_mask_causal_keys_not_of_16", [](Case& c) { c.keep = true, c.mask = 1, c.Sq = c.Skv = 700; }),
+    make("d64_keep_mask_band_gqa", [](Case& c) {
+      c.D = 64, c.keep = true, c.mask = 2, c.Hq = 8, c.Hkv = 2, c.B = 3, c.Sq = 1000, c.Skv = 1024; }),
+    make("d256_keep_mask_band_heads_fp16", [](Case& c) {
+      c.D = 256, c.keep = true, c.mask = 2, c.mask_h = true, c.bf16 = false, c.Sq = c.Skv = 640; }),
     // A bias: its tiles through the copy engine (rows past Sq and keys past Skv read as 0),
     // or a score at a time (rows not 16-byte units, or bias_tile 0).
     make("bias_post_causal_tiles", [](Case& c) { c.bias = 1, c.causal = true, c.Sq = c.Skv = 700; }),

@@ -359,6 +359,34 @@ def test_a_mask_alone_is_marked_keep_only(key):
                                        for f in flags), (kw, flags)
 
 
+def test_a_mask_alone_reaches_the_engine_as_booleans(key):
+    # A mask with no bias beside it is the handlers' bias operand itself (one byte a key:
+    # no float [B, 1, T, S] array is built by XLA's where); the engine folds it only for the
+    # kernels that add a bias's values. Same results as jax's, under jit, grad and vmap.
+    import re
+    q, k, v, w = inputs(key, jnp.float32)
+    mask = _mask((B, 1, T, S))(key)
+
+    def loss(q, k, v, mask):
+        return jnp.sum(fusedattn.dot_product_attention(q, k, v, mask=mask) * w)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v, mask).as_text()
+    calls = re.findall(r"custom_call @fusedattn_attn_(?:fwd|bwd)\((.*)", text)
+    assert len(calls) >= 2, text
+    assert all(f"tensor<{B}x1x{T}x{S}xi1>" in c for c in calls), calls
+    assert f"tensor<{B}x1x{T}x{S}xf32>" not in text
+    want = jax.grad(lambda q, k, v: jnp.sum(jax.nn.dot_product_attention(
+        q, k, v, mask=mask, implementation="xla") * w), argnums=(0, 1, 2))(q, k, v)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, mask)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    masks = jnp.stack([mask, ~mask | (jnp.arange(S) == 0)])  # each row keeps a key or more
+    ours = jax.vmap(lambda m: fusedattn.dot_product_attention(q, k, v, mask=m))(masks)
+    theirs = jax.vmap(lambda m: jax.nn.dot_product_attention(q, k, v, mask=m,
+                                                             implementation="xla"))(masks)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
+
+
 def test_the_engine_rebuilds_empty_rows(key):
     # A row that keeps nothing gets its kv head's average of the values from the engine,
     # and fused_attn refuses the request where its rule does not hold.

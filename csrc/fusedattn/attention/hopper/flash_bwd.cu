@@ -261,6 +261,9 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
     if (s % 2 != 0) return "strides of dq, dk and dv must be even";
   if (!p.lse || !p.workspace) return "lse and the workspace are required";
   if (p.mask_bias && !p.bias) return "mask_bias needs the bias (the folded mask)";
+  if (p.bias_keep && !(p.mask_bias && p.mask_keep_only))
+    return "bias_keep (a boolean keep mask) needs mask_bias and mask_keep_only";
+  if (p.bias_keep && (p.dbias || p.want_dbias)) return "a boolean keep mask takes no dbias";
   if ((p.dbias || p.want_dbias) && !p.bias) return "dbias needs the bias";
   if (p.dbias && !p.want_dbias) return "dbias needs want_dbias (the workspace is sized by it)";
   if (p.deterministic && dbias_sums(p))
@@ -399,7 +402,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_heads = static_cast<int>(p.bias_heads);
     // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map);
     // the keep-only variant has no stages for them.
-    if (!keep_variant(p) && rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
+    // (A keep mask's bytes are never read as values: no map.)
+    if (!keep_variant(p) && !p.bias_keep &&
+        rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
       FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
                                    p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
       a.bias_tma = 1;
@@ -414,10 +419,17 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       auto* tiles = base + sc.mask + mt.tiles_at;
       const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
                       static_cast<unsigned>(mt.tables));
-      auto classify = classify_kernel<BwdDims::kBlockN>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
-      classify<<<grid, 256, 0, stream>>>(
-          a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv,
-          static_cast<int>(block_m(p)), static_cast<uint16_t>(a.masked_bits), tiles, bits);
+      if (p.bias_keep) {  // a keep mask's bytes: classes without values
+        const auto* keep = static_cast<const uint8_t*>(p.bias);
+        auto classify = classify_keep_kernel<BwdDims::kBlockN>(keep, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
+        classify<<<grid, 256, 0, stream>>>(keep, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q,
+                                           a.seqlen_kv, static_cast<int>(block_m(p)), 0, tiles, bits);
+      } else {
+        auto classify = classify_kernel<BwdDims::kBlockN>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
+        classify<<<grid, 256, 0, stream>>>(
+            a.bias, a.bias_b, a.bias_h, a.bias_s, a.bias_heads, a.seqlen_q, a.seqlen_kv,
+            static_cast<int>(block_m(p)), static_cast<uint16_t>(a.masked_bits), tiles, bits);
+      }
       FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       auto* cols = reinterpret_cast<int2*>(base + sc.mask + mask_cols_at(mt));
       const int64_t columns = mt.tables * mt.num_n;

@@ -59,6 +59,9 @@ struct FlashBwdParams {
   // dim 64 its tiles are 128 queries tall and the kernel takes 128-query blocks, as without
   // a mask. A tile that does hold values stays correct (its values read from global memory).
   bool mask_keep_only = false;
+  // With mask_keep_only: the bias is a boolean keep mask itself (one byte a key, nonzero
+  // keeps it; its strides count bytes), classified from its bytes, never read as values.
+  bool bias_keep = false;
   // Non-null: the bias's gradient, written with the bias's extents and strides: dS = P (dP - D)
   // (times the scale for a pre-scale bias), summed over the batch rows and heads the bias
   // broadcasts over (float32 atomics into the workspace, then rounded), 0 where no key is

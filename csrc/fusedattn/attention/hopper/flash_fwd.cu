@@ -195,6 +195,7 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
       return "the bias's strides must be >= 0 and its rows Skv apart or more";
     if (p.mask_bias && (p.bias_batch * p.bias_heads > 65535 || (p.seqlen_q + 127) / 128 > 65535))
       return "a dense mask's classes take at most 65535 (batch, head) planes and query tiles";
+    if (p.bias_keep && !p.mask_bias) return "bias_keep (a boolean keep mask) needs mask_bias";
     if (p.mask_bias && (!p.mask_tiles || reinterpret_cast<uintptr_t>(p.mask_tiles) % 16 != 0))
       return "mask_bias needs mask_tiles (16-byte aligned scratch of mask_tiles_bytes)";
   }
@@ -283,12 +284,22 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
       auto* ranges = reinterpret_cast<int2*>(static_cast<uint8_t*>(p.mask_tiles) + mt.ranges_at);
       const dim3 grid(static_cast<unsigned>(mt.num_n), static_cast<unsigned>(mt.num_m),
                       static_cast<unsigned>(mt.tables));
-      auto classify = block_n(p) == 128
-                          ? classify_kernel<128>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv)
-                          : classify_kernel<64>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
-      classify<<<grid, 256, 0, stream>>>(a.bias, a.bias_b, a.bias_h, a.bias_s,
-                                         static_cast<int>(p.bias_heads), a.seqlen_q, a.seqlen_kv,
-                                         static_cast<int>(block_m(p)), a.masked_bits, tiles, bits);
+      if (p.bias_keep) {  // a keep mask's bytes (the kernel reads only the classes and bits)
+        const auto* keep = static_cast<const uint8_t*>(p.bias);
+        auto classify = block_n(p) == 128
+                            ? classify_keep_kernel<128>(keep, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv)
+                            : classify_keep_kernel<64>(keep, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
+        classify<<<grid, 256, 0, stream>>>(keep, a.bias_b, a.bias_h, a.bias_s,
+                                           static_cast<int>(p.bias_heads), a.seqlen_q, a.seqlen_kv,
+                                           static_cast<int>(block_m(p)), 0, tiles, bits);
+      } else {
+        auto classify = block_n(p) == 128
+                            ? classify_kernel<128>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv)
+                            : classify_kernel<64>(a.bias, a.bias_b, a.bias_h, a.bias_s, a.seqlen_kv);
+        classify<<<grid, 256, 0, stream>>>(a.bias, a.bias_b, a.bias_h, a.bias_s,
+                                           static_cast<int>(p.bias_heads), a.seqlen_q, a.seqlen_kv,
+                                           static_cast<int>(block_m(p)), a.masked_bits, tiles, bits);
+      }
       FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       const int64_t rows = mt.tables * mt.num_m;
       mask_ranges<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(

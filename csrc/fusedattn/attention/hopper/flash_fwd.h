@@ -79,6 +79,9 @@ struct FlashFwdParams {
   bool bias_pre_scale = false;
   bool mask_bias = false;
   float mask_value = 0.0f;
+  // With mask_bias: the bias is a boolean keep mask (one byte a key, nonzero keeps it;
+  // kRequestMaskKeepOnly), classified from its bytes; its strides count bytes then.
+  bool bias_keep = false;
   void* mask_tiles = nullptr;
   // A bias (not mask_bias) on a call without softcap, its rows in 16-byte units (pointer
   // 16-byte aligned, strides multiples of 8): -1 (default) reads its tiles through the copy

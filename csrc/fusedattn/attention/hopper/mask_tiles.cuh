@@ -29,20 +29,51 @@ struct MaskTiles {
 // 16-byte loads in flight, and each 4 lanes' bytes make a 32 keys' word (two shuffles);
 // else a lane loads one key, eight loads in flight, and a ballot makes the word. (H200, bf16
 // [1, 1, 4096, 4096]: 0.022 ms the key at a time, 1.5 TB/s; session 35.)
-template <int kBlockN, bool kVec = false>
-__global__ void classify_mask(const uint16_t* bias, int64_t sb, int64_t sh, int64_t ss, int heads,
+// E uint8_t: a boolean keep mask (kRequestMaskKeepOnly: nonzero keeps the key, no values;
+// `masked` unused); kVec then loads 16 keys a lane (strides in 16-key units), two lanes a word.
+template <int kBlockN, bool kVec = false, class E = uint16_t>
+__global__ void classify_mask(const E* bias, int64_t sb, int64_t sh, int64_t ss, int heads,
                               int seqlen_q, int seqlen_kv, int block_m, uint16_t masked,
                               uint8_t* tiles, uint32_t* bits) {
+  constexpr bool kKeep = sizeof(E) == 1;
   constexpr int kWords = kBlockN / 32, kLoads = 8, kRows = kLoads / kWords;
   const int n = blockIdx.x, num_n = gridDim.x, mq = blockIdx.y, num_m = gridDim.y, table = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const uint16_t* base = bias + (table / heads) * sb + (table % heads) * sh;
+  const E* base = bias + (table / heads) * sb + (table % heads) * sh;
   const int r0 = mq * block_m, rows = min(block_m, seqlen_q - r0);
   const int c0 = n * kBlockN, cols = min(kBlockN, seqlen_kv - c0);
   const int64_t row_words = int64_t{num_n} * kWords;
   uint32_t* out = bits + (int64_t(table) * num_m * block_m + r0) * row_words + n * kWords;
   bool kept = false, dropped = false, value = false;
-  if constexpr (kVec) {
+  if constexpr (kVec && kKeep) {
+    // A load: kRowsLoad rows of kLanesRow lanes; lane's row lr, its keys c .. c + 15 (cols is
+    // a multiple of 16).
+    constexpr int kLanesRow = kBlockN / 16, kRowsLoad = 32 / kLanesRow, kLoadsV = 4;
+    const int lr = lane / kLanesRow, c = 16 * (lane % kLanesRow);
+    for (int r1 = warp * kRowsLoad * kLoadsV; r1 < block_m; r1 += warps * kRowsLoad * kLoadsV) {
+      uint4 x[kLoadsV];
+#pragma unroll
+      for (int i = 0; i < kLoadsV; ++i) {
+        const int r = r1 + i * kRowsLoad + lr;
+        x[i] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(base + int64_t(r0 + r) * ss + c0 + c)
+                                    : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kLoadsV; ++i) {
+        const int r = r1 + i * kRowsLoad + lr;
+        const bool in = r < rows && c < cols;
+        const uint32_t w4[4] = {x[i].x, x[i].y, x[i].z, x[i].w};
+        uint32_t half = 0;  // this lane's 16 keys
+#pragma unroll
+        for (int e = 0; e < 16; ++e) half |= uint32_t{((w4[e / 4] >> (8 * (e % 4))) & 0xffu) != 0} << e;
+        kept |= half != 0;
+        dropped |= in && half != 0xffffu;
+        uint32_t word = half << (16 * (lane % 2));
+        word |= __shfl_xor_sync(0xffffffffu, word, 1);
+        if (lane % 2 == 0 && r < block_m) out[r * row_words + c / 32] = word;
+      }
+    }
+  } else if constexpr (kVec) {
     // A load: kRowsLoad rows of kLanesRow lanes; lane's row lr, its keys c .. c + 7 (cols is a
     // multiple of 8: all of them in the extents or none).
     constexpr int kLanesRow = kBlockN / 8, kRowsLoad = 32 / kLanesRow, kLoadsV = 4;
@@ -79,18 +110,18 @@ __global__ void classify_mask(const uint16_t* bias, int64_t sb, int64_t sh, int6
     }
   } else {
     for (int r1 = warp * kRows; r1 < block_m; r1 += warps * kRows) {
-      uint16_t x[kLoads];
+      E x[kLoads];
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
-        x[i] = r < rows && c < cols ? base[int64_t(r0 + r) * ss + c0 + c] : masked;
+        x[i] = r < rows && c < cols ? base[int64_t(r0 + r) * ss + c0 + c] : kKeep ? E(0) : E(masked);
       }
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         const int r = r1 + i / kWords, c = 32 * (i % kWords) + lane;
-        const bool keep = x[i] != masked;
+        const bool keep = kKeep ? x[i] != 0 : x[i] != masked;
         dropped |= !keep && r < rows && c < cols;
-        value |= keep && (x[i] & 0x7fffu) != 0;
+        value |= !kKeep && keep && (x[i] & 0x7fffu) != 0;
         kept |= keep;
         const uint32_t w = __ballot_sync(0xffffffffu, keep);
         if (lane == 0 && r < block_m) out[r * row_words + i % kWords] = w;
@@ -126,6 +157,15 @@ inline bool classify_vec(const void* bias, int64_t sb, int64_t sh, int64_t ss, i
 template <int kBlockN>
 inline auto classify_kernel(const void* bias, int64_t sb, int64_t sh, int64_t ss, int64_t seqlen_kv) {
   return classify_vec(bias, sb, sh, ss, seqlen_kv) ? classify_mask<kBlockN, true> : classify_mask<kBlockN>;
+}
+
+// The same for a boolean keep mask (16-byte loads of 16 keys: strides in 16-key units).
+template <int kBlockN>
+inline auto classify_keep_kernel(const void* mask, int64_t sb, int64_t sh, int64_t ss, int64_t seqlen_kv) {
+  return reinterpret_cast<uintptr_t>(mask) % 16 == 0 && sb % 16 == 0 && sh % 16 == 0 && ss % 16 == 0 &&
+                 seqlen_kv % 16 == 0
+             ? classify_mask<kBlockN, true, uint8_t>
+             : classify_mask<kBlockN, false, uint8_t>;
 }
 
 // The backward's column ranges from the classes: for each (table, key block) the first and one
