@@ -559,8 +559,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
           probs(std::integral_constant<int, 2>{}, Yes{});
         }
       }
-    } else {
-      probs(std::integral_constant<int, 1>{}, Yes{});
+    } else {  // the bits (inside the band: the bits alone)
+      if (edge) probs(std::integral_constant<int, 1>{}, Yes{});
+      else probs(std::integral_constant<int, 1>{}, No{});
       // kBwdKeep: the caller said the mask holds no values and this tile has some (class bit
       // 2): NaN in its P makes the broken claim visible in dQ, dK and dV
       if constexpr (!kBiasStages) {
