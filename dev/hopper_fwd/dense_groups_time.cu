@@ -28,11 +28,12 @@ __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
   }
 }
 
-// keep j <= i (and j >= i - window when window >= 0); dropped keys hold `masked`
+// keep j <= i (and j >= i - window when window >= 0; every key when window == -3); dropped
+// keys hold `masked`
 __global__ void fill_mask(__nv_bfloat16* m, int64_t S, int64_t window, float masked) {
   for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < S * S; x += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = x / S, j = x % S;
-    m[x] = __float2bfloat16(j <= i && (window < 0 || j >= i - window) ? 0.0f : masked);
+    m[x] = __float2bfloat16(window == -3 || (j <= i && (window < 0 || j >= i - window)) ? 0.0f : masked);
   }
 }
 
@@ -58,12 +59,16 @@ int main(int argc, char** argv) {
   cudaEvent_t t0, t1;
   CHECK(cudaEventCreate(&t0));
   CHECK(cudaEventCreate(&t1));
-  for (int64_t window : {int64_t(-1), int64_t(512), int64_t(-2)}) {  // -2: full, no mask
-    if (window > -2) fill_mask<<<1024, 256>>>(mask, S, window, masked);
+  // -2: full, no mask; -3: a dense mask that keeps every key (every tile full: the classes'
+  // cost without mixed tiles). "typed-br": the typed band on the instances that carry the
+  // dense mask's code (FlashFwdParams::bias_reads): the instance's cost without the mask.
+  for (int64_t window : {int64_t(-1), int64_t(512), int64_t(-2), int64_t(-3)}) {
+    if (window != -2) fill_mask<<<1024, 256>>>(mask, S, window, masked);
     for (int round = 0; round < 2; ++round)
-      for (bool dense : {true, false})
+      for (int mode : {0, 1, 2})  // dense, typed, typed-br
         for (int groups : {2, 3}) {
-          if ((groups == 3 && D != 64) || (window == -2 && dense)) continue;
+          const bool dense = mode == 0;
+          if ((groups == 3 && D != 64) || (window == -2 && dense) || (window == -3 && !dense)) continue;
           FlashFwdParams p;
           p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.counter = counter;
           p.q_b = p.k_b = p.v_b = p.o_b = S * H * D;
@@ -78,7 +83,8 @@ int main(int argc, char** argv) {
           } else if (window > -2) {  // the band as a mask type
             p.causal = true, p.diag = 0, p.left_bound = window >= 0, p.lo_diag = window >= 0 ? -window : 0;
           }
-          if (softcap > 0.0f && dense) continue;  // (softcap takes no dense mask)
+          if (mode == 2) p.bias_reads = 1;
+          if (softcap > 0.0f && (dense || mode == 2)) continue;  // (softcap takes no dense mask)
           p.softcap = softcap;
           for (int w = 0; w < 3; ++w)
             if (!fusedattn::cuda::hopper::flash_fwd(p, 0).ok()) { std::printf("flash_fwd failed\n"); return 1; }
@@ -90,8 +96,8 @@ int main(int argc, char** argv) {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, t0, t1));
           std::printf("r%d %-6s %-8s groups %d: %.3f ms (classification included when dense)\n", round,
-                      window == -2 ? "full" : window < 0 ? "causal" : "window",
-                      dense ? "dense" : softcap > 0.0f ? "typed-sc" : "typed",
+                      window <= -2 ? "full" : window < 0 ? "causal" : "window",
+                      dense ? "dense" : mode == 2 ? "typed-br" : softcap > 0.0f ? "typed-sc" : "typed",
                       groups, ms / iters);
         }
   }
