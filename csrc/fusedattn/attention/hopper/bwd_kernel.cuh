@@ -106,6 +106,9 @@ struct BwdArgs {
   // the products' barrier), then each thread stores 16 bytes of a row (dbias 16-byte aligned,
   // strides multiples of 8).
   int dbias_tile;
+  // dbias written per element: the kernel zeros the rows of its keys no iteration visits (no
+  // pass over the whole tensor before it).
+  int dbias_zeros;
   const uint8_t* tiles;
   const uint32_t* keep_bits;
   int words_per_row, mask_m, mask_n;
@@ -677,39 +680,58 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       // filled half sectors); else each thread stores its pairs.
       const bool rows_out = kBiasStages && a.dbias_tile;
       uint8_t* span = sm.bias[st] + w * kQ;
-#pragma unroll
-      for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+      // Rows jc, jc + 1 (8 queries each) of the group's 64 keys: r[blk] the pair of keys
+      // kc = 2 warp + blk % 2 (16-byte chunk), 2 (lane % 4) of query row 8 (jc + blk / 2) + lane / 4.
+      auto ds_pairs = [&](int jc, uint32_t (&r)[4]) {
         const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
-        uint32_t r[4];
         ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
+      };
+      // (Two loops: one loop with the branch inside cost the D128 causal backward with dbias
+      // 2.9 -> 3.4 ms, bwd_time on the H200, session 40.)
+      if (rows_out) {
 #pragma unroll
-        for (int blk = 0; blk < 4; ++blk) {
-          const int c = 8 * (jc + blk / 2) + lane / 4, kc = 2 * warp + blk % 2;  // row, 16-byte chunk
-          const int q = m0 + c, key = tile.n0 + 64 * w + 8 * kc + 2 * (lane % 4);
-          const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
-          const float hi = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] >> 16)) * a.dbias_mul;
-          const uint32_t pair = a.dbias_mul == 1.0f ? r[blk] : pack2<kBf16>(lo, hi);
-          if (rows_out) {
-            *reinterpret_cast<uint32_t*>(span + c * 128 + ((kc ^ (c % 8)) << 4) + 4 * (lane % 4)) = pair;
-            continue;
+        for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+          uint32_t r[4];
+          ds_pairs(jc, r);
+#pragma unroll
+          for (int blk = 0; blk < 4; ++blk) {
+            const int c = 8 * (jc + blk / 2) + lane / 4, kc = 2 * warp + blk % 2;
+            uint32_t v = r[blk];
+            if (a.dbias_mul != 1.0f)
+              v = pack2<kBf16>(bits_to_float<kBf16>(static_cast<uint16_t>(v & 0xffffu)) * a.dbias_mul,
+                               bits_to_float<kBf16>(static_cast<uint16_t>(v >> 16)) * a.dbias_mul);
+            *reinterpret_cast<uint32_t*>(span + c * 128 + ((kc ^ (c % 8)) << 4) + 4 * (lane % 4)) = v;
           }
-          if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
-          const bool two = key + 1 < a.seqlen_kv;
-          if (a.dbias_acc) {
-            float* at = a.dbias_acc + (int64_t(tbl) * a.seqlen_q + q) * a.seqlen_kv + key;
-            if (two && a.dbias_vec) {
-              atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
+        }
+      } else {
+#pragma unroll
+        for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+          uint32_t r[4];
+          ds_pairs(jc, r);
+#pragma unroll
+          for (int blk = 0; blk < 4; ++blk) {
+            const int q = m0 + 8 * (jc + blk / 2) + lane / 4;
+            const int key = tile.n0 + 64 * w + 16 * warp + 8 * (blk % 2) + 2 * (lane % 4);
+            if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
+            const bool two = key + 1 < a.seqlen_kv;
+            const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
+            const float hi = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] >> 16)) * a.dbias_mul;
+            if (a.dbias_acc) {
+              float* at = a.dbias_acc + (int64_t(tbl) * a.seqlen_q + q) * a.seqlen_kv + key;
+              if (two && a.dbias_vec) {
+                atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
+              } else {
+                atomicAdd(at, lo);
+                if (two) atomicAdd(at + 1, hi);
+              }
             } else {
-              atomicAdd(at, lo);
-              if (two) atomicAdd(at + 1, hi);
-            }
-          } else {
-            T* at = dbias_at + int64_t{q} * a.bias_s + key;
-            if (two && a.dbias_vec) {
-              *reinterpret_cast<uint32_t*>(at) = pair;
-            } else {
-              at[0] = static_cast<T>(lo);
-              if (two) at[1] = static_cast<T>(hi);
+              T* at = dbias_at + int64_t{q} * a.bias_s + key;
+              if (two && a.dbias_vec) {
+                *reinterpret_cast<uint32_t*>(at) = a.dbias_mul == 1.0f ? r[blk] : pack2<kBf16>(lo, hi);
+              } else {
+                at[0] = static_cast<T>(lo);
+                if (two) at[1] = static_cast<T>(hi);
+              }
             }
           }
         }
@@ -760,6 +782,32 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   }
 
   if (kDqLate && first < total) flush_dq();
+  // dbias written per element (no sums): zeros in the rows of this block's keys that no
+  // iteration visited (query blocks outside [m_begin, m_end), or a dense mask's empty tiles),
+  // for each head of the group, where a pass over the whole tensor wrote them before.
+  if constexpr (kMod == kBwdDbias || (kAlibi && kDense)) {
+    if (a.dbias && !a.dbias_acc && a.dbias_zeros) {
+      const int mblocks = (a.seqlen_q + kBlockM - 1) / kBlockM;
+      for (int hh = 0; hh < a.heads_per_kv; ++hh) {
+        const int h = h_kv * a.heads_per_kv + hh;
+        T* rows = static_cast<T*>(a.dbias) + b * a.bias_b + h * a.bias_h;
+        const uint8_t* cls = kDense ? a.tiles + int64_t(table_of(h)) * a.mask_m * a.mask_n + n : nullptr;
+        for (int mb = 0; mb < mblocks; ++mb) {
+          if (mb >= tile.m_begin && mb < tile.m_end && (!kDense || (cls[int64_t{mb} * a.mask_n] & 1))) continue;
+          for (int x = threadIdx.x; x < kBlockM * 16; x += BwdDims::kThreads) {
+            const int q = mb * kBlockM + x / 16, key = tile.n0 + 8 * (x % 16);
+            if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
+            T* at = rows + int64_t{q} * a.bias_s + key;
+            if (a.dbias_tile && key + 8 <= a.seqlen_kv) {
+              *reinterpret_cast<uint4*>(at) = make_uint4(0u, 0u, 0u, 0u);
+            } else {
+              for (int e = 0; e < min(8, a.seqlen_kv - key); ++e) at[e] = static_cast<T>(0.0f);
+            }
+          }
+        }
+      }
+    }
+  }
   if (tid == 0) bulk_wait<0>();  // the last part added before the block ends
   // dK (scaled) and dV of this thread's two keys; keys past kv_len get 0 (none of their P).
   if (a.dkv_vec) {
