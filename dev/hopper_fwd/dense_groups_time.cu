@@ -37,6 +37,11 @@ __global__ void fill_mask(__nv_bfloat16* m, int64_t S, int64_t window, float mas
   }
 }
 
+__global__ void keep_of(const __nv_bfloat16* m, int64_t n, float masked, uint8_t* keep) {
+  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n; x += int64_t(gridDim.x) * blockDim.x)
+    keep[x] = __bfloat162float(m[x]) != masked;
+}
+
 int main(int argc, char** argv) {
   const int64_t D = argc > 1 ? std::atoi(argv[1]) : 64, B = 4, H = 2048 / D, S = 4096, n = B * S * H * D;
   const float softcap = argc > 2 ? static_cast<float>(std::atof(argv[2])) : 0.0f;
@@ -50,6 +55,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&o, n * 2));
   CHECK(cudaMalloc(&lse, B * H * S * 4));
   CHECK(cudaMalloc(&mask, S * S * 2));
+  uint8_t* keep;
+  CHECK(cudaMalloc(&keep, S * S));
   CHECK(cudaMalloc(&counter, 4));
   CHECK(cudaMalloc(&tiles, fusedattn::cuda::hopper::mask_tiles_bytes(1, 1, S, S)));
   fill<<<1024, 256>>>(q, n, 1);
@@ -62,12 +69,14 @@ int main(int argc, char** argv) {
   // -2: full, no mask; -3: a dense mask that keeps every key (every tile full: the classes'
   // cost without mixed tiles). "typed-br": the typed band on the instances that carry the
   // dense mask's code (FlashFwdParams::bias_reads): the instance's cost without the mask.
+  // "dense-keep": the same mask as a boolean keep mask's bytes (FlashFwdParams::bias_keep).
   for (int64_t window : {int64_t(-1), int64_t(512), int64_t(-2), int64_t(-3)}) {
     if (window != -2) fill_mask<<<1024, 256>>>(mask, S, window, masked);
+    if (window != -2) keep_of<<<1024, 256>>>(mask, S * S, masked, keep);
     for (int round = 0; round < 2; ++round)
-      for (int mode : {0, 1, 2})  // dense, typed, typed-br
+      for (int mode : {0, 3, 1, 2})  // dense, dense-keep, typed, typed-br
         for (int groups : {2, 3}) {
-          const bool dense = mode == 0;
+          const bool dense = mode == 0 || mode == 3;
           if ((groups == 3 && D != 64) || (window == -2 && dense) || (window == -3 && !dense)) continue;
           FlashFwdParams p;
           p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.counter = counter;
@@ -80,6 +89,7 @@ int main(int argc, char** argv) {
           if (dense) {
             p.bias = mask, p.mask_bias = true, p.mask_value = masked, p.mask_tiles = tiles;
             p.bias_batch = p.bias_heads = 1, p.bias_s = S;
+            if (mode == 3) p.bias = keep, p.bias_keep = true;
           } else if (window > -2) {  // the band as a mask type
             p.causal = true, p.diag = 0, p.left_bound = window >= 0, p.lo_diag = window >= 0 ? -window : 0;
           }
@@ -97,7 +107,7 @@ int main(int argc, char** argv) {
           CHECK(cudaEventElapsedTime(&ms, t0, t1));
           std::printf("r%d %-6s %-8s groups %d: %.3f ms (classification included when dense)\n", round,
                       window <= -2 ? "full" : window < 0 ? "causal" : "window",
-                      dense ? "dense" : mode == 2 ? "typed-br" : softcap > 0.0f ? "typed-sc" : "typed",
+                      mode == 3 ? "dense-keep" : dense ? "dense" : mode == 2 ? "typed-br" : softcap > 0.0f ? "typed-sc" : "typed",
                       groups, ms / iters);
         }
   }

@@ -9,7 +9,11 @@ How jax's arguments map onto fused_attn:
   negative number, -0.7 times the largest finite value of q's dtype (float32: jax's own
   number; float16: -45856, no overflow to -inf), which the softmax turns into exactly 0
   as jax's does. Negative window sizes (which jax reads literally) go the same way.
-  The call tells the engine the bias is a folded mask (_lib.REQUEST_MASK_BIAS): the CPU
+  A mask with no bias beside it goes to the engine as it is, one byte a key
+  (_lib.REQUEST_MASK_KEEP_ONLY): the Hopper kernels classify its tiles from those bytes,
+  and the other kernels get that fold from the engine itself (no [B, 1, T, S] array of
+  q's dtype built by XLA). The call tells the engine the bias is a folded mask
+  (_lib.REQUEST_MASK_BIAS): the CPU
   engine and the Hopper forward (sm_90, 16-bit, head dims 64 / 128 / 256) drop those keys
   and skip the key tiles a query tile's rows all drop, and so does the Hopper backward at
   head dims 64 and 128 (when no bias gradient is taken), so a dense causal or window mask costs
