@@ -439,7 +439,9 @@ Status route_workspace_bytes(const AttnParams& p, int device, bool want_lse, boo
   }
   int64_t cudnn_bytes = 0;
   const Status built = cuda_route::cudnn_workspace_bytes(p, device, want_lse, want_max_logit, backward,
-                                                         req.deterministic, sm, &cudnn_bytes);
+                                                         req.deterministic, sm,
+                                                         (backend_flags & kRequestMaskKeepOnly) == 0,
+                                                         &cudnn_bytes);
   if (!built.ok() && hopper_bwd > 0 && choice.backward == FA_BACKEND_HOPPER_BWD) {
     *bytes = hopper_bwd;  // cuDNN cannot build it: the Hopper backward's alone
     return Status::Ok();

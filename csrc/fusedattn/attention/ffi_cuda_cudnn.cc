@@ -124,9 +124,10 @@ void bind_slice(const AttnParams& p, const SdpaConfig& c, const AttnTensors& t, 
 
 Status cudnn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                              bool backward, bool deterministic, const cudnn::ScoreModSpec* sm,
-                             int64_t* bytes) {
-  const SdpaConfig c = backward ? cudnn::make_bwd_config(p, deterministic, sm)
-                                : cudnn::make_config(p, want_max_logit, want_lse, sm);
+                             bool dbias, int64_t* bytes) {
+  SdpaConfig c = backward ? cudnn::make_bwd_config(p, deterministic, sm)
+                          : cudnn::make_config(p, want_max_logit, want_lse, sm);
+  if (backward) c.dbias = dbias;
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, backward, device, &g));
   *bytes = static_cast<int64_t>(backward ? BwdPlan(p, c, *g).plan.bytes() : FwdPlan(p, c, *g).plan.bytes());
@@ -181,7 +182,8 @@ Status cudnn_fwd(cudaStream_t stream, int device, const AttnParams& p, const Att
 Status cudnn_bwd(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,
                  ffi::AnyBuffer* dq, ffi::AnyBuffer* dk, ffi::AnyBuffer* dv, ffi::AnyBuffer* dbias,
                  ffi::AnyBuffer* workspace, bool deterministic, bool mask_bias, const SmArgs& sm) {
-  const SdpaConfig c = cudnn::make_bwd_config(p, deterministic, sm.get());
+  SdpaConfig c = cudnn::make_bwd_config(p, deterministic, sm.get());
+  c.dbias = t.dbias != nullptr;  // none for a keep mask's fold
   std::shared_ptr<const cudnn::BuiltGraph> g;
   FA_RETURN_IF_NOT_OK(cudnn::get_graph(c, /*backward=*/true, device, &g));
 
@@ -199,9 +201,10 @@ Status cudnn_bwd(cudaStream_t stream, int device, const AttnParams& p, const Att
 
   // cuDNN writes no gradient for padding and THD gaps: those stay zero.
   if (c.padding || c.ragged) {
-    for (ffi::AnyBuffer* b : {dq, dk, dv, dbias})
-      FA_RETURN_IF_NOT_OK(memset_async(b->untyped_data(), b->size_bytes(), stream,
-                                             "cudaMemsetAsync(gradients)"));
+    for (ffi::AnyBuffer* b : {dq, dk, dv, c.dbias ? dbias : nullptr})
+      if (b)
+        FA_RETURN_IF_NOT_OK(memset_async(b->untyped_data(), b->size_bytes(), stream,
+                                               "cudaMemsetAsync(gradients)"));
   }
   // dsoftmax_offset [B, Hq]: cuDNN sums a slice's batch into the slice's first row.
   FA_RETURN_IF_NOT_OK(memset_async(t.dsoftmax_offset, t.dsoftmax_offset ? p.batch * H * 4 : 0,
@@ -225,7 +228,7 @@ Status cudnn_bwd(cudaStream_t stream, int device, const AttnParams& p, const Att
     pack[cudnn::kDQ] = offset(t.dq, r0 * c.q.b, eb);
     pack[cudnn::kDK] = offset(t.dk, r0 * c.k.b, eb);
     pack[cudnn::kDV] = offset(t.dv, r0 * c.v.b, eb);
-    if (c.bias) pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
+    if (c.bias && c.dbias) pack[cudnn::kDBias] = offset(t.dbias, s * t.bias_slice, eb);
     if (p.softmax_type == FA_LEARNABLE_SOFTMAX) pack[cudnn::kDSink] = t.dsoftmax_offset + H * r0;
     if (p.softmax_type == FA_OFF_BY_ONE_SOFTMAX)  // the constant's gradient: discarded
       pack[cudnn::kDSink] = plan.at<float>(sink_at) + H;

@@ -91,9 +91,10 @@ Status hopper_bwd(const AttnParams& p, const AttnTensors& t, size_t dbias_bytes,
 
 // Bytes of the workspace cuDNN's graph for call p needs (its temporaries and the route's),
 // building the graph (cached) now; an error where cuDNN cannot build it.
+// dbias: the backward's graph writes dbias (not for a keep mask: kRequestMaskKeepOnly).
 Status cudnn_workspace_bytes(const AttnParams& p, int device, bool want_lse, bool want_max_logit,
                              bool backward, bool deterministic, const cudnn::ScoreModSpec* sm,
-                             int64_t* bytes);
+                             bool dbias, int64_t* bytes);
 
 // The forward by cuDNN's graph (and finalize_forward's max_logit and empty rows).
 Status cudnn_fwd(cudaStream_t stream, int device, const AttnParams& p, const AttnTensors& t,

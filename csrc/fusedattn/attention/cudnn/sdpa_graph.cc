@@ -395,7 +395,7 @@ Status backward_graph(const SdpaConfig& c, std::shared_ptr<fe::graph::Graph>* ou
       c.deterministic);
   FA_RETURN_IF_NOT_OK(common_options(c, b, opts, /*backward=*/true));
   if (c.ragged) opts.set_max_total_seq_len_q(c.total_q).set_max_total_seq_len_kv(c.total_kv);
-  if (c.bias) {
+  if (c.bias && c.dbias) {
     auto db = b.graph()->tensor(Tensor_attributes()
                                     .set_name("dbias")
                                     .set_uid(kDBias)
@@ -501,7 +501,7 @@ std::vector<int64_t> SdpaConfig::key() const {
           q.b, q.h, q.s, k.b, k.h, k.s, v.b, v.h, v.s, o.b, o.h, o.s, lse.b, lse.h, lse.s,
           ragged, total_q, total_kv, padding, static_cast<int64_t>(diag), left_bound, right_bound,
           float_bits(scale), bias, bias_b, bias_h, bias_view.b, bias_view.h, bias_view.s, sink,
-          float_bits(dropout), gen_stats, max_sum, sm_batch, segments, deterministic,
+          float_bits(dropout), gen_stats, max_sum, sm_batch, segments, deterministic, dbias,
           static_cast<int64_t>(score_mod.size())};
   words.insert(words.end(), score_mod.begin(), score_mod.end());  // the program is in the graph
   return words;

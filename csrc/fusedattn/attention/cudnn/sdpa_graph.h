@@ -62,6 +62,9 @@ struct SdpaConfig {
   // The backward with cuDNN's deterministic algorithm (a deterministic call: backend.h's
   // kRequestDeterministic). On sm90 cuDNN then writes dP to a [B, H, Sq, Skv] workspace.
   bool deterministic = false;
+  // The backward writes dbias (with bias): off for a keep mask's fold, whose gradient
+  // nobody takes (kRequestMaskKeepOnly), so cuDNN skips the dS reduction.
+  bool dbias = true;
 
   std::vector<int64_t> key() const;
 };
