@@ -233,8 +233,10 @@ REQUEST_DETERMINISTIC = 128
 # jax.nn.dot_product_attention's rows that keep nothing: the average of all values
 # (backend.h's kRequestAverageEmptyRows)
 REQUEST_AVERAGE_EMPTY_ROWS = 256
-# With REQUEST_MASK_BIAS: the folded mask holds no values (a boolean mask alone; backend.h's
-# kRequestMaskKeepOnly): the Hopper backward at head dim 64 takes 128-query blocks.
+# With REQUEST_MASK_BIAS: the bias operand is the boolean mask itself (a mask alone, no
+# values; backend.h's kRequestMaskKeepOnly): the engine folds it where a kernel adds a
+# bias's values; the Hopper kernels classify its bytes (head dim 64's backward: 128-query
+# blocks).
 REQUEST_MASK_KEEP_ONLY = 512
 
 

@@ -111,10 +111,12 @@ constexpr int32_t kRequestDeterministic = 128;
 // matter. BSHD layouts, vanilla softmax, no dropout, no block positions
 // (validate.h: validate_average_empty_rows).
 constexpr int32_t kRequestAverageEmptyRows = 256;
-// With kRequestMaskBias: the folded mask holds no values (a boolean mask alone: every key
-// it keeps is 0), which dot_product_attention knows when no bias came beside the mask. The
-// Hopper backward at head dim 64 then takes 128-query blocks (no bias tiles to stage); a
-// value it meets anyway is still added (read from global memory). Not a routing matter.
+// The bias operand is a boolean mask itself (bool, one byte a key, nonzero keeps it:
+// dot_product_attention's mask when no bias came beside it), taking no gradient (its dbias
+// result is not written). The handlers fold it into the masked value (cuda/keep_mask.h,
+// ffi_cpu.cc) for every kernel but the Hopper ones, whose tile classification reads its
+// bytes; the Hopper backward at head dim 64 then takes 128-query blocks (no bias tiles to
+// stage). Needs kRequestMaskBias. Not a routing matter.
 constexpr int32_t kRequestMaskKeepOnly = 512;
 
 // BackendRequest's routing fields from the flags (everything but score_mod and
