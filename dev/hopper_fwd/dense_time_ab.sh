@@ -28,6 +28,10 @@ for line in open(log):  # "<bin> d128 r1 causal typed groups 2: 0.476 ms ..."
     w = line.split()
     t[(w[1], w[3], w[4], w[6].rstrip(":"), w[0])].append(float(w[7]))
 for k in sorted({k[:4] for k in t}):
-    ma, mb = statistics.median(t[k + (a,)]), statistics.median(t[k + (b,)])
+    ta, tb = t.get(k + (a,)), t.get(k + (b,))
+    if not (ta and tb):  # a row only one build has (a new mode): its median alone
+        print(*k, f"{a if ta else b} {statistics.median(ta or tb):.3f} ms (one side only)")
+        continue
+    ma, mb = statistics.median(ta), statistics.median(tb)
     print(*k, f"{a} {ma:.3f} ms  {b} {mb:.3f} ms  {a}/{b} {ma / mb:.3f}")
 PY
