@@ -387,6 +387,18 @@ def test_a_mask_alone_reaches_the_engine_as_booleans(key):
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
 
 
+def test_a_keep_mask_must_be_boolean(key):
+    # fused_attn's internal keep mask (dot_product_attention's mask alone) is checked at trace
+    # time; a boolean bias without it is refused as any non-float bias.
+    q, k, v, _ = inputs(key, jnp.float32)
+    kw = dict(attn_bias_type=fusedattn.AttnBiasType.POST_SCALE_BIAS)
+    with pytest.raises(ValueError, match="keep mask .* must be a boolean array; got dtype float32"):
+        fusedattn.fused_attn((q, k, v), jnp.zeros((1, 1, T, S)), None, None, _mask_bias=True,
+                             _mask_keep_only=True, **kw)
+    with pytest.raises(ValueError, match="bias must be a float array; got dtype bool"):
+        fusedattn.fused_attn((q, k, v), jnp.ones((1, 1, T, S), bool), None, None, **kw)
+
+
 def test_the_engine_rebuilds_empty_rows(key):
     # A row that keeps nothing gets its kv head's average of the values from the engine,
     # and fused_attn refuses the request where its rule does not hold.

@@ -338,6 +338,12 @@ def _ffi_fwd(q, k, v, bias=None, offset=None, seed=None, lens=None, offs=None, i
     (dict(index_base=jnp.array([0, -1], jnp.int32)), "index_base: got (batch_base 0, head_base -1)"),
     (dict(index_base=jnp.array([1, 2, 3], jnp.int32)), "index_base: got shape [3]"),
     (dict(index_base=jnp.array([1.0, 2.0])), "index_base"),
+    # kRequestMaskKeepOnly (512) with kRequestMaskBias (8): the bias is a boolean keep mask
+    (dict(bias=jnp.ones((1, H, S, S)), bias_type=np.int32(2), backend_flags=np.int32(8 | 512)),
+     "with kRequestMaskKeepOnly the bias is a boolean mask (bool)"),
+    (dict(bias=jnp.ones((1, H, S, S), bool), bias_type=np.int32(2), backend_flags=np.int32(512)),
+     "kRequestMaskKeepOnly (a boolean keep mask as the bias) needs kRequestMaskBias"),
+    (dict(bias=jnp.ones((1, H, S, S), bool), bias_type=np.int32(2)), "bias must have q's dtype"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_the_handler_rejects_bad_operands(case, what):
     q = jnp.ones((B, S, H, D))
