@@ -106,7 +106,7 @@ def _fix(grads, ops, rows_lse, rows_out, cfg, dims):
         g[1] = jnp.stack([_poison(g[1][:, :, 0], k_nan), _poison(g[1][:, :, 1], v_nan)], axis=2)
     else:
         g[0], g[1], g[2] = _poison(g[0], q_nan), _poison(g[1], k_nan), _poison(g[2], v_nan)
-    if g[3].size and g[3].dtype != jnp.bool_:  # dbias [1|B, 1|Hq, Sq, Skv] (a keep mask: none)
+    if g[3].size and not cfg.keep_mask:  # dbias [1|B, 1|Hq, Sq, Skv] (a keep mask: none)
         j = jnp.arange(Skv, dtype=jnp.int32)
         hit = (rows_out[..., None] & (lo[:, None, :, None] <= j)
                & (j < hi[:, None, :, None]))                              # [B, Hq, Sq, Skv]

@@ -59,7 +59,8 @@ class Config:
     checkpoint_name: str | None = "context"
     # the bias is a folded boolean mask (dot_product_attention's): _lib.REQUEST_MASK_BIAS
     mask_bias: bool = False
-    # ... and it holds no values (no bias came beside the mask): _lib.REQUEST_MASK_KEEP_ONLY
+    # ... and it holds no values (no bias came beside the mask): _lib.REQUEST_MASK_KEEP_ONLY;
+    # the bias operand is then the boolean mask itself (keep_mask)
     mask_keep_only: bool = False
     # jax.nn.dot_product_attention's rows that keep nothing get the average of the values
     # (dot_product_attention's): _lib.REQUEST_AVERAGE_EMPTY_ROWS, done by every backend
@@ -100,6 +101,13 @@ class Config:
                     dropout=np.float64(self.dropout), window_left=np.int64(self.window[0]),
                     window_right=np.int64(self.window[1]), want_lse=np.int32(self.want_lse),
                     want_max_logit=np.int32(self.want_max_logit), backend_flags=np.int32(0))
+
+    @property
+    def keep_mask(self) -> bool:
+        """The bias operand is a boolean keep mask (dot_product_attention's mask alone): it
+        takes no gradient (its slot in the backward's results is a boolean array nothing
+        writes, dropped by attention._fused_bwd)."""
+        return self.mask_bias and self.mask_keep_only
 
     def params(self, dtype, batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim_qk,
                head_dim_v, max_segments=1, bias_batch=0, bias_heads=0) -> _lib.AttnParams:

@@ -74,7 +74,7 @@ def _call_flags(cfg: Config) -> int:
     dropout mask for every batch entry and head, a deterministic backward, jax's rows that
     keep nothing."""
     return ((_lib.REQUEST_MASK_BIAS if cfg.mask_bias else 0)
-            | (_lib.REQUEST_MASK_KEEP_ONLY if cfg.mask_bias and cfg.mask_keep_only else 0)
+            | (_lib.REQUEST_MASK_KEEP_ONLY if cfg.keep_mask else 0)
             | (_lib.REQUEST_AVERAGE_EMPTY_ROWS if cfg.average_empty_rows else 0)
             | (0 if cfg.want_dbias else _lib.REQUEST_NO_DBIAS) | cfg.request_flags)
 
@@ -176,17 +176,12 @@ def _folded(bias, dtype):
     return jnp.where(bias, jnp.zeros((), dtype), dropped)
 
 
-def _keep_mask(ops) -> bool:
-    """The bias operand is a boolean keep mask: it takes no gradient (its slot in the
-    backward's results is a boolean array nothing writes, dropped by _fused_bwd)."""
-    return ops[3].dtype == jnp.bool_
-
-
-def _vjp_of(f, ops, n: int):
+def _vjp_of(f, ops, n: int, cfg: Config):
     """jax.vjp of f over ops[:5] and ops[n:] (q, k, v, bias, softmax_offset and a score_mod's
-    operands), a keep mask held constant: its slot gets a boolean array of its shape."""
+    operands), a keep mask (cfg.keep_mask) held constant: its slot gets a boolean array of
+    its shape."""
     diff = (*ops[:5], *ops[n:])
-    if not _keep_mask(ops):
+    if not cfg.keep_mask:
         return jax.vjp(f, *diff)[1]
     mask = ops[3]
     _, vjp = jax.vjp(lambda *d: f(*d[:3], mask, *d[3:]), *diff[:3], *diff[4:])
@@ -221,7 +216,7 @@ def _bwd_reference(*args, cfg: Config, dims: Dims, sm=None):
         return _reference(q, k, v, bias, offset, *ops[5:N_OPS], *smo, cfg=cfg, dims=dims,
                           sm=sm)[0]
 
-    return _vjp_of(out_of, ops, N_OPS)(dout)
+    return _vjp_of(out_of, ops, N_OPS, cfg)(dout)
 
 
 def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=None):
@@ -243,7 +238,7 @@ def _block_bwd_reference(ops, out, dout, lse, *, cfg: Config, dims: Dims, sm=Non
         w = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(heads_last(lb) - safe))
         return jnp.sum(ob.astype(f32) * w[..., None] * dout.astype(f32)) - jnp.sum(w * D)
 
-    return _vjp_of(share, ops, N_OPS)(jnp.ones((), f32))
+    return _vjp_of(share, ops, N_OPS, cfg)(jnp.ones((), f32))
 
 
 def _per_platform(args, cfg: Config, dims: Dims, sm, kernel, cuda, reference):
@@ -355,7 +350,7 @@ def _fused_bwd(static, *args):
     ops, (out, dout, lse, _) = args[:-4], args[-4:]
     cfg = dataclasses.replace(cfg, want_lse=True)  # the decision the training forward made
     grads = _BWD((cfg, dims, sm, "bwd"), *ops, out, dout.astype(out.dtype), lse)
-    if _keep_mask(ops):  # a keep mask takes no gradient (_differentiable_ops)
+    if cfg.keep_mask:  # a keep mask takes no gradient (_differentiable_ops)
         grads = (*grads[:3], *grads[4:])
     return grads
 
@@ -368,7 +363,7 @@ def _reference_out(static, *ops):
 def _differentiable_ops(static, n_ops: int) -> tuple:
     """q, k, v, bias (not a boolean keep mask), softmax_offset, and a score_mod's operands."""
     cfg = static[0]
-    bias = () if cfg.mask_bias and cfg.mask_keep_only else (3,)
+    bias = () if cfg.keep_mask else (3,)
     return (0, 1, 2, *bias, 4) + ((N_OPS,) if n_ops > N_OPS else ())
 
 
@@ -555,7 +550,7 @@ def _bwd_impl(static, plan, *args):
         else:
             grads[1], grads[2] = _partition.put_kv_heads(plan, taken, axis, hkv, *grads[1:3])
     bias = ops[3]
-    if bias.size and not _keep_mask(ops):
+    if bias.size and not cfg.keep_mask:
         axes = ((plan.of("b") if bias.shape[n_lead] == 1 else ())
                 + (plan.of("h") if bias.shape[n_lead + 1] == 1 else ()))
         if axes:
