@@ -15,11 +15,10 @@ How jax's arguments map onto fused_attn:
   q's dtype built by XLA). The call tells the engine the bias is a folded mask
   (_lib.REQUEST_MASK_BIAS): the CPU
   engine and the Hopper forward (sm_90, 16-bit, head dims 64 / 128 / 256) drop those keys
-  and skip the key tiles a query tile's rows all drop, and so does the Hopper backward at
-  head dims 64 and 128 (when no bias gradient is taken), so a dense causal or window mask costs
-  little more than the mask type there; cuDNN (the backward at head dim 256, and the
-  forward elsewhere) adds it as a bias over every tile (is_causal, local_window_size and
-  the sequence lengths are faster there).
+  and skip the key tiles a query tile's rows all drop, and so does the Hopper backward
+  (head dims 64, 128 and 256), so a dense causal or window mask costs little more than
+  the mask type there; cuDNN (the forward elsewhere) adds it as a bias over every tile
+  (is_causal, local_window_size and the sequence lengths are faster there).
 * A query row whose every key is masked: jax gives the plain average of all values (its
   masked logits are all the same finite number), zero for rows past query_seq_lengths.
   fusedattn's kernels give 0 for such rows; the call asks the engine to rebuild them

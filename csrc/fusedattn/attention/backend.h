@@ -5,8 +5,8 @@
 //
 // The kernels: the CPU engine (attention/cpu), cuDNN SDPA graphs (attention/cudnn), the
 // Hopper flash forward (attention/hopper: score_mods, dense masks and plain calls where
-// measured faster; head dims 64, 128, 256; sm_90) and backward (dense masks at head dims 64 and 128;
-// the rest is cuDNN's), the generic CUDA flash kernels (attention/cuda: every call
+// measured faster; head dims 64, 128, 256; sm_90) and backward (dense masks, score_mods,
+// biases and plain calls where measured faster; head dims 64, 128, 256), the generic CUDA flash kernels (attention/cuda: every call
 // cuDNN declines, forward and backward, O(S) memory), and, where none serves a GPU call
 // (a score_mod cuDNN cannot run), XLA's plain-JAX reference.
 #pragma once
@@ -158,7 +158,8 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
                                           const PlatformInfo& info);
 
 // Why the Hopper flash backward cannot serve p (empty when it can): calls without a
-// score_mod or THD at head dims 64 and 128 (sinks too: a learnable one's gradient included) whose forward the Hopper kernel's rules
+// score_mod or THD at head dims 64, 128 and 256 (256: not deterministic, no ALiBi; sinks too:
+// a learnable one's gradient included) whose forward the Hopper kernel's rules
 // take, a bias only as a dense mask with no dbias wanted (whose tiles it skips, as the
 // forward does; cuDNN's backward adds the mask over every tile). Whether a plain call takes
 // it is the measurement's (hopper_plain_measured).

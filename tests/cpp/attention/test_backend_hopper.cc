@@ -274,7 +274,7 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
 }
 
 // A dense mask's backward runs the Hopper backward (it skips the tiles the forward skips)
-// when no dbias is wanted, at head dims 64 and 128; else cuDNN's. Plain calls keep cuDNN's backward.
+// at head dims 64, 128 and 256 (there not deterministic). Plain calls keep cuDNN's backward.
 TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
@@ -295,8 +295,17 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams d256 = p;
   d256.head_dim_qk = d256.head_dim_v = 256;
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+  // Head dim 256 adds dQ with float32 atomics: a deterministic call's backward is cuDNN's;
+  // no ALiBi there.
+  BackendRequest det256 = req;
+  det256.deterministic = true;
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d256, det256, h100()), "float32 atomics"));
+  expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), det256, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d256, req, h100()), "head dims 64 and 128"));
+  AttnParams d96 = p;
+  d96.head_dim_qk = d96.head_dim_v = 96;
+  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d96, req, h100()), "head dims"));
   // Sinks: the lse holds the extra logit, and a learnable one's gradient comes from the rows'
   // D (FlashBwdParams::dsinks).
   AttnParams sinks = p;
@@ -385,7 +394,7 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
   expect_kernels(c, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH, FA_BACKEND_CPU_FLASH);
 }
 
-// Plain calls: the Hopper backward can run them (no THD; head dims 64 and 128); the
+// Plain calls: the Hopper backward can run them (no THD; head dims 64, 128 and 256); the
 // measurement (hopper/measured_bwd.h) decides, FUSEDATTN_HOPPER_BWD=1 forces it. softcap and
 // ALiBi take it always, other score_mods never.
 TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {

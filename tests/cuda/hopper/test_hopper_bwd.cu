@@ -101,7 +101,7 @@ __global__ void ref_forward(Rule r, float* lse, float* dsum) {
   float m = sink;
   for (int64_t j = 0; j < p.seqlen_kv; ++j)
     if (r.kept<T>(b, h, i, j)) m = fmaxf(m, r.score<T>(b, h, i, j));
-  float acc[128] = {}, l = sink == -INFINITY ? 0.0f : expf(sink - m);
+  float acc[256] = {}, l = sink == -INFINITY ? 0.0f : expf(sink - m);
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!r.kept<T>(b, h, i, j)) continue;
     const float e = expf(r.score<T>(b, h, i, j) - m);
@@ -144,7 +144,7 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq, f
   if (idx >= p.batch * p.heads_q * p.seqlen_q) return;
   const int64_t i = idx % p.seqlen_q, h = idx / p.seqlen_q % p.heads_q, b = idx / (p.seqlen_q * p.heads_q);
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  float acc[128] = {}, gs = 0.0f, ga = 0.0f;
+  float acc[256] = {}, gs = 0.0f, ga = 0.0f;
   for (int64_t j = 0; j < p.seqlen_kv; ++j) {
     if (!r.kept<T>(b, h, i, j)) continue;
     const float pr = expf(r.score<T>(b, h, i, j) - lse[idx]);
@@ -185,7 +185,7 @@ __global__ void ref_dkv(Rule r, const float* lse, const float* dsum, float* dk, 
   if (idx >= p.batch * p.heads_kv * p.seqlen_kv) return;
   const int64_t j = idx % p.seqlen_kv, hk = idx / p.seqlen_kv % p.heads_kv, b = idx / (p.seqlen_kv * p.heads_kv);
   const int64_t g = p.heads_q / p.heads_kv;
-  float ak[128] = {}, av[128] = {};
+  float ak[256] = {}, av[256] = {};
   for (int64_t h = hk * g; h < (hk + 1) * g; ++h)
     for (int64_t i = 0; i < p.seqlen_q; ++i) {
       if (!r.kept<T>(b, h, i, j)) continue;
@@ -633,6 +633,38 @@ std::vector<Case> cases() {
        .mask_h = true, .bias = 2, .dbias = true});
   add({.name = "dbias_post_d64_window_bh_det", .causal = true, .D = 64, .Sq = 384, .Skv = 384, .left = 100,
        .mask_b = true, .mask_h = true, .deterministic = true, .bias = 1, .dbias = true});
+  // Head dim 256 (64-key blocks; S^T split by queries, P^T and dS^T through shared memory,
+  // dQ by atomics): the band's kinds, GQA, padding, layouts and alignments, dense masks (bits,
+  // values from global memory, a keep mask's bytes), a bias with and without dbias (stored,
+  // summed), softcap, sinks.
+  add({.name = "d256_full", .D = 256});
+  add({.name = "d256_causal_fp16_bhsd", .bf16 = false, .causal = true, .bhsd = true, .D = 256});
+  add({.name = "d256_causal_gqa_ragged", .causal = true, .D = 256, .Sq = 300, .Skv = 300, .Hq = 6, .Hkv = 2});
+  add({.name = "d256_full_mqa_ragged", .D = 256, .Sq = 300, .Skv = 200, .Hq = 4, .Hkv = 1});
+  add({.name = "d256_bottom_right_long_kv", .causal = true, .bottom_right = true, .D = 256, .Sq = 130, .Skv = 390});
+  add({.name = "d256_window_both", .D = 256, .Sq = 384, .Skv = 384, .left = 70, .right = 30});
+  add({.name = "d256_padding", .causal = true, .D = 256, .B = 3, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}});
+  add({.name = "d256_large_scores_long", .causal = true, .D = 256, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 2,
+       .Hkv = 2, .amp = 4.0f});
+  add({.name = "d256_out_dkv_unaligned", .D = 256, .Sq = 200, .Skv = 190, .out_unaligned = true,
+       .dkv_unaligned = true});
+  add({.name = "d256_mask_causal", .D = 256, .Sq = 512, .Skv = 512, .mask = 1});
+  add({.name = "d256_mask_band_holes_values_gqa", .D = 256, .Sq = 700, .Skv = 640, .Hq = 4, .Hkv = 2,
+       .mask = 2, .mask_b = true, .mask_h = true, .mask_values = true});
+  add({.name = "d256_mask_causal_type_padding_fp16", .bf16 = false, .causal = true, .D = 256, .B = 3, .Sq = 384,
+       .Skv = 384, .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true});
+  add({.name = "d256_keep_bytes_band_holes", .D = 256, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
+       .mask_keep_only = true, .keep = true});
+  add({.name = "d256_bias_pre_gqa_ragged", .D = 256, .Sq = 300, .Skv = 260, .Hq = 6, .Hkv = 2, .mask_b = true,
+       .bias = 2});
+  add({.name = "d256_dbias_post_causal_bh", .causal = true, .D = 256, .Sq = 384, .Skv = 384, .mask_b = true,
+       .mask_h = true, .bias = 1, .dbias = true});
+  add({.name = "d256_dbias_pre_odd_keys_1h_sums_fp16", .bf16 = false, .D = 256, .Sq = 200, .Skv = 301,
+       .mask_h = true, .bias = 2, .dbias = true});
+  add({.name = "d256_softcap_causal_gqa", .causal = true, .D = 256, .Hq = 6, .Hkv = 2, .amp = 4.0f,
+       .softcap = 5.0f});
+  add({.name = "d256_sink_padding", .causal = true, .D = 256, .B = 4, .Hq = 4, .Hkv = 2,
+       .q_lens = {256, 100, 0, 77}, .kv_lens = {200, 256, 17, 0}, .sink_slices = 2});
   return c;
 }
 
@@ -642,7 +674,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, HopperBwd, ::testing::ValuesIn(cases()),
 TEST(HopperBwdChecks, NamesWhatItDeclines) {
   FlashBwdParams p;
   p.head_dim = 96;
-  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dims 64 and 128 only");
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dims 64, 128 and 256 only");
+  p.head_dim = 256, p.deterministic = true;
+  EXPECT_EQ(flash_bwd_unsupported(p, 90),
+            "head dim 256 takes no deterministic mode and no ALiBi (its dQ sums with float32 atomics)");
+  p.deterministic = false;
   EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
   p.head_dim = 128, p.heads_q = p.heads_kv = 1, p.batch = p.seqlen_q = p.seqlen_kv = 1;
   int x[4];

@@ -3,7 +3,7 @@ an H100 / H200 (pytest -m gpu; skipped without an sm_90 GPU): with set_hopper_bw
 runs every plain call it can (its launch counter moves), after the Hopper forward or after
 cuDNN's (either forward's log-sum-exp serves it); gradients of q, k and v against the float32
 reference by test_score_mod_gpu.check's rule, in bf16 and fp16, over the masks, windows, GQA /
-MQA, ragged lengths and head dims 64 and 128; sinks (a learnable one's gradient), softcap
+MQA, ragged lengths and head dims 64, 128 and 256; sinks (a learnable one's gradient), softcap
 and ALiBi (their backward always runs here); a bias without dbias. Dense masks:
 test_hopper_fwd_gpu.py."""
 
@@ -39,9 +39,11 @@ def check_hopper_bwd(ours, ref, args, dout, targets=PLAIN_TARGETS):
     assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
 
 
-# Every plain case at head dim 128 (64-query blocks), the first four at 64 (128-query blocks).
+# Every plain case at head dim 128 (64-query blocks), the first four at 64 (128-query blocks)
+# and at 256 (64-key blocks, dQ by atomics).
 PLAIN_D = ([pytest.param(*c, 128, id=i) for c, i in zip(PLAIN_CASES, PLAIN_IDS)] +
-           [pytest.param(*c, 64, id=i + "-d64") for c, i in zip(PLAIN_CASES[:4], PLAIN_IDS)])
+           [pytest.param(*c, 64, id=i + "-d64") for c, i in zip(PLAIN_CASES[:4], PLAIN_IDS)] +
+           [pytest.param(*c, 256, id=i + "-d256") for c, i in zip(PLAIN_CASES[:4], PLAIN_IDS)])
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
@@ -95,21 +97,32 @@ def test_one_compiled_function_takes_either_backward(key):
 
 def test_other_calls_keep_cudnns_backward(key):
     """Calls the Hopper backward does not take run cuDNN's even with set_hopper_bwd("always"):
-    a softcap score_mod, head dim 256, THD."""
+    a score_mod it does not know, head dim 256 in deterministic mode (its dQ sums with float32
+    atomics there)."""
     q, k, v, dout = inputs(key, jnp.bfloat16, 512, 512, 2, 1.0, d=256)
     cap = lambda s, b, h, qi, ki: jnp.tanh(s / 50.0) * 50.0
+    causal = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
+                                                  attn_mask_type=AttnMaskType.CAUSAL_MASK)
     calls = [
-        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
-                                              attn_mask_type=AttnMaskType.CAUSAL_MASK), (q, k, v)),
+        (causal, (q, k, v), True),
         (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap),
-         tuple(x[..., :128] for x in (q, k, v))),
+         tuple(x[..., :128] for x in (q, k, v)), False),
     ]
     _lib.set_hopper_bwd("always")
     try:
-        for fn, args in calls:
+        for fn, args, det in calls:
             before = _lib.hopper_bwd_launches()
-            jax.block_until_ready(jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32))))(*args))
+            g = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32))))
+            if det:
+                with fusedattn.deterministic():
+                    jax.block_until_ready(g(*args))
+            else:
+                jax.block_until_ready(g(*args))
             assert _lib.hopper_bwd_launches() == before
+        # without deterministic mode head dim 256 takes it
+        before = _lib.hopper_bwd_launches()
+        jax.block_until_ready(jax.jit(jax.grad(lambda *a: jnp.sum(causal(*a).astype(jnp.float32))))(q, k, v))
+        assert _lib.hopper_bwd_launches() > before
     finally:
         _lib.set_hopper_bwd(None)
 

@@ -550,8 +550,8 @@ DENSE_CASES = [  # name, Sq, Skv, Hkv, head dim
 @pytest.mark.parametrize("name,Sq,Skv,hkv,d", DENSE_CASES, ids=[c[0] for c in DENSE_CASES])
 def test_dense_mask_forward_and_gradients(key, dtype, name, Sq, Skv, hkv, d):
     """dot_product_attention(mask=dense) runs the Hopper forward (the folded mask's dropped keys
-    skipped by tile, the mixed tiles read) and, at head dims 64 and 128, the Hopper backward (the same
-    tiles skipped; cuDNN's over the bias at the other head dims; rows that keep nothing: out
+    skipped by tile, the mixed tiles read) and the Hopper backward (the same tiles skipped; head
+    dim 256's 64-key blocks too; rows that keep nothing: out
     jax's average of V, gradients finite). Output and gradients against float32 jax: within
     3x the error of jax's own XLA path in the same dtype (+ a small floor)."""
     q, k, v, dout = inputs(key, dtype, Sq, Skv, hkv, 2.0, d)
@@ -567,7 +567,7 @@ def test_dense_mask_forward_and_gradients(key, dtype, name, Sq, Skv, hkv, d):
     assert 'custom_call_target="fusedattn_attn_bwd_cuda"' in hlo
     before = _lib.hopper_bwd_launches()
     got = (out,) + tuple(jax.block_until_ready(g(q, k, v)))
-    assert (_lib.hopper_bwd_launches() > before) == (d in (64, 128)), "which backward ran"
+    assert _lib.hopper_bwd_launches() > before, "the Hopper backward did not run"
     base = (jax.jit(xla)(q, k, v),) + tuple(jax.jit(jax.grad(loss(xla), argnums=(0, 1, 2)))(q, k, v))
     ref = (jax.jit(f32(xla))(q, k, v),) + tuple(
         jax.jit(jax.grad(loss(f32(xla)), argnums=(0, 1, 2)))(q, k, v))

@@ -1,4 +1,4 @@
-// Flash attention backward for Hopper (sm_90a), head dims 64 and 128, bf16 / fp16 (flash_bwd.cu
+// Flash attention backward for Hopper (sm_90a), head dims 64, 128 and 256, bf16 / fp16 (flash_bwd.cu
 // runs it; select_backend gives it dense masks' backwards, and plain calls' where
 // hopper/measured_bwd.h found it faster than cuDNN's). FlashAttention-2's loop order with
 // Hopper's instructions and FlashAttention-3's order within an iteration:
@@ -30,6 +30,14 @@
 // session 32, dev/hopper_bwd/README.md).
 // ALiBi (kAlibi: x = s scale log2(e) + slope_h g(kv - q), the sign and log2(e) folded into
 // slope_mul, g = identity or |.|): the bias joins x as the forward adds it; dS is plain.
+// Head dim 256 (kWide) changes the block: 64 keys (dK and dV of 128 keys x 256 columns would
+// take 256 registers a thread each), both groups over the same keys. S^T and dP^T split by
+// queries (m64n32 products, a group's 32 of the 64), P^T and dS^T both go to shared memory,
+// and after the barrier each group computes its 128 columns of dV += P^T dO, dK += dS^T Q and
+// dQ = dS K from shared memory; dQ leaves from registers as float4 atomic additions into
+// dq_acc (no shared memory left for the parts: K, V and two stages of Q and dO take 192 KiB).
+// Tiles with values read them from global memory (no bias stages), and dQ's order is not
+// fixed (no kDet), nor is ALiBi compiled there.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
 // then each part waits until the key blocks before its own (in launch order: blockIdx.x)
@@ -164,8 +172,8 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 struct BwdDims {
   // kBlockM: the rows of a dense mask's tiles and of dq_acc's blocks; kPadM: Sq's padding in
   // the scratch (a multiple of every variant's query block).
+  // kBlockN: a dense mask's tables' key blocks (the kernel's, but head dim 256's: kBwdBlockN).
   static constexpr int kBlockM = 64, kPadM = 128, kBlockN = 128, kThreads = 256;
-  static constexpr uint32_t kKVSpanBytes = kBlockN * 128;  // 64 columns of K's or V's 128 rows
 };
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
 // kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; ALiBi's dense
@@ -181,17 +189,23 @@ enum BwdMod : int { kBwdPlain = 0, kBwdSoftcap = 1, kBwdAlibi = 2, kBwdAlibiAbs 
 // (the dense variants' bias tiles would not fit beside the stages at 128).
 template <int kD, bool kDense, int kMod = kBwdPlain>
 constexpr int kBwdBlockM = kD == 64 && (!kDense || kMod == kBwdKeep) ? 128 : 64;
+// The keys of a block: 128, or 64 at head dim 256 (kWide: dK and dV of 128 keys would take
+// 256 registers a thread each).
+template <int kD>
+constexpr int kBwdBlockN = kD == 256 ? 64 : 128;
 
-// kD / 64 spans of 64 columns a tile (head dims 64 and 128), kM query rows.
+// kD / 64 spans of 64 columns a tile, kM query rows, kBwdBlockN<kD> keys.
 template <int kD, int kM>
 struct BwdSmem {
-  static constexpr int kSpans = kD / 64;
-  uint8_t k[kSpans * BwdDims::kKVSpanBytes];
-  uint8_t v[kSpans * BwdDims::kKVSpanBytes];
+  static constexpr int kSpans = kD / 64, kN = kBwdBlockN<kD>;
+  static constexpr bool kWide = kD == 256;
+  uint8_t k[kSpans * kN * 128];
+  uint8_t v[kSpans * kN * 128];
   uint8_t q[2][kSpans * kM * 128];
   uint8_t dout[2][kSpans * kM * 128];
-  uint8_t ds[2][kM / 64][BwdDims::kBlockN * 128];  // dS^T of alternate iterations: 128 keys, spans of 64 queries
-  float dq[2][64 * 64];                            // each group's part of dQ (bwd_dq_index's order)
+  // dS^T of alternate iterations: the block's keys, spans of 64 queries; kWide: [1] P^T
+  uint8_t ds[2][kWide ? 2 : kM / 64][kN * 128];
+  float dq[2][kWide ? 4 : 64 * 64];  // each group's part of dQ (bwd_dq_index's order; kWide: none)
   float lse2[2][kM];
   float dsum[2][kM];
   uint64_t kv_full, full[2];
@@ -200,33 +214,35 @@ struct BwdSmem {
   alignas(1024) uint8_t bias[2][2 * kM * 128];
 };
 // dq_acc's order: each 64-row block of a (batch, head) holds kD * 64 floats, as the groups'
-// dQ parts leave shared memory: head dim 128, group w's columns 64w.. at 4096 w; a part a
+// dQ parts leave shared memory: head dims 128 and 256, columns 64w.. at 4096 w; a part a
 // float4 per accumulator step j (8 columns) and thread (warp = row / 16, lane = 4 (row % 8)
 // + col % 8 / 2), the float4 holding (row, col + 0, 1) and (row + 8, col + 0, 1). The index
 // of the pair (row, col), (row, col + 1) of a block (col even):
 __host__ __device__ inline int bwd_dq_index(int kD, int row, int col) {
-  const int w = kD == 128 ? col / 64 : 0, c = col % 64, j = c / 8;
+  const int w = kD >= 128 ? col / 64 : 0, c = col % 64, j = c / 8;
   const int tid = (row / 16) * 32 + (row % 8) * 4 + c % 8 / 2;
   return w * 4096 + (j * 128 + tid) * 4 + 2 * (row % 16 / 8);
 }
 
 template <class Smem>
 constexpr size_t kBiasAt = offsetof(Smem, bias);
+// (Head dim 256 has no bias stages: its tiles' values are read from global memory.)
 template <int kD, bool kDense, int kMod = kBwdPlain>
 constexpr size_t kBwdSmemBytes =
-    (kDense && kMod != kBwdKeep ? sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>)
-                                : kBiasAt<BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>>) + 1024;
+    (kDense && kMod != kBwdKeep && kD != 256 ? sizeof(BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>)
+                                             : kBiasAt<BwdSmem<kD, kBwdBlockM<kD, kDense, kMod>>>) + 1024;
 static_assert(kBwdSmemBytes<128, true> <= 227 * 1024, "the dense head dim 128 variant's shared memory");
+static_assert(kBwdSmemBytes<256, true> <= 227 * 1024, "the head dim 256 variants' shared memory");
 
 // The work of block (n, h_kv, b): the query blocks [m_begin, m_end) of each head of the group.
 struct BwdTile {
   int n0, q_len, kv_len, diag, lo_diag, m_begin, m_end;
 };
 
-template <bool kCausal, int bm>
+template <bool kCausal, int bm, int bn>
 __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   BwdTile t;
-  t.n0 = n * BwdDims::kBlockN;
+  t.n0 = n * bn;
   t.q_len = a.seqlen_q, t.kv_len = a.seqlen_kv;
   if (a.q_lens) {
     const int i = b * a.lens_stride;
@@ -238,7 +254,7 @@ __device__ __forceinline__ BwdTile bwd_tile(const BwdArgs& a, int n, int b) {
   t.lo_diag = a.lo_diag == kNoEdge ? kNoEdge : clamp_edge(diag0 + a.lo_diag);
   t.m_begin = 0;
   t.m_end = (t.q_len + bm - 1) / bm;
-  const int last_key = min(t.n0 + BwdDims::kBlockN, t.kv_len) - 1;
+  const int last_key = min(t.n0 + bn, t.kv_len) - 1;
   if (last_key < t.n0) {  // no key of the block kept
     t.m_end = 0;
     return t;
@@ -263,13 +279,25 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   static_assert(kMod != kBwdSoftcap || !kDense, "softcap takes no bias");
   static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
   static_assert(kMod != kBwdKeep || (kDense && kD == 64), "keep-only masks: head dim 64's dense variant");
+  // Head dim 256 (kWide): 64-key blocks, two groups over the same keys. S^T and dP^T split
+  // by queries (group w: the query block's 32w..), P^T and dS^T both to shared memory, then
+  // each group's dV += P^T dO, dK += dS^T Q and dQ = dS K for its 128 of the 256 columns
+  // (all three from shared memory), dQ added from registers (float4 atomics into dq_acc,
+  // bwd_dq_index's order). No bias stages (a tile's values read from global memory), no
+  // deterministic dQ, no ALiBi.
+  constexpr bool kWide = kD == 256;
+  static_assert(!kWide || (!kDet && !(kMod == kBwdAlibi || kMod == kBwdAlibiAbs)),
+                "head dim 256: no deterministic dQ, no ALiBi");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kBiasStages = kDense && kMod != kBwdKeep;  // BwdSmem::bias is there
+  constexpr bool kBiasStages = kDense && kMod != kBwdKeep && !kWide;  // BwdSmem::bias is there
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockM = kBwdBlockM<kD, kDense, kMod>;  // this variant's query block
-  constexpr uint32_t kKV = BwdDims::kKVSpanBytes, kQ = kBlockM * 128;  // a 64-column span of K / V, Q / dO
+  constexpr int kBlockN = kBwdBlockN<kD>;                // and its key block
+  constexpr uint32_t kKV = kBlockN * 128, kQ = kBlockM * 128;  // a 64-column span of K / V, Q / dO
+  // A group's queries of S^T (from qoff) and columns of dK / dV (from coff).
+  constexpr int kQC = kWide ? 32 : kBlockM, kDc = kWide ? 128 : kD;
   extern __shared__ uint8_t smem_raw[];
-  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "head dims 64, 128 and 256");
   constexpr int kSpans = kD / 64;
   using Smem = BwdSmem<kD, kBlockM>;
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -280,14 +308,17 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   const int n = kDescending ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int qoff = kWide ? 32 * w : 0, coff = kWide ? 128 * w : 0;
+  // The 128-key block of a dense mask's tables (classes, column ranges) holding this block.
+  const int nb = n * kBlockN / BwdDims::kBlockN;
   // The (batch, head) table of a dense mask's classes and ranges (mask_tiles.cuh).
   auto table_of = [&](int h) { return (a.bias_b ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0); };
-  BwdTile tile = bwd_tile<kCausal, kBlockM>(a, n, b);
+  BwdTile tile = bwd_tile<kCausal, kBlockM, kBlockN>(a, n, b);
   if constexpr (kDense) {  // a folded mask: the query tiles any of the group's heads keeps a key of
     if (a.cols) {
       int lo = tile.m_end, hi = tile.m_begin;
       for (int hh = 0; hh < a.heads_per_kv; ++hh) {
-        const int2 r = a.cols[int64_t{table_of(h_kv * a.heads_per_kv + hh)} * a.mask_n + n];
+        const int2 r = a.cols[int64_t{table_of(h_kv * a.heads_per_kv + hh)} * a.mask_n + nb];
         if (r.x < r.y) lo = min(lo, r.x), hi = max(hi, r.y);
       }
       tile.m_begin = max(tile.m_begin, lo), tile.m_end = max(tile.m_begin, min(tile.m_end, hi));
@@ -309,7 +340,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   auto block_of = [&](int it) { return tile.m_begin + it % blocks; };
   auto class_of = [&](int it) -> int {
     if constexpr (!kDense) return 1;
-    return a.tiles[(int64_t(table_of(head_of(it))) * a.mask_m + block_of(it)) * a.mask_n + n];
+    return a.tiles[(int64_t(table_of(head_of(it))) * a.mask_m + block_of(it)) * a.mask_n + nb];
   };
   auto next = [&](int it) {
     while (it < total && !(class_of(it) & 1)) ++it;
@@ -347,9 +378,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     load(first, 0);
   }
 
-  float dk[kD / 2], dv[kD / 2];
+  float dk[kDc / 2], dv[kDc / 2];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
+  for (int i = 0; i < kDc / 2; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
   // Two orders, measured (dev/hopper_bwd, session 29): kLseEarly, the stage's lse2 reaches
   // registers before the products are issued (read after them, the loads waited behind
   // them: D128 full 2.55 -> 2.46 ms, causal 1.50 -> 1.43); kDqLate, a group's dQ part leaves
@@ -358,9 +389,10 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // 2.94 -> 2.72, causal 1.69 -> 1.56; D128 causal 1.42). Both at once spill at 128, and the
   // first spills with a dense mask's code: head dim 128 without a dense mask takes the first,
   // the rest the second.
-  constexpr bool kLseEarly = kD == 128 && !kDense, kDqLate = !kLseEarly;
+  // (kWide: the first; its dQ leaves from registers.)
+  constexpr bool kLseEarly = (kD == 128 && !kDense) || kWide, kDqLate = !kLseEarly;
   const uint32_t k_addr = smem_addr(sm.k), v_addr = smem_addr(sm.v);
-  const int key_l = 64 * w + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
+  const int key_l = (kWide ? 0 : 64 * w) + 16 * warp + lane / 4;  // this thread's keys in the block: +0, +8
   const int key0 = tile.n0 + key_l;
   if (first < total) mbar_wait(&sm.kv_full, 0);
   [[maybe_unused]] float dslope = 0.0f;  // kAlibi with dslopes: this thread's part, the head's so far
@@ -435,8 +467,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     mbar_wait(&sm.full[st], (k / 2) & 1);
     const uint32_t q_addr = smem_addr(sm.q[st]), do_addr = smem_addr(sm.dout[st]);
 
-    // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys (N = the block's queries).
-    constexpr int kAcc = kBlockM / 2;  // accumulators a thread: 64 keys x kBlockM queries
+    // S^T = K Q^T and dP^T = V dO^T for this group's 64 keys (N = the block's queries; kWide:
+    // the block's 64 keys, N = the group's 32 queries).
+    constexpr int kAcc = kQC / 2;  // accumulators a thread: 64 keys x kQC queries
     float s[kAcc], dp[kAcc];
     fence_regs(s);
     fence_regs(dp);
@@ -444,41 +477,43 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     auto product = [&](float (&acc)[kAcc], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
       for (int kk = 0; kk < 4 * kSpans; ++kk) {
-        const uint64_t da = desc_sw128(a_addr + (kk / 4) * kKV + w * 64 * 128 + (kk % 4) * 32, 16, 1024);
-        const uint64_t db = desc_sw128(b_addr + (kk / 4) * kQ + (kk % 4) * 32, 16, 1024);
-        if constexpr (kBlockM == 128) wgmma_ss_m64n128k16<kBf16>(acc, da, db, kk > 0);
+        const uint64_t da = desc_sw128(a_addr + (kk / 4) * kKV + (kWide ? 0 : w * 64 * 128) + (kk % 4) * 32, 16, 1024);
+        const uint64_t db = desc_sw128(b_addr + (kk / 4) * kQ + qoff * 128 + (kk % 4) * 32, 16, 1024);
+        if constexpr (kWide) wgmma_ss_m64n32k16<kBf16>(acc, da, db, kk > 0);
+        else if constexpr (kBlockM == 128) wgmma_ss_m64n128k16<kBf16>(acc, da, db, kk > 0);
         else wgmma_ss_m64n64k16<kBf16>(acc, da, db, kk > 0);
       }
       wgmma_commit();
     };
-    float lse_r[kLseEarly ? kBlockM / 4 : 1];  // the lse2 of this thread's queries (kLseEarly)
+    float lse_r[kLseEarly ? kQC / 4 : 1];  // the lse2 of this thread's queries (kLseEarly)
     if constexpr (kLseEarly) {
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 l = *reinterpret_cast<const float2*>(&sm.lse2[st][8 * j + 2 * (lane % 4)]);
+      for (int j = 0; j < kQC / 8; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(&sm.lse2[st][qoff + 8 * j + 2 * (lane % 4)]);
         lse_r[2 * j] = l.x, lse_r[2 * j + 1] = l.y;
       }
     }
     product(s, k_addr, q_addr);
     product(dp, v_addr, do_addr);
-    if (kDqLate && k > 0) flush_dq();  // the last iteration's part
+    if constexpr (!kWide)
+      if (kDqLate && k > 0) flush_dq();  // the last iteration's part
     wgmma_wait<1>();  // S^T (P^T is computed while dP^T's product runs)
     fence_regs(s);
 
-    // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = 8j + 2 (lane % 4) + e, is
+    // P^T and dS^T. Element (key key0 + 8r, query m0 + c), c = qoff + 8j + 2 (lane % 4) + e, is
     // s[4j + 2r + e] (the accumulator layout, scores.cuh). kMode: 0 the band alone, 1 a
     // dense mask's bits (a word a query: the block's 32 keys of this thread's two), 2 its
     // 16-bit values (dropped, or a bias added), 3 a bias's values from the stage's tile
     // (class bit 3: none dropped).
-    const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + BwdDims::kBlockN > tile.kv_len ||
-                      (kCausal && tile.n0 + BwdDims::kBlockN - 1 > m0 + tile.diag) ||
+    const bool edge = m0 + kBlockM > tile.q_len || tile.n0 + kBlockN > tile.kv_len ||
+                      (kCausal && tile.n0 + kBlockN - 1 > m0 + tile.diag) ||
                       (tile.lo_diag != kNoEdge && tile.n0 < m0 + kBlockM - 1 + tile.lo_diag);
     auto probs = [&](auto mode_tag, auto edge_tag) {
       constexpr int kMode = decltype(mode_tag)::value;
       constexpr bool kEdge = decltype(edge_tag)::value;  // the tile crosses an edge (checked a key)
       const int tbl = table_of(h);
       const uint32_t* bits = kMode == 1 ? a.keep_bits + (int64_t(tbl) * a.mask_m * kBlockM + m0) *
-                                                            a.words_per_row + n * 4 + key_l / 32
+                                                            a.words_per_row + (n * kBlockN + key_l) / 32
                                         : nullptr;
       const uint16_t* bias = kMode == 2 ? a.bias + b * a.bias_b + h * a.bias_h : nullptr;
       [[maybe_unused]] const float slope = kAlibi ? a.slopes[h * a.slope_stride] * a.slope_mul : 0.0f;
@@ -488,7 +523,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       // 16 warp + 8 (L / 8 % 2) of span w, 128-byte swizzled).
       [[maybe_unused]] uint32_t bv[4];
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
+      for (int j = 0; j < kQC / 8; ++j) {
         if constexpr (kMode == 3) {
           if (j % 2 == 0) {
             const int c = 8 * (j + lane / 16) + lane % 8, chunk = 2 * warp + lane / 8 % 2;
@@ -497,7 +532,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int c = 8 * j + 2 * (lane % 4) + e, q = m0 + c;
+          const int c = qoff + 8 * j + 2 * (lane % 4) + e, q = m0 + c;
           const float lse2 = kLseEarly ? lse_r[2 * j + e] : sm.lse2[st][c];
           uint32_t word = 0;
           if constexpr (kMode == 1) word = bits[int64_t{c} * a.words_per_row] >> (key_l % 32);
@@ -553,7 +588,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if (!kDense || cls == 1) {
       if (edge) probs(std::integral_constant<int, 0>{}, Yes{});
       else probs(std::integral_constant<int, 0>{}, No{});
-    } else if (kBiasStages && (cls & 4)) {  // a bias's values (a folded mask's kept keys')
+    } else if ((kBiasStages || kWide) && (cls & 4)) {  // a bias's values (a folded mask's kept keys')
       if constexpr (kBiasStages) {
         if (cls & 8) {  // a bias through the copy engine: no key dropped by value
           if (edge) probs(std::integral_constant<int, 3>{}, Yes{});
@@ -561,23 +596,25 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         } else {
           probs(std::integral_constant<int, 2>{}, Yes{});
         }
+      } else if constexpr (kDense) {  // kWide: from global memory
+        probs(std::integral_constant<int, 2>{}, Yes{});
       }
     } else {  // the bits (inside the band: the bits alone)
       if (edge) probs(std::integral_constant<int, 1>{}, Yes{});
       else probs(std::integral_constant<int, 1>{}, No{});
       // kBwdKeep: the caller said the mask holds no values and this tile has some (class bit
       // 2): NaN in its P makes the broken claim visible in dQ, dK and dV
-      if constexpr (!kBiasStages) {
+      if constexpr (kMod == kBwdKeep) {
         if (cls & 4) s[0] = __int_as_float(0x7fc00000);
       }
     }
     wgmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
+    for (int j = 0; j < kQC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = 8 * j + 2 * (lane % 4) + e;
+        const int c = qoff + 8 * j + 2 * (lane % 4) + e;
         const float dsum = sm.dsum[st][c];
         float lse2 = 0.0f;
         if constexpr (kSoftcap) lse2 = kLseEarly ? lse_r[2 * j + e] : sm.lse2[st][c];
@@ -608,60 +645,88 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       ds[i] = pack2<kBf16>(dp[2 * i], dp[2 * i + 1]);
     }
     // dS^T to shared memory (this iteration's buffer), 128-byte swizzled: key row kr, queries'
-    // 16-byte chunk j at chunk j % 8 ^ (kr % 8) of the row in span j / 8 (64 queries a span).
+    // 16-byte chunk jq at chunk jq % 8 ^ (kr % 8) of the row in span jq / 8 (64 queries a
+    // span); kWide: P^T too, into the buffer's second half.
     uint8_t* ds_buf = sm.ds[k % 2][0];
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
+    for (int j = 0; j < kQC / 8; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int kr = key_l + 8 * r;
-        *reinterpret_cast<uint32_t*>(ds_buf + (j / 8) * kKV + kr * 128 + (((j % 8) ^ (kr % 8)) << 4) +
-                                     4 * (lane % 4)) = ds[2 * j + r];
+        const int kr = key_l + 8 * r, jq = qoff / 8 + j;
+        const int at = (jq / 8) * kKV + kr * 128 + (((jq % 8) ^ (kr % 8)) << 4) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(ds_buf + at) = ds[2 * j + r];
+        if constexpr (kWide) *reinterpret_cast<uint32_t*>(sm.ds[k % 2][1] + at) = p[2 * j + r];
       }
     fence_proxy_async();
 
-    // dV += P^T dO (K = the block's queries, 16 a step), running across the barrier.
-    fence_regs(dv);
-    fence_regs(p);
-    wgmma_fence();
+    // dV += P^T dO (K = the block's queries, 16 a step), running across the barrier (kWide:
+    // after it, P^T from shared memory).
+    if constexpr (!kWide) {
+      fence_regs(dv);
+      fence_regs(p);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint32_t fa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
-      else wgmma_rs_m64n64k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const uint32_t fa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+        else wgmma_rs_m64n64k16<kBf16>(dv, fa, desc_sw128(do_addr + kk * 16 * 128, kQ, 1024));
+      }
+      wgmma_commit();
+      if (tid == 0) bulk_wait_read<0>();  // the last iteration's dQ part has left sm.dq[w]
     }
-    wgmma_commit();
-    if (tid == 0) bulk_wait_read<0>();  // the last iteration's dQ part has left sm.dq[w]
-    // Both groups' dS^T written, and both done with iteration k - 1: its stage (loaded next
-    // here), sm.dq (free above) and the dS^T buffer of k + 1.
+    // Both groups' dS^T (kWide: and P^T) written, and both done with iteration k - 1: its
+    // stage (loaded next here), sm.dq (free above) and the dS^T buffer of k + 1.
     named_sync(1);
     if (threadIdx.x == 0 && nx < total) load(nx, st ^ 1);
 
-    // dQ's part of the block, dS K, a 64 x 64 product a group: head dim 128, columns 64w..
-    // over the block's 128 keys; head dim 64 and 128 queries, queries 64w.. over the 128
-    // keys; head dim 64 and 64 queries, all over this group's 64 keys (the groups' sums add
-    // up in dq_acc). Then dK += dS^T Q, running while the part goes to shared memory.
-    float dq[32];
-    fence_regs(dq);
-    wgmma_fence();
-    constexpr bool kOwnKeys = kD == 64 && kBlockM == 64;
-    constexpr int kDqSteps = kOwnKeys ? 4 : 8;  // 16 keys a step
-    const uint32_t ds_at = smem_addr(ds_buf) + (kOwnKeys ? w * 64 * 128 : kBlockM == 128 ? w * kKV : 0);
-    const uint32_t k_at = k_addr + (kOwnKeys ? w * 64 * 128 : kD == 128 ? w * kKV : 0);
+    // kWide: the group's 128 columns (coff..) of dQ = dS K (over the block's 64 keys, from
+    // the dS^T buffer), then of dV += P^T dO and dK += dS^T Q (over the 64 queries).
+    float dq[kWide ? 64 : 32];
+    if constexpr (kWide) {
+      const uint32_t ds_at = smem_addr(ds_buf), pt_at = smem_addr(sm.ds[k % 2][1]);
+      fence_regs(dq);
+      fence_regs(dv);
+      fence_regs(dk);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kDqSteps; ++kk)
-      wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
-                                   desc_sw128(k_at + kk * 16 * 128, kKV, 1024), kk > 0);
-    wgmma_commit();
-    fence_regs(dk);
-    fence_regs(ds);
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss_m64n128k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
+                                      desc_sw128(k_addr + 2 * w * kKV + kk * 16 * 128, kKV, 1024), kk > 0);
+      wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
-      if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
-      else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+      for (int kk = 0; kk < 4; ++kk) {
+        wgmma_ss_m64n128k16_bt<kBf16>(dv, desc_sw128(pt_at + kk * 32, 16, 1024),
+                                      desc_sw128(do_addr + 2 * w * kQ + kk * 16 * 128, kQ, 1024));
+        wgmma_ss_m64n128k16_bt<kBf16>(dk, desc_sw128(ds_at + kk * 32, 16, 1024),
+                                      desc_sw128(q_addr + 2 * w * kQ + kk * 16 * 128, kQ, 1024));
+      }
+      wgmma_commit();
+    } else {
+      // dQ's part of the block, dS K, a 64 x 64 product a group: head dim 128, columns 64w..
+      // over the block's 128 keys; head dim 64 and 128 queries, queries 64w.. over the 128
+      // keys; head dim 64 and 64 queries, all over this group's 64 keys (the groups' sums add
+      // up in dq_acc). Then dK += dS^T Q, running while the part goes to shared memory.
+      fence_regs(dq);
+      wgmma_fence();
+      constexpr bool kOwnKeys = kD == 64 && kBlockM == 64;
+      constexpr int kDqSteps = kOwnKeys ? 4 : 8;  // 16 keys a step
+      const uint32_t ds_at = smem_addr(ds_buf) + (kOwnKeys ? w * 64 * 128 : kBlockM == 128 ? w * kKV : 0);
+      const uint32_t k_at = k_addr + (kOwnKeys ? w * 64 * 128 : kD == 128 ? w * kKV : 0);
+#pragma unroll
+      for (int kk = 0; kk < kDqSteps; ++kk)
+        wgmma_ss_m64n64k16_tt<kBf16>(dq, desc_sw128(ds_at + kk * 16 * 128, kKV, 1024),
+                                     desc_sw128(k_at + kk * 16 * 128, kKV, 1024), kk > 0);
+      wgmma_commit();
+      fence_regs(dk);
+      fence_regs(ds);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const uint32_t fa[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
+        if constexpr (kD == 128) wgmma_rs_m64n128k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+        else wgmma_rs_m64n64k16<kBf16>(dk, fa, desc_sw128(q_addr + kk * 16 * 128, kQ, 1024));
+      }
+      wgmma_commit();
     }
-    wgmma_commit();
     // kBwdDbias, or ALiBi's dense variants (a bias beside it) when dbias is wanted (a.dbias)
     constexpr bool kDbiasCode = kMod == kBwdDbias || (kAlibi && kDense);
     if (kDbiasCode && (kMod == kBwdDbias || a.dbias)) {
@@ -682,8 +747,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       uint8_t* span = sm.bias[st] + w * kQ;
       // Rows jc, jc + 1 (8 queries each) of the group's 64 keys: r[blk] the pair of keys
       // kc = 2 warp + blk % 2 (16-byte chunk), 2 (lane % 4) of query row 8 (jc + blk / 2) + lane / 4.
+      // (kWide: the block's 64 keys, the group's query chunks qoff / 8..)
       auto ds_pairs = [&](int jc, uint32_t (&r)[4]) {
-        const int kr = 64 * w + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
+        const int kr = (kWide ? 0 : 64 * w) + 16 * warp + 8 * (lane / 8 % 2) + lane % 8, chunk = jc + lane / 16;
         ldsm_x4_trans(r, ds_base + (chunk / 8) * kKV + kr * 128 + (((chunk % 8) ^ (kr % 8)) << 4));
       };
       // (Two loops: one loop with the branch inside cost the D128 causal backward with dbias
@@ -705,13 +771,13 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         }
       } else {
 #pragma unroll
-        for (int jc = 0; jc < kBlockM / 8; jc += 2) {
+        for (int jc = qoff / 8; jc < (qoff + kQC) / 8; jc += 2) {
           uint32_t r[4];
           ds_pairs(jc, r);
 #pragma unroll
           for (int blk = 0; blk < 4; ++blk) {
             const int q = m0 + 8 * (jc + blk / 2) + lane / 4;
-            const int key = tile.n0 + 64 * w + 16 * warp + 8 * (blk % 2) + 2 * (lane % 4);
+            const int key = tile.n0 + (kWide ? 0 : 64 * w) + 16 * warp + 8 * (blk % 2) + 2 * (lane % 4);
             if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
             const bool two = key + 1 < a.seqlen_kv;
             const float lo = bits_to_float<kBf16>(static_cast<uint16_t>(r[blk] & 0xffffu)) * a.dbias_mul;
@@ -755,18 +821,29 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
         fence_proxy_async();
       }
     }
-    wgmma_wait<1>();  // dV and dQ's part
+    wgmma_wait<1>();  // dV and dQ's part (kWide: dQ's)
     fence_regs(dq);
-    // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread
-    // a group hands it to the copy engine (flush_dq: now, or kDqLate at the next iteration's
-    // start), which adds it to dq_acc while the loop goes on.
-    float4* part = reinterpret_cast<float4*>(sm.dq[w]);
+    if constexpr (kWide) {
+      // A thread's float4 of accumulator step j, (row, col + 0, 1) and (row + 8, col + 0, 1),
+      // is one float4 of bwd_dq_index's order (the 64-column part 2w + j / 8): one atomic
+      // addition each, while dV's and dK's products run.
+      float4* acc = reinterpret_cast<float4*>(a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) part[j * 128 + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    const int rows = m0 + (kBlockM == 128 ? 64 * w : 0);  // the part's 64-row block of dq_acc
-    pending = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) * kD + (kD == 128 ? 64 * 64 * w : 0);
-    if constexpr (kDet) pending_it = it;
-    if (!kDqLate) flush_dq();
+      for (int j = 0; j < 16; ++j)
+        atomicAdd(acc + (2 * w + j / 8) * 1024 + (j % 8) * 128 + tid,
+                  make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+    } else {
+      // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread
+      // a group hands it to the copy engine (flush_dq: now, or kDqLate at the next iteration's
+      // start), which adds it to dq_acc while the loop goes on.
+      float4* part = reinterpret_cast<float4*>(sm.dq[w]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part[j * 128 + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      const int rows = m0 + (kBlockM == 128 ? 64 * w : 0);  // the part's 64-row block of dq_acc
+      pending = a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + rows) * kD + (kD == 128 ? 64 * 64 * w : 0);
+      if constexpr (kDet) pending_it = it;
+      if (!kDqLate) flush_dq();
+    }
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
@@ -781,7 +858,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     it = nx;
   }
 
-  if (kDqLate && first < total) flush_dq();
+  if constexpr (!kWide)
+    if (kDqLate && first < total) flush_dq();
   // dbias written per element (no sums): zeros in the rows of this block's keys that no
   // iteration visited (query blocks outside [m_begin, m_end), or a dense mask's empty tiles),
   // for each head of the group, where a pass over the whole tensor wrote them before.
@@ -791,11 +869,12 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       for (int hh = 0; hh < a.heads_per_kv; ++hh) {
         const int h = h_kv * a.heads_per_kv + hh;
         T* rows = static_cast<T*>(a.dbias) + b * a.bias_b + h * a.bias_h;
-        const uint8_t* cls = kDense ? a.tiles + int64_t(table_of(h)) * a.mask_m * a.mask_n + n : nullptr;
+        const uint8_t* cls = kDense ? a.tiles + int64_t(table_of(h)) * a.mask_m * a.mask_n + nb : nullptr;
         for (int mb = 0; mb < mblocks; ++mb) {
           if (mb >= tile.m_begin && mb < tile.m_end && (!kDense || (cls[int64_t{mb} * a.mask_n] & 1))) continue;
-          for (int x = threadIdx.x; x < kBlockM * 16; x += BwdDims::kThreads) {
-            const int q = mb * kBlockM + x / 16, key = tile.n0 + 8 * (x % 16);
+          constexpr int kChunks = kBlockN / 8;  // 8 keys each
+          for (int x = threadIdx.x; x < kBlockM * kChunks; x += BwdDims::kThreads) {
+            const int q = mb * kBlockM + x / kChunks, key = tile.n0 + 8 * (x % kChunks);
             if (q >= a.seqlen_q || key >= a.seqlen_kv) continue;
             T* at = rows + int64_t{q} * a.bias_s + key;
             if (a.dbias_tile && key + 8 <= a.seqlen_kv) {
@@ -814,7 +893,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     // Through shared memory (the Q and dO stages, free now), rows of kD 16-bit values with
     // their 16-byte chunks swizzled by the row (a warp's pair writes hit 32 banks), then
     // whole rows out in 16-byte stores (a thread's 4-byte stores filled half a sector).
-    static_assert(sizeof(sm.q) >= BwdDims::kBlockN * kD * 2 && sizeof(sm.dout) >= BwdDims::kBlockN * kD * 2);
+    static_assert(sizeof(sm.q) >= kBlockN * kD * 2 && sizeof(sm.dout) >= kBlockN * kD * 2);
     constexpr int kRow = kD * 2, kChunks = kD / 8;
     uint8_t* st_k = &sm.q[0][0];
     uint8_t* st_v = &sm.dout[0][0];
@@ -823,15 +902,15 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       const int kr = key_l + 8 * r;
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int at = kr * kRow + ((j ^ (kr % 8)) << 4) + 4 * (lane % 4);
+      for (int j = 0; j < kDc / 8; ++j) {  // the group's columns coff + 8j..
+        const int at = kr * kRow + (((coff / 8 + j) ^ (kr % 8)) << 4) + 4 * (lane % 4);
         *reinterpret_cast<uint32_t*>(st_k + at) =
             pack2<kBf16>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
         *reinterpret_cast<uint32_t*>(st_v + at) = pack2<kBf16>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
       }
     }
     __syncthreads();
-    for (int x = threadIdx.x; x < BwdDims::kBlockN * kChunks; x += BwdDims::kThreads) {
+    for (int x = threadIdx.x; x < kBlockN * kChunks; x += BwdDims::kThreads) {
       const int kr = x / kChunks, c = x % kChunks, key = tile.n0 + kr;
       if (key >= a.seqlen_kv) continue;
       const int at = kr * kRow + ((c ^ (kr % 8)) << 4);
@@ -849,8 +928,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     T* dk_row = static_cast<T*>(a.dk) + b * a.dk_b + key * a.dk_s + h_kv * a.dk_h;
     T* dv_row = static_cast<T*>(a.dv) + b * a.dv_b + key * a.dv_s + h_kv * a.dv_h;
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
+    for (int j = 0; j < kDc / 8; ++j) {
+      const int col = coff + 8 * j + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(dk_row + col) =
           pack2<kBf16>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
       *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<kBf16>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <type_traits>
 
-#include "fusedattn/attention/hopper/bwd_kernel.cuh"
+#include "fusedattn/attention/hopper/bwd_launch.cuh"
 #include "fusedattn/attention/hopper/mask_tiles.cuh"
 #include "fusedattn/attention/hopper/tma_map.h"
 #include "fusedattn/core/regions.h"
@@ -228,22 +228,13 @@ Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream
   return Status::Ok();
 }
 
-template <bool kCausal, bool kBf16, bool kDense, int kD, int kMod = kBwdPlain>
-Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>
-                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kMod>;
-  FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kBwdSmemBytes<kD, kDense, kMod>)));
-  kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense, kMod>, stream>>>(a);
-  FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
-  if (p.head_dim != 64 && p.head_dim != 128) return "head dims 64 and 128 only";
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dims 64, 128 and 256 only";
+  if (p.head_dim == 256 && (p.deterministic || p.alibi_slopes))
+    return "head dim 256 takes no deterministic mode and no ALiBi (its dQ sums with float32 atomics)";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   const bool modified = p.softcap > 0.0f || p.alibi_slopes;
   if (modified ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
@@ -340,10 +331,11 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                                p.q_b, block_m(p), "q"));
   FA_RETURN_IF_NOT_OK(make_map(&a.dout, p.dout, p.bf16, D, p.seqlen_q, p.heads_q, p.batch, p.do_s,
                                p.do_h, p.do_b, block_m(p), "dout"));
+  const int64_t block_n = D == 256 ? kBwdBlockN<256> : kBwdBlockN<128>;  // the kernel's keys a block
   FA_RETURN_IF_NOT_OK(make_map(&a.k, p.k, p.bf16, D, p.seqlen_kv, p.heads_kv, p.batch, p.k_s, p.k_h,
-                               p.k_b, BwdDims::kBlockN, "k"));
+                               p.k_b, block_n, "k"));
   FA_RETURN_IF_NOT_OK(make_map(&a.v, p.v, p.bf16, D, p.seqlen_kv, p.heads_kv, p.batch, p.v_s, p.v_h,
-                               p.v_b, BwdDims::kBlockN, "v"));
+                               p.v_b, block_n, "v"));
   a.lse2 = lse2, a.dsum = dsum, a.dq_acc = dq_acc, a.dq_sem = sem;
   a.dk = p.dk, a.dv = p.dv;
   a.dk_b = p.dk_b, a.dk_s = p.dk_s, a.dk_h = p.dk_h;
@@ -386,7 +378,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     // dbias has the call's extents and its rows are whole 16-byte units (bwd_time, H200,
     // session 39: D128 causal 3.29 -> 2.87 ms, D64 5.52 -> 4.82). The float4 sums of a
     // broadcast bias measured slower than the pairs' (3.59 -> 4.01 ms): pairs there.
-    a.dbias_tile = p.dbias_tile && !keep_variant(p) && !dbias_sums(p) && dbias_rows16(p);
+    a.dbias_tile = p.dbias_tile && !keep_variant(p) && !dbias_sums(p) && dbias_rows16(p) && D != 256;
     if (dbias_sums(p)) {
       a.dbias_acc = reinterpret_cast<float*>(base + sc.dbias);
       FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
@@ -402,8 +394,8 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_heads = static_cast<int>(p.bias_heads);
     // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map);
     // the keep-only variant has no stages for them.
-    // (A keep mask's bytes are never read as values: no map.)
-    if (!keep_variant(p) && !p.bias_keep &&
+    // (A keep mask's bytes are never read as values: no map. Head dim 256 has no stages.)
+    if (!keep_variant(p) && !p.bias_keep && D != 256 &&
         rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
       FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
                                    p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
@@ -448,7 +440,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.words_per_row = static_cast<int>(mt.words_per_row);
     a.mask_m = static_cast<int>(mt.num_m), a.mask_n = static_cast<int>(mt.num_n);
   }
-  const dim3 grid(static_cast<unsigned>((p.seqlen_kv + BwdDims::kBlockN - 1) / BwdDims::kBlockN),
+  const dim3 grid(static_cast<unsigned>((p.seqlen_kv + block_n - 1) / block_n),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
   auto launch = [&](auto causal, auto bf16) {
     constexpr bool c = decltype(causal)::value, h = decltype(bf16)::value;
@@ -484,14 +476,19 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   };
   using T = std::true_type;
   using F = std::false_type;
-  const Status st = p.causal ? (p.bf16 ? launch(T{}, T{}) : launch(T{}, F{}))
-                             : (p.bf16 ? launch(F{}, T{}) : launch(F{}, F{}));
+  const Status st = D == 256 ? launch_bwd_d256(a, grid, p.causal, p.bf16, a.tiles != nullptr,
+                                               p.softcap > 0.0f ? kBwdSoftcap : a.dbias ? kBwdDbias : kBwdPlain, stream)
+                    : p.causal ? (p.bf16 ? launch(T{}, T{}) : launch(T{}, F{}))
+                               : (p.bf16 ? launch(F{}, T{}) : launch(F{}, F{}));
   FA_RETURN_IF_NOT_OK(st);
 
   const unsigned dq_grid = static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM * p.batch * p.heads_q);
   if (p.head_dim == 64)
     p.bf16 ? bwd_dq<__nv_bfloat16, 64><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
            : bwd_dq<__half, 64><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);
+  else if (p.head_dim == 256)
+    p.bf16 ? bwd_dq<__nv_bfloat16, 256><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
+           : bwd_dq<__half, 256><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);
   else
     p.bf16 ? bwd_dq<__nv_bfloat16, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad)
            : bwd_dq<__half, 128><<<dq_grid, 256, 0, stream>>>(dq_acc, p, pad);

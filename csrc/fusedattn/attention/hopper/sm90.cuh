@@ -230,6 +230,8 @@ __device__ __forceinline__ void wgmma_rs_m64n72k16(float (&d)[36], const uint32_
            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+#define FA_WGMMA_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FA_WGMMA_D32                                                                 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -296,8 +298,35 @@ __device__ __forceinline__ void wgmma_ss_m64n64k16_tt(float (&d)[32], uint64_t a
            : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// Head dim 256's backward (64-key blocks). S^T = K Q^T and dP^T = V dO^T for a group's 32
+// queries: D[64 x 32] (+)= A[64 x 16] B[16 x 32], both from shared memory, K-major.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], uint64_t a, uint64_t b,
+                                                   uint32_t accumulate) {
+  FA_WGMMA("%18", "m64n32k16", FA_WGMMA_D16 ", %16, %17, p, 1, 1, 0, 0",
+           : FA_OPS8(d, 0), FA_OPS8(d, 8)
+           : "l"(a), "l"(b), "r"(accumulate));
+}
+// dV += P^T dO and dK += dS^T Q for a group's 128 columns: D[64 x 128] += A[64 x 16] B[16 x
+// 128], A (P^T, dS^T) from shared memory K-major, B MN-major.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n128k16_bt(float (&d)[64], uint64_t a, uint64_t b) {
+  FA_WGMMA("%66", "m64n128k16", FA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 1",
+           : FA_WGMMA_D64_OPS(d)
+           : "l"(a), "l"(b), "r"(1));
+}
+// dQ = dS K for a group's 128 columns: as wgmma_ss_m64n64k16_tt, N 128.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n128k16_tt(float (&d)[64], uint64_t a, uint64_t b,
+                                                       uint32_t accumulate) {
+  FA_WGMMA("%66", "m64n128k16", FA_WGMMA_D64 ", %64, %65, p, 1, 1, 1, 1",
+           : FA_WGMMA_D64_OPS(d)
+           : "l"(a), "l"(b), "r"(accumulate));
+}
+
 #undef FA_WGMMA
 #undef FA_WGMMA_D32
+#undef FA_WGMMA_D16
 #undef FA_WGMMA_D128
 #undef FA_OPS8
 #undef FA_OPS32
