@@ -140,6 +140,20 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       expect_kernels(select_backend(broadcast, FA_PLATFORM_CUDA, h100(), none, BackendOptions{}),
                      FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     }
+    // Head dim 256: dbias with the causal band measured slower than cuDNN's, without a band
+    // faster; no dbias wanted: the Hopper backward either way.
+    AttnParams d256 = p;
+    d256.head_dim_qk = d256.head_dim_v = 256;
+    c = select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
+    expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+    EXPECT_TRUE(has(c.reason, "head dim 256's dbias")) << c.reason;
+    BackendRequest none;
+    none.no_dbias = true;
+    expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), none, BackendOptions{}),
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+    d256.mask_type = FA_NO_MASK;
+    expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   }
   p.seqlen_kv = 500;  // rows not in 16-byte units
   for (bool no_dbias : {false, true}) {

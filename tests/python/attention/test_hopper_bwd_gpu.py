@@ -97,32 +97,31 @@ def test_one_compiled_function_takes_either_backward(key):
 
 def test_other_calls_keep_cudnns_backward(key):
     """Calls the Hopper backward does not take run cuDNN's even with set_hopper_bwd("always"):
-    a score_mod it does not know, head dim 256 in deterministic mode (its dQ sums with float32
-    atomics there)."""
+    a score_mod other than softcap and ALiBi, head dim 256 in deterministic mode (its dQ sums
+    with float32 atomics there; without the mode it takes it)."""
     q, k, v, dout = inputs(key, jnp.bfloat16, 512, 512, 2, 1.0, d=256)
-    cap = lambda s, b, h, qi, ki: jnp.tanh(s / 50.0) * 50.0
+    wave = lambda s, b, h, qi, ki: s + 0.5 * jnp.sin(s)
     causal = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None,
                                                   attn_mask_type=AttnMaskType.CAUSAL_MASK)
-    calls = [
-        (causal, (q, k, v), True),
-        (lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=cap),
-         tuple(x[..., :128] for x in (q, k, v)), False),
-    ]
+    other = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=wave)
+    q128 = tuple(x[..., :128] for x in (q, k, v))
+
+    def launches(fn, args, det):
+        g = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32))))
+        before = _lib.hopper_bwd_launches()
+        with fusedattn.deterministic(det):
+            jax.block_until_ready(g(*args))
+        return _lib.hopper_bwd_launches() - before
+
     _lib.set_hopper_bwd("always")
     try:
-        for fn, args, det in calls:
-            before = _lib.hopper_bwd_launches()
-            g = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32))))
-            if det:
-                with fusedattn.deterministic():
-                    jax.block_until_ready(g(*args))
-            else:
-                jax.block_until_ready(g(*args))
-            assert _lib.hopper_bwd_launches() == before
-        # without deterministic mode head dim 256 takes it
-        before = _lib.hopper_bwd_launches()
-        jax.block_until_ready(jax.jit(jax.grad(lambda *a: jnp.sum(causal(*a).astype(jnp.float32))))(q, k, v))
-        assert _lib.hopper_bwd_launches() > before
+        with fusedattn.deterministic(True):
+            info = fusedattn.get_backend((q, k, v), attn_mask_type=AttnMaskType.CAUSAL_MASK,
+                                         is_training=True, platform="gpu")
+        assert info.backward == "cudnn" and "float32 atomics" in info.reason, info
+        assert launches(causal, (q, k, v), True) == 0, "head dim 256, deterministic"
+        assert launches(other, q128, False) == 0, "a score_mod other than softcap and ALiBi"
+        assert launches(causal, (q, k, v), False) > 0, "head dim 256"
     finally:
         _lib.set_hopper_bwd(None)
 
