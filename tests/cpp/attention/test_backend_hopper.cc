@@ -52,7 +52,7 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
     p.head_dim_qk = p.head_dim_v = d;
     expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
                                   BackendOptions{}),
-                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, d == 64 ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
+                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     p.mask_type = FA_CAUSAL_MASK, p.seqlen_q = p.seqlen_kv = 16384;
     const std::string measured = hopper_plain_measured(p);
     const std::string name = "head dim " + std::to_string(d);
@@ -61,8 +61,8 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
     if (!has_rows) EXPECT_TRUE(has(measured, name)) << measured;
     if (!measured.empty()) EXPECT_TRUE(has(measured, name)) << measured;
     const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), {}, BackendOptions{});
-    // The backward by its own table (head dim 64 only: the Hopper backward takes no 256).
-    const bool hopper_bwd = d == 64 && hopper_plain_measured(p, /*backward=*/true).empty();
+    // The backward by its own table.
+    const bool hopper_bwd = hopper_plain_measured(p, /*backward=*/true).empty();
     expect_kernels(c, FA_BACKEND_CUDNN, measured.empty() ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDNN,
                    hopper_bwd ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDNN);
   }
@@ -200,11 +200,11 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
     ampere.sm = 80;
     expect_kernels(select_backend(pre, FA_PLATFORM_CUDA, ampere, req, BackendOptions{}),
                    FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
-    // Head dim 256: no Hopper backward.
+    // Head dim 256: the Hopper backward too (64-key blocks).
     AttnParams pre256 = pre;
     pre256.head_dim_qk = pre256.head_dim_v = 256;
     EXPECT_EQ(select_backend(pre256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}).backward,
-              FA_BACKEND_CUDA_FLASH);
+              FA_BACKEND_HOPPER_BWD);
     // With softcap: the flash kernels (cuDNN would add the bias after the modifier, and
     // the Hopper kernels take none beside softcap).
     BackendRequest sm = with(ScoreModKind::kSoftcap);
@@ -253,17 +253,21 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
     }
   }
   // Head dim 256: the Hopper forward by the measurement (faster than the flash kernels'
-  // there), for a pre-scale bias only.
+  // there), for a pre-scale bias only; its backward the Hopper backward's (64-key blocks),
+  // after either forward.
   AttnParams d256 = p;
   d256.head_dim_qk = d256.head_dim_v = 256;
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_CUDNN, FA_BACKEND_CUDNN);
   d256.bias_type = FA_PRE_SCALE_BIAS;
   BackendChoice c = select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, BackendOptions{});
-  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+  expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "measured faster than the CUDA flash kernels")) << c.reason;
   BackendOptions off;
   off.hopper_fwd = HopperMode::kOff;
+  expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
+                 FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_BWD);
+  off.hopper_bwd = HopperMode::kOff;
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, off),
                  FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
   // A bias of 2^31 elements or more in one batch entry (cuDNN indexes 32 bits; a broadcast
@@ -444,7 +448,10 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
   AttnParams d256 = plain;
   d256.head_dim_qk = d256.head_dim_v = 256;
-  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_CUDNN);
+  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_HOPPER_BWD);
+  // ALiBi is not compiled at head dim 256: cuDNN's backward.
+  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kAlibi), always).backward,
+            FA_BACKEND_CUDNN);
   // A bias that is no dense mask: the kernel runs it (dbias too), the table does not decide it.
   AttnParams bias = plain;
   bias.bias_type = FA_POST_SCALE_BIAS, bias.bias_batch = 1, bias.bias_heads = 1;
