@@ -4,9 +4,10 @@ switched by fusedattn._lib.set_hopper_bwd, alternating rounds; the forward alone
 (cuDNN's, the default for a bias). bf16, B * S = 16384, H * D = 2048, bias [1, H, S, S].
 --dbias: the bias's gradient taken too (dbias: float32 sums over the batch where it
 broadcasts; --bias-batch: a bias [B, H, S, S], stored straight); --pre: a pre-scale bias,
-whose other backward is the CUDA flash kernels' (cuDNN serves none).
+whose other backward is the CUDA flash kernels' (cuDNN serves none); --softcap C: no bias,
+the softcap score_mod c tanh(s / c) instead (cuDNN's backward runs its score_mod graph).
   python dev/hopper_bwd/bias_vs_cudnn.py [--seqlens 4096] [--head-dims 64 128] [--rounds 2]
-      [--dbias] [--bias-batch] [--pre]"""
+      [--dbias] [--bias-batch] [--pre] [--softcap C]"""
 import argparse
 
 import jax
@@ -25,11 +26,15 @@ def main():
     ap.add_argument("--dbias", action="store_true")
     ap.add_argument("--bias-batch", action="store_true")
     ap.add_argument("--pre", action="store_true")
+    ap.add_argument("--softcap", type=float, default=0.0)
     args = ap.parse_args()
+    cap = args.softcap
+    softcap = (lambda s, b, h, qi, ki: cap * jnp.tanh(s / cap)) if cap else None
     other = "flash" if args.pre else "cudnn"
     bias_type = AttnBiasType.PRE_SCALE_BIAS if args.pre else AttnBiasType.POST_SCALE_BIAS
     grads = (0, 1, 2, 4) if args.dbias else (0, 1, 2)
-    print(f"dbias {args.dbias}, bias batch {'B' if args.bias_batch else 1}, {bias_type.name}")
+    print(f"softcap {cap}, no bias" if cap else
+          f"dbias {args.dbias}, bias batch {'B' if args.bias_batch else 1}, {bias_type.name}")
     print(f"{'D':>4} {'S':>6} {'mask':7} {'fwd ms':>8} {'f+b hopper':>11} {'f+b ' + other:>10} {other + '/hopper':>12}")
     for d in args.head_dims:
         for s in args.seqlens:
@@ -38,9 +43,13 @@ def main():
                 ks = jax.random.split(jax.random.PRNGKey(s + d), 5)
                 q, k, v, do = (jax.random.normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks[:4])
                 bias = jax.random.normal(ks[4], (b if args.bias_batch else 1, h, s, s), jnp.bfloat16)
-                f = lambda q, k, v, bias: fusedattn.fused_attn((q, k, v), bias, None, None,
-                                                               attn_bias_type=bias_type,
-                                                               attn_mask_type=mask)
+                if cap:
+                    f = lambda q, k, v, bias: fusedattn.fused_attn((q, k, v), None, None, None,
+                                                                   attn_mask_type=mask, score_mod=softcap)
+                else:
+                    f = lambda q, k, v, bias: fusedattn.fused_attn((q, k, v), bias, None, None,
+                                                                   attn_bias_type=bias_type,
+                                                                   attn_mask_type=mask)
                 loss = lambda q, k, v, do, bias: jnp.sum(f(q, k, v, bias).astype(jnp.float32) * do.astype(jnp.float32))
                 fb = jax.jit(jax.grad(loss, argnums=grads))
                 fwd = jax.jit(f)
