@@ -6,7 +6,7 @@ CUDA flash kernels, dbias, d softmax_offset and the score_mod operands' gradient
 differ in the last bits from one run to the next. In deterministic mode a call's backward
 is bitwise repeatable:
 
-- the Hopper flash backward (sm_90, bf16 / fp16, head dims 64 and 128) adds the dQ parts
+- the Hopper flash backward (sm_90, bf16 / fp16, head dims 64, 128 and 256) adds the dQ parts
   in key-block order (a counter per 64 query rows: O(S) memory) and takes every call it
   can run, whatever its speed table says;
 - cuDNN's backward runs with its deterministic algorithm (on sm_90, cuDNN 9.19 writes dP

@@ -158,7 +158,7 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
                                           const PlatformInfo& info);
 
 // Why the Hopper flash backward cannot serve p (empty when it can): calls without a
-// score_mod or THD at head dims 64, 128 and 256 (256: not deterministic, no ALiBi; sinks too:
+// score_mod or THD at head dims 64, 128 and 256 (256: no ALiBi; sinks too:
 // a learnable one's gradient included) whose forward the Hopper kernel's rules
 // take, a bias only as a dense mask with no dbias wanted (whose tiles it skips, as the
 // forward does; cuDNN's backward adds the mask over every tile). Whether a plain call takes

@@ -292,7 +292,7 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
 }
 
 // A dense mask's backward runs the Hopper backward (it skips the tiles the forward skips)
-// at head dims 64, 128 and 256 (there not deterministic). Plain calls keep cuDNN's backward.
+// at head dims 64, 128 and 256. Plain calls keep cuDNN's backward.
 TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   AttnParams p = hopper_params();
   p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
@@ -314,13 +314,12 @@ TEST(SelectBackend, HopperBackwardTakesDenseMasksWithoutDbias) {
   d256.head_dim_qk = d256.head_dim_v = 256;
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}),
                  FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
-  // Head dim 256 adds dQ with float32 atomics: a deterministic call's backward is cuDNN's;
-  // no ALiBi there.
+  // Deterministic mode at head dim 256: its ordered dQ (additions in turns) too.
   BackendRequest det256 = req;
   det256.deterministic = true;
-  EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d256, det256, h100()), "float32 atomics"));
+  EXPECT_EQ(hopper_bwd_unsupported_reason(d256, det256, h100()), "");
   expect_kernels(select_backend(d256, FA_PLATFORM_CUDA, h100(), det256, BackendOptions{}),
-                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDNN);
+                 FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   AttnParams d96 = p;
   d96.head_dim_qk = d96.head_dim_v = 96;
   EXPECT_TRUE(has(hopper_bwd_unsupported_reason(d96, req, h100()), "head dims"));
@@ -387,10 +386,16 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
                                    BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
-  // Head dim 256 (and FUSEDATTN_HOPPER_BWD=0): cuDNN's deterministic algorithm.
+  // Head dim 256: the Hopper backward's ordered dQ too; with FUSEDATTN_HOPPER_BWD=0 (and
+  // ALiBi there) cuDNN's deterministic algorithm.
   AttnParams d256 = hopper_params();
   d256.head_dim_qk = d256.head_dim_v = 256;
   c = select_backend(d256, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
+  EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+  EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
+  BackendRequest det_alibi = det;
+  det_alibi.score_mod.kind = ScoreModKind::kAlibi;
+  c = select_backend(d256, FA_PLATFORM_CUDA, h100(), det_alibi, BackendOptions{});
   EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
   EXPECT_TRUE(has(c.reason, "deterministic algorithm")) << c.reason;
   BackendOptions off;

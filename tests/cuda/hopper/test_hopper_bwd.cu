@@ -665,6 +665,18 @@ std::vector<Case> cases() {
        .softcap = 5.0f});
   add({.name = "d256_sink_padding", .causal = true, .D = 256, .B = 4, .Hq = 4, .Hkv = 2,
        .q_lens = {256, 100, 0, 77}, .kv_lens = {200, 256, 17, 0}, .sink_slices = 2});
+  // Head dim 256's deterministic dQ (its groups' additions in turns, 64-key blocks): causal
+  // (descending), a window (ascending from its first block), a dense mask's skipped tiles
+  // counted by their 128-key table blocks, padding, GQA, a long sequence, dbias.
+  add({.name = "det_d256_causal_gqa", .causal = true, .D = 256, .Hq = 6, .Hkv = 2, .deterministic = true});
+  add({.name = "det_d256_window_both_ragged", .D = 256, .Sq = 700, .Skv = 650, .left = 150, .right = 30,
+       .deterministic = true});
+  add({.name = "det_d256_mask_holes", .D = 256, .Sq = 520, .Skv = 600, .mask = 2, .mask_h = true,
+       .deterministic = true});
+  add({.name = "det_d256_mask_causal_type_padding", .causal = true, .D = 256, .B = 3, .Sq = 384, .Skv = 384,
+       .q_lens = {384, 200, 50}, .kv_lens = {300, 384, 384}, .mask = 2, .mask_b = true, .deterministic = true});
+  add({.name = "det_d256_long_dbias", .causal = true, .D = 256, .B = 1, .Sq = 1536, .Skv = 1536, .Hq = 2,
+       .Hkv = 2, .mask_b = true, .mask_h = true, .deterministic = true, .bias = 1, .dbias = true});
   return c;
 }
 
@@ -675,10 +687,9 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   FlashBwdParams p;
   p.head_dim = 96;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dims 64, 128 and 256 only");
-  p.head_dim = 256, p.deterministic = true;
-  EXPECT_EQ(flash_bwd_unsupported(p, 90),
-            "head dim 256 takes no deterministic mode and no ALiBi (its dQ sums with float32 atomics)");
-  p.deterministic = false;
+  p.head_dim = 256, p.alibi_slopes = reinterpret_cast<const float*>(&p);
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dim 256 takes no ALiBi");
+  p.alibi_slopes = nullptr;
   EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
   p.head_dim = 128, p.heads_q = p.heads_kv = 1, p.batch = p.seqlen_q = p.seqlen_kv = 1;
   int x[4];

@@ -47,7 +47,9 @@ HOPPER_CASES = [
     pytest.param(AttnMaskType.CAUSAL_MASK, 128, 2, jnp.bfloat16, id="causal-d128-gqa-bf16"),
     pytest.param(AttnMaskType.NO_MASK, 128, 4, jnp.float16, id="full-d128-fp16"),
     pytest.param(AttnMaskType.CAUSAL_MASK, 64, 4, jnp.float16, id="causal-d64-fp16"),
-    pytest.param(AttnMaskType.NO_MASK, 64, 1, jnp.bfloat16, id="full-d64-mqa-bf16")]
+    pytest.param(AttnMaskType.NO_MASK, 64, 1, jnp.bfloat16, id="full-d64-mqa-bf16"),
+    pytest.param(AttnMaskType.CAUSAL_MASK, 256, 2, jnp.bfloat16, id="causal-d256-gqa-bf16"),
+    pytest.param(AttnMaskType.NO_MASK, 256, 4, jnp.float16, id="full-d256-fp16")]
 
 
 @pytest.mark.parametrize("mask,d,hkv,dtype", HOPPER_CASES)
@@ -133,16 +135,23 @@ def test_softcap_backward_is_bitwise_repeatable(key):
 
 
 def test_cudnn_deterministic_backward_at_head_dim_256(key):
-    """Head dim 256 (no Hopper backward): cuDNN's deterministic algorithm."""
+    """Head dim 256 with the Hopper backward off (FUSEDATTN_HOPPER_BWD=0): cuDNN's
+    deterministic algorithm."""
     q, k, v, dout = inputs(key, jnp.bfloat16, 1024, 1024, 2, 1.0, d=256)
     mask = AttnMaskType.CAUSAL_MASK
     ours = lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, None, attn_mask_type=mask)
     ref = lambda q, k, v: ref_call(q, k, v, identity, (), attn_mask_type=mask)
-    with fusedattn.deterministic():
-        info = fusedattn.get_backend((q, k, v), attn_mask_type=mask, is_training=True)
-        assert info.backward == "cudnn" and "deterministic algorithm" in info.reason, info
-        check(ours, ref, (q, k, v), dout, PLAIN_TARGETS)
-        assert_repeatable(_loss(ours, dout), (q, k, v))
+    _lib.set_hopper_bwd("off")
+    try:
+        with fusedattn.deterministic():
+            info = fusedattn.get_backend((q, k, v), attn_mask_type=mask, is_training=True)
+            assert info.backward == "cudnn" and "deterministic algorithm" in info.reason, info
+            before = _lib.hopper_bwd_launches()
+            check(ours, ref, (q, k, v), dout, PLAIN_TARGETS)
+            assert_repeatable(_loss(ours, dout), (q, k, v))
+            assert _lib.hopper_bwd_launches() == before
+    finally:
+        _lib.set_hopper_bwd(None)
 
 
 def test_flash_kernels_have_no_deterministic_backward(key):

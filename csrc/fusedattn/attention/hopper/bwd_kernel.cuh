@@ -36,8 +36,9 @@
 // and after the barrier each group computes its 128 columns of dV += P^T dO, dK += dS^T Q and
 // dQ = dS K from shared memory; dQ leaves from registers as float4 atomic additions into
 // dq_acc (no shared memory left for the parts: K, V and two stages of Q and dO take 192 KiB).
-// Tiles with values read them from global memory (no bias stages), and dQ's order is not
-// fixed (no kDet), nor is ALiBi compiled there.
+// Tiles with values read them from global memory (no bias stages); kDet orders the
+// additions as it orders the parts (a group waits for its turn, adds, counts itself); ALiBi
+// is not compiled there.
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
 // then each part waits until the key blocks before its own (in launch order: blockIdx.x)
@@ -283,11 +284,10 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // by queries (group w: the query block's 32w..), P^T and dS^T both to shared memory, then
   // each group's dV += P^T dO, dK += dS^T Q and dQ = dS K for its 128 of the 256 columns
   // (all three from shared memory), dQ added from registers (float4 atomics into dq_acc,
-  // bwd_dq_index's order). No bias stages (a tile's values read from global memory), no
-  // deterministic dQ, no ALiBi.
+  // bwd_dq_index's order; kDet: in turns, as the parts). No bias stages (a tile's values
+  // read from global memory), no ALiBi.
   constexpr bool kWide = kD == 256;
-  static_assert(!kWide || (!kDet && !(kMod == kBwdAlibi || kMod == kBwdAlibiAbs)),
-                "head dim 256: no deterministic dQ, no ALiBi");
+  static_assert(!kWide || !(kMod == kBwdAlibi || kMod == kBwdAlibiAbs), "head dim 256: no ALiBi");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBiasStages = kDense && kMod != kBwdKeep && !kWide;  // BwdSmem::bias is there
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
@@ -403,33 +403,35 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // without a window every n' <= n reaches it; with one, n' reaches it when its last key
   // minus lo_diag is at or past mb's first row) and, with a dense mask, keep a key of it
   // (class bit 0, as next() skips: a tile whose keys the mask all drops is class 2).
+  // (Key blocks of kBlockN keys; a dense mask's class of block x is its 128-key table
+  // block's, as class_of reads it.)
   auto turn_of = [&](int h, int mb) {
+    [[maybe_unused]] const uint8_t* row = kDense ? a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n : nullptr;
+    [[maybe_unused]] auto kept = [&](int x) { return row[x * kBlockN / BwdDims::kBlockN] & 1; };
     if constexpr (kDescending) {
       // The parts added before this block's: the key blocks n' > n that reach mb. Those run
       // up to hi, the last block holding a key (kv_len) whose first key the right edge lets
-      // mb's last row see (n' 128 <= (mb + 1) kBlockM - 1 + diag); a window's left edge
+      // mb's last row see (n' kBlockN <= (mb + 1) kBlockM - 1 + diag); a window's left edge
       // lets every n' > n see mb, as it lets n (its last key only grows with n').
-      const int last = (tile.kv_len + BwdDims::kBlockN - 1) / BwdDims::kBlockN - 1;
+      const int last = (tile.kv_len + kBlockN - 1) / kBlockN - 1;
       const long long edge = static_cast<long long>(mb + 1) * kBlockM - 1 + tile.diag;
-      const int hi = edge < 0 ? -1 : static_cast<int>(min(static_cast<long long>(last), edge / BwdDims::kBlockN));
+      const int hi = edge < 0 ? -1 : static_cast<int>(min(static_cast<long long>(last), edge / kBlockN));
       int after = max(0, hi - n);
       if constexpr (kDense) {
         after = 0;
-        const uint8_t* row = a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n;
-        for (int x = n + 1; x <= hi; ++x) after += row[x] & 1;
+        for (int x = n + 1; x <= hi; ++x) after += kept(x);
       }
       return after;
     }
     int lo = 0;
     if (tile.lo_diag != kNoEdge) {
-      const long long need = static_cast<long long>(mb) * kBlockM + tile.lo_diag - (BwdDims::kBlockN - 1);
-      lo = need <= 0 ? 0 : static_cast<int>((need + BwdDims::kBlockN - 1) / BwdDims::kBlockN);
+      const long long need = static_cast<long long>(mb) * kBlockM + tile.lo_diag - (kBlockN - 1);
+      lo = need <= 0 ? 0 : static_cast<int>((need + kBlockN - 1) / kBlockN);
     }
     int before = max(0, n - lo);
     if constexpr (kDense) {
       before = 0;
-      const uint8_t* row = a.tiles + (int64_t(table_of(h)) * a.mask_m + mb) * a.mask_n;
-      for (int x = lo; x < n; ++x) before += row[x] & 1;  // class_of's rule: bit 0, a key kept
+      for (int x = lo; x < n; ++x) before += kept(x);  // class_of's rule: bit 0, a key kept
     }
     return before;
   };
@@ -826,12 +828,32 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     if constexpr (kWide) {
       // A thread's float4 of accumulator step j, (row, col + 0, 1) and (row + 8, col + 0, 1),
       // is one float4 of bwd_dq_index's order (the 64-column part 2w + j / 8): one atomic
-      // addition each, while dV's and dK's products run.
+      // addition each, while dV's and dK's products run. kDet: the group's 128 columns of
+      // the 64-row block have a counter (slot w); thread 0 waits for the block's turn, the
+      // group adds (each element once: the order of additions is the turns'), then fences
+      // and counts itself.
       float4* acc = reinterpret_cast<float4*>(a.dq_acc + ((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) * kD);
+      [[maybe_unused]] int* sem = nullptr;
+      [[maybe_unused]] bool poison = false;
+      if constexpr (kDet) {
+        sem = a.dq_sem + 2 * (((int64_t{b} * a.heads_q + h) * a.sq_pad + m0) / 64) + w;
+        if (tid == 0) sm.dq[w][0] = wait_turn(sem, turn_of(h, block_of(it))) ? 0.0f : 1.0f;
+        group_sync(2 + w);
+        poison = sm.dq[w][0] != 0.0f;  // gave up: NaN in dQ's rows shows it
+      }
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        atomicAdd(acc + (2 * w + j / 8) * 1024 + (j % 8) * 128 + tid,
-                  make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+      for (int j = 0; j < 16; ++j) {
+        float4 v = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        if constexpr (kDet) {
+          if (poison) v.x = __int_as_float(0x7fc00000);
+        }
+        atomicAdd(acc + (2 * w + j / 8) * 1024 + (j % 8) * 128 + tid, v);
+      }
+      if constexpr (kDet) {
+        __threadfence();
+        group_sync(2 + w);
+        if (tid == 0) red_release_add(sem, 1);
+      }
     } else {
       // The part to shared memory (a float4 a thread and step: bwd_dq_index), then one thread
       // a group hands it to the copy engine (flush_dq: now, or kDqLate at the next iteration's

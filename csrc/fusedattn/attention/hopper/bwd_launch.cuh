@@ -10,14 +10,11 @@
 
 namespace fusedattn::cuda::hopper {
 
-// a: the kernel's arguments, filled by flash_bwd; a.dq_sem picks the deterministic variant
-// (none at head dim 256: flash_bwd_unsupported declines it).
+// a: the kernel's arguments, filled by flash_bwd; a.dq_sem picks the deterministic variant.
 template <bool kCausal, bool kBf16, bool kDense, int kD, int kMod = kBwdPlain>
 Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kMod>;
-  if constexpr (kD != 256) {
-    if (a.dq_sem) kernel = flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>;
-  }
+  auto kernel = a.dq_sem ? flash_bwd_kernel<kCausal, kBf16, kDense, kD, true, kMod>
+                         : flash_bwd_kernel<kCausal, kBf16, kDense, kD, false, kMod>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kBwdSmemBytes<kD, kDense, kMod>)));
   kernel<<<grid, BwdDims::kThreads, kBwdSmemBytes<kD, kDense, kMod>, stream>>>(a);

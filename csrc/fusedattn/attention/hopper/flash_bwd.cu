@@ -233,8 +233,7 @@ Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dims 64, 128 and 256 only";
-  if (p.head_dim == 256 && (p.deterministic || p.alibi_slopes))
-    return "head dim 256 takes no deterministic mode and no ALiBi (its dQ sums with float32 atomics)";
+  if (p.head_dim == 256 && p.alibi_slopes) return "head dim 256 takes no ALiBi";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   const bool modified = p.softcap > 0.0f || p.alibi_slopes;
   if (modified ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
