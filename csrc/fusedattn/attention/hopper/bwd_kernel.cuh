@@ -206,7 +206,8 @@ struct BwdSmem {
   uint8_t dout[2][kSpans * kM * 128];
   // dS^T of alternate iterations: the block's keys, spans of 64 queries; kWide: [1] P^T
   uint8_t ds[2][kWide ? 2 : kM / 64][kN * 128];
-  float dq[2][kWide ? 4 : 64 * 64];  // each group's part of dQ (bwd_dq_index's order; kWide: none)
+  // Each group's part of dQ (bwd_dq_index's order); kWide: [w][0] kDet's give-up flag only.
+  float dq[2][kWide ? 4 : 64 * 64];
   float lse2[2][kM];
   float dsum[2][kM];
   uint64_t kv_full, full[2];
