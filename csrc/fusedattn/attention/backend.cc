@@ -472,8 +472,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
       // Head dim 256's dbias (stored a pair of keys at a time, no tile rows there): with a
       // band, forward+backward measured 0.90x cuDNN's (causal, S 4096, bias [B, H, S, S],
       // H200); without one 1.17x (bench/RESULTS.md).
+      const hopper_rules::Band bd = hopper_rules::band(p);
       if (bwd_no.empty() && p.head_dim_qk == 256 && p.bias_type != FA_NO_BIAS && !req.mask_bias &&
-          !req.no_dbias && (hopper_rules::band(p).causal || hopper_rules::band(p).left_bound))
+          !req.no_dbias && (bd.causal || bd.left_bound))
         bwd_measured = "head dim 256's dbias with a causal mask or window: measured slower than cuDNN's "
                        "(bench/RESULTS.md)";
       if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kMeasured && !bwd_measured.empty())

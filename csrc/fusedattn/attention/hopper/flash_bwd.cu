@@ -30,6 +30,9 @@ bool keep_variant(const FlashBwdParams& p) {
 // The kernel variant's query block (kBwdBlockM: 128 at head dim 64 without a dense mask or
 // with a keep-only one; a bias, a folded mask's or not, runs the dense variants).
 uint32_t block_m(const FlashBwdParams& p) { return p.head_dim == 64 && (!p.bias || keep_variant(p)) ? 128 : 64; }
+// The variant has the bias stages (BwdSmem::bias: bias tiles by TMA, dbias's tile rows): the
+// dense variants but the keep-only one and head dim 256's (no room beside its stages).
+bool bias_stages(const FlashBwdParams& p) { return !keep_variant(p) && p.head_dim != 256; }
 
 // A dense mask's tiles: the variant's query block tall.
 MaskTiles mask_tiles(const FlashBwdParams& p, int64_t bm) {
@@ -377,7 +380,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     // dbias has the call's extents and its rows are whole 16-byte units (bwd_time, H200,
     // session 39: D128 causal 3.29 -> 2.87 ms, D64 5.52 -> 4.82). The float4 sums of a
     // broadcast bias measured slower than the pairs' (3.59 -> 4.01 ms): pairs there.
-    a.dbias_tile = p.dbias_tile && !keep_variant(p) && !dbias_sums(p) && dbias_rows16(p) && D != 256;
+    a.dbias_tile = p.dbias_tile && bias_stages(p) && !dbias_sums(p) && dbias_rows16(p);
     if (dbias_sums(p)) {
       a.dbias_acc = reinterpret_cast<float*>(base + sc.dbias);
       FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
@@ -391,10 +394,10 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.bias_b = p.bias_batch > 1 ? p.bias_b : 0, a.bias_h = p.bias_heads > 1 ? p.bias_h : 0;
     a.bias_s = p.bias_s;
     a.bias_heads = static_cast<int>(p.bias_heads);
-    // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map);
-    // the keep-only variant has no stages for them.
-    // (A keep mask's bytes are never read as values: no map. Head dim 256 has no stages.)
-    if (!keep_variant(p) && !p.bias_keep && D != 256 &&
+    // Rows of whole 16-byte chunks: the tiles through the copy engine (BwdArgs::bias_map),
+    // where the variant has stages for them. (A keep mask's bytes are never read as values:
+    // no map.)
+    if (bias_stages(p) && !p.bias_keep &&
         rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0})) {
       FA_RETURN_IF_NOT_OK(make_map(&a.bias_map, p.bias, p.bf16, p.seqlen_kv, p.seqlen_q, p.bias_heads,
                                    p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
