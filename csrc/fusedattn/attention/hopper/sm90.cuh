@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks of the flash kernels (fwd_kernel.cuh, bwd_kernel.cuh): mbarriers,
 // bulk tensor copies (TMA), warpgroup matrix products (wgmma) and their shared-memory
-// descriptors, named barriers, register reallocation. Each is one PTX instruction; the PTX
+// descriptors, named barriers, register reallocation, acquire / release across blocks,
+// transposed ldmatrix. Each is one PTX instruction; the PTX
 // ISA manual is the reference for every field used here.
 #pragma once
 
@@ -337,6 +338,31 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16_tt(float (&d)[64], uint64_t 
 #undef FA_WGMMA_D68
 #undef FA_WGMMA_D68_OPS
 #undef FA_WGMMA_D64_OPS
+
+// ---- ordering across blocks, transposed loads ---------------------------------------------
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(reinterpret_cast<uint64_t>(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Four 8 x 8 blocks of 16-bit values, transposed: r[m] holds block m's (row 2 (lane % 4) + 0, 1;
+// column lane / 4); lane L gives the address of block L / 8's row L % 8 (16 bytes).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 // ---- special functions ---------------------------------------------------------------------
 __device__ __forceinline__ float exp2_approx(float x) {
