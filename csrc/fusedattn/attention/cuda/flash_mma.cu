@@ -3,13 +3,14 @@
 // wide_fwd_kernel below (the head dims streamed, the output in column chunks).
 //
 // One block = one (batch, q head, query tile of 128 rows), 8 warps of 16 rows each; the
-// heaviest tiles (the last, under a causal mask) start first. Q stays in shared memory;
+// heaviest tiles (the last, under a causal mask) of every head start first. Q stays in shared memory;
 // K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1 loads while
 // tile t computes). Per key tile a warp computes S = Q K^T into mma.sync accumulators,
 // masks / biases / exponentiates / drops out its rows in registers (a row's four lanes
 // join their maxima and sums with two shuffles) and multiplies P, repacked as the A
 // operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in TF32,
-// 3xTF32 when EXACT (mma.cuh).
+// 3xTF32 when EXACT (mma.cuh); in TF32 each Q, K and V tile is rounded once in shared
+// memory, not at every fragment load (cvt.rna.tf32 is a few integer instructions on sm_90).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -168,7 +169,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&alpha)[2
 }
 
 // O *= alpha per row, then O += P V (V: the tile's kBN rows at sV, N columns).
-template <class T, int LD, int N, bool EXACT>
+template <class T, int LD, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void rescale_add_pv(float (&o)[N / 8][4], const float (&alpha)[2], const float (&pr)[kBN / 8][4],
                                                const T* sV, int lane) {
 #pragma unroll
@@ -176,7 +177,7 @@ __device__ __forceinline__ void rescale_add_pv(float (&o)[N / 8][4], const float
     o[dn][0] *= alpha[0], o[dn][1] *= alpha[0];
     o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
   }
-  mma_pb<T, LD, kBN, N, EXACT>(o, pr, sV, lane);
+  mma_pb<T, LD, kBN, N, EXACT, RAW>(o, pr, sV, lane);
 }
 
 // out = O / l for rows R (columns col0 + 8 dn + 2t, + 1 below Dv), lse = m + log l when
@@ -225,6 +226,7 @@ __device__ __forceinline__ void block_max(float local_max, float* sWmax, float* 
 template <class T, int D, bool EXACT, bool FULL>
 __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* tile_max) {
   constexpr int BM = kMmaBM, NT = kBN / 8, DT = D / 8;
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: tiles rounded once in shared memory
   using L = Smem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::q);
@@ -234,8 +236,10 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
   const AttnParams& p = c.p;
   const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q;
   const int64_t n_qt = (Sq + BM - 1) / BM;
-  const int64_t task = blockIdx.x;
-  const int64_t qt = n_qt - 1 - task % n_qt, h = (task / n_qt) % Hq, b = task / (n_qt * Hq);
+  // Query tiles major, the last first, over every (batch, head): a causal call's heaviest
+  // blocks start first, so the last wave is of light ones.
+  const int64_t task = blockIdx.x, nbh = p.batch * Hq;
+  const int64_t qt = n_qt - 1 - task / nbh, h = task % Hq, b = (task % nbh) / Hq;
   const int64_t hk = h / (Hq / p.heads_kv), q0 = qt * BM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
 
@@ -273,20 +277,25 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
     } else {
       cp_async_wait<0>();
     }
+    if constexpr (RAW) {
+      if (it == 0) round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sQ), BM);
+      round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sK + buf * kBN * L::LD), kBN);
+      round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sV + buf * kBN * L::LD), kBN);
+    }
     __syncthreads();
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    mma_abt<T, L::LD, kBN, D, EXACT>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);  // S = Q_w K^T
+    mma_abt<T, L::LD, kBN, D, EXACT, D, RAW>(s, sQ + warp * 16 * L::LD, sK + buf * kBN * L::LD, lane);  // S = Q_w K^T
     float alpha[2];
     softmax_tile<T, NT, FULL>(s, alpha, R, c, k0, t, bias, drop, sm);
-    rescale_add_pv<T, L::LD, D, EXACT>(o, alpha, s, sV + buf * kBN * L::LD, lane);  // O = alpha O + P V
+    rescale_add_pv<T, L::LD, D, EXACT, RAW>(o, alpha, s, sV + buf * kBN * L::LD, lane);  // O = alpha O + P V
     __syncthreads();  // the next iteration loads into this buffer
   }
   cp_async_wait<0>();
 
   const float local_max = finish_rows<T, DT>(o, R, c, b, h, t, 0, true);
-  if (tile_max) block_max(local_max, sWmax, tile_max + task, warp, lane);
+  if (tile_max) block_max(local_max, sWmax, tile_max + (b * Hq + h) * n_qt + qt, warp, lane);
 }
 
 // ---- head dims above 128 ------------------------------------------------------------

@@ -2,7 +2,8 @@
 // to 128: flash.cu's bwd_kernel, its algorithm and per-element rules, with S^T, dP^T, P^T,
 // dS^T and the dK, dV accumulators in registers.
 //
-// One block = one (batch, kv head, key tile of 64 keys), 4 warps; warp w owns keys
+// One block = one (batch, kv head, key tile of 64 keys; key tiles major, so that under a
+// causal mask the heaviest blocks of every head start first), 4 warps; warp w owns keys
 // 16 w .. 16 w + 15 and their dK, dV rows (16 x D float32 accumulators each, in C layout).
 // K and V stay in shared memory. The block walks every q head of the GQA group and every
 // query tile of kBMQ = 64 rows that keeps one of its keys (the tables' TileRange, as
@@ -19,7 +20,10 @@
 // over its dO buffer, which no warp reads any more, and warp w adds dS K for queries
 // 16 w .. 16 w + 15 into the float32 dq accumulator with atomics (flash.cu's dq_kernel
 // scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
-// TF32, 3xTF32 when EXACT (mma.cuh).
+// TF32 (each tile rounded once in shared memory: cvt.rna.tf32 is a few integer
+// instructions on sm_90, and a cvt per fragment load was a third of the kernel's), 3xTF32
+// when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod runs the PLAIN
+// instance (bwd_elements_plain: no per-element tests inside the kept band).
 //
 // Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
 // float32 TF32 at D = 128 (the last spills 28 bytes), 172-175 at D = 64; the S^T and dP^T
@@ -56,15 +60,71 @@ struct BwdSmem {
   static_assert(LD >= BMQ + kPad, "dS^T [kKeys][BMQ] fits a dO tile");
 };
 
+// The element step of a call without bias, dropout, dbias or score_mod (PLAIN): P^T =
+// exp(s scale - lse), dS^T = P^T (dP^T - delta), zeros outside a row's kept keys and for
+// dead rows (lse +-inf), as bwd_elements; without a test per element when every row of the
+// half keeps the warp's 16 keys (jw = its first), and the exponent one FMA (lse in log2).
+template <int NH>
+__device__ __forceinline__ void bwd_elements_plain(float (&st)[NH][4], float (&dpt)[NH][4], float scale_log2, int j0,
+                                                   int jw, int col0, int t, const int2* kept, const float* lse_rows,
+                                                   const float* dl_rows) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  bool whole = true;
+#pragma unroll
+  for (int n = 0; n < NH; ++n)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int col = col0 + 8 * n + 2 * t + cc;
+      const int2 kr = kept[col];
+      whole &= kr.x <= jw && kr.y >= jw + 16 && fabsf(lse_rows[col]) != kInf;
+    }
+  if (__all_sync(0xffffffffu, whole)) {
+#pragma unroll
+    for (int n = 0; n < NH; ++n)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int col = col0 + 8 * n + 2 * t + cc;
+        const float l2 = lse_rows[col] * kLog2e, dl = dl_rows[col];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + cc;
+          const float pr = exp2_approx(fmaf(st[n][e], scale_log2, -l2));
+          st[n][e] = pr;
+          dpt[n][e] = pr * (dpt[n][e] - dl);
+        }
+      }
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < NH; ++n)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int col = col0 + 8 * n + 2 * t + cc;
+      const float lse = lse_rows[col], l2 = lse * kLog2e, dl = dl_rows[col];
+      const int2 kr = kept[col];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int e = 2 * r + cc, j = j0 + 8 * r;
+        const bool keep = fabsf(lse) != kInf && j >= kr.x && j < kr.y;
+        const float pr = keep ? exp2_approx(fmaf(st[n][e], scale_log2, -l2)) : 0.0f;
+        st[n][e] = pr;
+        dpt[n][e] = keep ? pr * (dpt[n][e] - dl) : 0.0f;
+      }
+    }
+}
+
 // q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
 // dk, dv [B, Skv, Hkv, D|Dv] written.
 // SM: a score_mod (c.sm) runs in the element step (a kernel of its own: the interpreter's
-// calls out of the hot loop's registers).
-template <class T, int D, bool EXACT, bool SM>
+// calls out of the hot loop's registers). PLAIN: no bias, dropout, dbias or score_mod
+// (bwd_elements_plain).
+template <class T, int D, bool EXACT, bool SM, bool PLAIN>
 __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const float* delta, float* dq_acc,
                                                           float* dbias_acc) {
+  static_assert(!(SM && PLAIN));
   using L = BwdSmem<T, D>;
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: tiles rounded once in shared memory
   constexpr int LD = L::LD, NT = BMQ / 8, DT = D / 8, DC = 64;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem + L::k);
@@ -77,8 +137,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   const AttnParams& p = c.p;
   const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Hkv = p.heads_kv;
   const int64_t group = Hq / Hkv, n_kt = (Skv + kKeys - 1) / kKeys, n_qt = (Sq + BMQ - 1) / BMQ;
-  const int64_t task = blockIdx.x;
-  const int64_t kt = task % n_kt, hk = (task / n_kt) % Hkv, b = task / (n_kt * Hkv);
+  // Key tiles major over every (batch, kv head): a causal call's heaviest blocks (the first
+  // keys, kept by every later query tile) start first, so the last wave is of light ones.
+  const int64_t task = blockIdx.x, nbh = p.batch * Hkv;
+  const int64_t kt = task / nbh, hk = task % Hkv, b = (task % nbh) / Hkv;
   const int64_t k0 = kt * kKeys, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
 
@@ -120,6 +182,14 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   for (int it = 0; u < n_u; ++it) {
     const int buf = L::NBUF == 2 ? it & 1 : 0;
     cp_async_wait<0>();
+    if constexpr (RAW) {  // this thread's chunks of the tile (and at first of K, V)
+      if (it == 0) {
+        round_rows_tf32<D, LD>(reinterpret_cast<float*>(sK), kKeys);
+        round_rows_tf32<D, LD>(reinterpret_cast<float*>(sV), kKeys);
+      }
+      round_rows_tf32<D, LD>(reinterpret_cast<float*>(sQ + buf * BMQ * LD), BMQ);
+      round_rows_tf32<D, LD>(reinterpret_cast<float*>(sDO + buf * BMQ * LD), BMQ);
+    }
     __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
     const int64_t un = next(u + 1);
     if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1);
@@ -138,7 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 
     // Dropout's keep bits first, while only dK, dV hold registers: bit 4 n + e for element
     // (n, e) below (drop.z's rule; its value is inv_keep or 0).
-    const uint32_t zbits = bwd_drop_bits(drop, q0, k0 + warp * 16 + g, t);
+    const uint32_t zbits = PLAIN ? 0u : bwd_drop_bits(drop, q0, k0 + warp * 16 + g, t);
 
     // The tile in two halves of 32 queries (hq), so that S^T and dP^T take 32 registers,
     // not 64, beside dK and dV's 128. Half 0's dS^T waits in `held` (packed as T; float32:
@@ -158,19 +228,23 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
       // S^T = K_w Q^T and dP^T = V_w dO^T, in one k loop.
-      mma_abt2<T, LD, QH, D, EXACT, 1>(st, sK + warp * 16 * LD, sQh, dpt, sV + warp * 16 * LD, sDOh, lane);
+      mma_abt2<T, LD, QH, D, EXACT, 1, RAW>(st, sK + warp * 16 * LD, sQh, dpt, sV + warp * 16 * LD, sDOh, lane);
 
       // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
       // dbias at query i, key j through pointers stepped by 8 queries per n.
       const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
       float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
-      bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on, drop.inv_keep,
-                          zbits >> (4 * hq * NH), sm, q0, sums);
-      mma_pb<T, LD, QH, D, EXACT>(dv, st, sDOh, lane);   // dV += P^T dO
-      mma_pb<T, LD, QH, D, EXACT>(dk, dpt, sQh, lane);   // dK += dS^T Q
+      if constexpr (PLAIN)
+        bwd_elements_plain<NH>(st, dpt, p.scale * 1.4426950408889634f, j0, int(k0) + warp * 16, hq * QH, t, kept,
+                               lseb, deltab);
+      else
+        bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on,
+                                drop.inv_keep, zbits >> (4 * hq * NH), sm, q0, sums);
+      mma_pb<T, LD, QH, D, EXACT, RAW>(dv, st, sDOh, lane);   // dV += P^T dO
+      mma_pb<T, LD, QH, D, EXACT, RAW>(dk, dpt, sQh, lane);   // dK += dS^T Q
 
-      // dS^T [key][query] (T; float32 for float32) over the dO tile at the end: the warp's
-      // rows g, g + 8, query pairs 8 n + 2t of each half.
+      // dS^T [key][query] (T; float32 for float32, TF32-rounded when RAW) over the dO tile
+      // at the end: the warp's rows g, g + 8, query pairs 8 n + 2t of each half.
       auto put = [&](int hh, int n, int r, uint32_t x0, uint32_t x1) {
         T* dst = sDOb + (warp * 16 + g + 8 * r) * LD + hh * QH + 8 * n + 2 * t;
         if constexpr (std::is_same_v<T, float>) {
@@ -185,7 +259,9 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           uint32_t x0, x1;
-          if constexpr (std::is_same_v<T, float>) {
+          if constexpr (RAW) {
+            x0 = to_tf32(dpt[n][2 * r]), x1 = to_tf32(dpt[n][2 * r + 1]);
+          } else if constexpr (std::is_same_v<T, float>) {
             x0 = __float_as_uint(dpt[n][2 * r]), x1 = __float_as_uint(dpt[n][2 * r + 1]);
           } else {
             x0 = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]), x1 = 0;
@@ -212,7 +288,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       for (int dn = 0; dn < DC / 8; ++dn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
-      mma_atb<T, LD, kKeys, DC, EXACT>(acc, sDOb + warp * 16, sK + d0, lane);
+      mma_atb<T, LD, kKeys, DC, EXACT, RAW>(acc, sDOb + warp * 16, sK + d0, lane);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t i = q0 + warp * 16 + g + 8 * r;
@@ -257,7 +333,11 @@ Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias
   const AttnParams& p = c.p;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys);
   const size_t smem = BwdSmem<T, D>::total;
-  auto kernel = bwd_kernel<T, D, EXACT, SM>;
+  auto kernel = bwd_kernel<T, D, EXACT, SM, false>;
+  if constexpr (!SM) {
+    const bool plain = !c.a.bias && !dbias_acc && !(p.is_training && p.dropout > 0.0f);
+    if (plain) kernel = bwd_kernel<T, D, EXACT, false, true>;
+  }
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
   return cuda_status(cudaGetLastError(), "the flash backward (mma)");

@@ -100,23 +100,43 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
-// A float32 operand as TF32: hi, and (EXACT) the TF32 remainder lo = x - hi.
-template <int N, bool EXACT>
+// A float32 operand as TF32: hi, and (EXACT) the TF32 remainder lo = x - hi. RAW: x is
+// TF32 already (round_rows_tf32 rounded it in shared memory), taken as it is.
+template <int N, bool EXACT, bool RAW = false>
 struct Tf32 {
+  static_assert(!(RAW && EXACT), "3xTF32 needs the float32 operand");
   uint32_t hi[N], lo[EXACT ? N : 1];
   __device__ __forceinline__ explicit Tf32(const float (&x)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      hi[i] = to_tf32(x[i]);
+      hi[i] = RAW ? __float_as_uint(x[i]) : to_tf32(x[i]);
       if constexpr (EXACT) lo[i] = to_tf32(x[i] - __uint_as_float(hi[i]));
     }
   }
 };
 
+// The 16-byte chunks this thread copied with cp_async_rows<float, D, LD> (the same walk of
+// the R rows), rounded to TF32 in place once they landed (cp.async.wait_group makes a
+// thread's own copies visible to it): the products then take the operand as it is (RAW)
+// instead of a cvt per fragment load, with the same bits.
+template <int D, int LD>
+__device__ __forceinline__ void round_rows_tf32(float* dst, int R) {
+  constexpr int CPR = D / 4;
+  for (int idx = threadIdx.x; idx < R * CPR; idx += blockDim.x) {
+    float4* p = reinterpret_cast<float4*>(dst + (idx / CPR) * LD + (idx % CPR) * 4);
+    float4 v = *p;
+    v.x = __uint_as_float(to_tf32(v.x));
+    v.y = __uint_as_float(to_tf32(v.y));
+    v.z = __uint_as_float(to_tf32(v.z));
+    v.w = __uint_as_float(to_tf32(v.w));
+    *p = v;
+  }
+}
+
 // c += a b in TF32 (EXACT: 3xTF32, a.b = a_hi.b_hi + a_hi.b_lo + a_lo.b_hi: about float32's
 // accuracy).
-template <bool EXACT>
-__device__ __forceinline__ void mma_f32(float (&c)[4], const Tf32<4, EXACT>& a, const Tf32<2, EXACT>& b) {
+template <bool EXACT, bool RA, bool RB>
+__device__ __forceinline__ void mma_f32(float (&c)[4], const Tf32<4, EXACT, RA>& a, const Tf32<2, EXACT, RB>& b) {
   if constexpr (EXACT) {
     const uint32_t alo[4] = {a.lo[0], a.lo[1], a.lo[2], a.lo[3]};
     const uint32_t ahi[4] = {a.hi[0], a.hi[1], a.hi[2], a.hi[3]};
@@ -148,18 +168,19 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // (S = Q K^T, S^T = K Q^T). KU: the k loop's unroll factor (1 keeps the registers that
 // hoisted loads would take; the backward needs them).
 // One k step (8 for float32, 16 for 16-bit) of mma_abt at k = kk.
-template <class T, int LD, int N, bool EXACT>
+// RAW: float32 operands rounded to TF32 in shared memory already (round_rows_tf32).
+template <class T, int LD, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, const T* sB, int kk, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
     const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
                          sA[(g + 8) * LD + kk + t + 4]};
-    const Tf32<4, EXACT> a(ar);
+    const Tf32<4, EXACT, RAW> a(ar);
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
       const float* br = sB + (n * 8 + g) * LD + kk;  // b0 (k t, n g), b1 (k t + 4, n g)
       const float b[2] = {br[t], br[t + 4]};
-      mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
+      mma_f32<EXACT>(c[n], a, Tf32<2, EXACT, RAW>(b));
     }
   } else {
     // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
@@ -180,23 +201,23 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, 
 // c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
 // (S = Q K^T). KU: the k loop's unroll factor (1 keeps the registers that hoisted loads
 // would take).
-template <class T, int LD, int N, int K, bool EXACT, int KU = K>
+template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false>
 __device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
   constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
 #pragma unroll(KU)
-  for (int kk = 0; kk < K; kk += KS) mma_abt_step<T, LD, N, EXACT>(c, sA, sB, kk, lane);
+  for (int kk = 0; kk < K; kk += KS) mma_abt_step<T, LD, N, EXACT, RAW>(c, sA, sB, kk, lane);
 }
 
 // Two such products in one k loop (S^T = K Q^T beside dP^T = V dO^T): twice the
 // independent accumulators per step for the tensor cores' latency.
-template <class T, int LD, int N, int K, bool EXACT, int KU = K>
+template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false>
 __device__ __forceinline__ void mma_abt2(float (&c1)[N / 8][4], const T* sA1, const T* sB1,
                                          float (&c2)[N / 8][4], const T* sA2, const T* sB2, int lane) {
   constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
 #pragma unroll(KU)
   for (int kk = 0; kk < K; kk += KS) {
-    mma_abt_step<T, LD, N, EXACT>(c1, sA1, sB1, kk, lane);
-    mma_abt_step<T, LD, N, EXACT>(c2, sA2, sB2, kk, lane);
+    mma_abt_step<T, LD, N, EXACT, RAW>(c1, sA1, sB1, kk, lane);
+    mma_abt_step<T, LD, N, EXACT, RAW>(c2, sA2, sB2, kk, lane);
   }
 }
 
@@ -207,17 +228,18 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return r;
 }
 
-// e^x on the SFU (ex2.approx of x log2 e): relative error ~2^-21 for x <= 0, where the
-// softmax uses it; e^-inf = 0, NaN stays NaN.
-__device__ __forceinline__ float exp_approx(float x) {
+// 2^x and e^x on the SFU (ex2.approx; e^x as 2^(x log2 e)): relative error ~2^-21 for
+// x <= 0, where the softmax uses them; e^-inf = 0, NaN stays NaN.
+__device__ __forceinline__ float exp2_approx(float x) {
   float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
+__device__ __forceinline__ float exp_approx(float x) { return exp2_approx(x * 1.4426950408889634f); }
 
 // c (16 x N) += P B over k < K: P (16 x K) in registers in C layout (p[n]: k 8 n ..), B = the
 // K rows at sB, [k][n] (O += P V, dV += P^T dO, dK += dS^T Q).
-template <class T, int LD, int K, int N, bool EXACT>
+template <class T, int LD, int K, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void mma_pb(float (&c)[N / 8][4], const float (&p)[K / 8][4], const T* sB, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
@@ -229,7 +251,7 @@ __device__ __forceinline__ void mma_pb(float (&c)[N / 8][4], const float (&p)[K 
 #pragma unroll
       for (int dn = 0; dn < N / 8; ++dn) {
         const float b[2] = {b0[dn * 8], b0[LD + dn * 8]};
-        mma_f32<EXACT>(c[dn], a, Tf32<2, EXACT>(b));
+        mma_f32<EXACT>(c[dn], a, Tf32<2, EXACT, RAW>(b));
       }
     }
   } else {
@@ -253,7 +275,7 @@ __device__ __forceinline__ void mma_pb(float (&c)[N / 8][4], const float (&p)[K 
 
 // c (16 x N) += A B over k < K: A's transpose = the K rows at sAt, [k][m] (16 columns m),
 // B = the K rows at sB, [k][n] (dQ = dS K from dS^T).
-template <class T, int LD, int K, int N, bool EXACT>
+template <class T, int LD, int K, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, const T* sB, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
@@ -262,12 +284,12 @@ __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, cons
       // a0 (m g, k t)  a1 (m g + 8, k t)  a2 (m g, k t + 4)  a3 (m g + 8, k t + 4)
       const float* at = sAt + (kk + t) * LD + g;
       const float ar[4] = {at[0], at[8], at[4 * LD], at[4 * LD + 8]};
-      const Tf32<4, EXACT> a(ar);
+      const Tf32<4, EXACT, RAW> a(ar);
 #pragma unroll
       for (int n = 0; n < N / 8; ++n) {
         const float* br = sB + (kk + t) * LD + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
         const float b[2] = {br[0], br[4 * LD]};
-        mma_f32<EXACT>(c[n], a, Tf32<2, EXACT>(b));
+        mma_f32<EXACT>(c[n], a, Tf32<2, EXACT, RAW>(b));
       }
     }
   } else {
