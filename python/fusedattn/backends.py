@@ -68,8 +68,9 @@ class BackendInfo:
     found it faster), and calls served by
     "cuda_flash" may run the forward on "hopper" (a bias it reads as tiles, Skv a multiple
     of 8; a PRE_SCALE_BIAS at head dim 256; ALiBi, a bias beside it or its slopes' gradient
-    taken; any call without a score_mod it can run under FUSEDATTN_HOPPER_FWD=1): the CUDA
-    flash kernels then run the backward from its lse.
+    taken; any call without a score_mod it can run under FUSEDATTN_HOPPER_FWD=1), and the
+    backward on "hopper" where that kernel can run it (else the CUDA flash kernels, from
+    the forward's lse).
     """
 
     name: str

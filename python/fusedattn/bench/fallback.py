@@ -149,7 +149,10 @@ def _backend(c, q, bias, bias_type, sm, training):
     info = fusedattn.get_backend((q, q, q), bias, None, None, attn_bias_type=bias_type,
                                  attn_mask_type=CAUSAL, is_training=training, bias_grads=False,
                                  **sm, **grads)
-    return info.name if info.forward == info.backward else f"{info.forward}/{info.backward}"
+    # The kernels that run (forward / backward), not the family: a call cuDNN declines
+    # ("cuda_flash") may run both passes on the Hopper kernels.
+    fwd, bwd = info.forward or info.name, info.backward or info.name
+    return fwd if not training or fwd == bwd else f"{fwd}/{bwd}"
 
 
 def run(args):
