@@ -591,6 +591,21 @@ __global__ void convert_kernel(const float* src, T* dst, int64_t n) {
     dst[idx] = from_f<T>(src[idx]);
 }
 
+// A float32 input [B, S, H, D] (strided view) rounded to TF32 (cvt.rna) into dst, [B, S, H,
+// D] contiguous: the TF32 kernels' operands rounded once a call (their RAW operands,
+// mma.cuh), not at each tile a block loads. A warp a row.
+__global__ void round_tf32_kernel(const float* src, ViewStrides st, int64_t S, int64_t H, int64_t D, int64_t rows,
+                                  float* dst) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < rows; row += warps) {
+    const int64_t h = row % H, s = (row / H) % S, b = row / (H * S);
+    const float* in = src + b * st.b + s * st.s + h * st.h;
+    float* out = dst + row * D;
+    for (int64_t d = lane; d < D; d += 32) out[d] = __uint_as_float(mma::to_tf32(in[d]));
+  }
+}
+
 // ---- host side ------------------------------------------------------------------------
 
 int fwd_warps(const AttnParams& p) { return flash::fwd_warps(p.head_dim_v); }
@@ -600,7 +615,7 @@ int64_t rounded(int64_t d) { return round16(d); }
 // Workspace regions, in order, 256-byte aligned.
 struct Plan {
   size_t rows = 0, fwd_tiles = 0, bwd_tiles = 0, segs = 0, tile_max = 0, delta = 0, dq = 0,
-         dbias = 0, program = 0, total = 0;
+         dbias = 0, program = 0, q32 = 0, k32 = 0, v32 = 0, do32 = 0, total = 0;
   Plan(const AttnParams& p, bool backward, bool score_mod) {
     Regions r;
     const int64_t B = p.batch, Sq = p.seqlen_q;
@@ -618,6 +633,13 @@ struct Plan {
         dbias = r.add(size_t(p.num_slices * p.bias_batch * p.bias_heads * Sq * p.seqlen_kv) * 4);
     }
     if (score_mod) program = r.add(sizeof(DeviceScoreMod));
+    if (p.dtype == FA_FLOAT32) {  // the inputs rounded to TF32 (a TF32 call: round_inputs_tf32)
+      const int64_t Skv = p.seqlen_kv;
+      q32 = r.add(size_t(B * Sq * p.heads_q * p.head_dim_qk) * 4);
+      k32 = r.add(size_t(B * Skv * p.heads_kv * p.head_dim_qk) * 4);
+      v32 = r.add(size_t(B * Skv * p.heads_kv * p.head_dim_v) * 4);
+      if (backward) do32 = r.add(size_t(B * Sq * p.heads_q * p.head_dim_v) * 4);
+    }
     total = r.total;
   }
 };
@@ -666,6 +688,28 @@ Status prepare_score_mod(const Call& c, const ScoreModArgs& sm, cudaStream_t str
   if (c.sm_dops && sm.program->total > 0)
     FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.sm_dops, 0, size_t(c.p.num_slices * sm.program->total) * 4, stream));
   return Status::Ok();
+}
+
+// A TF32 call's q, k, v (and dout in the backward) rounded once into the workspace; c then
+// reads them there ([B, S, H, D] contiguous). Numerically the same as rounding each
+// fragment (cvt.rna of a TF32 value is itself): the kernels take them as they are.
+Status round_inputs_tf32(Call* c, const Plan& plan, void* ws, bool backward, cudaStream_t stream) {
+  const AttnParams& p = c->p;
+  char* w = static_cast<char*>(ws);
+  auto round = [&](const void*& ptr, ViewStrides& st, size_t at, int64_t S, int64_t H, int64_t D) {
+    float* dst = reinterpret_cast<float*>(w + at);
+    const int64_t rows = p.batch * S * H;
+    if (rows == 0 || D == 0) return;
+    round_tf32_kernel<<<unsigned(std::min<int64_t>(ceil_div(rows, 8), 1 << 16)), 256, 0, stream>>>(
+        static_cast<const float*>(ptr), st, S, H, D, rows, dst);
+    ptr = dst;
+    st = ViewStrides{S * H * D, H * D, D};
+  };
+  round(c->a.q, c->a.sq, plan.q32, p.seqlen_q, p.heads_q, p.head_dim_qk);
+  round(c->a.k, c->a.sk, plan.k32, p.seqlen_kv, p.heads_kv, p.head_dim_qk);
+  round(c->a.v, c->a.sv, plan.v32, p.seqlen_kv, p.heads_kv, p.head_dim_v);
+  if (backward) round(c->a.dout, c->a.sdo, plan.do32, p.seqlen_q, p.heads_q, p.head_dim_v);
+  return cuda_status(cudaGetLastError(), "the TF32 rounding of the inputs");
 }
 
 Status build_tables(const Call& c, const Plan& plan, void* ws, int tile, cudaStream_t stream) {
@@ -750,8 +794,10 @@ Status forward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* w
   const int bm = mma ? kMmaBM : 16 * fwd_warps(p);
   FA_RETURN_IF_NOT_OK(build_tables(c, plan, workspace, bm, stream));
   float* tile_max = a.max_logit ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.tile_max) : nullptr;
+  Call cr = c;
+  if (p.dtype == FA_FLOAT32 && f32_tf32) FA_RETURN_IF_NOT_OK(round_inputs_tf32(&cr, plan, workspace, false, stream));
   FA_RETURN_IF_NOT_OK(by_dtype(p, f32_tf32, [&](auto t, auto exact) {
-    return run_fwd<decltype(t), decltype(exact)::value>(c, mma, tile_max, stream);
+    return run_fwd<decltype(t), decltype(exact)::value>(cr, mma, tile_max, stream);
   }));
   if (a.max_logit) {
     const int64_t BH = p.batch * p.heads_q;
@@ -784,12 +830,15 @@ Status backward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* 
   if (dbias) FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dbias, 0, size_t(n_bias) * 4, stream));
   if (a.dsoftmax_offset)
     FA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dsoftmax_offset, 0, size_t(B * Hq) * 4, stream));
+  // delta from the float32 dout; the products from the TF32-rounded inputs (a TF32 call).
+  Call cr = c;
+  if (p.dtype == FA_FLOAT32 && f32_tf32) FA_RETURN_IF_NOT_OK(round_inputs_tf32(&cr, plan, workspace, true, stream));
   return by_dtype(p, f32_tf32, [&](auto t, auto exact) -> Status {
     using T = decltype(t);
     const int64_t rows = B * Hq * Sq;
     delta_kernel<T><<<unsigned(ceil_div(rows * 32, 256)), 256, 0, stream>>>(c, delta);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    FA_RETURN_IF_NOT_OK((run_bwd<T, decltype(exact)::value>(c, delta, dq, dbias, stream)));
+    FA_RETURN_IF_NOT_OK((run_bwd<T, decltype(exact)::value>(cr, delta, dq, dbias, stream)));
     dq_kernel<T><<<grid_for(B * Sq * Hq * p.head_dim_qk), 256, 0, stream>>>(c, dq);
     FA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (dbias && p.dtype != FA_FLOAT32) {

@@ -9,8 +9,9 @@
 // masks / biases / exponentiates / drops out its rows in registers (a row's four lanes
 // join their maxima and sums with two shuffles) and multiplies P, repacked as the A
 // operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in TF32,
-// 3xTF32 when EXACT (mma.cuh); in TF32 each Q, K and V tile is rounded once in shared
-// memory, not at every fragment load (cvt.rna.tf32 is a few integer instructions on sm_90).
+// 3xTF32 when EXACT (mma.cuh); in TF32 the inputs come rounded once a call (flash.cu's
+// round_inputs_tf32), not at every fragment load (cvt.rna.tf32 is a few integer
+// instructions on sm_90).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -226,7 +227,7 @@ __device__ __forceinline__ void block_max(float local_max, float* sWmax, float* 
 template <class T, int D, bool EXACT, bool FULL>
 __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* tile_max) {
   constexpr int BM = kMmaBM, NT = kBN / 8, DT = D / 8;
-  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: tiles rounded once in shared memory
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   using L = Smem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::q);
@@ -276,11 +277,6 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
-    }
-    if constexpr (RAW) {
-      if (it == 0) round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sQ), BM);
-      round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sK + buf * kBN * L::LD), kBN);
-      round_rows_tf32<D, L::LD>(reinterpret_cast<float*>(sV + buf * kBN * L::LD), kBN);
     }
     __syncthreads();
     float s[NT][4];

@@ -20,9 +20,9 @@
 // over its dO buffer, which no warp reads any more, and warp w adds dS K for queries
 // 16 w .. 16 w + 15 into the float32 dq accumulator with atomics (flash.cu's dq_kernel
 // scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
-// TF32 (each tile rounded once in shared memory: cvt.rna.tf32 is a few integer
-// instructions on sm_90, and a cvt per fragment load was a third of the kernel's), 3xTF32
-// when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod runs the PLAIN
+// TF32 (the inputs rounded once a call, flash.cu's round_inputs_tf32: cvt.rna.tf32 is a
+// few integer instructions on sm_90, and a cvt per fragment load was a third of the
+// kernel's), 3xTF32 when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod runs the PLAIN
 // instance (bwd_elements_plain: no per-element tests inside the kept band).
 //
 // Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
                                                           float* dbias_acc) {
   static_assert(!(SM && PLAIN));
   using L = BwdSmem<T, D>;
-  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: tiles rounded once in shared memory
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int LD = L::LD, NT = BMQ / 8, DT = D / 8, DC = 64;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem + L::k);
@@ -182,14 +182,6 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   for (int it = 0; u < n_u; ++it) {
     const int buf = L::NBUF == 2 ? it & 1 : 0;
     cp_async_wait<0>();
-    if constexpr (RAW) {  // this thread's chunks of the tile (and at first of K, V)
-      if (it == 0) {
-        round_rows_tf32<D, LD>(reinterpret_cast<float*>(sK), kKeys);
-        round_rows_tf32<D, LD>(reinterpret_cast<float*>(sV), kKeys);
-      }
-      round_rows_tf32<D, LD>(reinterpret_cast<float*>(sQ + buf * BMQ * LD), BMQ);
-      round_rows_tf32<D, LD>(reinterpret_cast<float*>(sDO + buf * BMQ * LD), BMQ);
-    }
     __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
     const int64_t un = next(u + 1);
     if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1);

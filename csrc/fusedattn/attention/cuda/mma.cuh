@@ -101,7 +101,7 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 }
 
 // A float32 operand as TF32: hi, and (EXACT) the TF32 remainder lo = x - hi. RAW: x is
-// TF32 already (round_rows_tf32 rounded it in shared memory), taken as it is.
+// TF32 already (a TF32 call's inputs come rounded: flash.cu), taken as it is.
 template <int N, bool EXACT, bool RAW = false>
 struct Tf32 {
   static_assert(!(RAW && EXACT), "3xTF32 needs the float32 operand");
@@ -114,24 +114,6 @@ struct Tf32 {
     }
   }
 };
-
-// The 16-byte chunks this thread copied with cp_async_rows<float, D, LD> (the same walk of
-// the R rows), rounded to TF32 in place once they landed (cp.async.wait_group makes a
-// thread's own copies visible to it): the products then take the operand as it is (RAW)
-// instead of a cvt per fragment load, with the same bits.
-template <int D, int LD>
-__device__ __forceinline__ void round_rows_tf32(float* dst, int R) {
-  constexpr int CPR = D / 4;
-  for (int idx = threadIdx.x; idx < R * CPR; idx += blockDim.x) {
-    float4* p = reinterpret_cast<float4*>(dst + (idx / CPR) * LD + (idx % CPR) * 4);
-    float4 v = *p;
-    v.x = __uint_as_float(to_tf32(v.x));
-    v.y = __uint_as_float(to_tf32(v.y));
-    v.z = __uint_as_float(to_tf32(v.z));
-    v.w = __uint_as_float(to_tf32(v.w));
-    *p = v;
-  }
-}
 
 // c += a b in TF32 (EXACT: 3xTF32, a.b = a_hi.b_hi + a_hi.b_lo + a_lo.b_hi: about float32's
 // accuracy).
@@ -168,7 +150,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // (S = Q K^T, S^T = K Q^T). KU: the k loop's unroll factor (1 keeps the registers that
 // hoisted loads would take; the backward needs them).
 // One k step (8 for float32, 16 for 16-bit) of mma_abt at k = kk.
-// RAW: float32 operands rounded to TF32 in shared memory already (round_rows_tf32).
+// RAW: float32 operands that are TF32 already (Tf32).
 template <class T, int LD, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, const T* sB, int kk, int lane) {
   if constexpr (std::is_same_v<T, float>) {
