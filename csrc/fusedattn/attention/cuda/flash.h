@@ -21,8 +21,9 @@
 // Workspace (flash_workspace_bytes, carved by the handler): the per-row kept-key table
 // [B, Sq], per-tile unions, the segments, and per-(b, h, tile) maxima; the backward adds
 // delta [B, Hq, Sq], a float32 dq accumulator [B, Sq, Hq, D] and, for 16-bit dbias, a
-// float32 dbias accumulator of the bias's size. All linear in S but dbias's (the result's
-// own size).
+// float32 dbias accumulator of the bias's size; a float32 call, room for q, k, v (and dout)
+// rounded to TF32 once (a TF32 call reads them there). All linear in S but dbias's (the
+// result's own size).
 //
 // Determinism: dq, dbias over broadcast dims and d softmax_offset are summed with float32
 // atomics (order may vary run to run, within float32 rounding); dk, dv and out are
