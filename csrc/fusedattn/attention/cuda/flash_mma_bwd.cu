@@ -22,11 +22,11 @@
 // scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
 // TF32 (the inputs rounded once a call, flash.cu's round_inputs_tf32: cvt.rna.tf32 is a
 // few integer instructions on sm_90, and a cvt per fragment load was a third of the
-// kernel's), 3xTF32 when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod runs the PLAIN
-// instance (bwd_elements_plain: no per-element tests inside the kept band).
+// kernel's), 3xTF32 when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod
+// runs the PLAIN instance (bwd_elements_plain: no per-element tests inside the kept band).
 //
-// Registers (ptxas, sm_90a): 255 / 255 / 252 / 255 for bf16, fp16, float32 3xTF32,
-// float32 TF32 at D = 128 (the last spills 28 bytes), 172-175 at D = 64; the S^T and dP^T
+// Registers (ptxas, sm_90a): 249-255 for bf16, fp16, float32 3xTF32, float32 TF32 at
+// D = 128 (some spill a few bytes), 172-176 at D = 64; the S^T and dP^T
 // products share one rolled k loop (mma_abt2, KU = 1: hoisted loads would spill).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
