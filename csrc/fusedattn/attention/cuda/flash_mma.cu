@@ -3,8 +3,8 @@
 // wide_fwd_kernel below (the head dims streamed, the output in column chunks).
 //
 // One block = one (batch, q head, query tile of 128 rows), 8 warps of 16 rows each; the
-// heaviest tiles (the last, under a causal mask) of every head start first. Q stays in shared memory;
-// K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1 loads while
+// heaviest tiles (the last, under a causal mask) of every head start first. Q stays in
+// shared memory; K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1 loads while
 // tile t computes). Per key tile a warp computes S = Q K^T into mma.sync accumulators,
 // masks / biases / exponentiates / drops out its rows in registers (a row's four lanes
 // join their maxima and sums with two shuffles) and multiplies P, repacked as the A
