@@ -4,11 +4,11 @@
 //
 // One block = one (batch, q head, query tile of 128 rows), 8 warps of 16 rows each; the
 // heaviest tiles (the last, under a causal mask) of every head start first. Q stays in
-// shared memory; K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1 loads while
-// tile t computes). Per key tile a warp computes S = Q K^T into mma.sync accumulators,
-// masks / biases / exponentiates / drops out its rows in registers (a row's four lanes
-// join their maxima and sums with two shuffles) and multiplies P, repacked as the A
-// operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in TF32,
+// shared memory; K and V tiles of 64 keys stream through two cp.async buffers (tile t + 1
+// loads while tile t computes). Per key tile a warp computes S = Q K^T into mma.sync
+// accumulators, masks / biases / exponentiates / drops out its rows in registers (a row's
+// four lanes join their maxima and sums with two shuffles) and multiplies P, repacked as
+// the A operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in TF32,
 // 3xTF32 when EXACT (mma.cuh); in TF32 the inputs come rounded once a call (flash.cu's
 // round_inputs_tf32), not at every fragment load (cvt.rna.tf32 is a few integer
 // instructions on sm_90).
