@@ -8,10 +8,10 @@
 // loads while tile t computes). Per key tile a warp computes S = Q K^T into mma.sync
 // accumulators, masks / biases / exponentiates / drops out its rows in registers (a row's
 // four lanes join their maxima and sums with two shuffles) and multiplies P, repacked as
-// the A operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in TF32,
-// 3xTF32 when EXACT (mma.cuh); in TF32 the inputs come rounded once a call (flash.cu's
-// round_inputs_tf32), not at every fragment load (cvt.rna.tf32 is a few integer
-// instructions on sm_90).
+// the A operand, by V into O. 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
+// TF32, 3xTF32 when EXACT (mma.cuh); in TF32 the inputs come rounded once a call
+// (flash.cu's round_inputs_tf32), not at every fragment load (cvt.rna.tf32 is a few
+// integer instructions on sm_90).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
