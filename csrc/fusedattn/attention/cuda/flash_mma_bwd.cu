@@ -68,7 +68,6 @@ template <int NH>
 __device__ __forceinline__ void bwd_elements_plain(float (&st)[NH][4], float (&dpt)[NH][4], float scale_log2, int j0,
                                                    int jw, int col0, int t, const int2* kept, const float* lse_rows,
                                                    const float* dl_rows) {
-  constexpr float kLog2e = 1.4426950408889634f;
   bool whole = true;
 #pragma unroll
   for (int n = 0; n < NH; ++n)
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   float* sDelta = reinterpret_cast<float*>(smem + L::delta);
   const AttnParams& p = c.p;
   const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Hkv = p.heads_kv;
-  const int64_t group = Hq / Hkv, n_kt = (Skv + kKeys - 1) / kKeys, n_qt = (Sq + BMQ - 1) / BMQ;
+  const int64_t group = Hq / Hkv, n_qt = (Sq + BMQ - 1) / BMQ;
   // Key tiles major over every (batch, kv head): a causal call's heaviest blocks (the first
   // keys, kept by every later query tile) start first, so the last wave is of light ones.
   const int64_t task = blockIdx.x, nbh = p.batch * Hkv;
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       const T* bq = bias ? bias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
       float* dbq = dbias ? dbias + (q0 + hq * QH + 2 * t) * bs + j0 : nullptr;
       if constexpr (PLAIN)
-        bwd_elements_plain<NH>(st, dpt, p.scale * 1.4426950408889634f, j0, int(k0) + warp * 16, hq * QH, t, kept,
+        bwd_elements_plain<NH>(st, dpt, p.scale * kLog2e, j0, int(k0) + warp * 16, hq * QH, t, kept,
                                lseb, deltab);
       else
         bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * QH, t, kept, lseb, deltab, bq, dbq, bs, drop.on,
@@ -327,7 +326,7 @@ Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias
   const size_t smem = BwdSmem<T, D>::total;
   auto kernel = bwd_kernel<T, D, EXACT, SM, false>;
   if constexpr (!SM) {
-    const bool plain = !c.a.bias && !dbias_acc && !(p.is_training && p.dropout > 0.0f);
+    const bool plain = !c.a.bias && !dbias_acc && !has_dropout(p);
     if (plain) kernel = bwd_kernel<T, D, EXACT, false, true>;
   }
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

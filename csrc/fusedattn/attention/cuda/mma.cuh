@@ -212,12 +212,13 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 
 // 2^x and e^x on the SFU (ex2.approx; e^x as 2^(x log2 e)): relative error ~2^-21 for
 // x <= 0, where the softmax uses them; e^-inf = 0, NaN stays NaN.
+constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float exp2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
-__device__ __forceinline__ float exp_approx(float x) { return exp2_approx(x * 1.4426950408889634f); }
+__device__ __forceinline__ float exp_approx(float x) { return exp2_approx(x * kLog2e); }
 
 // c (16 x N) += P B over k < K: P (16 x K) in registers in C layout (p[n]: k 8 n ..), B = the
 // K rows at sB, [k][n] (O += P V, dV += P^T dO, dK += dS^T Q).
