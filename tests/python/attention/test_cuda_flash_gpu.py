@@ -519,7 +519,7 @@ def test_large_float32_causal_forward(key, platform, S):
 
 # TF32 at jax's default precision: the plain instance of the backward (causal, window;
 # partial tiles, GQA, head dim 128's one buffer) and the general element step (a bias,
-# padding rows) on tiles rounded once in shared memory.
+# padding rows) on inputs rounded to TF32 once a call (flash.cu's round_inputs_tf32).
 TF32_CASES = {
     "causal": Spec(Sq=512, Skv=512, Hq=4, Hkv=4, D=64, mask=CAUSAL, max_logit=False),
     "causal-gqa-d128-partial": Spec(Sq=500, Skv=500, Hq=4, Hkv=2, D=128, B=1, mask=CAUSAL, max_logit=False),
