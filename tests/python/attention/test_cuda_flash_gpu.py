@@ -519,7 +519,8 @@ def test_large_float32_causal_forward(key, platform, S):
 
 # TF32 at jax's default precision: the plain instance of the backward (causal, window;
 # partial tiles, GQA, head dim 128's one buffer) and the general element step (a bias,
-# padding rows) on inputs rounded to TF32 once a call (flash.cu's round_inputs_tf32).
+# padding rows) on inputs rounded to TF32 once a call (flash.cu's round_inputs_tf32), and
+# the wide kernels (head dims above 128).
 TF32_CASES = {
     "causal": Spec(Sq=512, Skv=512, Hq=4, Hkv=4, D=64, mask=CAUSAL, max_logit=False),
     "causal-gqa-d128-partial": Spec(Sq=500, Skv=500, Hq=4, Hkv=2, D=128, B=1, mask=CAUSAL, max_logit=False),
@@ -527,6 +528,8 @@ TF32_CASES = {
     "bias-full": Spec(Sq=320, Skv=256, Hq=2, Hkv=1, D=64, bias_shape=(1, 2, 320, 256), max_logit=False),
     "padding": Spec(Sq=200, Skv=200, Hq=2, Hkv=2, D=64, B=2, mask=PADDING_CAUSAL, max_logit=True,
                     sd=lens([200, 77], [200, 77])),
+    # head dims above 128: the wide kernels (chunked head dims), TF32 per fragment
+    "wide-d192-gqa": Spec(Sq=320, Skv=320, Hq=4, Hkv=2, D=192, B=1, mask=CAUSAL, max_logit=False),
 }
 
 

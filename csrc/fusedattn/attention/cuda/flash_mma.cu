@@ -320,6 +320,7 @@ struct WideSmem {
 template <class T, bool EXACT, bool FULL>
 __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
   using L = WideSmem<T, FULL>;
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -374,12 +375,12 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
       else if (it + 1 < n_kt) issue(it + 1, 0, s ^ 1);
       cp_async_commit();
       const T* st = ring + s * L::stage;
-      mma_abt<T, LDC, kBN, KC, EXACT>(sc, st + L::q_at + warp * 16 * LDC, st + L::k_at, lane);  // S += Q_w K^T
+      mma_abt<T, LDC, kBN, KC, EXACT, KC, RAW>(sc, st + L::q_at + warp * 16 * LDC, st + L::k_at, lane);  // S += Q_w K^T
       s ^= 1;
     }
     float alpha[2];
     softmax_tile<T, NT, FULL>(sc, alpha, R, c, kb + it * kBN, t, bias, drop, sm);
-    rescale_add_pv<T, LDO, kDO, EXACT>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
+    rescale_add_pv<T, LDO, kDO, EXACT, RAW>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
   }
   cp_async_wait<0>();
 

@@ -22,12 +22,15 @@
 // scales and converts it). 16-bit inputs use ldmatrix and m16n8k16; float32 m16n8k8 in
 // TF32 (the inputs rounded once a call, flash.cu's round_inputs_tf32: cvt.rna.tf32 is a
 // few integer instructions on sm_90, and a cvt per fragment load was a third of the
-// kernel's), 3xTF32 when EXACT (mma.cuh). A call without bias, dropout, dbias or score_mod
-// runs the PLAIN instance (bwd_elements_plain: no per-element tests inside the kept band).
+// kernel's), 3xTF32 when EXACT (mma.cuh); TF32 fragments of [row][k] tiles come by
+// ldmatrix. A call without bias, dropout, dbias or score_mod runs the PLAIN instance
+// (bwd_elements_plain: no per-element tests inside the kept band); in TF32 at D = 64 it
+// holds the warp's K and V rows as A fragments for the whole block (mma_abt2_rega).
 //
-// Registers (ptxas, sm_90a): 249-255 for bf16, fp16, float32 3xTF32, float32 TF32 at
-// D = 128 (some spill a few bytes), 172-176 at D = 64; the S^T and dP^T
-// products share one rolled k loop (mma_abt2, KU = 1: hoisted loads would spill).
+// Registers (ptxas, sm_90a): 249-255 for bf16, fp16 and float32 at D = 128 (some spill a
+// few bytes; the score_mod instances more), 175-206 at D = 64 but the plain TF32 one (255,
+// no spills: the K / V fragments); the S^T and dP^T products share one rolled k loop
+// (mma_abt2, KU = 1: hoisted loads would spill).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -175,6 +178,11 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 
   SmGradSums sums;  // score_mod operand gradients (c.sm_dops)
   if (SM && c.sm_dops) sm_sums_init(sums);
+  // The plain TF32 instance at head dim 64 holds the warp's K and V rows as A fragments for
+  // the block (64 registers, from the tile once it lands): S^T and dP^T read only Q and dO
+  // from shared memory.
+  constexpr bool REGA = RAW && PLAIN && D == 64;
+  uint32_t ka[REGA ? D / 8 : 1][4], va[REGA ? D / 8 : 1][4];
 
   int64_t u = next(0);
   if (u < n_u) issue(u, 0);
@@ -182,6 +190,15 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     const int buf = L::NBUF == 2 ? it & 1 : 0;
     cp_async_wait<0>();
     __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
+    if constexpr (REGA) {
+      if (it == 0) {  // K and V landed with the first tile
+#pragma unroll
+        for (int ks = 0; ks < D / 8; ++ks) {
+          ldsm_tf32_a<LD>(ka[ks], sK + warp * 16 * LD, ks * 8, lane);
+          ldsm_tf32_a<LD>(va[ks], sV + warp * 16 * LD, ks * 8, lane);
+        }
+      }
+    }
     const int64_t un = next(u + 1);
     if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1);
 
@@ -219,7 +236,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
       // S^T = K_w Q^T and dP^T = V_w dO^T, in one k loop.
-      mma_abt2<T, LD, QH, D, EXACT, 1, RAW>(st, sK + warp * 16 * LD, sQh, dpt, sV + warp * 16 * LD, sDOh, lane);
+      if constexpr (REGA)
+        mma_abt2_rega<LD, QH, D>(st, ka, sQh, dpt, va, sDOh, lane);
+      else
+        mma_abt2<T, LD, QH, D, EXACT, 1, RAW>(st, sK + warp * 16 * LD, sQh, dpt, sV + warp * 16 * LD, sDOh, lane);
 
       // P^T (dropped out) into st, dS^T into dpt (bwd_kernel's element step); bias and
       // dbias at query i, key j through pointers stepped by 8 queries per n.

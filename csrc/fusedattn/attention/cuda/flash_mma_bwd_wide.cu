@@ -68,6 +68,7 @@ template <class T, bool EXACT, bool SM>
 __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, const float* delta, float* dq_acc,
                                                                float* dbias_acc) {
   using L = WideSmem<T>;
+  constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, NH = kQH / 8, DN = kDO / 8, DC = 64;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
     cp_async_commit();
 
     const T* sc = ring + s * L::stage;
-    mma_abt2<T, LDC, kQH, KC, EXACT, 1>(st, sc + L::k_at + warp * 16 * LDC, sc + L::q_at, dpt,
+    mma_abt2<T, LDC, kQH, KC, EXACT, 1, RAW>(st, sc + L::k_at + warp * 16 * LDC, sc + L::q_at, dpt,
                                         sc + L::v_at + warp * 16 * LDC, sc + L::do_at, lane);
 
     if (kc == n_kc - 1) {
@@ -197,17 +198,20 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
       bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
                           dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH),
                           sm, q0, sums);
-      if (do_dv) mma_pb<T, LDO, kQH, kDO, EXACT>(dv, st, sDOo, lane);  // dV += P^T dO
-      if (do_dk) mma_pb<T, LDO, kQH, kDO, EXACT>(dk, dpt, sQo, lane);  // dK += dS^T Q
+      if (do_dv) mma_pb<T, LDO, kQH, kDO, EXACT, RAW>(dv, st, sDOo, lane);  // dV += P^T dO
+      if (do_dk) mma_pb<T, LDO, kQH, kDO, EXACT, RAW>(dk, dpt, sQo, lane);  // dK += dS^T Q
 
-      // dS^T [key][query] (T, as the dK product rounded it; float32 for float32): rows g, g + 8
-      // of the warp's keys, the half's query pairs 8 n + 2t.
+      // dS^T [key][query] (T, as the dK product rounded it; float32 for float32, TF32-rounded
+      // when RAW): rows g, g + 8 of the warp's keys, the half's query pairs 8 n + 2t.
 #pragma unroll
       for (int n = 0; n < NH; ++n) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           T* dst = sDS + (warp * 16 + g + 8 * r) * LDO + hq * kQH + 8 * n + 2 * t;
-          if constexpr (std::is_same_v<T, float>) {
+          if constexpr (RAW) {
+            dst[0] = __uint_as_float(to_tf32(dpt[n][2 * r]));
+            dst[1] = __uint_as_float(to_tf32(dpt[n][2 * r + 1]));
+          } else if constexpr (std::is_same_v<T, float>) {
             dst[0] = dpt[n][2 * r];
             dst[1] = dpt[n][2 * r + 1];
           } else {
@@ -227,7 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
           for (int dn = 0; dn < DC / 8; ++dn)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
-          mma_atb<T, LDO, kKeys, DC, EXACT>(acc, sDS + warp * 16, sKo + d0, lane);
+          mma_atb<T, LDO, kKeys, DC, EXACT, RAW>(acc, sDS + warp * 16, sKo + d0, lane);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int64_t i = q0 + warp * 16 + g + 8 * r;

@@ -67,6 +67,23 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
                : "r"(smem_u32(p)));
 }
 
+// ldmatrix on 32-bit elements (TF32 fragments of a [row][k] float tile, rows of LD floats,
+// LD % 4 == 0; conflict-free when LD = 4 mod 32): an 8x8 b16 matrix is 8 rows x 4 floats
+// and thread (g, t) receives row g, float t. The A fragment (16 rows, k kk .. kk + 7):
+// matrix m = (rows 8 (m % 2) .., k kk + 4 (m / 2) ..) gives a0 .. a3.
+template <int LD>
+__device__ __forceinline__ void ldsm_tf32_a(uint32_t (&a)[4], const float* sA, int kk, int lane) {
+  static_assert(LD % 4 == 0, "16-byte rows");
+  ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 4);
+}
+// The B fragments of n-tiles 2 np, 2 np + 1 (B's rows 16 np .., k kk ..): matrix m = (rows
+// 16 np + 8 (m / 2) .., k kk + 4 (m % 2) ..) gives b0, b1 of n-tile 2 np, then 2 np + 1.
+template <int LD>
+__device__ __forceinline__ void ldsm_tf32_b2(uint32_t (&b)[4], const float* sB, int np, int kk, int lane) {
+  static_assert(LD % 4 == 0, "16-byte rows");
+  ldsm_x4(b, sB + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk + ((lane / 8) % 2) * 4);
+}
+
 // c += a b (m16n8k16, T = __nv_bfloat16 or __half).
 template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -151,9 +168,28 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // hoisted loads would take; the backward needs them).
 // One k step (8 for float32, 16 for 16-bit) of mma_abt at k = kk.
 // RAW: float32 operands that are TF32 already (Tf32).
+// TF32 loads its fragments with ldmatrix (a quarter of the shared-load instructions of
+// scalar loads; session 43: the float32 backward 10% faster); 3xTF32 (EXACT) keeps scalar
+// loads (ldmatrix there raised the head dim 128 instances' spills).
 template <class T, int LD, int N, bool EXACT, bool RAW = false>
 __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, const T* sB, int kk, int lane) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> && !EXACT) {
+    static_assert(N % 16 == 0, "n-tiles in pairs");
+    uint32_t ar[4];
+    ldsm_tf32_a<LD>(ar, sA, kk, lane);
+    const float af[4] = {__uint_as_float(ar[0]), __uint_as_float(ar[1]), __uint_as_float(ar[2]),
+                         __uint_as_float(ar[3])};
+    const Tf32<4, false, RAW> a(af);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t br[4];
+      ldsm_tf32_b2<LD>(br, sB, np, kk, lane);
+      const float b0[2] = {__uint_as_float(br[0]), __uint_as_float(br[1])};
+      const float b1[2] = {__uint_as_float(br[2]), __uint_as_float(br[3])};
+      mma_f32<false>(c[2 * np], a, Tf32<2, false, RAW>(b0));
+      mma_f32<false>(c[2 * np + 1], a, Tf32<2, false, RAW>(b1));
+    }
+  } else if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
     const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
                          sA[(g + 8) * LD + kk + t + 4]};
@@ -200,6 +236,28 @@ __device__ __forceinline__ void mma_abt2(float (&c1)[N / 8][4], const T* sA1, co
   for (int kk = 0; kk < K; kk += KS) {
     mma_abt_step<T, LD, N, EXACT, RAW>(c1, sA1, sB1, kk, lane);
     mma_abt_step<T, LD, N, EXACT, RAW>(c2, sA2, sB2, kk, lane);
+  }
+}
+
+// The same two products in TF32 with A1, A2 (16 x K) held in registers as A fragments
+// (a1[ks]: k step ks, ldsm_tf32_a) and B1, B2 TF32 floats [row][k] in shared memory
+// (S^T = K_w Q^T, dP^T = V_w dO^T with the warp's K and V rows kept for the block).
+template <int LD, int N, int K>
+__device__ __forceinline__ void mma_abt2_rega(float (&c1)[N / 8][4], const uint32_t (&a1)[K / 8][4], const float* sB1,
+                                              float (&c2)[N / 8][4], const uint32_t (&a2)[K / 8][4], const float* sB2,
+                                              int lane) {
+#pragma unroll
+  for (int ks = 0; ks < K / 8; ++ks) {
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b1[4], b2[4];
+      ldsm_tf32_b2<LD>(b1, sB1, np, ks * 8, lane);
+      ldsm_tf32_b2<LD>(b2, sB2, np, ks * 8, lane);
+      mma1688(c1[2 * np], a1[ks], b1[0], b1[1]);
+      mma1688(c1[2 * np + 1], a1[ks], b1[2], b1[3]);
+      mma1688(c2[2 * np], a2[ks], b2[0], b2[1]);
+      mma1688(c2[2 * np + 1], a2[ks], b2[2], b2[3]);
+    }
   }
 }
 
@@ -264,14 +322,17 @@ __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, cons
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < K; kk += 8) {
+      // The k dim permuted as in mma_pb (k t -> row kk + 2t, t + 4 -> kk + 2t + 1): rows 2t,
+      // 2t + 1 at column g fall in distinct banks (LD = 4 mod 32); rows t, t + 4 did not
+      // (2-way conflicts, 17% of the float32 backward's shared-load wavefronts).
       // a0 (m g, k t)  a1 (m g + 8, k t)  a2 (m g, k t + 4)  a3 (m g + 8, k t + 4)
-      const float* at = sAt + (kk + t) * LD + g;
-      const float ar[4] = {at[0], at[8], at[4 * LD], at[4 * LD + 8]};
+      const float* at = sAt + (kk + 2 * t) * LD + g;
+      const float ar[4] = {at[0], at[8], at[LD], at[LD + 8]};
       const Tf32<4, EXACT, RAW> a(ar);
 #pragma unroll
       for (int n = 0; n < N / 8; ++n) {
-        const float* br = sB + (kk + t) * LD + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
-        const float b[2] = {br[0], br[4 * LD]};
+        const float* br = sB + (kk + 2 * t) * LD + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
+        const float b[2] = {br[0], br[LD]};
         mma_f32<EXACT>(c[n], a, Tf32<2, EXACT, RAW>(b));
       }
     }
