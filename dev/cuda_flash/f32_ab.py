@@ -27,14 +27,14 @@ from fusedattn import AttnMaskType  # noqa: E402
 SHAPES = [(8192, True), (4000, True), (4096, False)]
 
 
-def run(S, causal, variants, label, save, against, xla):
-    B, H, D = 1, 8, 64
+def run(S, causal, variants, label, save, against, xla, D=64):
+    B, H = 1, 8
     ks = jax.random.split(jax.random.PRNGKey(3), 4)
     q, k, v, do = (jax.random.normal(x, (B, S, H, D), jnp.float32) for x in ks)
     mask = AttnMaskType.CAUSAL_MASK if causal else AttnMaskType.NO_MASK
     f = jax.jit(lambda q, k, v: fusedattn.fused_attn((q, k, v), None, None, 0, attn_mask_type=mask))
     g = jax.jit(lambda q, k, v: jax.vjp(f, q, k, v)[1](do))
-    name = f"{'causal' if causal else 'full'}_S{S}"
+    name = f"{'causal' if causal else 'full'}_S{S}_D{D}"
     print(f"[{label}] float32 {name} B{B} H{H} D{D}", flush=True)
     first = None
     for fv, bv in variants:
@@ -74,9 +74,11 @@ if __name__ == "__main__":
     ap.add_argument("--against")
     ap.add_argument("--xla", action="store_true")
     ap.add_argument("--shapes", type=int, default=len(SHAPES))
+    ap.add_argument("--dims", type=int, nargs="+", default=[64])
     a = ap.parse_args()
     if a.save:
         os.makedirs(a.save, exist_ok=True)
     variants = [tuple(int(x) for x in s.split(",")) for s in a.vars]
-    for S, causal in SHAPES[: a.shapes]:
-        run(S, causal, variants, a.label, a.save, a.against, a.xla)
+    for D in a.dims:
+        for S, causal in SHAPES[: a.shapes]:
+            run(S, causal, variants, a.label, a.save, a.against, a.xla, D)
