@@ -204,6 +204,12 @@ F32_CASES = {
                                  dropout=0.1, seed=9, window=(16, 0)),
 }
 F32_CASES.update({
+    # head dims 65-128 (float32 there: the backward's half-tile buffer, BwdSmem's HALF)
+    "d128_causal_partial_dropout": bshd(mask=CAUSAL, Sq=200, Skv=200, D=128, dropout=0.1, seed=3),
+    "d128_pre_bias_gqa_padding": bshd(mask=PADDING, Sq=160, Skv=224, Hq=4, Hkv=2, D=128,
+                                      bias_shape=(2, 4, 160, 224), bias_type=PRE,
+                                      sd=lens([150, 77], [0, 201])),
+    "d96_window_sq_ne_skv": bshd(Sq=192, Skv=256, D=96, window=(48, 16)),
     # head dims past 128 (flash_mma_bwd_wide.cu: head-dim chunks of 32 for float32)
     "d256_causal_gqa_dropout": bshd(mask=CAUSAL, Sq=192, Skv=192, Hq=4, Hkv=2, D=256,
                                     dropout=0.1, seed=4),

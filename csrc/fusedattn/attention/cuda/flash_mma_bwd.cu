@@ -8,8 +8,8 @@
 // K and V stay in shared memory. The block walks every q head of the GQA group and every
 // query tile of kBMQ = 64 rows that keeps one of its keys (the tables' TileRange, as
 // bwd_kernel skips tiles); Q, dO and the tile's kept ranges, lse and delta go through two
-// buffers (cp.async: tile u + 1 loads while tile u computes; one buffer for float32 at
-// D = 128, where two would not fit an A100's shared memory). Per query tile a warp first
+// buffers (cp.async: tile u + 1 loads while tile u computes; float32 at D = 128 takes one
+// buffer of half a tile, BwdSmem's HALF, so that two blocks share an SM). Per query tile a warp first
 // draws dropout's keep bits of its 16 x 64 elements (one register), then, per half of 32
 // queries (so that S^T and dP^T take 32 registers beside dK and dV's 128):
 //   S^T = K_w Q^T and dP^T = V_w dO^T   (16 keys x 32 queries, mma.sync accumulators)
@@ -51,16 +51,21 @@ constexpr int kWarps = 4, kKeys = 64, BMQ = kBMQ;
 static_assert(kKeys == 16 * kWarps, "a warp owns 16 keys");
 static_assert(BMQ == 64, "the query tile is the tables' tile (flash.cu's build_tables)");
 
-// Shared memory: K, V [kKeys][LD]; per buffer Q, dO [BMQ][LD] (dO's also dS^T [key][query]
+// Shared memory: K, V [kKeys][LD]; per buffer Q, dO [QROWS][LD] (dO's also dS^T [key][query]
 // once the tile's dV is done), the rows' kept keys (lo, hi), lse and delta.
+// HALF (float32 at D = 128): one buffer of half a tile (QROWS = 32 rows of Q and dO, 101 KiB
+// in all), so that two blocks share an SM (a whole tile's one buffer, 135 KiB, left one block
+// of 4 warps an SM); Q and dO then come a half at a time, and dS^T [kKeys][32] goes over the
+// half's Q and dO (adjacent: 64 rows of LD) once both are read.
 template <class T, int D>
 struct BwdSmem {
   static constexpr int kPad = 16 / int(sizeof(T)), LD = D + kPad;
-  static constexpr int NBUF = sizeof(T) == 4 && D == 128 ? 1 : 2;
-  static constexpr size_t tile = size_t(64) * LD * sizeof(T);
-  static constexpr size_t k = 0, v = tile, q = 2 * tile, dout = q + NBUF * tile, keys = dout + NBUF * tile,
+  static constexpr bool HALF = sizeof(T) == 4 && D == 128;
+  static constexpr int NBUF = HALF ? 1 : 2, QROWS = HALF ? BMQ / 2 : BMQ;
+  static constexpr size_t tile = size_t(64) * LD * sizeof(T), qtile = size_t(QROWS) * LD * sizeof(T);
+  static constexpr size_t k = 0, v = tile, q = 2 * tile, dout = q + NBUF * qtile, keys = dout + NBUF * qtile,
                           lse = keys + NBUF * BMQ * 8, delta = lse + NBUF * BMQ * 4, total = delta + NBUF * BMQ * 4;
-  static_assert(LD >= BMQ + kPad, "dS^T [kKeys][BMQ] fits a dO tile");
+  static_assert(HALF ? dout == q + qtile : LD >= BMQ + kPad, "dS^T [kKeys][QROWS] fits the Q / dO buffer");
 };
 
 // The element step of a call without bias, dropout, dbias or score_mod (PLAIN): P^T =
@@ -157,16 +162,40 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   // [k0, k0 + kKeys) (TileRange depends on the tile only).
   const int64_t n_u = group * n_qt;
   auto next = [&](int64_t u) { return next_bwd_tile(c, b, n_qt, n_u, k0, u); };
-  // Tile u's Q, dO (cp.async, one group) and its rows' kept keys, lse, delta into buffer buf.
-  auto issue = [&](int64_t u, int buf) {
-    const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * BMQ, rows = std::min<int64_t>(BMQ, Sq - q0);
-    cp_async_rows<T, D, LD>(sQ + buf * BMQ * LD, static_cast<const T*>(c.a.q) + b * c.a.sq.b + q0 * c.a.sq.s + h * c.a.sq.h,
-                     c.a.sq.s, rows, Dqk, BMQ);
-    cp_async_rows<T, D, LD>(sDO + buf * BMQ * LD,
+  // Tile u's Q, dO rows (cp.async, one group; HALF: half hq's) into buffer buf, and with the
+  // first rows the tile's kept keys, lse, delta.
+  constexpr bool HALF = L::HALF;
+  constexpr int QR = L::QROWS;
+  auto issue = [&](int64_t u, int buf, int hq) {
+    const int64_t h = hk * group + u / n_qt, t0 = (u % n_qt) * BMQ, q0 = t0 + hq * QR;
+    const int64_t rows = std::min<int64_t>(QR, Sq - q0);
+    cp_async_rows<T, D, LD>(sQ + buf * QR * LD, static_cast<const T*>(c.a.q) + b * c.a.sq.b + q0 * c.a.sq.s + h * c.a.sq.h,
+                     c.a.sq.s, rows, Dqk, QR);
+    cp_async_rows<T, D, LD>(sDO + buf * QR * LD,
                      static_cast<const T*>(c.a.dout) + b * c.a.sdo.b + q0 * c.a.sdo.s + h * c.a.sdo.h, c.a.sdo.s,
-                     rows, Dv, BMQ);
+                     rows, Dv, QR);
     cp_async_commit();
-    load_bwd_rows(c, delta, b, h, q0, sKeys + buf * BMQ, sLse + buf * BMQ, sDelta + buf * BMQ);
+    if (hq == 0) load_bwd_rows(c, delta, b, h, t0, sKeys + buf * BMQ, sLse + buf * BMQ, sDelta + buf * BMQ);
+  };
+  // dQ += dS K for 16 queries from row i0 (dS^T's columns at sDS, [key][query] rows of LD)
+  // and head-dim columns d0 .. d0 + DC - 1: acc[dn][e] is query i0 + g + 8 (e / 2), column
+  // d0 + 8 dn + 2t + e % 2.
+  auto add_dq = [&](const T* sDS, int64_t h, int64_t i0, int d0) {
+    float acc[DC / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < DC / 8; ++dn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
+    mma_atb<T, LD, kKeys, DC, EXACT, RAW>(acc, sDS, sK + d0, lane);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = i0 + g + 8 * r;
+      if (i >= Sq) continue;
+      float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + d0 + 2 * t;
+#pragma unroll
+      for (int dn = 0; dn < DC / 8; ++dn)
+        if (d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+    }
   };
 
   // dK, dV rows g, g + 8 of the warp's keys, columns 8 dn + 2t, + 1 (C layout).
@@ -185,11 +214,13 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
   uint32_t ka[REGA ? D / 8 : 1][4], va[REGA ? D / 8 : 1][4];
 
   int64_t u = next(0);
-  if (u < n_u) issue(u, 0);
+  if (u < n_u) issue(u, 0, 0);
   for (int it = 0; u < n_u; ++it) {
     const int buf = L::NBUF == 2 ? it & 1 : 0;
-    cp_async_wait<0>();
-    __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
+    if constexpr (!HALF) {
+      cp_async_wait<0>();
+      __syncthreads();  // tile u landed; every warp is done with buffer buf ^ 1
+    }
     if constexpr (REGA) {
       if (it == 0) {  // K and V landed with the first tile
 #pragma unroll
@@ -200,7 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
       }
     }
     const int64_t un = next(u + 1);
-    if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1);
+    if (L::NBUF == 2 && un < n_u) issue(un, buf ^ 1, 0);
 
     const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * BMQ;
     const T* bias = bias_plane<T>(c, b, h);
@@ -208,8 +239,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     if (dbias_acc) dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
     const Drop drop(c, b, h);
     const SmHead sm = sm_head(c, b, h);
-    T* sQb = sQ + buf * BMQ * LD;
-    T* sDOb = sDO + buf * BMQ * LD;
+    T* sQb = sQ + buf * QR * LD;
+    T* sDOb = sDO + buf * QR * LD;
     const int2* kept = sKeys + buf * BMQ;
     const float* lseb = sLse + buf * BMQ;
     const float* deltab = sDelta + buf * BMQ;
@@ -227,8 +258,12 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     const int64_t bs = c.a.bias_s;
 #pragma unroll
     for (int hq = 0; hq < 2; ++hq) {
-      T* sQh = sQb + hq * QH * LD;
-      T* sDOh = sDOb + hq * QH * LD;
+      if constexpr (HALF) {
+        cp_async_wait<0>();
+        __syncthreads();  // the half landed (with the tile's rows for half 0)
+      }
+      T* sQh = HALF ? sQb : sQb + hq * QH * LD;
+      T* sDOh = HALF ? sDOb : sDOb + hq * QH * LD;
       // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 32 hq + 8 n + 2t + e % 2.
       float st[NH][4], dpt[NH][4];
 #pragma unroll
@@ -256,8 +291,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
 
       // dS^T [key][query] (T; float32 for float32, TF32-rounded when RAW) over the dO tile
       // at the end: the warp's rows g, g + 8, query pairs 8 n + 2t of each half.
+      // HALF: the half's dS^T [key][32 queries] over its Q and dO (64 rows of LD).
+      T* sDS = HALF ? sQb : sDOb;
       auto put = [&](int hh, int n, int r, uint32_t x0, uint32_t x1) {
-        T* dst = sDOb + (warp * 16 + g + 8 * r) * LD + hh * QH + 8 * n + 2 * t;
+        T* dst = sDS + (warp * 16 + g + 8 * r) * LD + hh * QH + 8 * n + 2 * t;
         if constexpr (std::is_same_v<T, float>) {
           dst[0] = __uint_as_float(x0);
           dst[1] = __uint_as_float(x1);
@@ -277,7 +314,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
           } else {
             x0 = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]), x1 = 0;
           }
-          if (hq == 0) {
+          if constexpr (HALF) {
+            if (n == 0 && r == 0) __syncthreads();  // no warp reads the half's Q, dO any more
+            put(0, n, r, x0, x1);
+          } else if (hq == 0) {
             held[n][2 * r] = x0, held[n][2 * r + 1] = x1;
           } else {
             if (n == 0 && r == 0) __syncthreads();  // no warp reads this buffer's dO any more
@@ -286,34 +326,29 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
           }
         }
       }
-    }
-    __syncthreads();
-
-    // dQ += dS K for queries 16 w .. 16 w + 15, head-dim chunks of DC: acc[dn][e] is query
-    // 16 w + g + 8 (e / 2), column d0 + 8 dn + 2t + e % 2.
-#pragma unroll
-    for (int d0 = 0; d0 < D; d0 += DC) {
-      if (d0 >= Dqk) break;
-      float acc[DC / 8][4];
-#pragma unroll
-      for (int dn = 0; dn < DC / 8; ++dn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
-      mma_atb<T, LD, kKeys, DC, EXACT, RAW>(acc, sDOb + warp * 16, sK + d0, lane);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t i = q0 + warp * 16 + g + 8 * r;
-        if (i >= Sq) continue;
-        float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + d0 + 2 * t;
-#pragma unroll
-        for (int dn = 0; dn < DC / 8; ++dn)
-          if (d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+      if constexpr (HALF) {
+        __syncthreads();
+        // dQ for the half's 32 queries: warp w takes 16 of them (w % 2) and head-dim columns
+        // DC (w / 2) .., D = 2 DC.
+        static_assert(D == 2 * DC && QH == 32, "HALF: four 16 x DC products a half");
+        const int d0 = (warp / 2) * DC;
+        if (d0 < Dqk) add_dq(sDS + (warp % 2) * 16, h, q0 + hq * QH + (warp % 2) * 16, d0);
+        __syncthreads();  // every warp is done with the buffer
+        if (hq == 0)
+          issue(u, 0, 1);
+        else if (un < n_u)
+          issue(un, 0, 0);
       }
     }
 
-    if (L::NBUF == 1 && un < n_u) {
-      __syncthreads();  // every warp is done with the buffer
-      issue(un, 0);
+    if constexpr (!HALF) {
+      __syncthreads();
+      // dQ += dS K for queries 16 w .. 16 w + 15, head-dim chunks of DC.
+#pragma unroll
+      for (int d0 = 0; d0 < D; d0 += DC) {
+        if (d0 >= Dqk) break;
+        add_dq(sDOb + warp * 16, h, q0 + warp * 16, d0);
+      }
     }
     u = un;
   }
@@ -350,6 +385,9 @@ Status launch_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias
     if (plain) kernel = bwd_kernel<T, D, EXACT, false, true>;
   }
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if constexpr (BwdSmem<T, D>::HALF)  // two blocks an SM need the whole carveout as shared memory
+    FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 int(cudaSharedmemCarveoutMaxShared)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
   return cuda_status(cudaGetLastError(), "the flash backward (mma)");
 }
