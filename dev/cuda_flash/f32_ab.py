@@ -6,7 +6,9 @@ FA_F32BWD_VAR, read at each launch): forward 0 TF32 fragments by ldmatrix, 1 sca
 (474b1a3's); backward (plain TF32 instance, head dim 64) 0 ldmatrix + dQ's loads k-permuted
 (no bank conflicts), 1 the permutation alone, 2 = 0 + the warp's K / V A fragments in
 registers, 3 = 0 with one Q / dO buffer and 3 blocks an SM, 4 474b1a3's kernel. Results:
-README.md, session 43; f32_ab.sh runs it on the GPU machine (two rounds).
+README.md, session 43; f32_ab.sh runs it on the GPU machine (two rounds). Session 42's
+variants (f32_variants.patch, on 1a17544's csrc; the same env variables) replay with
+`--vars 0,0 1,1 1,5 1,6 1,7 3,6 3,7`.
 
     VARS="1,4 0,0 1,1 0,2 0,3" bash dev/cuda_flash/f32_ab.sh
 """
@@ -27,7 +29,7 @@ from fusedattn import AttnMaskType  # noqa: E402
 SHAPES = [(8192, True), (4000, True), (4096, False)]
 
 
-def run(S, causal, variants, label, save, against, xla, D=64):
+def run(S, causal, variants, label, xla, D=64):
     B, H = 1, 8
     ks = jax.random.split(jax.random.PRNGKey(3), 4)
     q, k, v, do = (jax.random.normal(x, (B, S, H, D), jnp.float32) for x in ks)
@@ -43,21 +45,14 @@ def run(S, causal, variants, label, save, against, xla, D=64):
         gr = [np.asarray(x) for x in g(q, k, v)]
         if first is None:
             first = (o, gr)
-            if save:
-                np.savez(os.path.join(save, f"{name}.npz"), o, *gr)
         rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
         do_ = rel(o, first[0])
         dg = max(rel(a, b) for a, b in zip(gr, first[1]))
-        extra = ""
-        if against:
-            ref = np.load(os.path.join(against, f"{name}.npz"))
-            extra = (f" vs other wheel: out {rel(o, ref['arr_0']):.2e}"
-                     f" grads {max(rel(a, ref[f'arr_{i + 1}']) for i, a in enumerate(gr)):.2e}")
         nan = np.isnan(o).any() or any(np.isnan(x).any() for x in gr)
         tf = probe.timeit(f, q, k, v)
         tg = probe.timeit(g, q, k, v, n=5)
         print(f"  [{label}] fwd var {fv} bwd var {bv}: fwd {tf:7.3f} ms  vjp {tg:7.3f} ms"
-              f"   out diff {do_:.2e} grads diff {dg:.2e} nan {nan}{extra}", flush=True)
+              f"   out diff {do_:.2e} grads diff {dg:.2e} nan {nan}", flush=True)
     os.environ["FA_F32FWD_VAR"] = os.environ["FA_F32BWD_VAR"] = "0"
     if xla:
         fx = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"))
@@ -70,15 +65,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="")
     ap.add_argument("--vars", nargs="+", default=["0,0"])
-    ap.add_argument("--save")
-    ap.add_argument("--against")
     ap.add_argument("--xla", action="store_true")
     ap.add_argument("--shapes", type=int, default=len(SHAPES))
     ap.add_argument("--dims", type=int, nargs="+", default=[64])
     a = ap.parse_args()
-    if a.save:
-        os.makedirs(a.save, exist_ok=True)
     variants = [tuple(int(x) for x in s.split(",")) for s in a.vars]
     for D in a.dims:
         for S, causal in SHAPES[: a.shapes]:
-            run(S, causal, variants, a.label, a.save, a.against, a.xla, D)
+            run(S, causal, variants, a.label, a.xla, D)
