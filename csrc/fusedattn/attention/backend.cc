@@ -131,9 +131,8 @@ namespace {
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind == ScoreModKind::kOther)
     return "its backward's score_mods are softcap and ALiBi only";
-  // A bias beside a score_mod: ALiBi's (the dense variants' bias stages, dbias too).
-  if (req.score_mod.kind == ScoreModKind::kSoftcap && p.bias_type != FA_NO_BIAS)
-    return "its backward's softcap takes no bias";
+  // A bias beside a score_mod: softcap's and ALiBi's (the dense variants' bias stages, dbias
+  // too; head dims 64 and 128).
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -145,6 +144,8 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
     return "its backward takes head dims 64, 128 and 256 (got " + std::to_string(p.head_dim_qk) + ")";
   if (p.head_dim_qk == 256 && req.score_mod.kind == ScoreModKind::kAlibi)
     return "its head dim 256 backward takes no ALiBi";
+  if (p.head_dim_qk == 256 && req.score_mod.kind == ScoreModKind::kSoftcap && p.bias_type != FA_NO_BIAS)
+    return "its head dim 256 backward takes no softcap with a bias";
   if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
     return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
   if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";
@@ -180,16 +181,15 @@ std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequ
   // Its softmax keeps q.k's order (the max of q.k is the max score), which needs scale > 0.
   if (kind == ScoreModKind::kNone && !(p.scale > 0.0f))
     return "it takes scale > 0 without a score_mod (got " + std::to_string(p.scale) + ")";
-  // A bias (pre- or post-scale) or a dense mask (a folded one). With ALiBi: as tiles only
-  // (WithBiasTile: they join the raw scores before the modifier, the order the engine
-  // defines); softcap takes none.
-  if (p.bias_type != FA_NO_BIAS && kind == ScoreModKind::kSoftcap)
-    return "its softcap takes no bias";
-  if (p.bias_type != FA_NO_BIAS && kind == ScoreModKind::kAlibi) {
+  // A bias (pre- or post-scale) or a dense mask (a folded one). With softcap or ALiBi: as
+  // tiles only (WithBiasTile: they join the raw scores before the modifier, the order the
+  // engine defines).
+  if (p.bias_type != FA_NO_BIAS && kind != ScoreModKind::kNone) {
+    const char* mod = kind == ScoreModKind::kSoftcap ? "softcap" : "ALiBi";
     if (req.mask_bias || !hopper_bias_tiles(p))
-      return "its ALiBi takes a bias as tiles only: no dense mask, Skv a multiple of 8";
+      return std::string("its ") + mod + " takes a bias as tiles only: no dense mask, Skv a multiple of 8";
     if (p.bias_type == FA_POST_SCALE_BIAS && p.scale == 0.0f)
-      return "its ALiBi with a post-scale bias needs scale != 0";
+      return std::string("its ") + mod + " with a post-scale bias needs scale != 0";
   }
   if (p.bias_type != FA_NO_BIAS && (is_thd(p.layout) || p.num_slices != 1))
     return "its bias takes no THD layout and one vmap slice";
@@ -362,23 +362,28 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // (2.40-3.65x the flash kernels' forward); read a score at a time, it ran a
           // PRE_SCALE_BIAS at 1.26-1.38x the flash kernels' speed at head dim 256, 0.45-0.86x
           // below (H200, session 30). Plain graphs cuDNN rejected: FUSEDATTN_HOPPER_FWD=1.
-          // ALiBi (a bias beside it, the slopes' gradient taken): always, where its bias
-          // comes as tiles (alibi + bias: 6x the flash kernels' forward, bench/RESULTS.md).
+          // softcap or ALiBi (a bias beside it, ALiBi's slopes' gradient taken): always, where
+          // the bias comes as tiles (alibi + bias: 6x the flash kernels' forward, softcap +
+          // bias TODO-MEASURE: bench/RESULTS.md).
           const bool bias_tiles = hopper_bias_tiles(p);
-          // (hopper_fwd_unsupported_reason takes ALiBi's bias as tiles only.)
+          // (hopper_fwd_unsupported_reason takes a score_mod's bias as tiles only.)
           const bool alibi = req.score_mod.kind == ScoreModKind::kAlibi &&
                              (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
+          const bool softcap = req.score_mod.kind == ScoreModKind::kSoftcap &&
+                               (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
+          const bool closed = alibi || softcap;
           const bool measured_pre =
-              (bias_tiles || alibi || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
+              (bias_tiles || closed || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
               opts.hopper_fwd == HopperMode::kMeasured;
           const std::string fwd_rules = hopper_fwd_unsupported_reason(p, req, info);
-          if ((req.score_mod.kind == ScoreModKind::kNone || alibi) && !req.index_base &&
+          if ((req.score_mod.kind == ScoreModKind::kNone || closed) && !req.index_base &&
               (opts.hopper_fwd == HopperMode::kAlways || measured_pre) && fwd_rules.empty()) {
             choice.forward = FA_BACKEND_HOPPER_FWD;
             choice.reason = std::string("forward hopper: the Hopper flash forward (") +
                             (!measured_pre ? "FUSEDATTN_HOPPER_FWD=1"
-                             : alibi       ? "ALiBi in the kernel, measured faster than the CUDA "
-                                             "flash kernels' forward"
+                             : closed      ? std::string(alibi ? "ALiBi" : "softcap") +
+                                                 " in the kernel, measured faster than the CUDA "
+                                                 "flash kernels' forward"
                              : bias_tiles  ? "its bias tiles measured faster than the CUDA flash "
                                              "kernels' forward"
                                            : "measured faster than the CUDA flash kernels with a "
@@ -389,10 +394,11 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // graph cuDNN rejected; no dbias wanted, no score_mod): faster than the flash
           // kernels' (bench/RESULTS.md), with a deterministic dQ.
           std::string bwd_no = hopper_bwd_reason(p, req, fwd_rules);
-          // ALiBi (a bias beside it, its dbias too), the slopes' gradient too (summed in the
-          // kernel with float32 atomics: not in deterministic mode).
+          // softcap or ALiBi (a bias beside it, its dbias too), ALiBi's slopes' gradient too
+          // (summed in the kernel with float32 atomics: not in deterministic mode).
           if (bwd_no.empty() && req.index_base) bwd_no = "an index_base";
-          if (bwd_no.empty() && sm_call && !alibi) bwd_no = "a score_mod other than ALiBi with its bias as tiles";
+          if (bwd_no.empty() && sm_call && !closed)
+            bwd_no = "a score_mod other than softcap and ALiBi with its bias as tiles";
           if (bwd_no.empty() && alibi && req.score_mod_grads && req.deterministic)
             bwd_no = "the slopes' gradient, which it sums with float32 atomics (not bitwise repeatable)";
           if (bwd_no.empty() && opts.hopper_bwd == HopperMode::kOff) bwd_no = "FUSEDATTN_HOPPER_BWD=0";

@@ -102,9 +102,11 @@ Status hopper_fwd(const AttnParams& p, const AttnTensors& t, const SmArgs& sm,
   if (!backend_options().hopper_bias_tile) fp.bias_tile = 0;
   if (backend_options().hopper_bias_reads) fp.bias_reads = 1;
   if (form.kind == ScoreModKind::kSoftcap) {
-    // The program sees s = scale q.k: k1 tanh(k2 scale q.k) = c tanh(scale' q.k / c).
+    // The program sees s = scale q.k (+ a post-scale bias b): k1 tanh(k2 (scale q.k + b)) =
+    // c tanh(scale' (q.k + b / scale) / c), with scale' = scale k1 k2.
     fp.softcap = form.softcap_k1;
     fp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
+    if (t.bias && p.scale != 0.0f) fp.post_bias_mul = 1.0f / p.scale;
   } else if (form.kind == ScoreModKind::kAlibi) {
     const ScoreMod& m = sm.call->sm;
     fp.alibi_slopes = sm.call->operands + m.offset(0);
@@ -175,9 +177,10 @@ hopper::FlashBwdParams hopper_bwd_params(const AttnParams& p, const AttnTensors&
     bp.sinks = t.softmax_offset, bp.dsinks = t.dsoftmax_offset;
     bp.sink_rows = p.batch / std::max<int64_t>(p.num_slices, 1);
   }
-  if (form.kind == ScoreModKind::kSoftcap) {  // as the forward: k1 tanh(k2 scale q.k)
+  if (form.kind == ScoreModKind::kSoftcap) {  // as the forward: k1 tanh(k2 (scale q.k + b))
     bp.softcap = form.softcap_k1;
     bp.scale = p.scale * form.softcap_k2 * form.softcap_k1;
+    if (p.bias_type != FA_NO_BIAS && p.scale != 0.0f) bp.post_bias_mul = 1.0f / p.scale;
   } else if (form.kind == ScoreModKind::kAlibi && sm.call) {  // as the forward
     const ScoreMod& m = sm.call->sm;
     bp.alibi_slopes = sm.call->operands + m.offset(0);

@@ -18,6 +18,9 @@ no dbias: on an H100 / H200 the Hopper backward then adds it):
            plus a POST_SCALE bias [1, H, S, S], causal, B 2, S 4096, H 8, D 128 vs XLA on
            materialized scores and vs jax's cuDNN with the bias alone (the nearest call it
            serves: cuDNN would add the bias after the score_mod)
+  softcap  bf16 score_mod 30 tanh(s / 30) (Gemma-2's cap) plus a POST_SCALE bias [1, H, S,
+           S], causal, B 2, S 4096, H 8, D 128 vs XLA on materialized scores and vs jax's
+           cuDNN with the bias alone (cuDNN would add the bias after the score_mod)
   slopes   the same score_mod without the bias, forward+backward taking the slopes'
            gradient too (cuDNN computes none: the CUDA flash kernels run that call, or
            with FUSEDATTN_FLASH_SCORE_MOD=0 cuDNN and XLA's reference vjp over the
@@ -52,6 +55,7 @@ def _cases(gpu: bool, divisor: int):
         dict(kind="pre_bias", dtype="bfloat16", B=2, S=4096, H=8, D=128),
         dict(kind="d512", dtype="bfloat16", B=1, S=4096, H=8, D=512),
         dict(kind="alibi", dtype="bfloat16", B=2, S=4096, H=8, D=128),
+        dict(kind="softcap", dtype="bfloat16", B=2, S=4096, H=8, D=128),
         dict(kind="slopes", dtype="bfloat16", B=2, S=4096, H=8, D=128),
     ]
     if not gpu:
@@ -65,13 +69,18 @@ def alibi(s, b, h, q, k, slope):
     return s + slope * (k - q).astype(jnp.float32)
 
 
+def softcap(s, b, h, q, k):
+    """Gemma-2's logit cap."""
+    return 30.0 * jnp.tanh(s / 30.0)
+
+
 def _inputs(c, key):
     B, S, H, D = c["B"], c["S"], c["H"], c["D"]
     dt = jnp.dtype(c["dtype"])
     ks = jax.random.split(key, 6)
     n = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(dt)
     q, k, v, do = (n(kk, (B, S, H, D)) for kk in ks[:4])
-    bias = n(ks[4], (1, H, S, S)) if c["kind"] in ("pre_bias", "alibi") else None
+    bias = n(ks[4], (1, H, S, S)) if c["kind"] in ("pre_bias", "alibi", "softcap") else None
     slope = (-jax.random.uniform(ks[5], (1, H, 1, 1), minval=0.01, maxval=0.1)
              if c["kind"] in ("alibi", "slopes") else None)
     return q, k, v, do, bias, slope
@@ -87,11 +96,11 @@ def _impls(c, bias, slope):
     "slopes" row (differentiated too), else nothing."""
     kind, D, S = c["kind"], c["D"], c["S"]
     scale = D ** -0.5
-    bias_type = {"pre_bias": AttnBiasType.PRE_SCALE_BIAS,
-                 "alibi": AttnBiasType.POST_SCALE_BIAS}.get(kind, AttnBiasType.NO_BIAS)
+    bias_type = {"pre_bias": AttnBiasType.PRE_SCALE_BIAS, "alibi": AttnBiasType.POST_SCALE_BIAS,
+                 "softcap": AttnBiasType.POST_SCALE_BIAS}.get(kind, AttnBiasType.NO_BIAS)
     learn = kind == "slopes"
     sm = (dict(score_mod=alibi, score_mod_operands=(slope,)) if kind in ("alibi", "slopes")
-          else {})
+          else dict(score_mod=softcap) if kind == "softcap" else {})
 
     def ours(q, k, v, *extra):
         kw = dict(sm, score_mod_operands=extra) if learn else sm
@@ -101,8 +110,9 @@ def _impls(c, bias, slope):
     def reference(q, k, v, *extra):
         score_mod = None
         slope_ = extra[0] if learn else slope
-        if kind in ("alibi", "slopes"):
-            m, arrays4 = _sm.make_score_mod(alibi, (slope_,), None, (c["B"], c["H"], S, S))
+        if kind in ("alibi", "slopes", "softcap"):
+            fn, ops = (softcap, ()) if kind == "softcap" else (alibi, (slope_,))
+            m, arrays4 = _sm.make_score_mod(fn, ops, None, (c["B"], c["H"], S, S))
             score_mod = lambda s, qp, kp, index_base=None: _sm.apply_reference(
                 m.fn, s, arrays4, index_base=index_base)
         return fusedattn.attention_reference(
@@ -110,12 +120,15 @@ def _impls(c, bias, slope):
             if bias is not None else AttnBiasType.POST_SCALE_BIAS, score_mod=score_mod)[0]
 
     def jax_xla(q, k, v, *extra):
-        if kind in ("alibi", "slopes"):  # materialized scores, fn over the grid
+        if kind in ("alibi", "slopes", "softcap"):  # materialized scores, fn over the grid
             s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
             if bias is not None:
                 s = s + bias.astype(jnp.float32)
-            rel = (jnp.arange(S)[None, :] - jnp.arange(S)[:, None]).astype(jnp.float32)
-            s = s + (extra[0] if learn else slope) * rel
+            if kind == "softcap":
+                s = softcap(s, None, None, None, None)
+            else:
+                rel = (jnp.arange(S)[None, :] - jnp.arange(S)[:, None]).astype(jnp.float32)
+                s = s + (extra[0] if learn else slope) * rel
             s = jnp.where(_causal_mask(S), s, -jnp.inf)
             p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
             return jnp.einsum("bhqk,bkhd->bqhd", p, v)
@@ -127,7 +140,7 @@ def _impls(c, bias, slope):
     same = (lambda q, k, v, do: (q, k, v, slope, do)) if learn else (lambda *a: a)
     impls = {"fusedattn": (ours, same), "reference": (reference, same),
              "jax_xla": (jax_xla, same)}
-    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512", "alibi", "slopes"):
+    if jax.default_backend() == "gpu" and kind in ("pre_bias", "d512", "alibi", "softcap", "slopes"):
         def jax_cudnn(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True,
                                                 implementation="cudnn")
@@ -218,7 +231,7 @@ def _label(r) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusedattn bench fallback", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", choices=["f32", "pre_bias", "d512", "alibi", "slopes"],
+    p.add_argument("--kinds", nargs="+", choices=["f32", "pre_bias", "d512", "alibi", "softcap", "slopes"],
                    help="only these rows (default: all)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--skip", nargs="+", default=[],

@@ -60,13 +60,17 @@ TEST(SelectBackend, ScoreModWithABiasRunsTheCudaFlashKernels) {
   for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kOther}) {
     AttnParams p = hopper_params();
     p.bias_type = FA_POST_SCALE_BIAS, p.bias_batch = 1, p.bias_heads = 1;
+    // (softcap with the bias as tiles, Skv a multiple of 8: the Hopper kernels both ways,
+    // the bias joining q.k before the tanh.)
+    const int32_t k = kind == ScoreModKind::kSoftcap ? FA_BACKEND_HOPPER_FWD : FA_BACKEND_CUDA_FLASH;
+    const int32_t kb = kind == ScoreModKind::kSoftcap ? FA_BACKEND_HOPPER_BWD : FA_BACKEND_CUDA_FLASH;
     const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
                                            flash_score_mod());
-    expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+    expect_kernels(c, FA_BACKEND_CUDA_FLASH, k, kb);
     EXPECT_TRUE(has(c.reason, "bias after the score_mod")) << c.reason;
     // The default is on; turned off, XLA's reference, saying why.
     expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{}),
-                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+                   FA_BACKEND_CUDA_FLASH, k, kb);
     const BackendChoice off = select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind),
                                              flash_score_mod(false));
     expect_kernels(off, FA_BACKEND_XLA_REFERENCE, FA_BACKEND_XLA_REFERENCE,

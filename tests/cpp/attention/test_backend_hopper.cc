@@ -70,7 +70,8 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
 
 // Sinks (off-by-one, learnable) join the kernel's epilogue: the Hopper forward keeps them
 // (cuDNN's backward, 9.13 or newer, reads the lse they are in); older cuDNN sends the call to
-// the CUDA flash kernels both ways.
+// the flash branch, where softcap still runs the Hopper kernels both ways (sinks in its
+// backward too) and a plain call the CUDA flash kernels.
 TEST(SelectBackend, HopperForwardTakesSinks) {
   for (int32_t type : {FA_OFF_BY_ONE_SOFTMAX, FA_LEARNABLE_SOFTMAX}) {
     AttnParams p = hopper_params();
@@ -80,8 +81,9 @@ TEST(SelectBackend, HopperForwardTakesSinks) {
                    FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     PlatformInfo old = h100();
     old.cudnn_version = 91200;
-    const BackendChoice c =
-        select_backend(p, FA_PLATFORM_CUDA, old, with(ScoreModKind::kSoftcap), BackendOptions{});
+    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, old, with(ScoreModKind::kSoftcap), BackendOptions{}),
+                   FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+    const BackendChoice c = select_backend(p, FA_PLATFORM_CUDA, old, BackendRequest{}, BackendOptions{});
     EXPECT_NE(c.forward, FA_BACKEND_HOPPER_FWD) << c.reason;
   }
 }
@@ -100,7 +102,7 @@ TEST(SelectBackend, HopperForwardTakesDenseMasks) {
   EXPECT_TRUE(has(c.reason, "dense mask")) << c.reason;
   req = with(ScoreModKind::kSoftcap);
   req.mask_bias = true;
-  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "softcap takes no bias"));
+  EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "as tiles only"));
   req = with(ScoreModKind::kAlibi);
   req.mask_bias = true;
   EXPECT_TRUE(has(hopper_fwd_unsupported_reason(p, req, h100()), "as tiles only"));
@@ -206,10 +208,10 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
     EXPECT_EQ(select_backend(pre256, FA_PLATFORM_CUDA, h100(), req, BackendOptions{}).backward,
               FA_BACKEND_HOPPER_BWD);
     // With softcap: the flash kernels (cuDNN would add the bias after the modifier, and
-    // the Hopper kernels take none beside softcap).
+    // the Hopper kernels take softcap's bias as tiles only: Skv a multiple of 8, not here).
     BackendRequest sm = with(ScoreModKind::kSoftcap);
     sm.no_dbias = no_dbias;
-    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "softcap takes no bias"));
+    EXPECT_TRUE(has(hopper_fwd_unsupported_reason(pre, sm, h100()), "softcap takes a bias as tiles only"));
     c = select_backend(pre, FA_PLATFORM_CUDA, h100(), sm, on);
     expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
     // With ALiBi: the Hopper forward where the bias comes as tiles (Skv a multiple of 8;
@@ -247,8 +249,28 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       no_tiles.hopper_bias_tile = false;
       expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, no_tiles),
                      FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+      // softcap with the bias as tiles: the Hopper forward and its backward's dense variants
+      // (dbias too) at head dims 64 and 128; at 256 the flash kernels' backward.
+      EXPECT_EQ(hopper_fwd_unsupported_reason(tiles, sm, h100()), "");
+      EXPECT_EQ(hopper_bwd_unsupported_reason(tiles, sm, h100()), "");
+      c = select_backend(tiles, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      EXPECT_TRUE(has(c.reason, "softcap in the kernel")) << c.reason;
+      BackendRequest sm_det = sm;
+      sm_det.deterministic = true;
+      expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), sm_det, BackendOptions{}),
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), sm, no_tiles),
+                     FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
+      AttnParams tiles256 = tiles;
+      tiles256.head_dim_qk = tiles256.head_dim_v = 256;
+      EXPECT_TRUE(has(hopper_bwd_unsupported_reason(tiles256, sm, h100()), "no softcap with a bias"));
+      c = select_backend(tiles256, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
       tiles.scale = 0.0f;
       EXPECT_EQ(has(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "scale != 0"),
+                type == FA_POST_SCALE_BIAS);
+      EXPECT_EQ(has(hopper_fwd_unsupported_reason(tiles, sm, h100()), "scale != 0"),
                 type == FA_POST_SCALE_BIAS);
     }
   }

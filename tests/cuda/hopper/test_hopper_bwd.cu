@@ -60,15 +60,22 @@ struct Rule {
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + j * p.k_s + hk * p.k_h;
     float d = 0.0f;
     for (int x = 0; x < p.head_dim; ++x) d += f(q[x]) * f(k[x]);
-    if (p.softcap > 0.0f) return p.softcap * tanhf(d * p.scale / p.softcap);
-    if (p.alibi_slopes) {  // the bias (if any) joins the score before the modifier
+    // the bias (if any) joins the score before the modifier; post_bias_mul: a post-scale
+    // bias joining the raw q.k times it
+    const float bv = p.bias ? bias<T>(b, h, i, j) : 0.0f;
+    d = p.pre_scale_bias          ? (d + bv) * p.scale
+        : p.post_bias_mul != 0.0f ? (d + bv * p.post_bias_mul) * p.scale
+                                  : d * p.scale + bv;
+    if (p.softcap > 0.0f) return p.softcap * tanhf(d / p.softcap);
+    if (p.alibi_slopes) {
       const float rel = static_cast<float>(j - i);
-      const float bv = p.bias ? bias<T>(b, h, i, j) : 0.0f;
-      d = p.pre_scale_bias ? (d + bv) * p.scale : d * p.scale + bv;
       return d + p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
     }
-    if (p.pre_scale_bias) return (d + bias<T>(b, h, i, j)) * p.scale;
-    return d * p.scale + bias<T>(b, h, i, j);
+    return d;
+  }
+  // d score / d bias: the scale for a pre-scale bias, post_bias_mul scale or 1 for a post-scale one
+  __device__ float dbias_mul() const {
+    return p.pre_scale_bias ? p.scale : p.post_bias_mul != 0.0f ? p.post_bias_mul * p.scale : 1.0f;
   }
   // d score / d (scale q.k): softcap's 1 - tanh^2, else 1.
   template <class T>
@@ -158,8 +165,8 @@ __global__ void ref_dq(Rule r, const float* lse, const float* dsum, float* dq, f
   if (dslope) dslope[idx] = gs, dslope_abs[idx] = ga;
 }
 
-// dbias of element (table, i, j) of the bias: sum of dS over the (b, h) that read it, times
-// the scale for a pre-scale bias.
+// dbias of element (table, i, j) of the bias: sum of dS over the (b, h) that read it (softcap's
+// 1 - t^2 in it), times Rule::dbias_mul.
 template <class T>
 __global__ void ref_dbias(Rule r, const float* lse, const float* dsum, float* dbias) {
   const FlashBwdParams& p = r.p;
@@ -172,9 +179,10 @@ __global__ void ref_dbias(Rule r, const float* lse, const float* dsum, float* db
     for (int64_t h = 0; h < p.heads_q; ++h) {
       if ((p.bias_batch > 1 && b != bb) || (p.bias_heads > 1 && h != hh) || !r.kept<T>(b, h, i, j)) continue;
       const int64_t row = (b * p.heads_q + h) * p.seqlen_q + i;
-      acc += expf(r.score<T>(b, h, i, j) - lse[row]) * (r.dprob<T>(b, h, i, j) - dsum[row]);
+      acc += expf(r.score<T>(b, h, i, j) - lse[row]) * (r.dprob<T>(b, h, i, j) - dsum[row]) *
+             r.dscore<T>(b, h, i, j);
     }
-  dbias[idx] = acc * (p.pre_scale_bias ? p.scale : 1.0f);
+  dbias[idx] = acc * r.dbias_mul();
 }
 
 // dK and dV of a key (b, kv head hk, j): sums over the group's heads and their rows.
@@ -225,6 +233,7 @@ struct Case {
                  // the mask's extents (mask_b, mask_h)
   bool dbias = false;  // the bias's gradient too (FlashBwdParams::dbias), checked
   bool dslopes = false;  // with alibi: the slopes' gradient (FlashBwdParams::alibi_dslopes), checked
+  float post_bias_mul = 0.0f;  // FlashBwdParams::post_bias_mul
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -321,6 +330,7 @@ void run_case(const Case& cs) {
     if (cs.mask) fill_mask<<<1024, 256>>>(mask, mb * mh, cs.Sq, cs.Skv, cs.mask, cs.mask_values, p.mask_value, seed++);
     else fill<<<1024, 256>>>(mask, n, seed++, 2.0f);
     p.bias = mask, p.mask_bias = cs.mask != 0, p.pre_scale_bias = cs.bias == 2;
+    p.post_bias_mul = cs.post_bias_mul;
     p.mask_keep_only = cs.mask_keep_only;
     p.bias_batch = mb, p.bias_heads = mh;
     p.bias_s = cs.Skv, p.bias_h = cs.mask_h ? int64_t{cs.Sq} * cs.Skv : 0;
@@ -612,6 +622,20 @@ std::vector<Case> cases() {
        .mask_h = true, .alibi = 1, .bias = 1, .dbias = true, .dslopes = true});
   add({.name = "alibi_abs_bias_dbias_pre_d64_broadcast_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264,
        .mask_h = true, .alibi = -2, .bias = 2, .dbias = true});
+  // softcap with a bias: the dense variants' bias stages (global reads where rows are not
+  // 16-byte units), the bias joining q.k before the tanh; dbias with softcap's 1 - t^2.
+  add({.name = "softcap_bias_post_causal", .causal = true, .Sq = 384, .Skv = 384, .amp = 4.0f, .mask_h = true,
+       .softcap = 5.0f, .bias = 1});
+  add({.name = "softcap_bias_pre_odd_rows_gqa", .Sq = 300, .Skv = 260, .Hq = 6, .Hkv = 2, .amp = 2.0f,
+       .mask_b = true, .softcap = 3.0f, .bias = 2});
+  add({.name = "softcap_bias_dbias_pre_d64_gqa_fp16", .bf16 = false, .D = 64, .Sq = 300, .Skv = 264, .Hq = 6,
+       .Hkv = 2, .amp = 2.0f, .mask_b = true, .mask_h = true, .softcap = 3.0f, .bias = 2, .dbias = true});
+  add({.name = "softcap_bias_dbias_post_broadcast_window_mul", .causal = true, .Sq = 400, .Skv = 400,
+       .left = 90, .amp = 3.0f, .mask_h = true, .softcap = 5.0f, .bias = 1, .dbias = true,
+       .post_bias_mul = 0.4f});
+  add({.name = "softcap_bias_dbias_post_d64_padding_det", .causal = true, .D = 64, .B = 3,
+       .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .amp = 3.0f, .mask_b = true, .mask_h = true,
+       .deterministic = true, .softcap = 20.0f, .bias = 1, .dbias = true});
   // the slopes' gradient with padding rows and keys (P 0 there: no part) and a window
   add({.name = "alibi_dslopes_d64_padding_window", .causal = true, .D = 64, .B = 3, .Sq = 256, .Skv = 256,
        .left = 60, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .alibi = 1, .dslopes = true});
@@ -732,6 +756,17 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
   p.deterministic = true;
   EXPECT_NE(flash_bwd_unsupported(p, 90).find("workspace_bytes"), std::string::npos) << flash_bwd_unsupported(p, 90);
+  // softcap with a bias: head dims 64 and 128, no dense mask; post_bias_mul finite.
+  p.deterministic = false, p.softcap = 5.0f, p.bias = x, p.bias_s = 64;
+  p.workspace_bytes = flash_bwd_workspace_bytes(p);
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
+  p.post_bias_mul = INFINITY;
+  EXPECT_NE(flash_bwd_unsupported(p, 90).find("post_bias_mul"), std::string::npos);
+  p.post_bias_mul = 0.0f, p.mask_bias = true;
+  EXPECT_NE(flash_bwd_unsupported(p, 90).find("softcap takes a bias at head dims 64 and 128"), std::string::npos);
+  p.mask_bias = false, p.head_dim = 256;
+  p.workspace_bytes = flash_bwd_workspace_bytes(p);
+  EXPECT_NE(flash_bwd_unsupported(p, 90).find("softcap takes a bias at head dims 64 and 128"), std::string::npos);
 }
 
 }  // namespace

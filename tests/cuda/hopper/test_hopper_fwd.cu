@@ -41,7 +41,7 @@ __device__ float to_f(T x) { return static_cast<float>(x); }
 // lse -inf. THD: the row's sequence, positions counted from its first token; a row of no
 // sequence gets NaN (the kernel must leave it unwritten). A dense mask (p.bias, mask_bias)
 // drops the keys of value p.mask_value and adds the others' bias; a bias (not mask_bias) is
-// added after the scale, or to q.k before it (bias_pre_scale). rmax: the row's max kept logit
+// added after the scale, or to q.k before it (bias_pre_scale), and before softcap's tanh. rmax: the row's max kept logit
 // (-inf: none), whose max over a (batch row, head)'s rows max_logit must be.
 template <class T>
 __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax) {
@@ -81,10 +81,13 @@ __global__ void reference(FlashFwdParams p, float* out, float* lse, float* rmax)
     for (int x = 0; x < D; ++x) d += to_f(q[x]) * to_f(k[x]);
     const float bias =
         p.bias ? to_f(static_cast<const T*>(p.bias)[b * p.bias_b + h * p.bias_h + token * p.bias_s + j]) : 0.0f;
+    // the bias, then the modifier (the engine's order); post_bias_mul: a post-scale bias
+    // joining the raw q.k times it
     if (p.bias_pre_scale) d += bias;
+    else if (p.post_bias_mul != 0.0f) d += bias * p.post_bias_mul;
     d *= p.scale;
+    if (!p.bias_pre_scale && p.post_bias_mul == 0.0f) d += bias;
     if (p.softcap > 0.0f) d = p.softcap * tanhf(d / p.softcap);
-    if (!p.bias_pre_scale) d += bias;
     if (p.alibi_slopes) {
       const float rel = static_cast<float>(j - i);
       d += p.alibi_sign * p.alibi_slopes[h * p.alibi_stride] * (p.alibi_abs ? fabsf(rel) : rel);
@@ -143,6 +146,7 @@ struct Case {
   int bias = 0;
   bool bias_b = false, bias_h = true;
   int bias_pad = 0, bias_tile = -1;
+  float post_bias_mul = 0.0f;  // FlashFwdParams::post_bias_mul
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -268,7 +272,7 @@ void run_case(const Case& cs) {
     p.bias = bias, p.bias_pre_scale = cs.bias == 2, p.bias_batch = bb, p.bias_heads = bh;
     p.bias_s = row, p.bias_h = cs.bias_h ? int64_t{cs.Sq} * row : 0;
     p.bias_b = cs.bias_b ? bh * cs.Sq * row : 0;
-    p.bias_tile = cs.bias_tile;
+    p.bias_tile = cs.bias_tile, p.post_bias_mul = cs.post_bias_mul;
   }
   FlashFwdParams run = p;  // the kernel's (a keep mask's bytes); the reference reads p's
   if (keep) run.bias = keep, run.bias_keep = true;
@@ -554,6 +558,22 @@ const Case kCases[] = {
       c.Sq = c.Skv = 1000; }),
     make("d256_alibi_abs_bias_post_padded_rows", [](Case& c) {
       c.D = 256, c.alibi = 2, c.bias = 1, c.bias_pad = 8, c.Sq = 700, c.Skv = 520; }),
+    // softcap with a bias's tiles (WithBiasTile<SoftcapScores>): the tile joins q.k before
+    // the tanh; large scores and biases so that the tanh saturates.
+    make("softcap_bias_post_causal_tiles", [](Case& c) {
+      c.softcap = 5.0f, c.amp = 3.0f, c.bias = 1, c.causal = true, c.Sq = c.Skv = 640; }),
+    make("softcap_bias_pre_ragged_gqa_fp16_tiles", [](Case& c) {
+      c.softcap = 20.0f, c.amp = 2.0f, c.bias = 2, c.bf16 = false, c.Sq = 300, c.Skv = 776, c.Hkv = 2,
+      c.bias_b = true; }),
+    make("d64_softcap_bias_post_window_broadcast_mul", [](Case& c) {
+      c.D = 64, c.softcap = 3.0f, c.amp = 3.0f, c.bias = 1, c.bias_h = false, c.causal = true,
+      c.left = 300, c.Sq = c.Skv = 1000, c.post_bias_mul = 0.3f; }),
+    make("d64_softcap_bias_pre_padding_bottom_right", [](Case& c) {
+      c.D = 64, c.softcap = 30.0f, c.amp = 4.0f, c.bias = 2, c.causal = true, c.bottom_right = true,
+      c.B = 3, c.Sq = 200, c.Skv = 648, c.q_lens = {200, 77, 0}, c.kv_lens = {648, 300, 40}; }),
+    make("d256_softcap_bias_post_padded_rows_sink", [](Case& c) {
+      c.D = 256, c.softcap = 10.0f, c.amp = 3.0f, c.bias = 1, c.bias_pad = 8, c.sink = 2,
+      c.Sq = 700, c.Skv = 520; }),
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HopperMode, ::testing::ValuesIn(kCases),
@@ -632,8 +652,16 @@ TEST(HopperFwdUnsupported, NamesTheRule) {
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("as tiles"), std::string::npos);
   p.bias_tile = -1, p.scale = 0.0f;
   EXPECT_NE(flash_fwd_unsupported(p, 90).find("scale != 0"), std::string::npos);
-  p.alibi_slopes = nullptr, p.scale = 0.125f, p.softcap = 30.0f;
-  EXPECT_NE(flash_fwd_unsupported(p, 90).find("softcap takes no bias"), std::string::npos);
+  p.alibi_slopes = nullptr, p.scale = 0.125f, p.softcap = 30.0f;  // softcap's alike
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.bias_s = 516;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("as tiles"), std::string::npos);
+  p.bias_s = 512, p.scale = 0.0f;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("scale != 0"), std::string::npos);
+  p.post_bias_mul = 0.5f;  // the caller's own multiplier: scale 0 then fine
+  EXPECT_EQ(flash_fwd_unsupported(p, 90), "");
+  p.post_bias_mul = INFINITY;
+  EXPECT_NE(flash_fwd_unsupported(p, 90).find("post_bias_mul"), std::string::npos);
 }
 
 }  // namespace

@@ -106,13 +106,13 @@ def _has_gpu():
 
 @pytest.mark.skipif(_has_gpu(), reason="with a GPU the fallback bench runs its full GPU grid")
 def test_tiny_fallback_bench_names_each_rows_backend(tmp_path, capsys):
-    argv = ["fallback", "--kinds", "f32", "alibi", "--modes", "fwd", "--repeats", "1",
+    argv = ["fallback", "--kinds", "f32", "alibi", "softcap", "--modes", "fwd", "--repeats", "1",
             "--cpu-divisor", "64", "--out-dir", str(tmp_path), "--no-plot"]
     assert cli.main(["bench"] + argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("summary: fusedattn vs the old fallback (reference.py) geomean")
     rows = json.loads((tmp_path / "bench-fallback.json").read_text())["rows"]
-    assert [r["kind"] for r in rows] == ["f32", "alibi"]
+    assert [r["kind"] for r in rows] == ["f32", "alibi", "softcap"]
     for r in rows:
         assert r["backend"] == "cpu_flash" and r["ratio_reference"] > 0 and r["ratio_jax_xla"] > 0
 

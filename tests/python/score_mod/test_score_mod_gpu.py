@@ -188,6 +188,17 @@ def flash_forced(monkeypatch):
     monkeypatch.setattr(backends, "_gpu_choice", _rejected)
 
 
+@pytest.fixture
+def hopper_off():
+    """The Hopper kernels off (set_hopper_fwd / _bwd "off"): softcap and ALiBi calls the flash
+    branch would give them run the CUDA flash kernels' closed forms instead."""
+    _lib.set_hopper_fwd("off")
+    _lib.set_hopper_bwd("off")
+    yield
+    _lib.set_hopper_fwd(None)
+    _lib.set_hopper_bwd(None)
+
+
 FLASH_TOL = {jnp.bfloat16: 3e-2, jnp.float16: 3e-2, jnp.float32: 1e-4}
 
 
@@ -203,11 +214,12 @@ def flash_backend(q, k, v, fn, ops, bias=None, **kw):
                          ids=["bf16", "fp16", "f32"])
 @pytest.mark.parametrize("name", ["softcap", "alibi", "relpos", "causal", "learnable",
                                   "two_arrays"])
-def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
+def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced, hopper_off):
     fn = CASES[name][0]
     ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, dtype)
-    assert flash_backend(q, k, v, fn, ops).name == "cuda_flash"
+    info = flash_backend(q, k, v, fn, ops)
+    assert (info.name, info.forward, info.backward) == ("cuda_flash",) * 3, info
     arr_idx, full = array_operands(ops)
     ours = lambda q, k, v, *arr: fusedattn.fused_attn((q, k, v), None, None, None, score_mod=fn,
                                                       score_mod_operands=full(arr))
@@ -218,12 +230,12 @@ def test_flash_kernels_match_the_reference(key, name, dtype, flash_forced):
 
 @pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
                          ids=["post", "pre"])
-@pytest.mark.parametrize("name", ["alibi", "relpos", "two_arrays"])
+@pytest.mark.parametrize("name", ["alibi", "softcap", "relpos", "two_arrays"])
 def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     """cuDNN would add the bias after the score_mod: these calls go to cuda_flash unforced,
-    the bias, its gradient and the operands' gradients from the kernels; ALiBi's runs the
-    Hopper kernels (the bias's tiles joining q.k before the modifier; the backward's dense
-    variants with dbias and the slopes' gradient)."""
+    the bias, its gradient and the operands' gradients from the kernels; ALiBi's and
+    softcap's run the Hopper kernels (the bias's tiles joining q.k before the modifier; the
+    backward's dense variants with dbias and ALiBi's slopes' gradient)."""
     fn = CASES[name][0]
     ops = gpu_operands(name, jax.random.fold_in(key, 1))
     q, k, v, dout = gpu_inputs(key, jnp.bfloat16)
@@ -233,7 +245,7 @@ def test_score_mod_with_a_bias_runs_the_flash_kernels(key, name, bias_type):
     why = ("bias after the score_mod" if bias_type == AttnBiasType.POST_SCALE_BIAS else
            "PRE_SCALE_BIAS is not served")
     assert info.name == "cuda_flash" and why in info.reason, info
-    kernel = "hopper" if name == "alibi" else "cuda_flash"
+    kernel = "hopper" if name in ("alibi", "softcap") else "cuda_flash"
     assert (info.forward, info.backward) == (kernel, kernel), info
     arr_idx, full = array_operands(ops)
     kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
@@ -262,6 +274,34 @@ def test_alibi_with_a_constant_bias_runs_the_hopper_kernels(key, bias_type):
                                                 score_mod_operands=ops, **kw)
     ref = lambda q, k, v: ref_call(q, k, v, fn, ops, bias=bias, **kw)
     check(ours, ref, (q, k, v), dout, tol=3e-2)
+
+
+@pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
+                         ids=["post", "pre"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_softcap_with_a_bias_runs_the_hopper_kernels(key, head_dim, dtype, bias_type):
+    """softcap beside a bias (a cap with a relative-position or padding bias): the Hopper
+    forward, the bias's tiles joining q.k before the tanh (the engine's order), and at head
+    dims 64 and 128 the Hopper backward's dense variants (dbias with softcap's 1 - t^2; at 256
+    the flash kernels' backward from its lse). A cap of 2 on scores of |s| up to ~6: the tanh
+    saturates. The bias per batch row and head, its gradient taken; GQA, causal with
+    Sq != Skv."""
+    fn = CASES["softcap"][0]
+    ks = jax.random.split(key, 5)
+    B, Sq, Skv = 2, 96, 160
+    q = normal(ks[0], (B, Sq, HQ, head_dim), dtype) * 2
+    k = normal(ks[1], (B, Skv, 2, head_dim), dtype) * 2
+    v = normal(ks[2], (B, Skv, 2, head_dim), dtype)
+    dout = normal(ks[3], (B, Sq, HQ, head_dim), dtype)
+    bias = normal(ks[4], (B, HQ, Sq, Skv), dtype) * 2
+    kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK)
+    info = flash_backend(q, k, v, fn, (), bias, **kw)
+    bwd = "cuda_flash" if head_dim == 256 else "hopper"
+    assert (info.name, info.forward, info.backward) == ("cuda_flash", "hopper", bwd), info
+    ours = lambda q, k, v, b: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn, **kw)
+    ref = lambda q, k, v, b: ref_call(q, k, v, fn, (), bias=b, **kw)
+    check(ours, ref, (q, k, v, bias), dout, tol=3e-2)
 
 
 @pytest.mark.parametrize("dims", [(60, 60), (36, 100), (12, 20)], ids=["d60", "d36_dv100",

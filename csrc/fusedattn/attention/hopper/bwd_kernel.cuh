@@ -79,7 +79,7 @@ template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = k
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
   [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
-  static_assert(kMod != kBwdSoftcap || !kDense, "softcap takes no bias");
+  static_assert(kMod != kBwdSoftcap || !kDense || kD != 256, "softcap takes a bias at head dims 64 and 128");
   static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
   static_assert(kMod != kBwdKeep || (kDense && kD == 64), "keep-only masks: head dim 64's dense variant");
   // Head dim 256 (kWide): 64-key blocks, two groups over the same keys. S^T and dP^T split
@@ -347,6 +347,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
             float x;
             if constexpr (kAlibi)
               x = AlibiScores<kMod == kBwdAlibiAbs>::pre(s[i], a.scale_log2, slope, 0.0f, static_cast<float>(key - q));
+            else if constexpr (kSoftcap)
+              x = s[i];  // the raw q.k: a bias joins it before the tanh (bias_mul: raw units)
             else
               x = s[i] * a.scale_log2;
             bool drop = false;
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
             // dropped one's garbage is discarded). kSoftcap: t now, P after dP's product.
             if constexpr (kSoftcap) {
               (void)lse2;  // read after dP's product
-              const float t = SoftcapScores::pre(s[i], a.cap_in, 0.0f, 0.0f, 0.0f);
+              const float t = SoftcapScores::pre(x, a.cap_in, 0.0f, 0.0f, 0.0f);
               s[i] = drop ? -INFINITY : t;
             } else {
               const float pr = exp2_approx(x - lse2);
@@ -531,8 +533,9 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
       }
       wgmma_commit();
     }
-    // kBwdDbias, or ALiBi's dense variants (a bias beside it) when dbias is wanted (a.dbias)
-    constexpr bool kDbiasCode = kMod == kBwdDbias || (kAlibi && kDense);
+    // kBwdDbias, or ALiBi's and softcap's dense variants (a bias beside them) when dbias is
+    // wanted (a.dbias; softcap's dS holds its 1 - t^2 already)
+    constexpr bool kDbiasCode = kMod == kBwdDbias || ((kAlibi || kSoftcap) && kDense);
     if (kDbiasCode && (kMod == kBwdDbias || a.dbias)) {
       // This tile's dS is the bias's gradient (times the scale, pre-scale), read back from
       // the dS^T buffer (both groups' written: named_sync above; the products read it too)

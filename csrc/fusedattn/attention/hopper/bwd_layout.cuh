@@ -92,8 +92,8 @@ struct BwdDims {
   static constexpr int kBlockM = 64, kPadM = 128, kBlockN = 128, kThreads = 256;
 };
 // kDense: a dense mask (BwdArgs::tiles); without it the band alone (no mask code compiled in).
-// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; ALiBi's dense
-// variants take a bias, its gradient too where BwdArgs::dbias is set; softcap none), or with
+// kDet: deterministic dQ (BwdArgs::dq_sem). kMod: the score modifier (BwdMod; ALiBi's and
+// softcap's dense variants take a bias, its gradient too where BwdArgs::dbias is set), or with
 // a dense mask kBwdDbias (plain; the bias's gradient written:
 // BwdArgs::dbias; its stores cost the variants without one 39% when compiled into them) or
 // kBwdKeep (head dim 64: a mask that keeps or drops keys and holds no values, 128-query

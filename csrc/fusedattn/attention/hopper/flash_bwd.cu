@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <type_traits>
 
 #include "fusedattn/attention/hopper/bwd_launch.cuh"
@@ -271,8 +272,10 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   }
   if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) return "softcap must be finite and >= 0 (0: none)";
   if (p.softcap > 0.0f && p.alibi_slopes) return "one score modifier: softcap or ALiBi";
-  if (p.softcap > 0.0f && p.bias) return "softcap takes no bias";
+  if (p.softcap > 0.0f && p.bias && (p.mask_bias || p.head_dim == 256))
+    return "softcap takes a bias at head dims 64 and 128, and no dense mask";
   if (p.alibi_slopes && p.bias && p.mask_bias) return "ALiBi takes a bias and no dense mask";
+  if (!std::isfinite(p.post_bias_mul)) return "post_bias_mul must be finite (0: 1 / scale)";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||
                          (p.alibi_sign != 1.0f && p.alibi_sign != -1.0f)))
     return "alibi_stride must be 0 or 1 and alibi_sign +-1";
@@ -367,9 +370,12 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.slope_mul = p.alibi_sign * 1.4426950408889634f;
     a.dslopes = p.alibi_dslopes, a.dslope_mul = p.alibi_sign;
   }
-  if (p.dbias) {  // dS (times the scale, pre-scale): straight to dbias, or summed in float32
+  // The bias joins the raw q.k times m = 1 (pre-scale), 1 / scale (post-scale) or softcap's
+  // post_bias_mul (its scale folds the program's constants in): scaled_mul = m scale.
+  const float scaled_mul = p.pre_scale_bias ? p.scale : p.post_bias_mul != 0.0f ? p.post_bias_mul * p.scale : 1.0f;
+  if (p.dbias) {  // dS (times m scale): straight to dbias, or summed in float32
     a.dbias = p.dbias;
-    a.dbias_mul = p.pre_scale_bias ? p.scale : 1.0f;
+    a.dbias_mul = scaled_mul;
     // Two keys a store (bwd_kernel.cuh): the float32 sums' pairs 8-byte aligned (Skv even),
     // or dbias's 4-byte aligned (its pointer and strides).
     a.dbias_vec = dbias_sums(p) ? (p.seqlen_kv % 2 == 0 && aligned(base + sc.dbias, 8))
@@ -403,8 +409,9 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                                    p.bias_batch, p.bias_s, p.bias_h, p.bias_b, BwdDims::kBlockM, "bias"));
       a.bias_tma = 1;
     }
-    // A pre-scale bias joins q.k before the scale: (s + b) scale log2(e).
-    a.bias_mul = (p.pre_scale_bias ? p.scale : 1.0f) * 1.4426950408889634f;
+    // In log2 units (s scale log2(e) + b m scale log2(e)); softcap's x is the raw q.k,
+    // which the bias joins before the tanh (b m).
+    a.bias_mul = p.softcap > 0.0f ? scaled_mul / p.scale : scaled_mul * 1.4426950408889634f;
     const MaskTiles mt = mask_tiles(p);
     if (p.mask_bias) {  // classify the folded mask's tiles (empty ones skipped, bits or values read)
       a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
@@ -454,16 +461,18 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       return p.head_dim == 64 ? launch_bwd<c, h, false, 64, m>(a, grid, stream)
                               : launch_bwd<c, h, false, 128, m>(a, grid, stream);
     };
-    // ALiBi with a bias (no dense mask: flash_bwd_unsupported): the dense variants' bias
-    // stages, the bias added to ALiBi's score (both additive), dbias where wanted.
-    auto alibi_bias = [&](auto tag) {
+    // softcap or ALiBi with a bias (no dense mask: flash_bwd_unsupported): the dense
+    // variants' bias stages, the bias joining the score before the modifier (ALiBi's sum,
+    // softcap's tanh), dbias where wanted.
+    auto modified_bias = [&](auto tag) {
       constexpr int m = decltype(tag)::value;
       return p.head_dim == 64 ? launch_bwd<c, h, true, 64, m>(a, grid, stream)
                               : launch_bwd<c, h, true, 128, m>(a, grid, stream);
     };
-    if (mod != kBwdSoftcap && mod != kBwdPlain && a.tiles)
-      return mod == kBwdAlibi ? alibi_bias(std::integral_constant<int, kBwdAlibi>{})
-                              : alibi_bias(std::integral_constant<int, kBwdAlibiAbs>{});
+    if (mod != kBwdPlain && a.tiles)
+      return mod == kBwdSoftcap ? modified_bias(std::integral_constant<int, kBwdSoftcap>{})
+             : mod == kBwdAlibi ? modified_bias(std::integral_constant<int, kBwdAlibi>{})
+                                : modified_bias(std::integral_constant<int, kBwdAlibiAbs>{});
     if (mod == kBwdSoftcap) return modified(std::integral_constant<int, kBwdSoftcap>{});
     if (mod == kBwdAlibi) return modified(std::integral_constant<int, kBwdAlibi>{});
     if (mod == kBwdAlibiAbs) return modified(std::integral_constant<int, kBwdAlibiAbs>{});

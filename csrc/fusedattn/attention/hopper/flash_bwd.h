@@ -53,6 +53,9 @@ struct FlashBwdParams {
   const void* bias = nullptr;
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
   bool pre_scale_bias = false;
+  // A post-scale bias joins the raw q.k times post_bias_mul (0: 1 / scale); softcap's caller
+  // passes 1 / its call's scale (FlashFwdParams::post_bias_mul).
+  float post_bias_mul = 0.0f;
   bool mask_bias = false;
   float mask_value = 0.0f;
   // The folded mask holds no values (every kept key's is 0: a boolean mask alone): at head
@@ -72,7 +75,8 @@ struct FlashBwdParams {
   // the call's extents and its rows allow; false keeps the pairs of keys a thread (for A/B).
   bool dbias_tile = true;
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
-  // FlashFwdParams::softcap); no dense mask with it.
+  // FlashFwdParams::softcap); a bias joins q.k before the tanh (head dims 64 and 128, no
+  // dense mask, dbias too).
   float softcap = 0.0f;
   // Non-null: ALiBi, as FlashFwdParams' fields of the same names (scores scale * s + sign *
   // slopes[h * stride] * g(kv - q), g = |.| when abs); no dense mask with it.

@@ -30,10 +30,16 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Whether p's bias comes through the copy engine's tiles (FlashFwdParams::bias_tile,
-// WithBiasTile): a bias that is no folded mask, no softcap, rows in 16-byte units.
+// WithBiasTile): a bias that is no folded mask, rows in 16-byte units.
 bool bias_tiles(const FlashFwdParams& p) {
-  return p.bias && !p.mask_bias && p.bias_tile != 0 && !(p.softcap > 0.0f) &&
+  return p.bias && !p.mask_bias && p.bias_tile != 0 &&
          rows16({p.bias}, {p.bias_s, p.bias_heads > 1 ? p.bias_h : 0, p.bias_batch > 1 ? p.bias_b : 0});
+}
+
+// What a bias tile's values are multiplied by to join the raw q.k (FwdArgs::bias_mul).
+float raw_bias_mul(const FlashFwdParams& p) {
+  if (p.bias_pre_scale) return 1.0f;
+  return p.post_bias_mul != 0.0f ? p.post_bias_mul : 1.0f / p.scale;
 }
 
 // Tiles: the kernel counts them in int, and a block steps t += gridDim.x up to twice the
@@ -178,15 +184,16 @@ std::string flash_fwd_unsupported(const FlashFwdParams& p, int cc) {
     return "sink must be 0, 1, or 2 with sinks";
   if (p.sink == 2 && (p.sink_rows < 1 || p.batch % p.sink_rows != 0))
     return "sink_rows must divide the batch";
-  if (p.bias_pre_scale && (!p.bias || p.softcap > 0.0f))
-    return "bias_pre_scale needs a bias and no softcap";
+  if (p.bias_pre_scale && !p.bias) return "bias_pre_scale needs a bias";
   // A score modifier's bias joins the raw scores as tiles (WithBiasTile), before the modifier.
-  if (p.bias && p.softcap > 0.0f) return "softcap takes no bias";
-  if (p.bias && p.alibi_slopes && !bias_tiles(p))
-    return "ALiBi's bias must come as tiles: no dense mask (mask_bias), bias_tile not 0, rows "
-           "of 16-byte units (bias_s, bias_h and bias_b multiples of 8, the bias 16-byte aligned)";
-  if (p.bias && p.alibi_slopes && !p.bias_pre_scale && p.scale == 0.0f)
-    return "ALiBi with a post-scale bias needs scale != 0 (its tiles join q.k divided by it)";
+  const bool modified = p.alibi_slopes || p.softcap > 0.0f;
+  if (p.bias && modified && !bias_tiles(p))
+    return "softcap's and ALiBi's bias must come as tiles: no dense mask (mask_bias), bias_tile "
+           "not 0, rows of 16-byte units (bias_s, bias_h and bias_b multiples of 8, the bias "
+           "16-byte aligned)";
+  if (!std::isfinite(p.post_bias_mul)) return "post_bias_mul must be finite (0: 1 / scale)";
+  if (p.bias && modified && !p.bias_pre_scale && p.scale == 0.0f && p.post_bias_mul == 0.0f)
+    return "softcap or ALiBi with a post-scale bias needs scale != 0 (its tiles join q.k divided by it)";
   if (p.bias) {
     if (thd) return "a bias takes no THD sequences";
     if ((p.bias_batch != 1 && p.bias_batch != p.batch) || (p.bias_heads != 1 && p.bias_heads != p.heads_q))
@@ -346,6 +353,10 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
 #ifdef FA_HOPPER_SWEEP  // dev/hopper_fwd/hopper_fwd_check.cu: what the tanh costs
     if (p.probe == 10) return launch_mod<ProbeNoTanh>(p, a, grid, stream);
 #endif
+    if (bias_tma) {  // the tile joins the raw q.k, which the tanh scales by mul_in
+      a.bias_mul = raw_bias_mul(p);
+      return launch_mod<WithBiasTile<SoftcapScores>>(p, a, grid, stream);
+    }
     return launch_mod<SoftcapScores>(p, a, grid, stream);
   }
   if (p.alibi_slopes) {
@@ -355,7 +366,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
     a.slope_stride = static_cast<int>(p.alibi_stride);
     a.slope_mul = p.alibi_sign * log2e;
     if (bias_tma) {  // the tile joins the raw q.k, which pre scales by mul_in
-      a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
+      a.bias_mul = raw_bias_mul(p);
       return p.alibi_abs ? launch_mod<WithBiasTile<AlibiScores<true>>>(p, a, grid, stream)
                          : launch_mod<WithBiasTile<AlibiScores<false>>>(p, a, grid, stream);
     }
@@ -363,7 +374,7 @@ Status run_kernel(const FlashFwdParams& p, cudaStream_t stream) {
                        : launch_mod<AlibiScores<false>>(p, a, grid, stream);
   }
   a.mul_out = p.scale * log2e;
-  a.bias_mul = p.bias_pre_scale ? 1.0f : 1.0f / p.scale;
+  a.bias_mul = raw_bias_mul(p);
   if (bias_tma) return launch_mod<BiasTileScores>(p, a, grid, stream);
   return a.bias || p.bias_reads == 1 ? launch_mod<BiasReadScores>(p, a, grid, stream)
                 : launch_mod<PlainScores>(p, a, grid, stream);

@@ -67,9 +67,11 @@ struct FlashFwdParams {
   bool alibi_abs = false;
   // Non-null: a post-scale bias [bias_batch, bias_heads, Sq, Skv] of q's dtype (bias_b /
   // bias_h: 0 where broadcast; the key dim contiguous), scores scale * q.k + bias;
-  // bias_pre_scale: a pre-scale bias instead (scale * (q.k + bias)). With ALiBi the biased
-  // score goes through the modifier (the engine's order), the bias as tiles only
-  // (bias_tile below); softcap takes none.
+  // bias_pre_scale: a pre-scale bias instead (scale * (q.k + bias)). With softcap or ALiBi
+  // the biased score goes through the modifier (the engine's order), the bias as tiles only
+  // (bias_tile below). post_bias_mul: a post-scale bias joins the raw q.k times it (0:
+  // 1 / scale); softcap's caller folds the program's constants into scale and passes 1 /
+  // the call's own scale here.
   // mask_bias: it is a folded boolean mask (backend.h's kRequestMaskBias) whose dropped keys
   // hold mask_value: the kernel drops them (as -inf) and skips the key blocks a query tile
   // keeps none of, classified on the device before the launch into `mask_tiles` (device
@@ -77,13 +79,14 @@ struct FlashFwdParams {
   const void* bias = nullptr;
   int64_t bias_b = 0, bias_h = 0, bias_s = 0, bias_batch = 1, bias_heads = 1;
   bool bias_pre_scale = false;
+  float post_bias_mul = 0.0f;
   bool mask_bias = false;
   float mask_value = 0.0f;
   // With mask_bias: the bias is a boolean keep mask (one byte a key, nonzero keeps it;
   // kRequestMaskKeepOnly), classified from its bytes; its strides count bytes then.
   bool bias_keep = false;
   void* mask_tiles = nullptr;
-  // A bias (not mask_bias) on a call without softcap, its rows in 16-byte units (pointer
+  // A bias (not mask_bias), its rows in 16-byte units (pointer
   // 16-byte aligned, strides multiples of 8): -1 (default) reads its tiles through the copy
   // engine into shared memory (WithBiasTile); 0 reads a plain call's a score at a time from
   // global memory, as any other bias (A/B: FUSEDATTN_HOPPER_BIAS_TILE=0; ALiBi's is then

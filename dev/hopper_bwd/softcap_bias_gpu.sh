@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU machine (session 44): softcap beside a bias in the Hopper kernels (the forward's
+# WithBiasTile<SoftcapScores>, the backward's dense variants with softcap). Build on the CPU
+# machine first: scripts/cuda_tests.sh build and the wheel (README), carry
+# .carry/fusedattn_cuda_tests and .whl. Then here:
+#   1. the Hopper kernel tests (softcap_bias_* among them) and EmptyRows; memcheck on the
+#      softcap_bias cases;
+#   2. test_score_mod_gpu.py (whole), test_hopper_bwd_gpu.py / test_hopper_fwd_gpu.py's softcap
+#      and bias selections, in parallel shards;
+#   3. BENCH=1: bench fallback's softcap and alibi rows -> $OUT/fallback.json, and bench
+#      score_mod softcap forward+backward at head dims 64 / 128 (the plain softcap path
+#      touched by the change).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+if [ -z "${SKIP_KERNEL_TESTS:-}" ]; then
+  timeout 240 scripts/cuda_tests.sh run --gtest_filter='*Hopper*:EmptyRows*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$? $(grep -c '^\[       OK' "$OUT/kernel_tests.log") ok"
+  grep "^\[  FAILED" "$OUT/kernel_tests.log" | head
+  grep -A3 "softcap_bias" "$OUT/kernel_tests.log" | grep "dbias:\|OK \]" | head -20
+  timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck .carry/fusedattn_cuda_tests \
+    --gtest_filter='*softcap_bias*' > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? $(grep -c '^\[       OK' "$OUT/memcheck.log") ok; $(grep 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+fi
+if [ -z "${BENCH_ONLY:-}" ]; then
+  timeout 330 scripts/gpu_shards.sh \
+    "tests/python/score_mod/test_score_mod_gpu.py -k 'softcap_with_a_bias or with_a_bias_runs or match_the_reference'" \
+    "tests/python/score_mod/test_score_mod_gpu.py -k 'not softcap_with_a_bias and not with_a_bias_runs and not match_the_reference'" \
+    "tests/python/attention/test_hopper_bwd_gpu.py -k 'softcap or bias'" \
+    "tests/python/attention/test_hopper_fwd_gpu.py -k 'softcap or bias'"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
+fi
+if [ -n "${BENCH:-}${BENCH_ONLY:-}" ]; then
+  source scripts/gpu_env.sh > /dev/null
+  timeout 300 "$PY" -m fusedattn bench fallback --kinds softcap alibi --repeats 3 --json "$OUT/fallback.json" --no-plot \
+    > "$OUT/fallback.log" 2>&1; tail -8 "$OUT/fallback.log"
+fi
