@@ -2,7 +2,8 @@
 # GPU machine (session 44): softcap beside a bias in the Hopper kernels (the forward's
 # WithBiasTile<SoftcapScores>, the backward's dense variants with softcap). Build on the CPU
 # machine first: scripts/cuda_tests.sh build and the wheel (README), carry
-# .carry/fusedattn_cuda_tests and .whl. Then here:
+# .carry/fusedattn_cuda_tests (or, stripped and gzipped, .carry/fusedattn_cuda_tests.gz: the
+# wheel and the binary together pass the carry's 64 MiB only so) and .whl. Then here:
 #   1. the Hopper kernel tests (softcap_bias_* among them) and EmptyRows; memcheck on the
 #      softcap_bias cases;
 #   2. test_score_mod_gpu.py (whole), test_hopper_bwd_gpu.py / test_hopper_fwd_gpu.py's softcap
@@ -14,6 +15,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 if [ -z "${SKIP_KERNEL_TESTS:-}" ]; then
+  [ -f .carry/fusedattn_cuda_tests.gz ] && gunzip -cf .carry/fusedattn_cuda_tests.gz > .carry/fusedattn_cuda_tests &&
+    chmod +x .carry/fusedattn_cuda_tests
   timeout 240 scripts/cuda_tests.sh run --gtest_filter='*Hopper*:EmptyRows*' > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$? $(grep -c '^\[       OK' "$OUT/kernel_tests.log") ok"
   grep "^\[  FAILED" "$OUT/kernel_tests.log" | head
