@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // dbias written per element (no sums): zeros in the rows of this block's keys that no
   // iteration visited (query blocks outside [m_begin, m_end), or a dense mask's empty tiles),
   // for each head of the group, where a pass over the whole tensor wrote them before.
-  if constexpr (kMod == kBwdDbias || (kAlibi && kDense)) {
+  if constexpr (kMod == kBwdDbias || ((kAlibi || kSoftcap) && kDense)) {
     if (a.dbias && !a.dbias_acc && a.dbias_zeros) {
       const int mblocks = (a.seqlen_q + kBlockM - 1) / kBlockM;
       for (int hh = 0; hh < a.heads_per_kv; ++hh) {
