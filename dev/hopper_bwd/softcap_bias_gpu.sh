@@ -10,7 +10,9 @@
 #      and bias selections, in parallel shards;
 #   3. BENCH=1: bench fallback's softcap and alibi rows -> $OUT/fallback.json; BEFORE=1 the
 #      softcap row with the Hopper kernels off (the CUDA flash kernels, the route before).
-# PY_SEL=hopper_fwd runs only step 2's test_hopper_fwd_gpu shards; BENCH_ONLY=1 step 3 alone,
+# TIME=1: dev/hopper_bwd/softcap_bias_time.py (head dims 64, 128, 256; the Hopper kernels on and
+# off). PY_SEL=hopper_fwd runs only step 2's test_hopper_fwd_gpu shards, PY_SEL=softcap_bias
+# test_score_mod_gpu's softcap-with-a-bias tests; BENCH_ONLY=1 step 3 alone,
 # SKIP_KERNEL_TESTS=1 all but step 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +34,11 @@ FWD_SHARDS=("tests/python/attention/test_hopper_fwd_gpu.py -k softcap"
 if [ -z "${BENCH_ONLY:-}" ]; then
   if [ "${PY_SEL:-all}" = hopper_fwd ]; then  # (session 44's second call: the first ran the others)
     timeout 400 scripts/gpu_shards.sh "${FWD_SHARDS[@]}"
+  elif [ "${PY_SEL:-all}" = softcap_bias ]; then  # (the third: head dim 256's backward added)
+    timeout 200 scripts/gpu_shards.sh \
+      "tests/python/score_mod/test_score_mod_gpu.py -k 'softcap_with_a_bias and bf16'" \
+      "tests/python/score_mod/test_score_mod_gpu.py -k 'softcap_with_a_bias and fp16'" \
+      "tests/python/score_mod/test_score_mod_gpu.py -k 'with_a_bias_runs and softcap'"
   else
     timeout 400 scripts/gpu_shards.sh \
       "tests/python/score_mod/test_score_mod_gpu.py -k 'softcap_with_a_bias or with_a_bias_runs or match_the_reference'" \
@@ -39,6 +46,11 @@ if [ -z "${BENCH_ONLY:-}" ]; then
       "tests/python/attention/test_hopper_bwd_gpu.py -k 'softcap or bias'" "${FWD_SHARDS[@]}"
   fi
   grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
+fi
+if [ -n "${TIME:-}" ]; then  # softcap + bias at head dims 64 / 128 / 256, Hopper kernels on / off
+  source scripts/gpu_env.sh > /dev/null
+  timeout 300 "$PY" dev/hopper_bwd/softcap_bias_time.py > "$OUT/softcap_bias_time.log" 2>&1
+  grep -v "^E1201\|slow_operation\|^$" "$OUT/softcap_bias_time.log" | tail -20
 fi
 if [ -n "${BENCH:-}${BENCH_ONLY:-}" ]; then
   source scripts/gpu_env.sh > /dev/null

@@ -131,8 +131,7 @@ namespace {
 std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, const std::string& fwd_no) {
   if (req.score_mod.kind == ScoreModKind::kOther)
     return "its backward's score_mods are softcap and ALiBi only";
-  // A bias beside a score_mod: softcap's and ALiBi's (the dense variants' bias stages, dbias
-  // too; head dims 64 and 128).
+  // A bias beside a score_mod: softcap's and ALiBi's (the dense variants, dbias too).
   if (is_thd(p.layout)) return "its backward takes no THD layout yet";
   // Its forward's rules (the backward recomputes the forward's tiles from its lse).
   if (!fwd_no.empty()) return fwd_no;
@@ -144,8 +143,6 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
     return "its backward takes head dims 64, 128 and 256 (got " + std::to_string(p.head_dim_qk) + ")";
   if (p.head_dim_qk == 256 && req.score_mod.kind == ScoreModKind::kAlibi)
     return "its head dim 256 backward takes no ALiBi";
-  if (p.head_dim_qk == 256 && req.score_mod.kind == ScoreModKind::kSoftcap && p.bias_type != FA_NO_BIAS)
-    return "its head dim 256 backward takes no softcap with a bias";
   if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
     return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
   if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";
@@ -363,8 +360,9 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // PRE_SCALE_BIAS at 1.26-1.38x the flash kernels' speed at head dim 256, 0.45-0.86x
           // below (H200, session 30). Plain graphs cuDNN rejected: FUSEDATTN_HOPPER_FWD=1.
           // softcap or ALiBi (a bias beside it, ALiBi's slopes' gradient taken): always, where
-          // the bias comes as tiles (alibi + bias: 6x the flash kernels' forward, softcap +
-          // bias TODO-MEASURE: bench/RESULTS.md).
+          // the bias comes as tiles (H200, bf16, S 4096, D 128, causal: alibi + bias 6x the
+          // flash kernels' forward, softcap + bias 7.6x, 8.0x forward+backward with the
+          // Hopper backward: bench/RESULTS.md).
           const bool bias_tiles = hopper_bias_tiles(p);
           // (hopper_fwd_unsupported_reason takes a score_mod's bias as tiles only.)
           const bool alibi = req.score_mod.kind == ScoreModKind::kAlibi &&

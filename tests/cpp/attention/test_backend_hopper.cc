@@ -250,7 +250,7 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       expect_kernels(select_backend(tiles, FA_PLATFORM_CUDA, h100(), alibi, no_tiles),
                      FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
       // softcap with the bias as tiles: the Hopper forward and its backward's dense variants
-      // (dbias too) at head dims 64 and 128; at 256 the flash kernels' backward.
+      // (dbias too), head dim 256's as well.
       EXPECT_EQ(hopper_fwd_unsupported_reason(tiles, sm, h100()), "");
       EXPECT_EQ(hopper_bwd_unsupported_reason(tiles, sm, h100()), "");
       c = select_backend(tiles, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
@@ -264,9 +264,9 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
                      FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH, FA_BACKEND_CUDA_FLASH);
       AttnParams tiles256 = tiles;
       tiles256.head_dim_qk = tiles256.head_dim_v = 256;
-      EXPECT_TRUE(has(hopper_bwd_unsupported_reason(tiles256, sm, h100()), "no softcap with a bias"));
+      EXPECT_EQ(hopper_bwd_unsupported_reason(tiles256, sm, h100()), "");
       c = select_backend(tiles256, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
-      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_CUDA_FLASH);
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
       tiles.scale = 0.0f;
       EXPECT_EQ(has(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "scale != 0"),
                 type == FA_POST_SCALE_BIAS);

@@ -636,6 +636,13 @@ std::vector<Case> cases() {
   add({.name = "softcap_bias_dbias_post_d64_padding_det", .causal = true, .D = 64, .B = 3,
        .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .amp = 3.0f, .mask_b = true, .mask_h = true,
        .deterministic = true, .softcap = 20.0f, .bias = 1, .dbias = true});
+  add({.name = "d256_softcap_bias_dbias_post_causal_gqa", .causal = true, .D = 256, .Sq = 384, .Skv = 384,
+       .Hq = 6, .Hkv = 2, .amp = 3.0f, .mask_b = true, .mask_h = true, .softcap = 5.0f, .bias = 1,
+       .dbias = true});
+  add({.name = "d256_softcap_bias_dbias_pre_odd_keys_sums_fp16", .bf16 = false, .D = 256, .Sq = 200,
+       .Skv = 301, .amp = 2.0f, .mask_h = true, .softcap = 3.0f, .bias = 2, .dbias = true});
+  add({.name = "d256_softcap_bias_window_det", .causal = true, .D = 256, .Sq = 400, .Skv = 400, .left = 90,
+       .amp = 3.0f, .deterministic = true, .softcap = 20.0f, .bias = 1});
   // the slopes' gradient with padding rows and keys (P 0 there: no part) and a window
   add({.name = "alibi_dslopes_d64_padding_window", .causal = true, .D = 64, .B = 3, .Sq = 256, .Skv = 256,
        .left = 60, .q_lens = {256, 100, 0}, .kv_lens = {200, 256, 17}, .alibi = 1, .dslopes = true});
@@ -756,17 +763,17 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
   p.deterministic = true;
   EXPECT_NE(flash_bwd_unsupported(p, 90).find("workspace_bytes"), std::string::npos) << flash_bwd_unsupported(p, 90);
-  // softcap with a bias: head dims 64 and 128, no dense mask; post_bias_mul finite.
+  // softcap with a bias: no dense mask; post_bias_mul finite.
   p.deterministic = false, p.softcap = 5.0f, p.bias = x, p.bias_s = 64;
   p.workspace_bytes = flash_bwd_workspace_bytes(p);
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
   p.post_bias_mul = INFINITY;
   EXPECT_NE(flash_bwd_unsupported(p, 90).find("post_bias_mul"), std::string::npos);
   p.post_bias_mul = 0.0f, p.mask_bias = true;
-  EXPECT_NE(flash_bwd_unsupported(p, 90).find("softcap takes a bias at head dims 64 and 128"), std::string::npos);
+  EXPECT_NE(flash_bwd_unsupported(p, 90).find("softcap takes a bias and no dense mask"), std::string::npos);
   p.mask_bias = false, p.head_dim = 256;
   p.workspace_bytes = flash_bwd_workspace_bytes(p);
-  EXPECT_NE(flash_bwd_unsupported(p, 90).find("softcap takes a bias at head dims 64 and 128"), std::string::npos);
+  EXPECT_EQ(flash_bwd_unsupported(p, 90), "");
 }
 
 }  // namespace

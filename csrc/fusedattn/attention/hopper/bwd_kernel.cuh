@@ -79,7 +79,6 @@ template <bool kCausal, bool kBf16, bool kDense, int kD, bool kDet, int kMod = k
 __global__ void __launch_bounds__(BwdDims::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
   [[maybe_unused]] constexpr bool kSoftcap = kMod == kBwdSoftcap, kAlibi = kMod == kBwdAlibi || kMod == kBwdAlibiAbs;
-  static_assert(kMod != kBwdSoftcap || !kDense || kD != 256, "softcap takes a bias at head dims 64 and 128");
   static_assert(kMod != kBwdDbias || kDense, "dbias: the dense variants");
   static_assert(kMod != kBwdKeep || (kDense && kD == 64), "keep-only masks: head dim 64's dense variant");
   // Head dim 256 (kWide): 64-key blocks, two groups over the same keys. S^T and dP^T split

@@ -22,8 +22,9 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
   return Status::Ok();
 }
 
-// Head dim 256's variants (flash_bwd_d256.cu): plain, softcap (mod kBwdSoftcap), a dense
-// mask or bias (dense), with dbias (mod kBwdDbias, dense).
+// Head dim 256's variants (flash_bwd_d256.cu): plain, softcap (mod kBwdSoftcap; dense: a
+// bias beside it, dbias where wanted), a dense mask or bias (dense), with dbias (mod
+// kBwdDbias, dense).
 Status launch_bwd_d256(const BwdArgs& a, dim3 grid, bool causal, bool bf16, bool dense, int mod,
                        cudaStream_t stream);
 

@@ -272,8 +272,7 @@ std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   }
   if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) return "softcap must be finite and >= 0 (0: none)";
   if (p.softcap > 0.0f && p.alibi_slopes) return "one score modifier: softcap or ALiBi";
-  if (p.softcap > 0.0f && p.bias && (p.mask_bias || p.head_dim == 256))
-    return "softcap takes a bias at head dims 64 and 128, and no dense mask";
+  if (p.softcap > 0.0f && p.bias && p.mask_bias) return "softcap takes a bias and no dense mask";
   if (p.alibi_slopes && p.bias && p.mask_bias) return "ALiBi takes a bias and no dense mask";
   if (!std::isfinite(p.post_bias_mul)) return "post_bias_mul must be finite (0: 1 / scale)";
   if (p.alibi_slopes && ((p.alibi_stride != 0 && p.alibi_stride != 1) ||

@@ -75,8 +75,7 @@ struct FlashBwdParams {
   // the call's extents and its rows allow; false keeps the pairs of keys a thread (for A/B).
   bool dbias_tile = true;
   // > 0: the softcap score_mod, scores softcap * tanh(scale * q.k / softcap) (the forward's
-  // FlashFwdParams::softcap); a bias joins q.k before the tanh (head dims 64 and 128, no
-  // dense mask, dbias too).
+  // FlashFwdParams::softcap); a bias joins q.k before the tanh (no dense mask; dbias too).
   float softcap = 0.0f;
   // Non-null: ALiBi, as FlashFwdParams' fields of the same names (scores scale * s + sign *
   // slopes[h * stride] * g(kv - q), g = |.| when abs); no dense mask with it.
