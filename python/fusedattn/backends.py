@@ -38,7 +38,7 @@ def _score_mod_backend(call, fn, operands, platform, training, want_max_logit, f
     params = gpu_params(call.params)
     note = _padding_note(call.params, params)
     choice = _lib.backend_choice(params, _lib.PLATFORM_CUDA, 0, key, want_max_logit, flags)
-    if choice.name != "cudnn":  # (cuda_flash's forward may be the Hopper kernel's: ALiBi)
+    if choice.name != "cudnn":  # (cuda_flash's passes may be the Hopper kernels': softcap, ALiBi)
         return BackendInfo(choice.name, choice.name in _FUSED_BACKENDS, choice.reason + note,
                            choice.forward, choice.backward)
     if _has_gpu():  # the graphs themselves are asked
@@ -63,12 +63,13 @@ class BackendInfo:
     calls served by "cudnn" may run the forward on "hopper" (fusedattn's sm_90 flash
     forward: softcap and ALiBi score_mods, dense masks, and plain calls where its
     checked-in measurement found it faster; head dims 64, 128 and 256, sinks and max_logit
-    included) and the backward on "hopper" (the sm_90 flash backward at head dims 64 and 128:
-    dense masks, softcap and ALiBi, deterministic mode, and plain calls where its measurement
+    included) and the backward on "hopper" (the sm_90 flash backward at head dims 64, 128 and
+    256: dense masks, softcap and ALiBi (ALiBi at 64 and 128), deterministic mode, and plain calls where its measurement
     found it faster), and calls served by
     "cuda_flash" may run the forward on "hopper" (a bias it reads as tiles, Skv a multiple
-    of 8; a PRE_SCALE_BIAS at head dim 256; ALiBi, a bias beside it or its slopes' gradient
-    taken; any call without a score_mod it can run under FUSEDATTN_HOPPER_FWD=1), and the
+    of 8; a PRE_SCALE_BIAS at head dim 256; softcap or ALiBi with a bias beside it as tiles,
+    ALiBi with its slopes' gradient taken; any call without a score_mod it can run under
+    FUSEDATTN_HOPPER_FWD=1), and the
     backward on "hopper" where that kernel can run it (else the CUDA flash kernels, from
     the forward's lse).
     """
