@@ -302,6 +302,24 @@ def test_softcap_with_a_bias_runs_the_hopper_kernels(key, head_dim, dtype, bias_
     check(ours, ref, (q, k, v, bias), dout, tol=3e-2)
 
 
+@pytest.mark.parametrize("bias_type", [AttnBiasType.POST_SCALE_BIAS, AttnBiasType.PRE_SCALE_BIAS],
+                         ids=["post", "pre"])
+def test_softcap_with_a_bias_any_constants(key, bias_type):
+    """5 tanh(s / 8): the FFI folds k1 k2 = 0.625 into the kernel's scale, so a post-scale
+    bias must join q.k times 1 / the call's own scale (post_bias_mul), not the folded one's."""
+    fn = lambda s, b, h, q, k: 5.0 * jnp.tanh(s * 0.125)
+    ks = jax.random.split(key, 5)
+    q, k, v, dout = gpu_inputs(ks[0], jnp.bfloat16)
+    q = q * 3
+    bias = normal(ks[1], (2, HQ, S, S), jnp.bfloat16) * 4
+    kw = dict(attn_bias_type=bias_type, attn_mask_type=AttnMaskType.CAUSAL_MASK)
+    info = flash_backend(q, k, v, fn, (), bias, **kw)
+    assert (info.forward, info.backward) == ("hopper", "hopper"), info
+    ours = lambda q, k, v, b: fusedattn.fused_attn((q, k, v), b, None, None, score_mod=fn, **kw)
+    ref = lambda q, k, v, b: ref_call(q, k, v, fn, (), bias=b, **kw)
+    check(ours, ref, (q, k, v, bias), dout, tol=3e-2)
+
+
 @pytest.mark.parametrize("dims", [(60, 60), (36, 100), (12, 20)], ids=["d60", "d36_dv100",
                                                                          "d12_dv20"])
 def test_head_dims_not_whole_chunks_run_padded(key, dims):
