@@ -365,11 +365,10 @@ BackendChoice select_backend(const AttnParams& p, int32_t platform, const Platfo
           // Hopper backward: bench/RESULTS.md).
           const bool bias_tiles = hopper_bias_tiles(p);
           // (hopper_fwd_unsupported_reason takes a score_mod's bias as tiles only.)
-          const bool alibi = req.score_mod.kind == ScoreModKind::kAlibi &&
-                             (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
-          const bool softcap = req.score_mod.kind == ScoreModKind::kSoftcap &&
-                               (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
-          const bool closed = alibi || softcap;
+          const bool closed = (req.score_mod.kind == ScoreModKind::kAlibi ||
+                               req.score_mod.kind == ScoreModKind::kSoftcap) &&
+                              (p.bias_type == FA_NO_BIAS || opts.hopper_bias_tile);
+          const bool alibi = closed && req.score_mod.kind == ScoreModKind::kAlibi;
           const bool measured_pre =
               (bias_tiles || closed || (p.bias_type == FA_PRE_SCALE_BIAS && p.head_dim_qk == 256)) &&
               opts.hopper_fwd == HopperMode::kMeasured;
