@@ -64,7 +64,7 @@ class BackendInfo:
     forward: softcap and ALiBi score_mods, dense masks, and plain calls where its
     checked-in measurement found it faster; head dims 64, 128 and 256, sinks and max_logit
     included) and the backward on "hopper" (the sm_90 flash backward at head dims 64, 128 and
-    256: dense masks, softcap and ALiBi (ALiBi at 64 and 128), deterministic mode, and plain
+    256: dense masks, softcap and ALiBi, deterministic mode, and plain
     calls where its measurement found it faster), and calls served by
     "cuda_flash" may run the forward on "hopper" (a bias it reads as tiles, Skv a multiple
     of 8; a PRE_SCALE_BIAS at head dim 256; softcap or ALiBi with a bias beside it as tiles,

@@ -141,8 +141,6 @@ std::string hopper_bwd_reason(const AttnParams& p, const BackendRequest& req, co
     return "its dbias of a broadcast bias sums with float32 atomics (not bitwise repeatable)";
   if (p.head_dim_qk != 64 && p.head_dim_qk != 128 && p.head_dim_qk != 256)
     return "its backward takes head dims 64, 128 and 256 (got " + std::to_string(p.head_dim_qk) + ")";
-  if (p.head_dim_qk == 256 && req.score_mod.kind == ScoreModKind::kAlibi)
-    return "its head dim 256 backward takes no ALiBi";
   if (p.bias_batch * p.bias_heads > 65535 || p.seqlen_q > 65535 * 64)
     return "its backward's mask takes at most 65535 (batch, head) planes and 65535 x 64 query rows";
   if (p.batch > 65535 || p.heads_kv > 65535) return "its backward's grid takes at most 65535 batch rows and kv heads";

@@ -157,11 +157,11 @@ std::string cudnn_unsupported_reason(const AttnParams& p, const PlatformInfo& in
 std::string hopper_fwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);
 
-// Why the Hopper flash backward cannot serve p (empty when it can): calls without a
-// score_mod or THD at head dims 64, 128 and 256 (256: no ALiBi; sinks too:
-// a learnable one's gradient included) whose forward the Hopper kernel's rules
-// take, a bias only as a dense mask with no dbias wanted (whose tiles it skips, as the
-// forward does; cuDNN's backward adds the mask over every tile). Whether a plain call takes
+// Why the Hopper flash backward cannot serve p (empty when it can): calls without THD at
+// head dims 64, 128 and 256 whose forward the Hopper kernel's rules take, with no score_mod
+// or softcap / ALiBi (a bias beside them as tiles, dbias and the slopes' gradient too),
+// sinks (a learnable one's gradient included), a dense mask (whose tiles it skips; cuDNN's
+// backward adds the mask over every tile) or a bias with dbias. Whether a plain call takes
 // it is the measurement's (hopper_plain_measured).
 std::string hopper_bwd_unsupported_reason(const AttnParams& p, const BackendRequest& req,
                                           const PlatformInfo& info);

@@ -50,9 +50,9 @@ TEST(SelectBackend, HopperForwardTakesHeadDims64And256) {
   for (int64_t d : {64, 256}) {
     AttnParams p = hopper_params();
     p.head_dim_qk = p.head_dim_v = d;
-    expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kSoftcap),
-                                  BackendOptions{}),
-                   FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+    for (ScoreModKind kind : {ScoreModKind::kSoftcap, ScoreModKind::kAlibi})
+      expect_kernels(select_backend(p, FA_PLATFORM_CUDA, h100(), with(kind), BackendOptions{}),
+                     FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
     p.mask_type = FA_CAUSAL_MASK, p.seqlen_q = p.seqlen_kv = 16384;
     const std::string measured = hopper_plain_measured(p);
     const std::string name = "head dim " + std::to_string(d);
@@ -267,6 +267,13 @@ TEST(SelectBackend, HopperKernelsAddOtherBiases) {
       EXPECT_EQ(hopper_bwd_unsupported_reason(tiles256, sm, h100()), "");
       c = select_backend(tiles256, FA_PLATFORM_CUDA, h100(), sm, BackendOptions{});
       expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      // ALiBi with the bias as tiles at head dim 256: the same (its slopes' gradient too).
+      EXPECT_EQ(hopper_bwd_unsupported_reason(tiles256, alibi, h100()), "");
+      BackendRequest slopes256 = alibi;
+      slopes256.score_mod_grads = true;
+      c = select_backend(tiles256, FA_PLATFORM_CUDA, h100(), slopes256, BackendOptions{});
+      expect_kernels(c, FA_BACKEND_CUDA_FLASH, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
+      EXPECT_TRUE(has(c.reason, "slopes' gradient summed in the kernel")) << c.reason;
       tiles.scale = 0.0f;
       EXPECT_EQ(has(hopper_fwd_unsupported_reason(tiles, alibi, h100()), "scale != 0"),
                 type == FA_POST_SCALE_BIAS);
@@ -408,8 +415,8 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
                                    BackendOptions{});
   expect_kernels(c, FA_BACKEND_CUDNN, FA_BACKEND_HOPPER_FWD, FA_BACKEND_HOPPER_BWD);
   EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
-  // Head dim 256: the Hopper backward's ordered dQ too; with FUSEDATTN_HOPPER_BWD=0 (and
-  // ALiBi there) cuDNN's deterministic algorithm.
+  // Head dim 256: the Hopper backward's ordered dQ too (ALiBi's as well); with
+  // FUSEDATTN_HOPPER_BWD=0 cuDNN's deterministic algorithm.
   AttnParams d256 = hopper_params();
   d256.head_dim_qk = d256.head_dim_v = 256;
   c = select_backend(d256, FA_PLATFORM_CUDA, h100(), det, BackendOptions{});
@@ -418,8 +425,8 @@ TEST(SelectBackend, DeterministicCallsTakeAnOrderedBackward) {
   BackendRequest det_alibi = det;
   det_alibi.score_mod.kind = ScoreModKind::kAlibi;
   c = select_backend(d256, FA_PLATFORM_CUDA, h100(), det_alibi, BackendOptions{});
-  EXPECT_EQ(c.backward, FA_BACKEND_CUDNN) << c.reason;
-  EXPECT_TRUE(has(c.reason, "deterministic algorithm")) << c.reason;
+  EXPECT_EQ(c.backward, FA_BACKEND_HOPPER_BWD) << c.reason;
+  EXPECT_TRUE(has(c.reason, "deterministic dQ")) << c.reason;
   BackendOptions off;
   off.hopper_bwd = HopperMode::kOff;
   c = select_backend(hopper_params(), FA_PLATFORM_CUDA, h100(), det, off);
@@ -476,9 +483,9 @@ TEST(SelectBackend, HopperBackwardTakesPlainCallsByTheMeasurement) {
   AttnParams d256 = plain;
   d256.head_dim_qk = d256.head_dim_v = 256;
   EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), BackendRequest{}, always).backward, FA_BACKEND_HOPPER_BWD);
-  // ALiBi is not compiled at head dim 256: cuDNN's backward.
-  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kAlibi), always).backward,
-            FA_BACKEND_CUDNN);
+  // ALiBi at head dim 256 too (its variants since session 45), without the table.
+  EXPECT_EQ(select_backend(d256, FA_PLATFORM_CUDA, h100(), with(ScoreModKind::kAlibi), BackendOptions{}).backward,
+            FA_BACKEND_HOPPER_BWD);
   // A bias that is no dense mask: the kernel runs it (dbias too), the table does not decide it.
   AttnParams bias = plain;
   bias.bias_type = FA_POST_SCALE_BIAS, bias.bias_batch = 1, bias.bias_heads = 1;

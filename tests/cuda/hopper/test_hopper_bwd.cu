@@ -696,6 +696,24 @@ std::vector<Case> cases() {
        .softcap = 5.0f});
   add({.name = "d256_sink_padding", .causal = true, .D = 256, .B = 4, .Hq = 4, .Hkv = 2,
        .q_lens = {256, 100, 0, 77}, .kv_lens = {200, 256, 17, 0}, .sink_slices = 2});
+  // ALiBi at head dim 256 (each group its 32 queries of the 64-key block's S^T): per-head
+  // and one slope, signed and |kv - q|, the slopes' gradient, GQA, padding, bottom-right,
+  // a window; with a bias (its values from global memory), dbias, deterministic.
+  add({.name = "d256_alibi_causal_gqa_dslopes", .causal = true, .D = 256, .Hq = 6, .Hkv = 2, .alibi = 1,
+       .dslopes = true});
+  add({.name = "d256_alibi_abs_full_fp16_ragged", .bf16 = false, .D = 256, .Sq = 300, .Skv = 260, .alibi = -1,
+       .dslopes = true});
+  add({.name = "d256_alibi_one_slope_bottom_right_padding", .causal = true, .bottom_right = true, .D = 256,
+       .B = 3, .Sq = 200, .Skv = 450, .q_lens = {200, 100, 0}, .kv_lens = {450, 256, 17}, .alibi = 2,
+       .dslopes = true});
+  add({.name = "d256_alibi_window_det", .causal = true, .D = 256, .Sq = 400, .Skv = 400, .left = 90,
+       .deterministic = true, .alibi = 1});
+  add({.name = "d256_alibi_bias_dbias_post_causal_dslopes", .causal = true, .D = 256, .Sq = 384, .Skv = 384,
+       .mask_b = true, .mask_h = true, .alibi = 1, .bias = 1, .dbias = true, .dslopes = true});
+  add({.name = "d256_alibi_abs_bias_dbias_pre_odd_keys_sums_gqa_fp16", .bf16 = false, .D = 256, .Sq = 200,
+       .Skv = 301, .Hq = 6, .Hkv = 2, .mask_h = true, .alibi = -2, .bias = 2, .dbias = true});
+  add({.name = "d256_alibi_bias_post_window_det", .causal = true, .D = 256, .Sq = 400, .Skv = 400, .left = 90,
+       .deterministic = true, .alibi = 2, .bias = 1});
   // Head dim 256's deterministic dQ (its groups' additions in turns, 64-key blocks): causal
   // (descending), a window (ascending from its first block), a dense mask's skipped tiles
   // counted by their 128-key table blocks, padding, GQA, a long sequence, dbias.
@@ -718,9 +736,7 @@ TEST(HopperBwdChecks, NamesWhatItDeclines) {
   FlashBwdParams p;
   p.head_dim = 96;
   EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dims 64, 128 and 256 only");
-  p.head_dim = 256, p.alibi_slopes = reinterpret_cast<const float*>(&p);
-  EXPECT_EQ(flash_bwd_unsupported(p, 90), "head dim 256 takes no ALiBi");
-  p.alibi_slopes = nullptr;
+  p.head_dim = 256;
   EXPECT_EQ(flash_bwd_unsupported(p, 80), "needs an sm_90 device");
   p.head_dim = 128, p.heads_q = p.heads_kv = 1, p.batch = p.seqlen_q = p.seqlen_kv = 1;
   int x[4];

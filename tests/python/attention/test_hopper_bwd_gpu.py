@@ -211,8 +211,11 @@ def _alibi_signed(s, b, h, q, k, slopes):
     (AttnMaskType.CAUSAL_MASK, 512, 512, 2, 128, _alibi_signed, True),
     (AttnMaskType.NO_MASK, 300, 260, 1, 128, _alibi_abs, True),
     (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, 256, 384, 2, 64, _alibi_signed, False),
-    (AttnMaskType.NO_MASK, 384, 384, 4, 64, _alibi_abs, False)],
-    ids=["causal-gqa", "full-mqa-ragged-abs", "bottom-right-d64-one-slope", "full-d64-abs-one-slope"])
+    (AttnMaskType.NO_MASK, 384, 384, 4, 64, _alibi_abs, False),
+    (AttnMaskType.CAUSAL_MASK, 384, 384, 2, 256, _alibi_signed, True),
+    (AttnMaskType.NO_MASK, 300, 260, 1, 256, _alibi_abs, False)],
+    ids=["causal-gqa", "full-mqa-ragged-abs", "bottom-right-d64-one-slope", "full-d64-abs-one-slope",
+         "causal-gqa-d256", "full-mqa-ragged-d256-abs-one-slope"])
 def test_alibi_gradients(key, hopper_bwd, dtype, mask, Sq, Skv, hkv, d, fn, per_head):
     """ALiBi (slopes a constant here: their gradient taken sends the call to the CUDA flash
     kernels): the Hopper backward adds the bias as the forward does."""

@@ -144,12 +144,13 @@ def test_get_backend_knows_operand_gradients():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("bias", [False, True], ids=["alone", "constant_bias"])
 def test_alibi_slopes_gradient_in_the_hopper_backward(key, dtype, head_dim, bias):
     """Learnable ALiBi slopes (GQA, causal, S 256): the Hopper forward and backward, the
     slopes' gradient from the backward kernel, against the float32 reference; with a
-    constant bias beside them too (its dense variants)."""
+    constant bias beside them too (its dense variants; at head dim 256 its values read from
+    global memory)."""
     Sl = 256
     fn = CASES["alibi"][0]
     slopes = gpu_operands("alibi", jax.random.fold_in(key, 1))[0]

@@ -37,8 +37,8 @@
 // dQ = dS K from shared memory; dQ leaves from registers as float4 atomic additions into
 // dq_acc (no shared memory left for the parts: K, V and two stages of Q and dO take 192 KiB).
 // Tiles with values read them from global memory (no bias stages); kDet orders the
-// additions as it orders the parts (a group waits for its turn, adds, counts itself); ALiBi
-// is not compiled there.
+// additions as it orders the parts (a group waits for its turn, adds, counts itself). ALiBi
+// there as at 64 and 128 (flash_bwd_d256_alibi.cu: its variants' own translation unit).
 // GQA: the group's query heads run in the same block, so dK and dV are summed in registers
 // (deterministic); dQ's reductions are not (their order varies) unless kDet (BwdArgs::dq_sem):
 // then each part waits until the key blocks before its own (in launch order: blockIdx.x)
@@ -86,9 +86,8 @@ __global__ void __launch_bounds__(BwdDims::kThreads, 1)
   // each group's dV += P^T dO, dK += dS^T Q and dQ = dS K for its 128 of the 256 columns
   // (all three from shared memory), dQ added from registers (float4 atomics into dq_acc,
   // bwd_dq_index's order; kDet: in turns, as the parts). No bias stages (a tile's values
-  // read from global memory), no ALiBi.
+  // read from global memory).
   constexpr bool kWide = kD == 256;
-  static_assert(!kWide || !(kMod == kBwdAlibi || kMod == kBwdAlibiAbs), "head dim 256: no ALiBi");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBiasStages = kDense && kMod != kBwdKeep && !kWide;  // BwdSmem::bias is there
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;

@@ -23,9 +23,12 @@ Status launch_bwd(const BwdArgs& a, dim3 grid, cudaStream_t stream) {
 }
 
 // Head dim 256's variants (flash_bwd_d256.cu): plain, softcap (mod kBwdSoftcap; dense: a
-// bias beside it, dbias where wanted), a dense mask or bias (dense), with dbias (mod
-// kBwdDbias, dense).
+// bias beside it, dbias where wanted), ALiBi (kBwdAlibi, kBwdAlibiAbs: the same, through
+// launch_bwd_d256_alibi), a dense mask or bias (dense), with dbias (mod kBwdDbias, dense).
 Status launch_bwd_d256(const BwdArgs& a, dim3 grid, bool causal, bool bf16, bool dense, int mod,
                        cudaStream_t stream);
+// Its ALiBi variants (flash_bwd_d256_alibi.cu; abs: |kv - q|).
+Status launch_bwd_d256_alibi(const BwdArgs& a, dim3 grid, bool causal, bool bf16, bool dense, bool abs,
+                             cudaStream_t stream);
 
 }  // namespace fusedattn::cuda::hopper

@@ -237,7 +237,6 @@ Status dbias_pass(const FlashBwdParams& p, const float* acc, cudaStream_t stream
 std::string flash_bwd_unsupported(const FlashBwdParams& p, int cc) {
   if (cc != 90) return "needs an sm_90 device";
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dims 64, 128 and 256 only";
-  if (p.head_dim == 256 && p.alibi_slopes) return "head dim 256 takes no ALiBi";
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   const bool modified = p.softcap > 0.0f || p.alibi_slopes;
   if (modified ? !(std::isfinite(p.scale) && p.scale != 0.0f) : !(p.scale > 0.0f))
@@ -369,12 +368,11 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     a.slope_mul = p.alibi_sign * 1.4426950408889634f;
     a.dslopes = p.alibi_dslopes, a.dslope_mul = p.alibi_sign;
   }
-  // The bias joins the raw q.k times m = 1 (pre-scale), 1 / scale (post-scale) or softcap's
-  // post_bias_mul (its scale folds the program's constants in): scaled_mul = m scale.
-  const float scaled_mul = p.pre_scale_bias ? p.scale : p.post_bias_mul != 0.0f ? p.post_bias_mul * p.scale : 1.0f;
+  // The bias joins the raw q.k times m (scores.cuh's bias_mul_of: the forward's rule).
+  const BiasMul m = bias_mul_of(p.pre_scale_bias, p.post_bias_mul, p.scale);
   if (p.dbias) {  // dS (times m scale): straight to dbias, or summed in float32
     a.dbias = p.dbias;
-    a.dbias_mul = scaled_mul;
+    a.dbias_mul = m.scaled;
     // Two keys a store (bwd_kernel.cuh): the float32 sums' pairs 8-byte aligned (Skv even),
     // or dbias's 4-byte aligned (its pointer and strides).
     a.dbias_vec = dbias_sums(p) ? (p.seqlen_kv % 2 == 0 && aligned(base + sc.dbias, 8))
@@ -410,7 +408,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     }
     // In log2 units (s scale log2(e) + b m scale log2(e)); softcap's x is the raw q.k,
     // which the bias joins before the tanh (b m).
-    a.bias_mul = p.softcap > 0.0f ? scaled_mul / p.scale : scaled_mul * 1.4426950408889634f;
+    a.bias_mul = p.softcap > 0.0f ? m.raw : m.scaled * 1.4426950408889634f;
     const MaskTiles mt = mask_tiles(p);
     if (p.mask_bias) {  // classify the folded mask's tiles (empty ones skipped, bits or values read)
       a.masked_bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(p.mask_value))
@@ -450,11 +448,11 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen_kv + block_n - 1) / block_n),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  const int mod = p.softcap > 0.0f ? kBwdSoftcap
+                  : p.alibi_slopes ? (p.alibi_abs ? kBwdAlibiAbs : kBwdAlibi)
+                                   : kBwdPlain;
   auto launch = [&](auto causal, auto bf16) {
     constexpr bool c = decltype(causal)::value, h = decltype(bf16)::value;
-    const int mod = p.softcap > 0.0f ? kBwdSoftcap
-                    : p.alibi_slopes ? (p.alibi_abs ? kBwdAlibiAbs : kBwdAlibi)
-                                     : kBwdPlain;
     auto modified = [&](auto tag) {
       constexpr int m = decltype(tag)::value;
       return p.head_dim == 64 ? launch_bwd<c, h, false, 64, m>(a, grid, stream)
@@ -487,7 +485,7 @@ Status flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using T = std::true_type;
   using F = std::false_type;
   const Status st = D == 256 ? launch_bwd_d256(a, grid, p.causal, p.bf16, a.tiles != nullptr,
-                                               p.softcap > 0.0f ? kBwdSoftcap : a.dbias ? kBwdDbias : kBwdPlain, stream)
+                                               mod == kBwdPlain && a.dbias ? kBwdDbias : mod, stream)
                     : p.causal ? (p.bf16 ? launch(T{}, T{}) : launch(T{}, F{}))
                                : (p.bf16 ? launch(F{}, T{}) : launch(F{}, F{}));
   FA_RETURN_IF_NOT_OK(st);

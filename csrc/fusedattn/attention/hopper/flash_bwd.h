@@ -1,5 +1,5 @@
 // The Hopper flash backward (bwd_kernel.cuh): what it takes and when it applies. Head dims
-// 64, 128 and 256 (there no ALiBi), bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or bottom-right,
+// 64, 128 and 256, bf16 / fp16, BSHD / BHSD strides, the band (causal top-left or bottom-right,
 // windows), GQA / MQA, padding lengths, dense masks (skipping the tiles they empty), sinks
 // (a learnable one's gradient too), softcap and ALiBi, a deterministic dQ. select_backend
 // gives it a dense mask's and the score_mods' (softcap, ALiBi) backward, plain calls' where

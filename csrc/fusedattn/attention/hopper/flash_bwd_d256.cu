@@ -10,6 +10,8 @@ Status launch_bwd_d256(const BwdArgs& a, dim3 grid, bool causal, bool bf16, bool
                        cudaStream_t stream) {
   auto launch = [&](auto c_tag, auto h_tag) {
     constexpr bool c = decltype(c_tag)::value, h = decltype(h_tag)::value;
+    if (mod == kBwdAlibi || mod == kBwdAlibiAbs)
+      return launch_bwd_d256_alibi(a, grid, c, h, dense, mod == kBwdAlibiAbs, stream);
     if (mod == kBwdSoftcap)  // (dense: a bias beside it, its values from global memory)
       return dense ? launch_bwd<c, h, true, 256, kBwdSoftcap>(a, grid, stream)
                    : launch_bwd<c, h, false, 256, kBwdSoftcap>(a, grid, stream);

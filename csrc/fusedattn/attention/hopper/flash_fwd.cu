@@ -37,10 +37,7 @@ bool bias_tiles(const FlashFwdParams& p) {
 }
 
 // What a bias tile's values are multiplied by to join the raw q.k (FwdArgs::bias_mul).
-float raw_bias_mul(const FlashFwdParams& p) {
-  if (p.bias_pre_scale) return 1.0f;
-  return p.post_bias_mul != 0.0f ? p.post_bias_mul : 1.0f / p.scale;
-}
+float raw_bias_mul(const FlashFwdParams& p) { return bias_mul_of(p.bias_pre_scale, p.post_bias_mul, p.scale).raw; }
 
 // Tiles: the kernel counts them in int, and a block steps t += gridDim.x up to twice the
 // count (causal grids have a block a tile), so at most 2^30 keeps that in range.

@@ -12,6 +12,20 @@
 
 namespace fusedattn::cuda::hopper {
 
+// The multiplier a bias's values join the raw q.k with (host side; flash_fwd.cu's and
+// flash_bwd.cu's one rule): raw = 1 for a pre-scale bias, post_bias_mul for a post-scale one
+// where the caller gives it (softcap: its scale folds the program's constants in), else
+// 1 / scale; scaled = raw * scale, exactly 1 for a plain post-scale bias (dbias's stores take
+// that case without a multiply).
+struct BiasMul {
+  float raw, scaled;
+};
+inline BiasMul bias_mul_of(bool pre_scale, float post_bias_mul, float scale) {
+  if (pre_scale) return {1.0f, scale};
+  if (post_bias_mul != 0.0f) return {post_bias_mul, post_bias_mul * scale};
+  return {1.0f / scale, 1.0f};
+}
+
 template <bool kBf16>
 __device__ __forceinline__ float bits_to_float(uint16_t x) {
   if constexpr (kBf16) return __uint_as_float(static_cast<uint32_t>(x) << 16);
