@@ -529,6 +529,32 @@ __device__ __forceinline__ void atomic_add2(float* dst, float x0, float x1) {
 #endif
 }
 
+// The backward kernels' dQ step (flash_mma_bwd.cu, flash_mma_bwd_wide.cu): dQ += dS K for
+// 16 queries and DC head-dim columns, added into the float32 accumulator with atomics. sDS:
+// dS^T's 16 query columns ([key][query], rows of LD); sK: K's DC columns (rows of LDK); dq:
+// the first query's first column in dq_acc, its rows rs floats apart; rows, cols: the
+// queries and columns left in the call (those past them are not added). acc[dn][e] is query
+// g + 8 (e / 2), column 8 dn + 2t + e % 2.
+template <class T, int LD, int KEYS, int DC, bool EXACT, bool RAW, int LDK = LD>
+__device__ __forceinline__ void add_dq_rows(float* dq, int64_t rs, int64_t rows, int64_t cols, const T* sDS,
+                                            const T* sK, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float acc[DC / 8][4];
+#pragma unroll
+  for (int dn = 0; dn < DC / 8; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
+  mma::mma_atb<T, LD, KEYS, DC, EXACT, RAW, LDK>(acc, sDS, sK, lane);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (g + 8 * r >= rows) continue;
+    float* dst = dq + (g + 8 * r) * rs + 2 * t;
+#pragma unroll
+    for (int dn = 0; dn < DC / 8; ++dn)
+      if (8 * dn + 2 * t < cols) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
+  }
+}
+
 // Their head-dim tile: both head dims zero-padded to 64 or 128.
 inline int64_t mma_head_dim_tile(const AttnParams& p) {
   return (p.head_dim_qk > p.head_dim_v ? p.head_dim_qk : p.head_dim_v) <= 64 ? 64 : 128;

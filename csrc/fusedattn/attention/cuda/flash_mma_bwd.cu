@@ -178,24 +178,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_kernel(const Call c, const fl
     if (hq == 0) load_bwd_rows(c, delta, b, h, t0, sKeys + buf * BMQ, sLse + buf * BMQ, sDelta + buf * BMQ);
   };
   // dQ += dS K for 16 queries from row i0 (dS^T's columns at sDS, [key][query] rows of LD)
-  // and head-dim columns d0 .. d0 + DC - 1: acc[dn][e] is query i0 + g + 8 (e / 2), column
-  // d0 + 8 dn + 2t + e % 2.
+  // and head-dim columns d0 .. d0 + DC - 1 (flash_common.cuh's add_dq_rows).
   auto add_dq = [&](const T* sDS, int64_t h, int64_t i0, int d0) {
-    float acc[DC / 8][4];
-#pragma unroll
-    for (int dn = 0; dn < DC / 8; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
-    mma_atb<T, LD, kKeys, DC, EXACT, RAW>(acc, sDS, sK + d0, lane);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = i0 + g + 8 * r;
-      if (i >= Sq) continue;
-      float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + d0 + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < DC / 8; ++dn)
-        if (d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
-    }
+    add_dq_rows<T, LD, kKeys, DC, EXACT, RAW>(dq_acc + ((b * Sq + i0) * Hq + h) * c.Dp + d0, Hq * c.Dp, Sq - i0,
+                                              Dqk - d0, sDS, sK + d0, lane);
   };
 
   // dK, dV rows g, g + 8 of the warp's keys, columns 8 dn + 2t, + 1 (C layout).

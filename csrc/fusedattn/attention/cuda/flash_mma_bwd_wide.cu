@@ -2,24 +2,32 @@
 // dims apart): flash_mma_bwd.cu's kernel with the head dims streamed and the outputs cut
 // into column chunks, so that no buffer grows with the head dim.
 //
-// One block = one (batch, kv head, key tile of 64 keys, output chunk oc of DO = 128
-// columns), 4 warps; warp w owns keys 16 w .. 16 w + 15 and their dK, dV columns
-// [128 oc, 128 oc + 128) (16 x 128 float32 accumulators each, in C layout). Per query tile
+// One block = one (batch, kv head, key tile of 64 keys, output chunk oc of kDO = 256
+// columns), 8 warps. Warp w owns keys 16 (w % 4) .. + 15 and columns 128 (w / 4) .. + 127 of
+// the chunk: their dK, dV (16 x 128 float32 accumulators each, in C layout). Per query tile
 // of 64 rows that keeps one of the block's keys (the tables' TileRange) and per half of 32
 // queries:
-//   S^T = K_w Q^T, dP^T = V_w dO^T     over the whole head dims, in chunks of KC columns:
-//                                      K, V (64 keys) and Q, dO (32 queries) chunks stream
-//                                      through two cp.async buffers (chunk c + 1 loads
-//                                      while chunk c multiplies)
-//   P^T, dS^T element by element       (flash_common.cuh's bwd_elements)
-//   dV += P^T dO[:, oc], dK += dS^T Q[:, oc]   (the half's Q, dO columns of the chunk,
-//                                      loaded beside the first head-dim chunk)
-// then per query tile dQ[:, oc] += dS K[:, oc] (dS^T through shared memory, float32
-// atomics into dq_acc) from the block's K columns, loaded once. S^T and dP^T are thus
-// computed once per output chunk (4 times at head dim 512): the price of dK and dV staying
-// in registers; the blocks of one key tile run side by side and share its loads in L2.
-// Only the first chunk's block adds dbias. Shared memory: 108 KiB for 16-bit inputs (two
-// blocks per H100 SM), 157 KiB for float32 (KC = 32), whatever the head dim.
+//   S^T = K Q^T, dP^T = V dO^T     for the warp's 16 keys and its 16 of the half's queries
+//                                  (16 (w / 4) ..: the two warps of a key group split the
+//                                  queries, so each product is computed once per block), over
+//                                  the whole head dims in chunks of KC columns: K, V (64 keys)
+//                                  and Q, dO (32 queries) chunks stream through two cp.async
+//                                  buffers (chunk c + 1 loads while chunk c multiplies)
+//   P^T, dS^T element by element   (flash_common.cuh's bwd_elements), then to shared memory:
+//                                  P and dS [query][key] for the half, dS^T [key][query] for
+//                                  the tile; the key group's two warps meet at a barrier
+//   dV += P^T dO[:, cols], dK += dS^T Q[:, cols]   (P and dS from shared memory: the key
+//                                  group's 32 queries; the half's Q, dO columns of the chunk,
+//                                  loaded beside the first head-dim chunk)
+// then per query tile dQ[:, oc] += dS K[:, oc] (float32 atomics into dq_acc) from the block's K
+// columns, loaded once: warp w its 16 queries 16 (w % 4) .. and its 128 columns. S^T and dP^T
+// are computed once per output chunk (twice at head dim 512, once up to 256): the price of dK
+// and dV staying in registers; the blocks of one key tile run side by side and share its loads
+// in L2. Only the first chunk's block adds dbias. Shared memory: 139 KiB for 16-bit inputs,
+// 219 KiB for float32 (KC = 32), whatever the head dim: one block of 8 warps an SM.
+// (Session 45: 4 warps of 16 keys x 128 columns each computed S^T and dP^T for all 32 queries
+// of the half, once per 128-column chunk: 4 times at head dim 512; float32's 157 KiB left one
+// block of 4 warps an SM.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -36,29 +44,46 @@ namespace {
 
 using namespace fusedattn::cuda::mma;
 
-constexpr int kWarps = 4, kKeys = 64, kQH = 32, kDO = 128, kMaxDim = 512;
+constexpr int kWarps = 8, kKeys = 64, kQH = 32, kQW = 16, kDO = 256, kDW = 128, kMaxDim = 512;
 
 static_assert(kBMQ == 2 * kQH, "a query tile is two halves");
+static_assert(kWarps * 16 == 2 * kKeys && kDO == 2 * kDW && kQH == 2 * kQW, "two warps a key group");
+
+// pair_sync(kg): the two warps of key group kg (warps kg, kg + 4) meet (named barrier 1 + kg).
+__device__ __forceinline__ void pair_sync(int kg) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(64) : "memory");
+}
 
 // Shared memory: NST stages of head-dim chunks (K, V [kKeys][LDC], Q, dO [kQH][LDC]); the
-// block's K columns [kKeys][LDO]; the half's Q, dO columns [kQH][LDO]; dS^T [kKeys][LDO]
-// (64 query columns); the tile's rows' kept keys, lse and delta.
+// block's K columns [kKeys][LDO]; the half's Q, dO columns [kQH][LDO]; dS^T [kKeys][LDQ] (the
+// tile's 64 queries); the half's P and dS [kQH][LDK] (query rows, key columns); the tile's
+// rows' kept keys, lse and delta. Row strides of 16 bytes more than the data (float32: 4 mod
+// 32 floats, conflict-free for the TF32 loads; 16-bit: ldmatrix rows in distinct banks).
 template <class T>
 struct WideSmem {
   // NST stages of KC columns (chunk c + NST - 1 loads while chunk c multiplies). Measured
-  // on the H100 (D 512 fwd+bwd): two stages of 64 columns 12.0 ms, four of 32 15.5 ms (the
-  // syncs per chunk cost more than the latency they hide).
+  // on the H100 (D 512 fwd+bwd, session 18's kernel): two stages of 64 columns 12.0 ms, four
+  // of 32 15.5 ms (the syncs per chunk cost more than the latency they hide).
   static constexpr int NST = 2, KC = sizeof(T) == 4 ? 32 : 64;
   static constexpr int kPad = 16 / int(sizeof(T));
-  static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
+  static constexpr int LDC = KC + kPad, LDO = kDO + kPad, LDQ = kBMQ + kPad, LDK = kKeys + kPad;
   static constexpr int stage = (2 * kKeys + 2 * kQH) * LDC;  // elements
   static constexpr int k_at = 0, v_at = kKeys * LDC, q_at = 2 * kKeys * LDC, do_at = q_at + kQH * LDC;
   static constexpr size_t ko = size_t(NST) * stage * sizeof(T), qo = ko + size_t(kKeys) * LDO * sizeof(T),
                           doo = qo + size_t(kQH) * LDO * sizeof(T), ds = doo + size_t(kQH) * LDO * sizeof(T),
-                          keys = ds + size_t(kKeys) * LDO * sizeof(T), lse = keys + kBMQ * 8,
+                          pq = ds + size_t(kKeys) * LDQ * sizeof(T), dsq = pq + size_t(kQH) * LDK * sizeof(T),
+                          keys = dsq + size_t(kQH) * LDK * sizeof(T), lse = keys + kBMQ * 8,
                           delta = lse + kBMQ * 4, total = delta + kBMQ * 4;
-  static_assert(LDO >= kBMQ, "dS^T's 64 query columns fit a row");
+  static_assert(total <= 227 * 1024, "one block an SM");
 };
+
+// x as the element type of the products' shared-memory operands: T; float32 TF32-rounded
+// when RAW (the products take it as TF32 already), else as it is.
+template <class T, bool RAW>
+__device__ __forceinline__ T as_operand(float x) {
+  if constexpr (RAW) return __uint_as_float(to_tf32(x));
+  else return from_f<T>(x);
+}
 
 // q, k, v, dout [B, S, H, D|Dv] (strided views), lse [B, Hq, Sq], delta [B, Hq, Sq];
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
@@ -69,13 +94,16 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
                                                                float* dbias_acc) {
   using L = WideSmem<T>;
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
-  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, NH = kQH / 8, DN = kDO / 8, DC = 64;
+  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = L::LDQ, LDK = L::LDK;
+  constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);
   T* sKo = reinterpret_cast<T*>(smem + L::ko);
   T* sQo = reinterpret_cast<T*>(smem + L::qo);
   T* sDOo = reinterpret_cast<T*>(smem + L::doo);
   T* sDS = reinterpret_cast<T*>(smem + L::ds);
+  T* sP = reinterpret_cast<T*>(smem + L::pq);
+  T* sDSq = reinterpret_cast<T*>(smem + L::dsq);
   int2* sKeys = reinterpret_cast<int2*>(smem + L::keys);
   float* sLse = reinterpret_cast<float*>(smem + L::lse);
   float* sDelta = reinterpret_cast<float*>(smem + L::delta);
@@ -88,6 +116,8 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   const int64_t kt = rest % n_kt, hk = (rest / n_kt) % Hkv, b = rest / (n_kt * Hkv);
   const int64_t k0 = kt * kKeys, oc0 = oc * kDO;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int kg = warp % 4, ch = warp / 4;  // key group (16 keys), column half / query quarter
+  const int64_t col0 = oc0 + ch * kDW;     // the warp's first dK / dV / dQ column
 
   const T* kp = static_cast<const T*>(c.a.k) + b * c.a.sk.b + k0 * c.a.sk.s + hk * c.a.sk.h;
   const T* vp = static_cast<const T*>(c.a.v) + b * c.a.sv.b + k0 * c.a.sv.s + hk * c.a.sv.h;
@@ -118,17 +148,18 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
     cp_async_rows<T, KC, LDC>(st + L::do_at, do_at(u, hq) + d0, c.a.sdo.s, rows, Dv - d0, kQH);
   };
 
-  // dK, dV rows g, g + 8 of the warp's keys, columns oc0 + 8 dn + 2t, + 1 (C layout).
+  // dK, dV rows g, g + 8 of the warp's keys, columns col0 + 8 dn + 2t, + 1 (C layout).
   float dk[DN][4], dv[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
-  // st[n][e], dpt[n][e]: key 16 w + g + 8 (e / 2), query 32 hq + 8 n + 2t + e % 2.
+  // st[n][e], dpt[n][e]: key 16 kg + g + 8 (e / 2), query 32 hq + 16 ch + 8 n + 2t + e % 2.
   float st[NH][4], dpt[NH][4];
   uint32_t zbits = 0;
-  const bool do_dk = oc0 < Dqk, do_dv = oc0 < Dv;
-  const int j0 = int(k0) + warp * 16 + g;  // keys fit int32 (RowInfo's)
+  const bool do_dk = col0 < Dqk, do_dv = col0 < Dv;
+  const int kl0 = kg * 16 + g;             // the thread's first key in the block (+ 8)
+  const int j0 = int(k0) + kl0;            // keys fit int32 (RowInfo's)
   SmGradSums sums;  // score_mod operand gradients (c.sm_dops; chunk 0's)
   if (SM && c.sm_dops) sm_sums_init(sums);
 
@@ -163,10 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
     const int64_t h = hk * group + u / n_qt, q0 = (u % n_qt) * kBMQ;
     if (kc == 0) {
       const int64_t rows = half_rows(u, hq);
-      cp_async_rows<T, kDO, LDO>(sQo, q_at(u, hq) + oc0, c.a.sq.s, rows,
-                                 Dqk - oc0, kQH);
-      cp_async_rows<T, kDO, LDO>(sDOo, do_at(u, hq) + oc0,
-                                 c.a.sdo.s, rows, Dv - oc0, kQH);
+      cp_async_rows<T, kDO, LDO>(sQo, q_at(u, hq) + oc0, c.a.sq.s, rows, Dqk - oc0, kQH);
+      cp_async_rows<T, kDO, LDO>(sDOo, do_at(u, hq) + oc0, c.a.sdo.s, rows, Dv - oc0, kQH);
       if (hq == 0) {
         load_bwd_rows(c, delta, b, h, q0, sKeys, sLse, sDelta);
         zbits = bwd_drop_bits(Drop(c, b, h), q0, j0, t);
@@ -179,8 +208,8 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
     cp_async_commit();
 
     const T* sc = ring + s * L::stage;
-    mma_abt2<T, LDC, kQH, KC, EXACT, 1, RAW>(st, sc + L::k_at + warp * 16 * LDC, sc + L::q_at, dpt,
-                                        sc + L::v_at + warp * 16 * LDC, sc + L::do_at, lane);
+    mma_abt2<T, LDC, kQW, KC, EXACT, 1, RAW>(st, sc + L::k_at + kg * 16 * LDC, sc + L::q_at + ch * kQW * LDC, dpt,
+                                             sc + L::v_at + kg * 16 * LDC, sc + L::do_at + ch * kQW * LDC, lane);
 
     if (kc == n_kc - 1) {
       // The half's Q, dO columns came with chunk 0's group, n_kc - 1 groups before the
@@ -188,59 +217,57 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
       if (n_kc - 1 < P) cp_async_wait<0>();
       __syncthreads();  // the half's Q, dO columns and the tile's rows are in
       const Drop drop(c, b, h);
-      const int64_t bs = c.a.bias_s, i0 = q0 + hq * kQH + 2 * t;
+      const int qc = hq * kQH + ch * kQW;  // the warp's first query column of the tile
+      const int64_t bs = c.a.bias_s, i0 = q0 + qc + 2 * t;
       const T* bias = bias_plane<T>(c, b, h);
       float* dbias = nullptr;
       if (dbias_acc && oc == 0)
         dbias = dbias_acc + (b / c.bs) * c.a.bias_slice + (b % c.bs) * c.a.bias_b + h * c.a.bias_h;
       SmHead sm = sm_head(c, b, h);
       if (oc != 0) sm.dops = nullptr, sm.dslope = nullptr;  // chunk 0 adds the operands' gradients (as dbias)
-      bwd_elements<T, NH, SM>(st, dpt, c, j0, hq * kQH, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
-                          dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (4 * hq * NH),
-                          sm, q0, sums);
-      if (do_dv) mma_pb<T, LDO, kQH, kDO, EXACT, RAW>(dv, st, sDOo, lane);  // dV += P^T dO
-      if (do_dk) mma_pb<T, LDO, kQH, kDO, EXACT, RAW>(dk, dpt, sQo, lane);  // dK += dS^T Q
+      // (zbits: bit 4 n + e over the tile's 8 n-tiles; this warp's are 2 (qc / 16) ..)
+      bwd_elements<T, NH, SM>(st, dpt, c, j0, qc, t, sKeys, sLse, sDelta, bias ? bias + i0 * bs + j0 : nullptr,
+                              dbias ? dbias + i0 * bs + j0 : nullptr, bs, drop.on, drop.inv_keep, zbits >> (qc / 2),
+                              sm, q0, sums);
 
-      // dS^T [key][query] (T, as the dK product rounded it; float32 for float32, TF32-rounded
-      // when RAW): rows g, g + 8 of the warp's keys, the half's query pairs 8 n + 2t.
+      // P and dS of the warp's 16 x 16 to the half's [query][key] tiles, dS^T to the tile's
+      // [key][query] one (T, as the products round them; float32 for float32, TF32-rounded
+      // when RAW): key kl0 + 8 r, query 16 ch + 8 n + 2t + e of the half.
 #pragma unroll
       for (int n = 0; n < NH; ++n) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          T* dst = sDS + (warp * 16 + g + 8 * r) * LDO + hq * kQH + 8 * n + 2 * t;
-          if constexpr (RAW) {
-            dst[0] = __uint_as_float(to_tf32(dpt[n][2 * r]));
-            dst[1] = __uint_as_float(to_tf32(dpt[n][2 * r + 1]));
-          } else if constexpr (std::is_same_v<T, float>) {
-            dst[0] = dpt[n][2 * r];
-            dst[1] = dpt[n][2 * r + 1];
+          const int kl = kl0 + 8 * r, qh = ch * kQW + 8 * n + 2 * t;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            sP[(qh + e) * LDK + kl] = as_operand<T, RAW>(st[n][2 * r + e]);
+            sDSq[(qh + e) * LDK + kl] = as_operand<T, RAW>(dpt[n][2 * r + e]);
+          }
+          T* dst = sDS + kl * LDQ + hq * kQH + qh;
+          if constexpr (std::is_same_v<T, float>) {
+            dst[0] = as_operand<T, RAW>(dpt[n][2 * r]);
+            dst[1] = as_operand<T, RAW>(dpt[n][2 * r + 1]);
           } else {
             *reinterpret_cast<uint32_t*>(dst) = pack2<T>(dpt[n][2 * r], dpt[n][2 * r + 1]);
           }
         }
       }
-      if (hq == 1 && do_dk) {
+      pair_sync(kg);  // the key group's P and dS of the half's 32 queries are in
+      // dV += P^T dO[:, cols], dK += dS^T Q[:, cols] over the half's 32 queries (the A
+      // operands' transposes, P and dS, from the [query][key] tiles).
+      if (do_dv) mma_atb<T, LDK, kQH, kDW, EXACT, RAW, LDO>(dv, sP + kg * 16, sDOo + ch * kDW, lane);
+      if (do_dk) mma_atb<T, LDK, kQH, kDW, EXACT, RAW, LDO>(dk, sDSq + kg * 16, sQo + ch * kDW, lane);
+
+      if (hq == 1) {
         __syncthreads();  // the tile's dS^T is whole
-        // dQ[:, oc] += dS K[:, oc] for queries 16 w .. 16 w + 15: acc[dn][e] is query
-        // 16 w + g + 8 (e / 2), column oc0 + d0 + 8 dn + 2t + e % 2.
+        // dQ[:, cols] += dS K[:, cols] for queries 16 kg .. 16 kg + 15 (flash_common.cuh's add_dq_rows).
+        const int64_t iq = q0 + kg * 16;
 #pragma unroll
-        for (int d0 = 0; d0 < kDO; d0 += DC) {
-          if (oc0 + d0 >= Dqk) break;
-          float acc[DC / 8][4];
-#pragma unroll
-          for (int dn = 0; dn < DC / 8; ++dn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[dn][e] = 0.0f;
-          mma_atb<T, LDO, kKeys, DC, EXACT, RAW>(acc, sDS + warp * 16, sKo + d0, lane);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t i = q0 + warp * 16 + g + 8 * r;
-            if (i >= Sq) continue;
-            float* dst = dq_acc + ((b * Sq + i) * Hq + h) * c.Dp + oc0 + d0 + 2 * t;
-#pragma unroll
-            for (int dn = 0; dn < DC / 8; ++dn)
-              if (oc0 + d0 + 8 * dn + 2 * t < Dqk) atomic_add2(dst + 8 * dn, acc[dn][2 * r], acc[dn][2 * r + 1]);
-          }
+        for (int d0 = 0; d0 < kDW; d0 += DC) {
+          if (!do_dk || col0 + d0 >= Dqk) break;
+          add_dq_rows<T, LDQ, kKeys, DC, EXACT, RAW, LDO>(dq_acc + ((b * Sq + iq) * Hq + h) * c.Dp + col0 + d0,
+                                                          Hq * c.Dp, Sq - iq, Dqk - col0 - d0, sDS + kg * 16,
+                                                          sKo + ch * kDW + d0, lane);
         }
       }
     }
@@ -251,19 +278,19 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   if (SM && c.sm_dops && oc == 0) sm_sums_flush(sums);
 
   // dK = scale dK_acc, dV = dV_acc for keys < Skv, columns < the real dims.
-  T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h + oc0;
-  T* dvp = static_cast<T*>(c.a.dv) + b * c.a.sdv.b + k0 * c.a.sdv.s + hk * c.a.sdv.h + oc0;
+  T* dkp = static_cast<T*>(c.a.dk) + b * c.a.sdk.b + k0 * c.a.sdk.s + hk * c.a.sdk.h + col0;
+  T* dvp = static_cast<T*>(c.a.dv) + b * c.a.sdv.b + k0 * c.a.sdv.s + hk * c.a.sdv.h + col0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = warp * 16 + g + 8 * r;
+    const int64_t row = kl0 + 8 * r;
     if (row >= keys) continue;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t col = 8 * dn + 2 * t + e;
-        if (oc0 + col < Dqk) dkp[row * c.a.sdk.s + col] = from_f<T>(p.scale * dk[dn][2 * r + e]);
-        if (oc0 + col < Dv) dvp[row * c.a.sdv.s + col] = from_f<T>(dv[dn][2 * r + e]);
+        if (col0 + col < Dqk) dkp[row * c.a.sdk.s + col] = from_f<T>(p.scale * dk[dn][2 * r + e]);
+        if (col0 + col < Dv) dvp[row * c.a.sdv.s + col] = from_f<T>(dv[dn][2 * r + e]);
       }
     }
   }

@@ -315,8 +315,9 @@ __device__ __forceinline__ void mma_pb(float (&c)[N / 8][4], const float (&p)[K 
 }
 
 // c (16 x N) += A B over k < K: A's transpose = the K rows at sAt, [k][m] (16 columns m),
-// B = the K rows at sB, [k][n] (dQ = dS K from dS^T).
-template <class T, int LD, int K, int N, bool EXACT, bool RAW = false>
+// B = the K rows at sB, [k][n] (dQ = dS K from dS^T; dV += P^T dO from P). Row strides LD
+// (A's) and LDB (B's).
+template <class T, int LD, int K, int N, bool EXACT, bool RAW = false, int LDB = LD>
 __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, const T* sB, int lane) {
   if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
@@ -331,8 +332,8 @@ __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, cons
       const Tf32<4, EXACT, RAW> a(ar);
 #pragma unroll
       for (int n = 0; n < N / 8; ++n) {
-        const float* br = sB + (kk + 2 * t) * LD + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
-        const float b[2] = {br[0], br[LD]};
+        const float* br = sB + (kk + 2 * t) * LDB + n * 8 + g;  // b0 (k t, n g), b1 (k t + 4, n g)
+        const float b[2] = {br[0], br[LDB]};
         mma_f32<EXACT>(c[n], a, Tf32<2, EXACT, RAW>(b));
       }
     }
@@ -346,7 +347,7 @@ __device__ __forceinline__ void mma_atb(float (&c)[N / 8][4], const T* sAt, cons
 #pragma unroll
       for (int np = 0; np < N / 16; ++np) {
         uint32_t b[4];  // as mma_pb's B
-        ldsm_x4_t(b, sB + (kk + ((lane / 8) % 2) * 8 + lane % 8) * LD + np * 16 + (lane / 16) * 8);
+        ldsm_x4_t(b, sB + (kk + ((lane / 8) % 2) * 8 + lane % 8) * LDB + np * 16 + (lane / 16) * 8);
         mma16816<T>(c[2 * np], a, b[0], b[1]);
         mma16816<T>(c[2 * np + 1], a, b[2], b[3]);
       }
