@@ -6,7 +6,8 @@
 # scripts/cuda_tests.sh build; carry .whl and .carry/fusedattn_cuda_tests.gz (stripped, gzipped:
 # the two pass the carry's 64 MiB only so). Then here:
 #   STEP=kernel (default): the Hopper kernel tests and EmptyRows, memcheck on the d256_alibi cases;
-#   STEP=python: the Python tests the change touches, in parallel shards; STEP=none: neither;
+#   STEP=python: the Python tests the change touches, in parallel shards; STEP=wide_fwd: the
+#     wide forward's tests (head dims 384 and 192 with Dv 128, TF32 with GQA at 192); STEP=none: none;
 #   TIME=1: dev/hopper_bwd/softcap_bias_time.py for ALiBi at head dim 256 (DIMS) alone, with a
 #     bias, with learnable slopes (the route before: the Hopper backward off);
 #   WIDE=1: dev/cuda_flash/wide_bwd_time.py (the wide CUDA flash backward, head dims > 128).
@@ -33,6 +34,9 @@ elif [ "$STEP" = python ]; then
     "tests/python/score_mod/test_score_mod_gpu.py -v -k softcap_with_a_bias" \
     "tests/python/attention/test_hopper_fwd_gpu.py -v -k 'bias and bf16'"
   grep -hE "^(FAILED|ERROR)" "$OUT"/shard-*.log | head -20
+elif [ "$STEP" = wide_fwd ]; then  # the float32 wide forward's 256-column chunks (session 45's last call)
+  timeout 250 scripts/gpu_shards.sh "tests/python/attention/test_cuda_flash_gpu.py -m gpu -k 'd384 or d192'" \
+    "tests/python/attention/test_cuda_flash_gpu.py -m gpu -k tf32"
 fi
 if [ -n "${TIME:-}" ]; then
   source scripts/gpu_env.sh > /dev/null

@@ -252,6 +252,9 @@ LOWP_CASES = {
                                          Hkv=2, D=160, Dv=288), None),
     "fp16_d512_thd_window_sink": (thd(dtype=FP16, D=512, Dv=256, window=(16, 0),
                                       softmax=LEARNABLE), None),
+    # the wide forward's 128-column chunks where v's head dim is 128 (256 elsewhere)
+    "d192_dv128_pre_bias_gqa": (bshd(dtype=BF16, mask=CAUSAL, Sq=160, Skv=192, Hq=4, Hkv=2, D=192, Dv=128,
+                                     bias_shape=(1, 4, 160, 192), bias_type=PRE), None),
     "pre_bias": (bshd(dtype=BF16, mask=CAUSAL, bias_shape=(2, 4, 256, 256), bias_type=PRE),
                  None),
     "pre_bias_1h_d128": (bshd(dtype=BF16, Sq=192, D=128, bias_shape=(1, 4, 192, 256),

@@ -299,27 +299,30 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 // of 128 rows, output chunk oc of kDO = 128 columns of v), 8 warps of 16 rows; per key tile
 // S = Q K^T over the whole q/k head dim in chunks of KC columns (Q and K chunks through two
 // cp.async buffers), then O[:, oc] += P V[:, oc] (V's columns per key tile, two buffers).
-// S is thus computed once per output chunk of 256 columns (16-bit without dropout; else
-// 128): the price of O staying in registers. Only the first chunk's block writes lse and
-// the tile's max. Shared memory: 123 KiB for 16-bit inputs (90 KiB with dropout), 123 KiB
-// for float32 (KC = 32), whatever the head dim; one block of 8 warps per SM (registers).
+// S is thus computed once per output chunk of 256 columns (without dropout, score_mod or
+// 3xTF32; else 128): the price of O staying in registers. Only the first chunk's block writes
+// lse and the tile's max. Shared memory: 123 KiB for 16-bit inputs (90 KiB with dropout),
+// 188 KiB for float32 (KC = 32; 123 with 128-column chunks), whatever the head dim; one block
+// of 8 warps per SM (registers).
 constexpr int kMaxDim = 512;
 
-// kDO: the output chunk, 256 columns for 16-bit inputs without dropout and score_mod (O's
-// 128 registers fit beside the rest; with their state they spill), else 128.
-template <class T, bool FULL>
+// DO: the output chunk, 256 columns where v's head dim is wider than 128 and the call has no
+// dropout, score_mod or 3xTF32 (O's 128 registers fit beside the rest; with their state or
+// 3xTF32's fragments they spill), else 128 (wide_do).
+template <class T, int DO>
 struct WideSmem {
   static constexpr int KC = sizeof(T) == 4 ? 32 : 64, kPad = 16 / int(sizeof(T));
-  static constexpr int kDO = sizeof(T) == 4 || FULL ? 128 : 256;
+  static constexpr int kDO = DO;
   static constexpr int LDC = KC + kPad, LDO = kDO + kPad;
   static constexpr int stage = (kMmaBM + kBN) * LDC, q_at = 0, k_at = kMmaBM * LDC;  // elements
   static constexpr size_t v = size_t(2) * stage * sizeof(T), wmax = v + size_t(2) * kBN * LDO * sizeof(T),
                           total = wmax + kWarps * 4;
 };
 
-template <class T, bool EXACT, bool FULL>
+template <class T, bool EXACT, bool FULL, int DO>
 __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
-  using L = WideSmem<T, FULL>;
+  static_assert(DO == 128 || (DO == 256 && !EXACT && !FULL), "256-column chunks: no 3xTF32, dropout, score_mod");
+  using L = WideSmem<T, DO>;
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
@@ -399,14 +402,22 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
 }
 
-template <class T, bool EXACT, bool FULL>
+// The output chunk of a call: 256 columns where wide_fwd_kernel takes them and v's head dim
+// is above 128 (a call of Dv <= 128 would compute half a chunk of zeros: D 384 / Dv 128 in
+// float32 2.12 -> 2.41 ms, H200, session 45), else 128.
+template <bool EXACT, bool FULL>
+constexpr int wide_do(int64_t dv) {
+  return !EXACT && !FULL && dv > 128 ? 256 : 128;
+}
+
+template <class T, bool EXACT, bool FULL, int DO>
 Status launch_wide_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
-  using L = WideSmem<T, FULL>;
+  using L = WideSmem<T, DO>;
   const int64_t n_oc = (p.head_dim_v + L::kDO - 1) / L::kDO;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM) * n_oc;
   const size_t smem = L::total;
-  auto kernel = wide_fwd_kernel<T, EXACT, FULL>;
+  auto kernel = wide_fwd_kernel<T, EXACT, FULL, DO>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma, head dims > 128)");
@@ -438,7 +449,7 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
   const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
   const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
   if (d > kMaxDim) return false;
-  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float, false>::total : WideSmem<__half, false>::total)
+  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float, 256>::total : WideSmem<__half, 256>::total)
                               : fwd_smem(elem, mma_head_dim_tile(p));
   return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, smem);
 }
@@ -446,8 +457,13 @@ bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
 template <class T, bool EXACT>
 Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const bool full = (c.p.is_training && c.p.dropout > 0.0f) || c.sm;  // Drop's rule, or a score_mod
-  if (std::max(c.p.head_dim_qk, c.p.head_dim_v) > 128)
-    return full ? launch_wide_fwd<T, EXACT, true>(c, tile_max, stream) : launch_wide_fwd<T, EXACT, false>(c, tile_max, stream);
+  if (std::max(c.p.head_dim_qk, c.p.head_dim_v) > 128) {
+    if (full) return launch_wide_fwd<T, EXACT, true, 128>(c, tile_max, stream);
+    if (wide_do<EXACT, false>(c.p.head_dim_v) == 256) {
+      if constexpr (!EXACT) return launch_wide_fwd<T, EXACT, false, 256>(c, tile_max, stream);
+    }
+    return launch_wide_fwd<T, EXACT, false, 128>(c, tile_max, stream);
+  }
   if (mma_head_dim_tile(c.p) == 64)
     return full ? launch_fwd<T, 64, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 64, EXACT, false>(c, tile_max, stream);
   return full ? launch_fwd<T, 128, EXACT, true>(c, tile_max, stream) : launch_fwd<T, 128, EXACT, false>(c, tile_max, stream);
