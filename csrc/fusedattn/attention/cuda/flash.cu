@@ -814,7 +814,9 @@ Status backward(const AttnParams& p, const AttnTensors& a, bool f32_tf32, void* 
   const Call c = make_call(p, a, workspace, plan, true, sm, drop_broadcast);
   if (sm.program && !mma_bwd_fits(p, a) && !mma_wide_bwd_fits(p, a))
     return Status::Unimplemented("the CUDA flash backward runs a score_mod only on rows of whole 16-byte "
-                                 "chunks (head dims and strides multiples of 16 bytes, aligned pointers)");
+                                 "chunks (head dims and strides multiples of 16 bytes, aligned pointers) "
+                                 "and, above head dim 128, where the device has its shared memory (float32: "
+                                 "219 KiB a block, sm_90)");
   FA_RETURN_IF_NOT_OK(prepare_score_mod(c, sm, stream));
   char* w = static_cast<char*>(workspace);
   float* delta = reinterpret_cast<float*>(w + plan.delta);

@@ -402,12 +402,22 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
 }
 
-// The output chunk of a call: 256 columns where wide_fwd_kernel takes them and v's head dim
-// is above 128 (a call of Dv <= 128 would compute half a chunk of zeros: D 384 / Dv 128 in
-// float32 2.12 -> 2.41 ms, H200, session 45), else 128.
-template <bool EXACT, bool FULL>
-constexpr int wide_do(int64_t dv) {
-  return !EXACT && !FULL && dv > 128 ? 256 : 128;
+// The device's shared memory a block may opt into (0 when it cannot be read).
+size_t smem_optin() {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  return size_t(optin);
+}
+
+// The output chunk of a call: 256 columns where wide_fwd_kernel takes them, v's head dim is
+// above 128 (a call of Dv <= 128 would compute half a chunk of zeros: D 384 / Dv 128 in float32
+// 2.12 -> 2.41 ms, H200, session 45) and the device has the shared memory (float32's 188 KiB:
+// not an sm_80's 163), else 128.
+template <class T, bool EXACT, bool FULL>
+int wide_do(int64_t dv) {
+  return !EXACT && !FULL && dv > 128 && WideSmem<T, 256>::total <= smem_optin() ? 256 : 128;
 }
 
 template <class T, bool EXACT, bool FULL, int DO>
@@ -438,18 +448,15 @@ bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
     if (s.b % v || s.s % v || s.h % v) return false;
   for (const void* ptr : ptrs)
     if (reinterpret_cast<uintptr_t>(ptr) % 16) return false;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return smem <= size_t(optin);
+  return smem <= smem_optin();
 }
 
 bool mma_fwd_fits(const AttnParams& p, const AttnTensors& a) {
   const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
   const int elem = p.dtype == FA_FLOAT32 ? 4 : 2;
   if (d > kMaxDim) return false;
-  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float, 256>::total : WideSmem<__half, 256>::total)
+  // (head dims above 128: the 128-column chunks' shared memory; wide_do takes 256 where it fits)
+  const size_t smem = d > 128 ? (elem == 4 ? WideSmem<float, 128>::total : WideSmem<__half, 128>::total)
                               : fwd_smem(elem, mma_head_dim_tile(p));
   return mma_rows_fit(p, {a.sq, a.sk, a.sv}, {a.q, a.k, a.v}, smem);
 }
@@ -459,7 +466,7 @@ Status mma_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const bool full = (c.p.is_training && c.p.dropout > 0.0f) || c.sm;  // Drop's rule, or a score_mod
   if (std::max(c.p.head_dim_qk, c.p.head_dim_v) > 128) {
     if (full) return launch_wide_fwd<T, EXACT, true, 128>(c, tile_max, stream);
-    if (wide_do<EXACT, false>(c.p.head_dim_v) == 256) {
+    if (wide_do<T, EXACT, false>(c.p.head_dim_v) == 256) {
       if constexpr (!EXACT) return launch_wide_fwd<T, EXACT, false, 256>(c, tile_max, stream);
     }
     return launch_wide_fwd<T, EXACT, false, 128>(c, tile_max, stream);

@@ -24,7 +24,9 @@
 // are computed once per output chunk (twice at head dim 512, once up to 256): the price of dK
 // and dV staying in registers; the blocks of one key tile run side by side and share its loads
 // in L2. Only the first chunk's block adds dbias. Shared memory: 139 KiB for 16-bit inputs,
-// 219 KiB for float32 (KC = 32), whatever the head dim: one block of 8 warps an SM.
+// 219 KiB for float32 (KC = 32), whatever the head dim: one block of 8 warps an SM. (A device
+// with less, sm_80's 163 KiB, runs float32 calls on flash.cu's wmma backward: a 128-column
+// variant for it is not written yet.)
 // (Session 45: 4 warps of 16 keys x 128 columns each computed S^T and dP^T for all 32 queries
 // of the half, once per 128-column chunk: 4 times at head dim 512; float32's 157 KiB left one
 // block of 4 warps an SM.)
