@@ -31,6 +31,7 @@ BackendOptions parse_backend_options(const EnvLookup& env) {
   o.hopper_bias_reads = bias_reads && std::strcmp(bias_reads, "1") == 0;
   const char* flash_sm = env("FUSEDATTN_FLASH_SCORE_MOD");
   o.flash_score_mod = !flash_sm || std::strcmp(flash_sm, "0") != 0;
+  o.cuda_smem_limit = number(env("FUSEDATTN_CUDA_SMEM_LIMIT"));
   const char* f32 = env("FUSEDATTN_F32_MATMUL");
   if (f32 && std::strcmp(f32, "tf32") == 0) o.f32_matmul = F32Matmul::kTf32;
   if (f32 && std::strcmp(f32, "float32") == 0) o.f32_matmul = F32Matmul::kExact;

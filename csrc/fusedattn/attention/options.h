@@ -34,6 +34,12 @@
 //                                   gradients in-kernel, O(S) memory). Any other value, or
 //                                   unset: the CUDA flash kernels take them
 //                                   (tests/python/score_mod/test_score_mod_gpu.py).
+//   FUSEDATTN_CUDA_SMEM_LIMIT=bytes cuda_smem_limit: the CUDA flash kernels (cuda/) pick their
+//                                   variants as on a device whose per-block shared memory
+//                                   is at most this many bytes (166912: sm_80's 163 KiB), so
+//                                   an H100 runs an A100's kernels
+//                                   (test_cuda_flash_gpu.py's test_sm80_shared_memory).
+//                                   Not a positive number: the device's own.
 //   FUSEDATTN_F32_MATMUL=tf32|float32
 //                                   f32_matmul: how the CUDA flash kernels multiply float32
 //                                   inputs, whatever the call asks. Unset (or anything
@@ -82,6 +88,7 @@ struct BackendOptions {
   bool hopper_bias_tile = true;
   bool hopper_bias_reads = false;
   bool flash_score_mod = true;
+  std::optional<int64_t> cuda_smem_limit;
   F32Matmul f32_matmul = F32Matmul::kAsCalled;
   CudnnHeur cudnn_heur = CudnnHeur::kA;
   std::optional<int64_t> cudnn_plan;

@@ -348,6 +348,11 @@ TEST(ParseBackendOptions, DefaultsWithNothingSet) {
   EXPECT_EQ(o.f32_matmul, F32Matmul::kAsCalled);
 }
 
+TEST(ParseBackendOptions, CudaSharedMemoryLimitInBytes) {
+  EXPECT_FALSE(parse({}).cuda_smem_limit.has_value());
+  EXPECT_EQ(parse({{"FUSEDATTN_CUDA_SMEM_LIMIT", "166912"}}).cuda_smem_limit, 166912);
+}
+
 TEST(ParseBackendOptions, FlashScoreModOffOnlyWithZero) {
   EXPECT_TRUE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "1"}}).flash_score_mod);
   EXPECT_FALSE(parse({{"FUSEDATTN_FLASH_SCORE_MOD", "0"}}).flash_score_mod);

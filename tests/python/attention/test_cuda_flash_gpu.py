@@ -20,7 +20,11 @@ cases also run on the CPU in CI and exercise this file's logic there.
 """
 
 import dataclasses
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -569,3 +573,26 @@ def test_float32_default_is_tf32(key, name):
         err = float(np.max(np.abs(a - b))) / scale
         assert err < 2e-2, (nm, err)  # TF32: 10-bit mantissas
         assert err > 1e-6, (nm, err)  # not the 3xTF32 result
+
+
+# sm_80's shared memory a block may opt into (163 KiB): the kernels an A100 runs where an H100
+# has more (the float32 wide backward's 128-column chunks, the forward's 128-column ones).
+SM80_SMEM = 166912
+SM80_DIMS = ("d128", "d192", "d256", "d384")  # the case names' head dims
+
+
+@pytest.mark.gpu
+def test_sm80_shared_memory():
+    """This file's float32 cases at head dims 128 and above (the kernels whose shared memory
+    passes sm_80's: the forward at 128 and the wide kernels) again in a process whose CUDA
+    flash kernels pick their variants as on an sm_80 (FUSEDATTN_CUDA_SMEM_LIMIT, options.h)."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    env = dict(os.environ, FUSEDATTN_CUDA_SMEM_LIMIT=str(SM80_SMEM))
+    r = subprocess.run([sys.executable, "-m", "pytest", str(pathlib.Path(__file__).resolve()), "-q",
+                        "-p", "no:cacheprovider", "-m", "gpu", "-k", f"test_float32 and ({' or '.join(SM80_DIMS)})"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", r.stdout)
+    want = sum(any(d in n for d in SM80_DIMS) for n in [*F32_CASES, *TF32_CASES])
+    assert want >= 6 and passed and int(passed.group(1)) == want, tail

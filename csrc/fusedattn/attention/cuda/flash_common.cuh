@@ -565,6 +565,10 @@ inline int64_t mma_head_dim_tile(const AttnParams& p) {
 // (The head-dim bounds are each kernel's.)
 bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
                   std::initializer_list<const void*> ptrs, size_t smem);
+// The shared memory a block may opt into on the current device (0 when it cannot be read),
+// or FUSEDATTN_CUDA_SMEM_LIMIT's bytes where less (options.h: an H100 picks kernels as an
+// sm_80 does).
+size_t smem_optin();
 
 // Whether flash_mma.cu's forwards serve a call: both head dims <= 512 (past 128 the wide
 // kernel), rows of whole 16-byte chunks (head dims and the q, k, v strides multiples of

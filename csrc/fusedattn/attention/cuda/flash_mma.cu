@@ -20,6 +20,7 @@
 
 #include "fusedattn/attention/cuda/flash_common.cuh"
 #include "fusedattn/attention/cuda/mma.cuh"
+#include "fusedattn/attention/options.h"
 #include "fusedattn/platform/cuda/check.h"
 
 namespace fusedattn::cuda::flash::detail {
@@ -402,15 +403,6 @@ Status launch_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "the flash forward (mma)");
 }
 
-// The device's shared memory a block may opt into (0 when it cannot be read).
-size_t smem_optin() {
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return 0;
-  return size_t(optin);
-}
-
 // The output chunk of a call: 256 columns where wide_fwd_kernel takes them, v's head dim is
 // above 128 (a call of Dv <= 128 would compute half a chunk of zeros: D 384 / Dv 128 in float32
 // 2.12 -> 2.41 ms, H200, session 45) and the device has the shared memory (float32's 188 KiB:
@@ -439,6 +431,15 @@ size_t fwd_smem(int elem, int64_t d) {
 }
 
 }  // namespace
+
+size_t smem_optin() {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  const std::optional<int64_t> limit = backend_options().cuda_smem_limit;
+  return limit && *limit > 0 ? std::min(size_t(optin), size_t(*limit)) : size_t(optin);
+}
 
 bool mma_rows_fit(const AttnParams& p, std::initializer_list<ViewStrides> views,
                   std::initializer_list<const void*> ptrs, size_t smem) {

@@ -2,9 +2,10 @@
 // dims apart): flash_mma_bwd.cu's kernel with the head dims streamed and the outputs cut
 // into column chunks, so that no buffer grows with the head dim.
 //
-// One block = one (batch, kv head, key tile of 64 keys, output chunk oc of kDO = 256
-// columns), 8 warps. Warp w owns keys 16 (w % 4) .. + 15 and columns 128 (w / 4) .. + 127 of
-// the chunk: their dK, dV (16 x 128 float32 accumulators each, in C layout). Per query tile
+// One block = one (batch, kv head, key tile of 64 keys, output chunk oc of DO = 256 columns,
+// or 128 where shared memory is short: below), 8 warps. Warp w owns keys 16 (w % 4) .. + 15
+// and columns DO / 2 (w / 4) .. of the chunk: their dK, dV (16 x DO / 2 float32 accumulators
+// each, in C layout). Per query tile
 // of 64 rows that keeps one of the block's keys (the tables' TileRange) and per half of 32
 // queries:
 //   S^T = K Q^T, dP^T = V dO^T     for the warp's 16 keys and its 16 of the half's queries
@@ -24,9 +25,9 @@
 // are computed once per output chunk (twice at head dim 512, once up to 256): the price of dK
 // and dV staying in registers; the blocks of one key tile run side by side and share its loads
 // in L2. Only the first chunk's block adds dbias. Shared memory: 139 KiB for 16-bit inputs,
-// 219 KiB for float32 (KC = 32), whatever the head dim: one block of 8 warps an SM. (A device
-// with less, sm_80's 163 KiB, runs float32 calls on flash.cu's wmma backward: a 128-column
-// variant for it is not written yet.)
+// 219 KiB for float32 (KC = 32), whatever the head dim: one block of 8 warps an SM. A device
+// with less (sm_80: 163 KiB) runs float32 calls in chunks of DO = 128 columns (155 KiB; S^T
+// and dP^T once per 128 columns: twice at head dim 256).
 // (Session 45: 4 warps of 16 keys x 128 columns each computed S^T and dP^T for all 32 queries
 // of the half, once per 128-column chunk: 4 times at head dim 512; float32's 157 KiB left one
 // block of 4 warps an SM.)
@@ -46,10 +47,10 @@ namespace {
 
 using namespace fusedattn::cuda::mma;
 
-constexpr int kWarps = 8, kKeys = 64, kQH = 32, kQW = 16, kDO = 256, kDW = 128, kMaxDim = 512;
+constexpr int kWarps = 8, kKeys = 64, kQH = 32, kQW = 16, kMaxDim = 512;
 
 static_assert(kBMQ == 2 * kQH, "a query tile is two halves");
-static_assert(kWarps * 16 == 2 * kKeys && kDO == 2 * kDW && kQH == 2 * kQW, "two warps a key group");
+static_assert(kWarps * 16 == 2 * kKeys && kQH == 2 * kQW, "two warps a key group");
 
 // pair_sync(kg): the two warps of key group kg (warps kg, kg + 4) meet (named barrier 1 + kg).
 __device__ __forceinline__ void pair_sync(int kg) {
@@ -61,14 +62,15 @@ __device__ __forceinline__ void pair_sync(int kg) {
 // tile's 64 queries); the half's P and dS [kQH][LDK] (query rows, key columns); the tile's
 // rows' kept keys, lse and delta. Row strides of 16 bytes more than the data (float32: 4 mod
 // 32 floats, conflict-free for the TF32 loads; 16-bit: ldmatrix rows in distinct banks).
-template <class T>
+template <class T, int DO>
 struct WideSmem {
+  static_assert(DO == 256 || DO == 128, "output chunks of 256 or 128 columns");
   // NST stages of KC columns (chunk c + NST - 1 loads while chunk c multiplies). Measured
   // on the H100 (D 512 fwd+bwd, session 18's kernel): two stages of 64 columns 12.0 ms, four
   // of 32 15.5 ms (the syncs per chunk cost more than the latency they hide).
   static constexpr int NST = 2, KC = sizeof(T) == 4 ? 32 : 64;
   static constexpr int kPad = 16 / int(sizeof(T));
-  static constexpr int LDC = KC + kPad, LDO = kDO + kPad, LDQ = kBMQ + kPad, LDK = kKeys + kPad;
+  static constexpr int LDC = KC + kPad, LDO = DO + kPad, LDQ = kBMQ + kPad, LDK = kKeys + kPad;
   static constexpr int stage = (2 * kKeys + 2 * kQH) * LDC;  // elements
   static constexpr int k_at = 0, v_at = kKeys * LDC, q_at = 2 * kKeys * LDC, do_at = q_at + kQH * LDC;
   static constexpr size_t ko = size_t(NST) * stage * sizeof(T), qo = ko + size_t(kKeys) * LDO * sizeof(T),
@@ -91,10 +93,11 @@ __device__ __forceinline__ T as_operand(float x) {
 // dq_acc [B, Sq, Hq, Dp] f32 (+= scale-free dS K), dbias_acc the bias's shape f32 or null;
 // dk, dv [B, Skv, Hkv, D|Dv] written (the block's columns).
 // SM: a score_mod (c.sm) runs in the element step (a kernel of its own).
-template <class T, bool EXACT, bool SM>
+template <class T, int DO, bool EXACT, bool SM>
 __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, const float* delta, float* dq_acc,
                                                                float* dbias_acc) {
-  using L = WideSmem<T>;
+  using L = WideSmem<T, DO>;
+  constexpr int kDO = DO, kDW = DO / 2;  // the block's output columns, a warp's
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = L::LDQ, LDK = L::LDK;
   constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64;
@@ -303,20 +306,35 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
 bool mma_wide_bwd_fits(const AttnParams& p, const AttnTensors& a) {
   const int64_t d = std::max(p.head_dim_qk, p.head_dim_v);
   if (d <= 128 || d > kMaxDim) return false;
-  const size_t smem = p.dtype == FA_FLOAT32 ? WideSmem<float>::total : WideSmem<__half>::total;
+  // (float32: the 128-column chunks' where the 256-column ones do not fit)
+  const size_t smem = p.dtype == FA_FLOAT32 ? WideSmem<float, 128>::total : WideSmem<__half, 256>::total;
   return mma_rows_fit(p, {a.sq, a.sk, a.sv, a.sdo}, {a.q, a.k, a.v, a.dout}, smem);
 }
 
-template <class T, bool EXACT>
-Status mma_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
+namespace {
+
+template <class T, int DO, bool EXACT>
+Status launch_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
   const AttnParams& p = c.p;
-  const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + kDO - 1) / kDO;
+  const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + DO - 1) / DO;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys) * n_oc;
-  const size_t smem = WideSmem<T>::total;
-  auto kernel = c.sm ? wide_bwd_kernel<T, EXACT, true> : wide_bwd_kernel<T, EXACT, false>;
+  const size_t smem = WideSmem<T, DO>::total;
+  auto kernel = c.sm ? wide_bwd_kernel<T, DO, EXACT, true> : wide_bwd_kernel<T, DO, EXACT, false>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
   return cuda_status(cudaGetLastError(), "the flash backward (mma, head dims > 128)");
+}
+
+}  // namespace
+
+// 256-column chunks where the device has their shared memory; float32 on a device with less
+// (sm_80) 128 (16-bit's 139 KiB fit every device mma_wide_bwd_fits admits).
+template <class T, bool EXACT>
+Status mma_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* dbias_acc, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (WideSmem<T, 256>::total > smem_optin()) return launch_wide_bwd<T, 128, EXACT>(c, delta, dq_acc, dbias_acc, stream);
+  }
+  return launch_wide_bwd<T, 256, EXACT>(c, delta, dq_acc, dbias_acc, stream);
 }
 
 template Status mma_wide_bwd<__nv_bfloat16, false>(const Call&, const float*, float*, float*, cudaStream_t);
