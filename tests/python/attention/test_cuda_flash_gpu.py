@@ -219,6 +219,10 @@ F32_CASES.update({
                                     dropout=0.1, seed=4),
     "d384_dv128_post_bias": bshd(Sq=160, Skv=192, D=384, Dv=128, bias_shape=(1, 4, 160, 192),
                                  bias_type=POST),
+    # the wide forward with the query tile held whole (q/k head dims up to 256 in float32):
+    # 256-column output chunks; q/k's two chunks of 32 (the wait for V after a key tile)
+    "d256_causal_gqa": bshd(mask=CAUSAL, Sq=200, Skv=200, Hq=4, Hkv=2, D=256),
+    "d64_dv192_window": bshd(Sq=200, Skv=264, D=64, Dv=192, window=(96, 40)),
 })
 F32_ON_CPU = ["causal", "thd_segments", "learnable", "pre_bias_b1_padding", "dropout"]
 
@@ -256,6 +260,8 @@ LOWP_CASES = {
                                          Hkv=2, D=160, Dv=288), None),
     "fp16_d512_thd_window_sink": (thd(dtype=FP16, D=512, Dv=256, window=(16, 0),
                                       softmax=LEARNABLE), None),
+    # q/k in one head-dim chunk of 64, v past 256 (the wide forward waits for V per key tile)
+    "d64_dv320_causal": (bshd(dtype=BF16, mask=CAUSAL, Sq=200, Skv=264, D=64, Dv=320), None),
     # the wide forward's 128-column chunks where v's head dim is 128 (256 elsewhere)
     "d192_dv128_pre_bias_gqa": (bshd(dtype=BF16, mask=CAUSAL, Sq=160, Skv=192, Hq=4, Hkv=2, D=192, Dv=128,
                                      bias_shape=(1, 4, 160, 192), bias_type=PRE), None),

@@ -298,13 +298,18 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_kernel(const Call c, float* t
 // ---- head dims above 128 ------------------------------------------------------------
 // The same forward with the head dims streamed: one block = one (batch, q head, query tile
 // of 128 rows, output chunk oc of kDO = 128 columns of v), 8 warps of 16 rows; per key tile
-// S = Q K^T over the whole q/k head dim in chunks of KC columns (Q and K chunks through two
-// cp.async buffers), then O[:, oc] += P V[:, oc] (V's columns per key tile, two buffers).
+// S = Q K^T over the whole q/k head dim in chunks of KC columns, then O[:, oc] += P V[:, oc].
 // S is thus computed once per output chunk of 256 columns (without dropout, score_mod or
 // 3xTF32; else 128): the price of O staying in registers. Only the first chunk's block writes
-// lse and the tile's max. Shared memory: 123 KiB for 16-bit inputs (90 KiB with dropout),
-// 188 KiB for float32 (KC = 32; 123 with 128-column chunks), whatever the head dim; one block
-// of 8 warps per SM (registers).
+// lse and the tile's max. One block of 8 warps per SM (registers). Two ways to feed it:
+//   QRES (where the shared memory holds the query tile whole: q/k head dims up to 256 in
+//        float32, 512 in 16-bit; 190 / 222 KiB for 16-bit / float32 at 256 output columns):
+//        the tile's Q loaded once; K chunks through a ring of three cp.async stages (chunk
+//        c + 2 loads while chunk c multiplies); one V buffer, loaded beside the key tile's
+//        first K chunk once every warp is done with the last tile's P V;
+//   streamed (else, e.g. sm_80's 163 KiB): Q and K chunks through two stages, Q's reloaded
+//        per key tile (from L2), V through two buffers; 123 KiB for 16-bit inputs (90 KiB
+//        with 128 columns), 188 KiB for float32 (KC = 32; 123 with 128-column chunks).
 constexpr int kMaxDim = 512;
 
 // DO: the output chunk, 256 columns where v's head dim is wider than 128 and the call has no
@@ -320,17 +325,30 @@ struct WideSmem {
                           total = wmax + kWarps * 4;
 };
 
-template <class T, bool EXACT, bool FULL, int DO>
+// QRES's: Q [kMmaBM][LDQ] (QD columns: the widest q/k head dim it takes), NST K stages
+// [kBN][LDC], one V buffer [kBN][LDO], the warps' maxima. LDQ = 4 mod 32 floats / 16 bytes
+// past 128: conflict-free fragment loads.
+template <class T, int DO>
+struct WideQSmem {
+  using W = WideSmem<T, DO>;
+  static constexpr int NST = 3, QD = sizeof(T) == 4 ? 256 : kMaxDim, LDQ = QD + W::kPad;
+  static constexpr size_t k = size_t(kMmaBM) * LDQ * sizeof(T), v = k + size_t(NST) * kBN * W::LDC * sizeof(T),
+                          wmax = v + size_t(kBN) * W::LDO * sizeof(T), total = wmax + kWarps * 4;
+};
+
+template <class T, bool EXACT, bool FULL, int DO, bool QRES>
 __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, float* tile_max) {
   static_assert(DO == 128 || (DO == 256 && !EXACT && !FULL), "256-column chunks: no 3xTF32, dropout, score_mod");
   using L = WideSmem<T, DO>;
+  using LQ = WideQSmem<T, DO>;
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
-  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO;
+  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = LQ::LDQ, VE = 16 / int(sizeof(T));
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ring = reinterpret_cast<T*>(smem);
-  T* sV = reinterpret_cast<T*>(smem + L::v);
-  float* sWmax = reinterpret_cast<float*>(smem + L::wmax);
+  T* ring = reinterpret_cast<T*>(smem + (QRES ? LQ::k : 0));
+  T* sQ = reinterpret_cast<T*>(smem);  // QRES
+  T* sV = reinterpret_cast<T*>(smem + (QRES ? LQ::v : L::v));
+  float* sWmax = reinterpret_cast<float*>(smem + (QRES ? LQ::wmax : L::wmax));
   const AttnParams& p = c.p;
   const int64_t Sq = p.seqlen_q, Skv = p.seqlen_kv, Hq = p.heads_q, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
   const int64_t n_qt = (Sq + BM - 1) / BM, n_oc = (Dv + kDO - 1) / kDO, n_kc = (Dqk + KC - 1) / KC;
@@ -350,41 +368,94 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
   const TileRange tr = c.tiles[b * n_qt + qt];
   const int64_t kb = tr.lo / kBN * kBN;
   const int64_t n_kt = tr.lo < tr.hi ? (tr.hi - kb + kBN - 1) / kBN : 0;
-  // Head-dim chunk kc of key tile it into stage s (and with chunk 0 the tile's V columns).
-  auto issue = [&](int64_t it, int64_t kc, int s) {
-    const int64_t k0 = kb + it * kBN, keys = std::min<int64_t>(kBN, Skv - k0), d0 = kc * KC;
-    T* st = ring + s * L::stage;
-    cp_async_rows<T, KC, LDC>(st + L::q_at, q + d0, c.a.sq.s, rows, Dqk - d0, BM);
-    cp_async_rows<T, KC, LDC>(st + L::k_at, kp + k0 * c.a.sk.s + d0, c.a.sk.s, keys, Dqk - d0, kBN);
-    if (kc == 0)
-      cp_async_rows<T, kDO, LDO>(sV + (it & 1) * kBN * LDO, vp + k0 * c.a.sv.s, c.a.sv.s, keys, Dv - oc0, kBN);
+  auto issue_v = [&](int64_t it, T* dst) {
+    const int64_t k0 = kb + it * kBN, keys = std::min<int64_t>(kBN, Skv - k0);
+    cp_async_rows<T, kDO, LDO>(dst, vp + k0 * c.a.sv.s, c.a.sv.s, keys, Dv - oc0, kBN);
   };
-  if (n_kt > 0) issue(0, 0, 0);
-  cp_async_commit();
 
   FwdRows R(c, b, q0 + warp * 16 + g, sink_logit(c, b, h));
   float o[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
 
-  int s = 0;
-  for (int64_t it = 0; it < n_kt; ++it) {
-    float sc[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-    for (int64_t kc = 0; kc < n_kc; ++kc) {
-      cp_async_wait<0>();
-      __syncthreads();  // chunk kc landed; every warp is done with stage s ^ 1 (and the last V)
-      if (kc + 1 < n_kc) issue(it, kc + 1, s ^ 1);
-      else if (it + 1 < n_kt) issue(it + 1, 0, s ^ 1);
-      cp_async_commit();
-      const T* st = ring + s * L::stage;
-      mma_abt<T, LDC, kBN, KC, EXACT, KC, RAW>(sc, st + L::q_at + warp * 16 * LDC, st + L::k_at, lane);  // S += Q_w K^T
-      s ^= 1;
+  if constexpr (QRES) {
+    // Step j = (key tile j / n_kc, head-dim chunk j % n_kc): its K chunk goes to stage j % NST,
+    // in the cp.async group committed two steps before (group j; the prologue's are 0 and 1).
+    constexpr int NST = LQ::NST;
+    const int64_t n_steps = n_kt * n_kc;
+    auto issue_k = [&](int64_t j) {
+      const int64_t it = j / n_kc, d0 = (j % n_kc) * KC, k0 = kb + it * kBN;
+      cp_async_rows<T, KC, LDC>(ring + int(j % NST) * kBN * LDC, kp + k0 * c.a.sk.s + d0, c.a.sk.s,
+                                std::min<int64_t>(kBN, Skv - k0), Dqk - d0, kBN);
+    };
+    if (n_kt > 0) {
+      // The query tile's rows and n_kc chunks of columns (zeros past the rows and Dqk).
+      const int cpr = int(n_kc) * KC / VE;
+      for (int idx = threadIdx.x; idx < BM * cpr; idx += blockDim.x) {
+        const int r = idx / cpr, ch = idx % cpr;
+        const bool ok = r < rows && ch * VE < Dqk;
+        cp_async16(sQ + r * LDQ + ch * VE, ok ? q + r * c.a.sq.s + ch * VE : q, ok);
+      }
+      issue_v(0, sV);
+      issue_k(0);
     }
-    float alpha[2];
-    softmax_tile<T, NT, FULL>(sc, alpha, R, c, kb + it * kBN, t, bias, drop, sm);
-    rescale_add_pv<T, LDO, kDO, EXACT, RAW>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
+    cp_async_commit();
+    if (n_steps > 1) issue_k(1);
+    cp_async_commit();
+    for (int64_t it = 0; it < n_kt; ++it) {
+      float sc[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      for (int64_t kc = 0; kc < n_kc; ++kc) {
+        const int64_t j = it * n_kc + kc;
+        cp_async_wait<1>();
+        __syncthreads();  // step j landed; every warp is done with stage (j + 2) % NST and, at kc 0, with V
+        if (kc == 0 && it > 0) issue_v(it, sV);
+        if (j + 2 < n_steps) issue_k(j + 2);
+        cp_async_commit();
+        mma_abt<T, LDC, kBN, KC, EXACT, KC, RAW, LDQ>(sc, sQ + warp * 16 * LDQ + kc * KC,
+                                                      ring + int(j % NST) * kBN * LDC, lane);  // S += Q_w K^T
+      }
+      // V (group it n_kc + 2 for it > 0) has landed with the last step's group when the tile
+      // has three chunks or more; else wait for it.
+      if (n_kc < 3 && it > 0) {
+        cp_async_wait<0>();
+        __syncthreads();
+      }
+      float alpha[2];
+      softmax_tile<T, NT, FULL>(sc, alpha, R, c, kb + it * kBN, t, bias, drop, sm);
+      rescale_add_pv<T, LDO, kDO, EXACT, RAW>(o, alpha, sc, sV, lane);
+    }
+  } else {
+    // Head-dim chunk kc of key tile it into stage s (and with chunk 0 the tile's V columns).
+    auto issue = [&](int64_t it, int64_t kc, int s) {
+      const int64_t k0 = kb + it * kBN, keys = std::min<int64_t>(kBN, Skv - k0), d0 = kc * KC;
+      T* st = ring + s * L::stage;
+      cp_async_rows<T, KC, LDC>(st + L::q_at, q + d0, c.a.sq.s, rows, Dqk - d0, BM);
+      cp_async_rows<T, KC, LDC>(st + L::k_at, kp + k0 * c.a.sk.s + d0, c.a.sk.s, keys, Dqk - d0, kBN);
+      if (kc == 0) issue_v(it, sV + (it & 1) * kBN * LDO);
+    };
+    if (n_kt > 0) issue(0, 0, 0);
+    cp_async_commit();
+    int s = 0;
+    for (int64_t it = 0; it < n_kt; ++it) {
+      float sc[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      for (int64_t kc = 0; kc < n_kc; ++kc) {
+        cp_async_wait<0>();
+        __syncthreads();  // chunk kc landed; every warp is done with stage s ^ 1 (and the last V)
+        if (kc + 1 < n_kc) issue(it, kc + 1, s ^ 1);
+        else if (it + 1 < n_kt) issue(it + 1, 0, s ^ 1);
+        cp_async_commit();
+        const T* st = ring + s * L::stage;
+        mma_abt<T, LDC, kBN, KC, EXACT, KC, RAW>(sc, st + L::q_at + warp * 16 * LDC, st + L::k_at, lane);  // S += Q_w K^T
+        s ^= 1;
+      }
+      float alpha[2];
+      softmax_tile<T, NT, FULL>(sc, alpha, R, c, kb + it * kBN, t, bias, drop, sm);
+      rescale_add_pv<T, LDO, kDO, EXACT, RAW>(o, alpha, sc, sV + (it & 1) * kBN * LDO, lane);
+    }
   }
   cp_async_wait<0>();
 
@@ -416,10 +487,13 @@ template <class T, bool EXACT, bool FULL, int DO>
 Status launch_wide_fwd(const Call& c, float* tile_max, cudaStream_t stream) {
   const AttnParams& p = c.p;
   using L = WideSmem<T, DO>;
+  using LQ = WideQSmem<T, DO>;
   const int64_t n_oc = (p.head_dim_v + L::kDO - 1) / L::kDO;
   const int64_t blocks = p.batch * p.heads_q * ((p.seqlen_q + kMmaBM - 1) / kMmaBM) * n_oc;
-  const size_t smem = L::total;
-  auto kernel = wide_fwd_kernel<T, EXACT, FULL, DO>;
+  // The query tile held whole where the head dim and the device's shared memory allow.
+  const bool qres = p.head_dim_qk <= LQ::QD && LQ::total <= smem_optin();
+  const size_t smem = qres ? LQ::total : L::total;
+  auto kernel = qres ? wide_fwd_kernel<T, EXACT, FULL, DO, true> : wide_fwd_kernel<T, EXACT, FULL, DO, false>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, tile_max);
   return cuda_status(cudaGetLastError(), "the flash forward (mma, head dims > 128)");

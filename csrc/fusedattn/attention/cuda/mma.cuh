@@ -171,12 +171,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // TF32 loads its fragments with ldmatrix (a quarter of the shared-load instructions of
 // scalar loads; session 43: the float32 backward 10% faster); 3xTF32 (EXACT) keeps scalar
 // loads (ldmatrix there raised the head dim 128 instances' spills).
-template <class T, int LD, int N, bool EXACT, bool RAW = false>
+// LDA: A's row stride where it differs from B's (LD).
+template <class T, int LD, int N, bool EXACT, bool RAW = false, int LDA = LD>
 __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, const T* sB, int kk, int lane) {
   if constexpr (std::is_same_v<T, float> && !EXACT) {
     static_assert(N % 16 == 0, "n-tiles in pairs");
     uint32_t ar[4];
-    ldsm_tf32_a<LD>(ar, sA, kk, lane);
+    ldsm_tf32_a<LDA>(ar, sA, kk, lane);
     const float af[4] = {__uint_as_float(ar[0]), __uint_as_float(ar[1]), __uint_as_float(ar[2]),
                          __uint_as_float(ar[3])};
     const Tf32<4, false, RAW> a(af);
@@ -191,8 +192,8 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, 
     }
   } else if constexpr (std::is_same_v<T, float>) {
     const int g = lane >> 2, t = lane & 3;
-    const float ar[4] = {sA[g * LD + kk + t], sA[(g + 8) * LD + kk + t], sA[g * LD + kk + t + 4],
-                         sA[(g + 8) * LD + kk + t + 4]};
+    const float ar[4] = {sA[g * LDA + kk + t], sA[(g + 8) * LDA + kk + t], sA[g * LDA + kk + t + 4],
+                         sA[(g + 8) * LDA + kk + t + 4]};
     const Tf32<4, EXACT, RAW> a(ar);
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
@@ -203,7 +204,7 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, 
   } else {
     // Matrix m = lane / 8 is (rows 8 (m % 2) .., k 8 (m / 2) ..): a0 .. a3's order.
     uint32_t a[4];
-    ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk + (lane / 16) * 8);
+    ldsm_x4(a, sA + (lane % 8 + ((lane / 8) % 2) * 8) * LDA + kk + (lane / 16) * 8);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       // Matrix m is (B rows = n 16 np + 8 (m / 2) .., k 8 (m % 2) ..): b0, b1 of n-tile
@@ -219,11 +220,11 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[N / 8][4], const T* sA, 
 // c (16 x N) += A B^T over k < K: A = the 16 rows at sA, B = the N rows at sB, both [row][k]
 // (S = Q K^T). KU: the k loop's unroll factor (1 keeps the registers that hoisted loads
 // would take).
-template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false>
+template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false, int LDA = LD>
 __device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const T* sB, int lane) {
   constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
 #pragma unroll(KU)
-  for (int kk = 0; kk < K; kk += KS) mma_abt_step<T, LD, N, EXACT, RAW>(c, sA, sB, kk, lane);
+  for (int kk = 0; kk < K; kk += KS) mma_abt_step<T, LD, N, EXACT, RAW, LDA>(c, sA, sB, kk, lane);
 }
 
 // Two such products in one k loop (S^T = K Q^T beside dP^T = V dO^T): twice the
