@@ -229,14 +229,14 @@ __device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const T* sA, const
 
 // Two such products in one k loop (S^T = K Q^T beside dP^T = V dO^T): twice the
 // independent accumulators per step for the tensor cores' latency.
-template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false>
+template <class T, int LD, int N, int K, bool EXACT, int KU = K, bool RAW = false, int LDA = LD>
 __device__ __forceinline__ void mma_abt2(float (&c1)[N / 8][4], const T* sA1, const T* sB1,
                                          float (&c2)[N / 8][4], const T* sA2, const T* sB2, int lane) {
   constexpr int KS = std::is_same_v<T, float> ? 8 : 16;
 #pragma unroll(KU)
   for (int kk = 0; kk < K; kk += KS) {
-    mma_abt_step<T, LD, N, EXACT, RAW>(c1, sA1, sB1, kk, lane);
-    mma_abt_step<T, LD, N, EXACT, RAW>(c2, sA2, sB2, kk, lane);
+    mma_abt_step<T, LD, N, EXACT, RAW, LDA>(c1, sA1, sB1, kk, lane);
+    mma_abt_step<T, LD, N, EXACT, RAW, LDA>(c2, sA2, sB2, kk, lane);
   }
 }
 
