@@ -29,7 +29,7 @@
 // with less (sm_80: 163 KiB) runs float32 calls in chunks of DO = 128 columns (155 KiB; S^T
 // and dP^T once per 128 columns: twice at head dim 256). KVR (16-bit where the device has 216
 // KiB a block: sm_90): the block's K and V held whole, loaded once, only Q and dO streamed, in
-// chunks of 128 columns (a sync per 128 columns instead of 64, half the bytes per step);
+// chunks of 128 columns (a sync per 128 columns instead of 64, a third of the bytes loaded);
 // H200 bf16 D 512 causal S 4096 backward 8.4 -> 5.5 ms (session 48).
 // (Session 45: 4 warps of 16 keys x 128 columns each computed S^T and dP^T for all 32 queries
 // of the half, once per 128-column chunk: 4 times at head dim 512; float32's 157 KiB left one
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   constexpr int kDO = DO, kDW = DO / 2;  // the block's output columns, a warp's
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = L::LDQ, LDK = L::LDK, LDD = L::LDD;
-  constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64, VE = 16 / int(sizeof(T));
+  constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64;
   constexpr int LDKO = KVR ? LDD : LDO;  // sKo's row stride
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem + L::ring);
@@ -158,13 +158,8 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   T* sKo;  // the block's K columns oc0 .. (row stride LDKO)
   if constexpr (KVR) {
     // K and V whole: the head dims' n_kc chunks (zeros past the keys and the dims).
-    const int cpr = int(n_kc) * KC / VE;
-    for (int idx = threadIdx.x; idx < kKeys * cpr; idx += blockDim.x) {
-      const int r = idx / cpr, cc = idx % cpr;
-      const bool okk = r < keys && cc * VE < Dqk, okv = r < keys && cc * VE < Dv;
-      cp_async16(sK + r * LDD + cc * VE, okk ? kp + r * c.a.sk.s + cc * VE : kp, okk);
-      cp_async16(sVw + r * LDD + cc * VE, okv ? vp + r * c.a.sv.s + cc * VE : vp, okv);
-    }
+    cp_async_rows_n<T, LDD>(sK, kp, c.a.sk.s, keys, Dqk, kKeys, int(n_kc) * KC);
+    cp_async_rows_n<T, LDD>(sVw, vp, c.a.sv.s, keys, Dv, kKeys, int(n_kc) * KC);
     sKo = sK + oc0;
   } else {
     sKo = reinterpret_cast<T*>(smem + L::ko);
@@ -367,7 +362,7 @@ Status launch_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* 
   const AttnParams& p = c.p;
   const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + DO - 1) / DO;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys) * n_oc;
-  const size_t smem = KVR ? WideKVSmem<__half>::total : WideSmem<T, DO>::total;
+  const size_t smem = std::conditional_t<KVR, WideKVSmem<T>, WideSmem<T, DO>>::total;
   auto kernel = c.sm ? wide_bwd_kernel<T, DO, EXACT, true, KVR> : wide_bwd_kernel<T, DO, EXACT, false, KVR>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);
