@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
   using LQ = WideQSmem<T, DO>;
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int BM = kMmaBM, NT = kBN / 8, kDO = L::kDO, DN = kDO / 8;
-  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = LQ::LDQ;
+  constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = LQ::LDQ, VE = 16 / int(sizeof(T));
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem + (QRES ? LQ::k : 0));
   T* sQ = reinterpret_cast<T*>(smem);  // QRES
@@ -390,7 +390,12 @@ __global__ void __launch_bounds__(kWarps * 32) wide_fwd_kernel(const Call c, flo
     };
     if (n_kt > 0) {
       // The query tile's rows and n_kc chunks of columns (zeros past the rows and Dqk).
-      cp_async_rows_n<T, LDQ>(sQ, q, c.a.sq.s, rows, Dqk, BM, int(n_kc) * KC);
+      const int cpr = int(n_kc) * KC / VE;
+      for (int idx = threadIdx.x; idx < BM * cpr; idx += blockDim.x) {
+        const int r = idx / cpr, ch = idx % cpr;
+        const bool ok = r < rows && ch * VE < Dqk;
+        cp_async16(sQ + r * LDQ + ch * VE, ok ? q + r * c.a.sq.s + ch * VE : q, ok);
+      }
       issue_v(0, sV);
       issue_k(0);
     }

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   constexpr int kDO = DO, kDW = DO / 2;  // the block's output columns, a warp's
   constexpr bool RAW = std::is_same_v<T, float> && !EXACT;  // TF32: inputs rounded once a call (flash.cu)
   constexpr int KC = L::KC, LDC = L::LDC, LDO = L::LDO, LDQ = L::LDQ, LDK = L::LDK, LDD = L::LDD;
-  constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64;
+  constexpr int NH = kQW / 8, DN = kDW / 8, DC = 64, VE = 16 / int(sizeof(T));
   constexpr int LDKO = KVR ? LDD : LDO;  // sKo's row stride
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem + L::ring);
@@ -158,8 +158,13 @@ __global__ void __launch_bounds__(kWarps * 32) wide_bwd_kernel(const Call c, con
   T* sKo;  // the block's K columns oc0 .. (row stride LDKO)
   if constexpr (KVR) {
     // K and V whole: the head dims' n_kc chunks (zeros past the keys and the dims).
-    cp_async_rows_n<T, LDD>(sK, kp, c.a.sk.s, keys, Dqk, kKeys, int(n_kc) * KC);
-    cp_async_rows_n<T, LDD>(sVw, vp, c.a.sv.s, keys, Dv, kKeys, int(n_kc) * KC);
+    const int cpr = int(n_kc) * KC / VE;
+    for (int idx = threadIdx.x; idx < kKeys * cpr; idx += blockDim.x) {
+      const int r = idx / cpr, cc = idx % cpr;
+      const bool okk = r < keys && cc * VE < Dqk, okv = r < keys && cc * VE < Dv;
+      cp_async16(sK + r * LDD + cc * VE, okk ? kp + r * c.a.sk.s + cc * VE : kp, okk);
+      cp_async16(sVw + r * LDD + cc * VE, okv ? vp + r * c.a.sv.s + cc * VE : vp, okv);
+    }
     sKo = sK + oc0;
   } else {
     sKo = reinterpret_cast<T*>(smem + L::ko);
@@ -362,7 +367,7 @@ Status launch_wide_bwd(const Call& c, const float* delta, float* dq_acc, float* 
   const AttnParams& p = c.p;
   const int64_t n_oc = (std::max(p.head_dim_qk, p.head_dim_v) + DO - 1) / DO;
   const int64_t blocks = p.batch * p.heads_kv * ((p.seqlen_kv + kKeys - 1) / kKeys) * n_oc;
-  const size_t smem = std::conditional_t<KVR, WideKVSmem<T>, WideSmem<T, DO>>::total;
+  const size_t smem = KVR ? WideKVSmem<__half>::total : WideSmem<T, DO>::total;
   auto kernel = c.sm ? wide_bwd_kernel<T, DO, EXACT, true, KVR> : wide_bwd_kernel<T, DO, EXACT, false, KVR>;
   FA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(blocks), kWarps * 32, smem, stream>>>(c, delta, dq_acc, dbias_acc);

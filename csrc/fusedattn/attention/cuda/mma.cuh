@@ -52,19 +52,6 @@ __device__ __forceinline__ void cp_async_rows(T* dst, const T* src, int64_t rs, 
     cp_async16(dst + r * LD + ch * V, ok ? src + r * rs + ch * V : src, ok);
   }
 }
-// The same with D = cols, a multiple of 16 bytes known only at run time (a whole tile's head
-// dims: the block's Q or K, V held in shared memory).
-template <class T, int LD>
-__device__ __forceinline__ void cp_async_rows_n(T* dst, const T* src, int64_t rs, int64_t nrows, int64_t dreal, int R,
-                                                int cols) {
-  constexpr int V = 16 / int(sizeof(T));
-  const int cpr = cols / V;
-  for (int idx = threadIdx.x; idx < R * cpr; idx += blockDim.x) {
-    const int r = idx / cpr, ch = idx % cpr;
-    const bool ok = r < nrows && ch * V < dreal;
-    cp_async16(dst + r * LD + ch * V, ok ? src + r * rs + ch * V : src, ok);
-  }
-}
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8, and
 // register m receives matrix m (thread (g, t): row g, columns 2t, 2t+1).
